@@ -1,0 +1,1108 @@
+//! A fake `libnvidia-ml.so.1` on gpu-dra's GPU simulator, so the real NVML code path (nvml-wrapper
+//! and our raw calls) runs in tests on machines without GPUs.
+//!
+//! Configuration, read at `nvmlInit`:
+//! - `FAKE_NVML_GPUS`: the simulated node, `sim:<N>x<MODEL>,...` (unset: init fails with
+//!   `NVML_ERROR_DRIVER_NOT_LOADED`, like a node without the kernel driver);
+//! - `FAKE_NVML_NODE`: node name the GPU UUIDs derive from (default `fake-node`);
+//! - `FAKE_NVML_STATE`: the simulator's state file, shared with `gpu-dra --sim-state` (default: in
+//!   memory).
+//!
+//! Handles are pointers to leaked, interned records, so the same GPU or instance always has the
+//! same handle. Every exported function checks its pointers and returns NVML's error codes.
+#![allow(non_snake_case, clippy::missing_safety_doc)]
+
+use std::collections::HashMap;
+use std::ffi::{CStr, c_char, c_int, c_uint, c_ulonglong};
+use std::sync::{Mutex, MutexGuard};
+
+use gpu_dra::gpu::sim::{SimNode, SimState, full_compute_profile, sim_pci_location};
+use gpu_dra::gpu::{GpuError, NodeInventory, Placement, catalog};
+use nvml_wrapper_sys::bindings::{
+    nvmlComputeInstance_t, nvmlComputeInstanceInfo_t, nvmlComputeInstancePlacement_t, nvmlDevice_t,
+    nvmlGpuInstance_t, nvmlGpuInstanceInfo_t, nvmlGpuInstancePlacement_t,
+    nvmlGpuInstanceProfileInfo_t, nvmlMemory_t, nvmlMemory_v2_t, nvmlPciInfo_t, nvmlReturn_t,
+};
+
+type Ret = nvmlReturn_t;
+const SUCCESS: Ret = 0;
+const UNINITIALIZED: Ret = 1;
+const INVALID_ARGUMENT: Ret = 2;
+const NOT_SUPPORTED: Ret = 3;
+const NOT_FOUND: Ret = 6;
+const INSUFFICIENT_SIZE: Ret = 7;
+const DRIVER_NOT_LOADED: Ret = 9;
+const ARGUMENT_VERSION_MISMATCH: Ret = 25;
+const UNKNOWN: Ret = 999;
+
+const MEMORY_V2_VERSION: c_uint = (std::mem::size_of::<nvmlMemory_v2_t>() as c_uint) | (2 << 24);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum DeviceKey {
+    Gpu(u32),
+    Mig { minor: u32, gi: u32, ci: u32 },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct GiKey {
+    minor: u32,
+    gi: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct CiKey {
+    minor: u32,
+    gi: u32,
+    ci: u32,
+}
+
+struct Fake {
+    node: SimNode,
+    inventory: NodeInventory,
+    state: SimState,
+    devices: HashMap<DeviceKey, &'static DeviceKey>,
+    gpu_instances: HashMap<GiKey, &'static GiKey>,
+    compute_instances: HashMap<CiKey, &'static CiKey>,
+    init_count: u32,
+}
+
+impl Fake {
+    fn refresh(&mut self) -> Result<(), GpuError> {
+        self.inventory = self.node.inventory()?;
+        self.state = self.node.state()?;
+        Ok(())
+    }
+
+    fn device_handle(&mut self, key: DeviceKey) -> nvmlDevice_t {
+        let interned = *self
+            .devices
+            .entry(key)
+            .or_insert_with(|| Box::leak(Box::new(key)));
+        interned as *const DeviceKey as nvmlDevice_t
+    }
+
+    fn gi_handle(&mut self, key: GiKey) -> nvmlGpuInstance_t {
+        let interned = *self
+            .gpu_instances
+            .entry(key)
+            .or_insert_with(|| Box::leak(Box::new(key)));
+        interned as *const GiKey as nvmlGpuInstance_t
+    }
+
+    fn ci_handle(&mut self, key: CiKey) -> nvmlComputeInstance_t {
+        let interned = *self
+            .compute_instances
+            .entry(key)
+            .or_insert_with(|| Box::leak(Box::new(key)));
+        interned as *const CiKey as nvmlComputeInstance_t
+    }
+
+    fn device_key(&self, handle: nvmlDevice_t) -> Option<DeviceKey> {
+        self.devices
+            .values()
+            .find(|k| std::ptr::eq(**k as *const DeviceKey, handle as *const DeviceKey))
+            .map(|k| **k)
+    }
+
+    fn gi_key(&self, handle: nvmlGpuInstance_t) -> Option<GiKey> {
+        self.gpu_instances
+            .values()
+            .find(|k| std::ptr::eq(**k as *const GiKey, handle as *const GiKey))
+            .map(|k| **k)
+    }
+
+    fn ci_key(&self, handle: nvmlComputeInstance_t) -> Option<CiKey> {
+        self.compute_instances
+            .values()
+            .find(|k| std::ptr::eq(**k as *const CiKey, handle as *const CiKey))
+            .map(|k| **k)
+    }
+
+    fn gpu(&self, minor: u32) -> Option<&gpu_dra::gpu::Gpu> {
+        self.inventory.gpus.iter().find(|g| g.minor == minor)
+    }
+}
+
+static FAKE: Mutex<Option<Fake>> = Mutex::new(None);
+
+fn lock() -> MutexGuard<'static, Option<Fake>> {
+    FAKE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Runs `f` with the initialised fake, or returns `UNINITIALIZED`.
+fn with(f: impl FnOnce(&mut Fake) -> Ret) -> Ret {
+    match lock().as_mut() {
+        Some(fake) if fake.init_count > 0 => f(fake),
+        _ => UNINITIALIZED,
+    }
+}
+
+fn gpu_error_code(e: &GpuError) -> Ret {
+    match e {
+        GpuError::Mig { failure, .. } => failure.nvml_return(),
+        _ => UNKNOWN,
+    }
+}
+
+unsafe fn write_str(text: &str, buffer: *mut c_char, length: c_uint) -> Ret {
+    if buffer.is_null() {
+        return INVALID_ARGUMENT;
+    }
+    let bytes = text.as_bytes();
+    if bytes.len() + 1 > length as usize {
+        return INSUFFICIENT_SIZE;
+    }
+    // SAFETY: the caller's buffer holds `length` bytes, checked above.
+    unsafe {
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), buffer as *mut u8, bytes.len());
+        *buffer.add(bytes.len()) = 0;
+    }
+    SUCCESS
+}
+
+macro_rules! out {
+    ($ptr:expr, $value:expr) => {{
+        if $ptr.is_null() {
+            return INVALID_ARGUMENT;
+        }
+        // SAFETY: non-null out-pointer supplied by the caller.
+        unsafe { *$ptr = $value };
+    }};
+}
+
+// ---- lifecycle -------------------------------------------------------------------------------
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlInit_v2() -> Ret {
+    let mut guard = lock();
+    if let Some(fake) = guard.as_mut().filter(|f| f.init_count > 0) {
+        fake.init_count += 1;
+        return match fake.refresh() {
+            Ok(()) => SUCCESS,
+            Err(_) => UNKNOWN,
+        };
+    }
+    // A first init (or one after a full shutdown) reads the configuration afresh.
+    let Ok(spec) = std::env::var("FAKE_NVML_GPUS") else {
+        return DRIVER_NOT_LOADED;
+    };
+    let Ok(spec) = spec.parse() else {
+        return DRIVER_NOT_LOADED;
+    };
+    let node_name = std::env::var("FAKE_NVML_NODE").unwrap_or_else(|_| "fake-node".into());
+    let state = std::env::var_os("FAKE_NVML_STATE").map(Into::into);
+    let node = SimNode::new(spec, &node_name, state);
+    let (Ok(inventory), Ok(state)) = (node.inventory(), node.state()) else {
+        return UNKNOWN;
+    };
+    *guard = Some(Fake {
+        node,
+        inventory,
+        state,
+        devices: HashMap::new(),
+        gpu_instances: HashMap::new(),
+        compute_instances: HashMap::new(),
+        init_count: 1,
+    });
+    SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlInit() -> Ret {
+    nvmlInit_v2()
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlInitWithFlags(_flags: c_uint) -> Ret {
+    nvmlInit_v2()
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlShutdown() -> Ret {
+    with(|fake| {
+        fake.init_count -= 1;
+        SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlErrorString(result: Ret) -> *const c_char {
+    let text: &'static CStr = match result {
+        SUCCESS => c"Success",
+        UNINITIALIZED => c"Uninitialized",
+        INVALID_ARGUMENT => c"Invalid Argument",
+        NOT_SUPPORTED => c"Not Supported",
+        NOT_FOUND => c"Not Found",
+        INSUFFICIENT_SIZE => c"Insufficient Size",
+        DRIVER_NOT_LOADED => c"Driver Not Loaded",
+        19 => c"In use by another client",
+        23 => c"Insufficient Resources",
+        ARGUMENT_VERSION_MISMATCH => c"Argument version mismatch",
+        _ => c"Unknown Error",
+    };
+    text.as_ptr()
+}
+
+// ---- system ----------------------------------------------------------------------------------
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlSystemGetDriverVersion(version: *mut c_char, length: c_uint) -> Ret {
+    with(|fake| unsafe { write_str(&fake.inventory.driver_version, version, length) })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlSystemGetNVMLVersion(version: *mut c_char, length: c_uint) -> Ret {
+    with(|fake| unsafe {
+        write_str(
+            &format!("13.{}", fake.inventory.driver_version),
+            version,
+            length,
+        )
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion_v2(version: *mut c_int) -> Ret {
+    with(|_| {
+        out!(version, catalog::SIM_CUDA_DRIVER_VERSION);
+        SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion(version: *mut c_int) -> Ret {
+    unsafe { nvmlSystemGetCudaDriverVersion_v2(version) }
+}
+
+// ---- enumeration -----------------------------------------------------------------------------
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> Ret {
+    with(|fake| {
+        out!(count, fake.inventory.gpus.len() as c_uint);
+        SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
+    index: c_uint,
+    device: *mut nvmlDevice_t,
+) -> Ret {
+    with(|fake| {
+        let Some(minor) = fake
+            .inventory
+            .gpus
+            .iter()
+            .find(|g| g.index == index)
+            .map(|g| g.minor)
+        else {
+            return INVALID_ARGUMENT;
+        };
+        let handle = fake.device_handle(DeviceKey::Gpu(minor));
+        out!(device, handle);
+        SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
+    uuid: *const c_char,
+    device: *mut nvmlDevice_t,
+) -> Ret {
+    if uuid.is_null() {
+        return INVALID_ARGUMENT;
+    }
+    // SAFETY: caller passes a NUL-terminated string.
+    let wanted = unsafe { CStr::from_ptr(uuid) }
+        .to_string_lossy()
+        .into_owned();
+    with(|fake| {
+        let key = fake.inventory.gpus.iter().find_map(|g| {
+            if g.uuid == wanted {
+                return Some(DeviceKey::Gpu(g.minor));
+            }
+            g.mig
+                .as_ref()?
+                .instances
+                .iter()
+                .find(|i| i.uuid == wanted)
+                .map(|i| DeviceKey::Mig {
+                    minor: g.minor,
+                    gi: i.gpu_instance_id,
+                    ci: i.compute_instance_id,
+                })
+        });
+        let Some(key) = key else { return NOT_FOUND };
+        let handle = fake.device_handle(key);
+        out!(device, handle);
+        SUCCESS
+    })
+}
+
+// ---- per-device queries ----------------------------------------------------------------------
+
+/// Runs `f` on the full GPU behind `device` (or a MIG device's parent when `allow_mig`).
+fn on_gpu(
+    device: nvmlDevice_t,
+    allow_mig: bool,
+    f: impl FnOnce(&mut Fake, DeviceKey, u32) -> Ret,
+) -> Ret {
+    with(|fake| match fake.device_key(device) {
+        Some(key @ DeviceKey::Gpu(minor)) => f(fake, key, minor),
+        Some(key @ DeviceKey::Mig { minor, .. }) if allow_mig => f(fake, key, minor),
+        Some(DeviceKey::Mig { .. }) => NOT_SUPPORTED,
+        None => INVALID_ARGUMENT,
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetName(
+    device: nvmlDevice_t,
+    name: *mut c_char,
+    length: c_uint,
+) -> Ret {
+    on_gpu(device, true, |fake, key, minor| {
+        let Some(gpu) = fake.gpu(minor) else {
+            return NOT_FOUND;
+        };
+        let text = match key {
+            DeviceKey::Gpu(_) => gpu.product_name.clone(),
+            DeviceKey::Mig { gi, .. } => {
+                let profile = gpu.mig.as_ref().and_then(|m| {
+                    let instance = m.instances.iter().find(|i| i.gpu_instance_id == gi)?;
+                    m.profile_by_id(instance.profile_id)
+                });
+                format!(
+                    "{} MIG {}",
+                    gpu.product_name,
+                    profile.map_or("unknown", |p| p.name.as_str())
+                )
+            }
+        };
+        unsafe { write_str(&text, name, length) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetUUID(
+    device: nvmlDevice_t,
+    uuid: *mut c_char,
+    length: c_uint,
+) -> Ret {
+    on_gpu(device, true, |fake, key, minor| {
+        let Some(gpu) = fake.gpu(minor) else {
+            return NOT_FOUND;
+        };
+        let text = match key {
+            DeviceKey::Gpu(_) => gpu.uuid.clone(),
+            DeviceKey::Mig { gi, ci, .. } => {
+                match gpu.mig.as_ref().and_then(|m| {
+                    m.instances
+                        .iter()
+                        .find(|i| i.gpu_instance_id == gi && i.compute_instance_id == ci)
+                }) {
+                    Some(instance) => instance.uuid.clone(),
+                    None => return NOT_FOUND,
+                }
+            }
+        };
+        unsafe { write_str(&text, uuid, length) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetIndex(device: nvmlDevice_t, index: *mut c_uint) -> Ret {
+    on_gpu(device, false, |fake, _, minor| {
+        let Some(gpu) = fake.gpu(minor) else {
+            return NOT_FOUND;
+        };
+        out!(index, gpu.index);
+        SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMinorNumber(
+    device: nvmlDevice_t,
+    minor_out: *mut c_uint,
+) -> Ret {
+    on_gpu(device, false, |_, _, minor| {
+        out!(minor_out, minor);
+        SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
+    device: nvmlDevice_t,
+    memory: *mut nvmlMemory_v2_t,
+) -> Ret {
+    on_gpu(device, false, |fake, _, minor| {
+        let Some(gpu) = fake.gpu(minor) else {
+            return NOT_FOUND;
+        };
+        if memory.is_null() {
+            return INVALID_ARGUMENT;
+        }
+        // SAFETY: non-null, caller-owned struct; its version word tells its layout.
+        let info = unsafe { &mut *memory };
+        if info.version != MEMORY_V2_VERSION {
+            return ARGUMENT_VERSION_MISMATCH;
+        }
+        let reserved = 512 << 20;
+        info.total = gpu.memory_bytes;
+        info.reserved = reserved;
+        info.used = 0;
+        info.free = gpu.memory_bytes - reserved;
+        SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
+    device: nvmlDevice_t,
+    memory: *mut nvmlMemory_t,
+) -> Ret {
+    on_gpu(device, false, |fake, _, minor| {
+        let Some(gpu) = fake.gpu(minor) else {
+            return NOT_FOUND;
+        };
+        out!(
+            memory,
+            nvmlMemory_t {
+                total: gpu.memory_bytes,
+                free: gpu.memory_bytes,
+                used: 0
+            }
+        );
+        SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
+    device: nvmlDevice_t,
+    pci: *mut nvmlPciInfo_t,
+) -> Ret {
+    on_gpu(device, false, |fake, _, minor| {
+        let Some(gpu) = fake.gpu(minor) else {
+            return NOT_FOUND;
+        };
+        let (bus_id, _, _) = sim_pci_location(gpu.index);
+        let mut parts = bus_id
+            .split([':', '.'])
+            .map(|p| u32::from_str_radix(p, 16).unwrap_or(0));
+        let (domain, bus, dev) = (
+            parts.next().unwrap_or(0),
+            parts.next().unwrap_or(0),
+            parts.next().unwrap_or(0),
+        );
+        let model = fake.node.spec().models().nth(gpu.index as usize);
+        let mut info = nvmlPciInfo_t {
+            busIdLegacy: [0; 16],
+            domain,
+            bus,
+            device: dev,
+            pciDeviceId: model.map_or(0, |m| m.pci_device_id),
+            pciSubSystemId: 0x1658_10DE,
+            busId: [0; 32],
+        };
+        // NVML prints the 8-digit domain in busId and 4 digits in the legacy field.
+        let long = format!("{domain:08X}:{bus:02X}:{dev:02X}.0");
+        let legacy = format!("{domain:04X}:{bus:02X}:{dev:02X}.0");
+        for (dst, src) in info.busId.iter_mut().zip(long.bytes()) {
+            *dst = src as c_char;
+        }
+        for (dst, src) in info.busIdLegacy.iter_mut().zip(legacy.bytes()) {
+            *dst = src as c_char;
+        }
+        out!(pci, info);
+        SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetCudaComputeCapability(
+    device: nvmlDevice_t,
+    major: *mut c_int,
+    minor_out: *mut c_int,
+) -> Ret {
+    on_gpu(device, true, |fake, _, minor| {
+        let Some(gpu) = fake.gpu(minor) else {
+            return NOT_FOUND;
+        };
+        let cc = gpu.cuda_compute_capability;
+        out!(major, cc.major as c_int);
+        out!(minor_out, cc.minor as c_int);
+        SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetArchitecture(device: nvmlDevice_t, arch: *mut c_uint) -> Ret {
+    on_gpu(device, true, |fake, _, minor| {
+        let Some(gpu) = fake.gpu(minor) else {
+            return NOT_FOUND;
+        };
+        out!(arch, gpu.architecture.nvml_value());
+        SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetBrand(device: nvmlDevice_t, brand: *mut c_uint) -> Ret {
+    on_gpu(device, true, |fake, _, minor| {
+        let Some(model) = fake.node.spec().models().nth(minor as usize) else {
+            return NOT_FOUND;
+        };
+        out!(brand, model.brand);
+        SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetNumaNodeId(device: nvmlDevice_t, node: *mut c_uint) -> Ret {
+    on_gpu(device, false, |fake, _, minor| {
+        let Some(gpu) = fake.gpu(minor) else {
+            return NOT_FOUND;
+        };
+        match gpu.numa_node {
+            Some(n) => {
+                out!(node, n as c_uint);
+                SUCCESS
+            }
+            None => NOT_SUPPORTED,
+        }
+    })
+}
+
+// ---- MIG: mode, profiles, placements -----------------------------------------------------------
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMigMode(
+    device: nvmlDevice_t,
+    current: *mut c_uint,
+    pending: *mut c_uint,
+) -> Ret {
+    on_gpu(device, false, |fake, _, minor| {
+        let Some(mig) = fake.gpu(minor).and_then(|g| g.mig.as_ref()) else {
+            return NOT_SUPPORTED;
+        };
+        let mode = mig.mode;
+        out!(current, c_uint::from(mode.current));
+        out!(pending, c_uint::from(mode.pending));
+        SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceSetMigMode(
+    device: nvmlDevice_t,
+    mode: c_uint,
+    activation_status: *mut Ret,
+) -> Ret {
+    on_gpu(device, false, |fake, _, minor| {
+        if mode > 1 {
+            return INVALID_ARGUMENT;
+        }
+        let status = match fake.node.set_mig_mode(minor, mode == 1) {
+            Ok(_) => SUCCESS,
+            Err(e) => gpu_error_code(&e),
+        };
+        if fake.refresh().is_err() {
+            return UNKNOWN;
+        }
+        if !activation_status.is_null() {
+            // SAFETY: non-null out-pointer.
+            unsafe { *activation_status = status };
+        }
+        status
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceProfileInfo(
+    device: nvmlDevice_t,
+    profile: c_uint,
+    info: *mut nvmlGpuInstanceProfileInfo_t,
+) -> Ret {
+    on_gpu(device, false, |fake, _, minor| {
+        let Some(mig) = fake.gpu(minor).and_then(|g| g.mig.as_ref()) else {
+            return NOT_SUPPORTED;
+        };
+        if profile >= gpu_dra::gpu::mig::GPU_INSTANCE_PROFILE_COUNT {
+            return INVALID_ARGUMENT;
+        }
+        let Some(p) = mig.profiles.iter().find(|p| p.profile_enum == profile) else {
+            return NOT_SUPPORTED;
+        };
+        out!(
+            info,
+            nvmlGpuInstanceProfileInfo_t {
+                id: p.id,
+                isP2pSupported: c_uint::from(p.p2p_supported),
+                sliceCount: p.slice_count,
+                instanceCount: p.instance_count,
+                multiprocessorCount: p.multiprocessors,
+                copyEngineCount: p.copy_engines,
+                decoderCount: p.decoders,
+                encoderCount: p.encoders,
+                jpegCount: p.jpeg_engines,
+                ofaCount: p.ofa_engines,
+                memorySizeMB: p.memory_mib as c_ulonglong,
+            }
+        );
+        SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetGpuInstancePossiblePlacements_v2(
+    device: nvmlDevice_t,
+    profile_id: c_uint,
+    placements: *mut nvmlGpuInstancePlacement_t,
+    count: *mut c_uint,
+) -> Ret {
+    on_gpu(device, false, |fake, _, minor| {
+        let Some(mig) = fake.gpu(minor).and_then(|g| g.mig.as_ref()) else {
+            return NOT_SUPPORTED;
+        };
+        let Some(profile) = mig.profile_by_id(profile_id) else {
+            return INVALID_ARGUMENT;
+        };
+        if count.is_null() {
+            return INVALID_ARGUMENT;
+        }
+        let n = profile.placements.len();
+        if placements.is_null() {
+            // SAFETY: non-null out-pointer.
+            unsafe { *count = n as c_uint };
+            return SUCCESS;
+        }
+        // SAFETY: non-null; the caller states the buffer's capacity in *count.
+        let capacity = unsafe { *count } as usize;
+        unsafe { *count = n as c_uint };
+        if capacity < n {
+            return INSUFFICIENT_SIZE;
+        }
+        for (i, p) in profile.placements.iter().enumerate() {
+            // SAFETY: i < n <= capacity.
+            unsafe {
+                *placements.add(i) = nvmlGpuInstancePlacement_t {
+                    start: p.start,
+                    size: p.size,
+                }
+            };
+        }
+        SUCCESS
+    })
+}
+
+// ---- MIG: devices and instances ----------------------------------------------------------------
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+) -> Ret {
+    on_gpu(device, false, |fake, _, minor| {
+        let max = match fake.gpu(minor).and_then(|g| g.mig.as_ref()) {
+            Some(mig) if mig.mode.current => mig.memory_slices.min(7),
+            _ => 0,
+        };
+        out!(count, max);
+        SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
+    device: nvmlDevice_t,
+    index: c_uint,
+    mig_device: *mut nvmlDevice_t,
+) -> Ret {
+    on_gpu(device, false, |fake, _, minor| {
+        let Some(mig) = fake.gpu(minor).and_then(|g| g.mig.as_ref()) else {
+            return NOT_SUPPORTED;
+        };
+        if !mig.mode.current {
+            return NOT_SUPPORTED;
+        }
+        let Some(instance) = mig.instances.get(index as usize) else {
+            return NOT_FOUND;
+        };
+        let key = DeviceKey::Mig {
+            minor,
+            gi: instance.gpu_instance_id,
+            ci: instance.compute_instance_id,
+        };
+        let handle = fake.device_handle(key);
+        out!(mig_device, handle);
+        SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceIsMigDeviceHandle(
+    device: nvmlDevice_t,
+    is_mig: *mut c_uint,
+) -> Ret {
+    with(|fake| match fake.device_key(device) {
+        Some(key) => {
+            out!(is_mig, c_uint::from(matches!(key, DeviceKey::Mig { .. })));
+            SUCCESS
+        }
+        None => INVALID_ARGUMENT,
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetDeviceHandleFromMigDeviceHandle(
+    mig_device: nvmlDevice_t,
+    device: *mut nvmlDevice_t,
+) -> Ret {
+    with(|fake| match fake.device_key(mig_device) {
+        Some(DeviceKey::Mig { minor, .. }) => {
+            let handle = fake.device_handle(DeviceKey::Gpu(minor));
+            out!(device, handle);
+            SUCCESS
+        }
+        Some(DeviceKey::Gpu(_)) => NOT_SUPPORTED,
+        None => INVALID_ARGUMENT,
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceId(device: nvmlDevice_t, id: *mut c_uint) -> Ret {
+    with(|fake| match fake.device_key(device) {
+        Some(DeviceKey::Mig { gi, .. }) => {
+            out!(id, gi);
+            SUCCESS
+        }
+        Some(DeviceKey::Gpu(_)) => NOT_SUPPORTED,
+        None => INVALID_ARGUMENT,
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetComputeInstanceId(
+    device: nvmlDevice_t,
+    id: *mut c_uint,
+) -> Ret {
+    with(|fake| match fake.device_key(device) {
+        Some(DeviceKey::Mig { ci, .. }) => {
+            out!(id, ci);
+            SUCCESS
+        }
+        Some(DeviceKey::Gpu(_)) => NOT_SUPPORTED,
+        None => INVALID_ARGUMENT,
+    })
+}
+
+fn mig_enabled(fake: &Fake, minor: u32) -> bool {
+    fake.gpu(minor)
+        .and_then(|g| g.mig.as_ref())
+        .is_some_and(|m| m.mode.current)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceById(
+    device: nvmlDevice_t,
+    id: c_uint,
+    gpu_instance: *mut nvmlGpuInstance_t,
+) -> Ret {
+    on_gpu(device, false, |fake, _, minor| {
+        if !mig_enabled(fake, minor) {
+            return NOT_SUPPORTED;
+        }
+        let exists = fake
+            .state
+            .gpus
+            .iter()
+            .any(|g| g.minor == minor && g.gpu_instances.iter().any(|gi| gi.id == id));
+        if !exists {
+            return NOT_FOUND;
+        }
+        let handle = fake.gi_handle(GiKey { minor, gi: id });
+        out!(gpu_instance, handle);
+        SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetGpuInstances(
+    device: nvmlDevice_t,
+    profile_id: c_uint,
+    gpu_instances: *mut nvmlGpuInstance_t,
+    count: *mut c_uint,
+) -> Ret {
+    on_gpu(device, false, |fake, _, minor| {
+        if !mig_enabled(fake, minor) {
+            return NOT_SUPPORTED;
+        }
+        if gpu_instances.is_null() || count.is_null() {
+            return INVALID_ARGUMENT;
+        }
+        let ids: Vec<u32> = fake
+            .state
+            .gpus
+            .iter()
+            .filter(|g| g.minor == minor)
+            .flat_map(|g| {
+                g.gpu_instances
+                    .iter()
+                    .filter(|gi| gi.profile_id == profile_id)
+                    .map(|gi| gi.id)
+            })
+            .collect();
+        for (i, id) in ids.iter().enumerate() {
+            let handle = fake.gi_handle(GiKey { minor, gi: *id });
+            // SAFETY: NVML callers pass a buffer of the profile's instance count; ids never exceed it.
+            unsafe { *gpu_instances.add(i) = handle };
+        }
+        // SAFETY: non-null out-pointer.
+        unsafe { *count = ids.len() as c_uint };
+        SUCCESS
+    })
+}
+
+fn on_gi(handle: nvmlGpuInstance_t, f: impl FnOnce(&mut Fake, GiKey) -> Ret) -> Ret {
+    with(|fake| match fake.gi_key(handle) {
+        Some(key) => f(fake, key),
+        None => INVALID_ARGUMENT,
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlGpuInstanceGetInfo(
+    gpu_instance: nvmlGpuInstance_t,
+    info: *mut nvmlGpuInstanceInfo_t,
+) -> Ret {
+    on_gi(gpu_instance, |fake, key| {
+        let Some(gi) = fake
+            .state
+            .gpus
+            .iter()
+            .find(|g| g.minor == key.minor)
+            .and_then(|g| g.gpu_instances.iter().find(|gi| gi.id == key.gi))
+            .cloned()
+        else {
+            return NOT_FOUND;
+        };
+        let device = fake.device_handle(DeviceKey::Gpu(key.minor));
+        out!(
+            info,
+            nvmlGpuInstanceInfo_t {
+                device,
+                id: gi.id,
+                profileId: gi.profile_id,
+                placement: nvmlGpuInstancePlacement_t {
+                    start: gi.placement.start,
+                    size: gi.placement.size
+                },
+            }
+        );
+        SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceCreateGpuInstanceWithPlacement(
+    device: nvmlDevice_t,
+    profile_id: c_uint,
+    placement: *const nvmlGpuInstancePlacement_t,
+    gpu_instance: *mut nvmlGpuInstance_t,
+) -> Ret {
+    if placement.is_null() || gpu_instance.is_null() {
+        return INVALID_ARGUMENT;
+    }
+    // SAFETY: non-null, caller-owned.
+    let placement = unsafe { *placement };
+    on_gpu(device, false, |fake, _, minor| {
+        let result = fake.node.create_gpu_instance(
+            minor,
+            profile_id,
+            Placement {
+                start: placement.start,
+                size: placement.size,
+            },
+        );
+        if fake.refresh().is_err() {
+            return UNKNOWN;
+        }
+        match result {
+            Ok(id) => {
+                let handle = fake.gi_handle(GiKey { minor, gi: id });
+                out!(gpu_instance, handle);
+                SUCCESS
+            }
+            Err(e) => gpu_error_code(&e),
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlGpuInstanceDestroy(gpu_instance: nvmlGpuInstance_t) -> Ret {
+    on_gi(gpu_instance, |fake, key| {
+        let result = fake.node.destroy_gpu_instance(key.minor, key.gi);
+        if fake.refresh().is_err() {
+            return UNKNOWN;
+        }
+        match result {
+            Ok(()) => SUCCESS,
+            Err(e) => gpu_error_code(&e),
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlGpuInstanceCreateComputeInstance(
+    gpu_instance: nvmlGpuInstance_t,
+    profile_id: c_uint,
+    compute_instance: *mut nvmlComputeInstance_t,
+) -> Ret {
+    on_gi(gpu_instance, |fake, key| {
+        // Only the full-size compute instance is simulated; anything else is refused like an
+        // unsupported profile.
+        let slices = fake
+            .state
+            .gpus
+            .iter()
+            .find(|g| g.minor == key.minor)
+            .and_then(|g| g.gpu_instances.iter().find(|gi| gi.id == key.gi))
+            .and_then(|gi| {
+                fake.gpu(key.minor)?
+                    .mig
+                    .as_ref()?
+                    .profile_by_id(gi.profile_id)
+            })
+            .map(|p| p.slice_count);
+        let Some(slices) = slices else {
+            return NOT_FOUND;
+        };
+        if profile_id != full_compute_profile(slices) {
+            return NOT_SUPPORTED;
+        }
+        let result = fake.node.create_compute_instance(key.minor, key.gi);
+        if fake.refresh().is_err() {
+            return UNKNOWN;
+        }
+        match result {
+            Ok((ci, _)) => {
+                let handle = fake.ci_handle(CiKey {
+                    minor: key.minor,
+                    gi: key.gi,
+                    ci,
+                });
+                out!(compute_instance, handle);
+                SUCCESS
+            }
+            Err(e) => gpu_error_code(&e),
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstances(
+    gpu_instance: nvmlGpuInstance_t,
+    profile_id: c_uint,
+    compute_instances: *mut nvmlComputeInstance_t,
+    count: *mut c_uint,
+) -> Ret {
+    on_gi(gpu_instance, |fake, key| {
+        if compute_instances.is_null() || count.is_null() {
+            return INVALID_ARGUMENT;
+        }
+        let ids: Vec<u32> = fake
+            .state
+            .gpus
+            .iter()
+            .filter(|g| g.minor == key.minor)
+            .flat_map(|g| g.gpu_instances.iter().filter(|gi| gi.id == key.gi))
+            .flat_map(|gi| {
+                gi.compute_instances
+                    .iter()
+                    .filter(|ci| ci.profile_id == profile_id)
+                    .map(|ci| ci.id)
+            })
+            .collect();
+        for (i, ci) in ids.iter().enumerate() {
+            let handle = fake.ci_handle(CiKey {
+                minor: key.minor,
+                gi: key.gi,
+                ci: *ci,
+            });
+            // SAFETY: callers size the buffer by the CI profile's instance count.
+            unsafe { *compute_instances.add(i) = handle };
+        }
+        // SAFETY: non-null out-pointer.
+        unsafe { *count = ids.len() as c_uint };
+        SUCCESS
+    })
+}
+
+fn on_ci(handle: nvmlComputeInstance_t, f: impl FnOnce(&mut Fake, CiKey) -> Ret) -> Ret {
+    with(|fake| match fake.ci_key(handle) {
+        Some(key) => f(fake, key),
+        None => INVALID_ARGUMENT,
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlComputeInstanceGetInfo_v2(
+    compute_instance: nvmlComputeInstance_t,
+    info: *mut nvmlComputeInstanceInfo_t,
+) -> Ret {
+    on_ci(compute_instance, |fake, key| {
+        let Some(ci) = fake
+            .state
+            .gpus
+            .iter()
+            .find(|g| g.minor == key.minor)
+            .and_then(|g| g.gpu_instances.iter().find(|gi| gi.id == key.gi))
+            .and_then(|gi| gi.compute_instances.iter().find(|ci| ci.id == key.ci))
+            .cloned()
+        else {
+            return NOT_FOUND;
+        };
+        let device = fake.device_handle(DeviceKey::Mig {
+            minor: key.minor,
+            gi: key.gi,
+            ci: key.ci,
+        });
+        let gpu_instance = fake.gi_handle(GiKey {
+            minor: key.minor,
+            gi: key.gi,
+        });
+        out!(
+            info,
+            nvmlComputeInstanceInfo_t {
+                device,
+                gpuInstance: gpu_instance,
+                id: ci.id,
+                profileId: ci.profile_id,
+                placement: nvmlComputeInstancePlacement_t { start: 0, size: 0 },
+            }
+        );
+        SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlComputeInstanceDestroy(
+    compute_instance: nvmlComputeInstance_t,
+) -> Ret {
+    on_ci(compute_instance, |fake, key| {
+        let result = fake
+            .node
+            .destroy_compute_instance(key.minor, key.gi, key.ci);
+        if fake.refresh().is_err() {
+            return UNKNOWN;
+        }
+        match result {
+            Ok(()) => SUCCESS,
+            Err(e) => gpu_error_code(&e),
+        }
+    })
+}

@@ -1,0 +1,120 @@
+//! The NVML backend, loaded against the fake libnvidia-ml, must discover exactly what the
+//! simulation backend reports, static MIG instances included.
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use gpu_dra::gpu::nvml::NvmlBackend;
+use gpu_dra::gpu::sim::{SimNode, write_fake_sysfs};
+use gpu_dra::gpu::{NodeInventory, Placement};
+
+/// The fake reads its configuration from the environment, which is per process.
+static ENV: Mutex<()> = Mutex::new(());
+
+fn fake_library() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    // Test builds leave the cdylib next to the test in target/<profile>/deps; plain builds put
+    // it in target/<profile>.
+    let deps = exe.parent().expect("deps dir");
+    let candidates = [
+        deps.join("libnvidia_ml.so"),
+        deps.parent().expect("target dir").join("libnvidia_ml.so"),
+    ];
+    candidates
+        .iter()
+        .find(|p| p.exists())
+        .cloned()
+        .unwrap_or_else(|| panic!("fake NVML not built; looked at {candidates:?}"))
+}
+
+fn discover_both(
+    spec: &str,
+    node: &str,
+    state: &Path,
+    setup: impl FnOnce(&SimNode),
+) -> (NodeInventory, NodeInventory) {
+    let _guard = ENV.lock().unwrap_or_else(|p| p.into_inner());
+    let sim = SimNode::new(spec.parse().expect("spec"), node, Some(state.to_path_buf()));
+    setup(&sim);
+    let sysfs = tempfile::tempdir().expect("sysfs");
+    write_fake_sysfs(sysfs.path(), sim.spec().gpu_count()).expect("sysfs links");
+    // SAFETY: the ENV lock serialises every reader and writer of these variables in this process.
+    unsafe {
+        std::env::set_var("FAKE_NVML_GPUS", spec);
+        std::env::set_var("FAKE_NVML_NODE", node);
+        std::env::set_var("FAKE_NVML_STATE", state);
+    }
+    let backend =
+        NvmlBackend::open(Some(&fake_library()), sysfs.path().to_path_buf()).expect("NVML init");
+    let through_nvml = backend.inventory().expect("NVML discovery");
+    drop(backend);
+    (sim.inventory().expect("sim discovery"), through_nvml)
+}
+
+#[test]
+fn h100_node_matches() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (sim, nvml) = discover_both(
+        "sim:8xH100-SXM5-80GB",
+        "n1",
+        &dir.path().join("s.json"),
+        |_| {},
+    );
+    assert_eq!(nvml.gpus.len(), 8);
+    assert_eq!(nvml.gpus[3].pcie_root.as_deref(), Some("pci0000:5a"));
+    let mig = nvml.gpus[0].mig.as_ref().expect("H100 is MIG-capable");
+    assert_eq!(mig.profiles.len(), 7);
+    assert_eq!(
+        mig.profiles
+            .iter()
+            .find(|p| p.id == 9)
+            .map(|p| p.placements.clone()),
+        Some(vec![
+            Placement { start: 0, size: 4 },
+            Placement { start: 4, size: 4 }
+        ])
+    );
+    assert_eq!(sim, nvml);
+}
+
+#[test]
+fn mixed_fleet_with_static_mig_matches() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (sim, nvml) = discover_both(
+        "sim:2xA100-SXM4-40GB,1xA30-24GB,1xT4,1xH200-SXM5-141GB,1xL4",
+        "n2",
+        &dir.path().join("s.json"),
+        |node| {
+            node.set_mig_mode(1, true).expect("enable");
+            node.reset_gpu(1).expect("reset");
+            for (profile, start, size) in [(9, 4, 4), (14, 0, 2), (19, 3, 1)] {
+                let gi = node
+                    .create_gpu_instance(1, profile, Placement { start, size })
+                    .expect("gi");
+                node.create_compute_instance(1, gi).expect("ci");
+            }
+            node.set_mig_mode(4, true).expect("enable H200");
+            let gi = node
+                .create_gpu_instance(4, 0, Placement { start: 0, size: 8 })
+                .expect("7g");
+            node.create_compute_instance(4, gi).expect("ci");
+            // A GPU instance without a compute instance is no MIG device.
+            node.create_gpu_instance(2, 0, Placement { start: 0, size: 4 })
+                .expect_err("A30 MIG off");
+        },
+    );
+    assert_eq!(nvml.gpus[1].mig.as_ref().expect("mig").instances.len(), 3);
+    assert!(nvml.gpus[3].mig.is_none(), "T4 is not MIG-capable");
+    assert_eq!(nvml.gpus[2].mig.as_ref().expect("A30").memory_slices, 4);
+    assert_eq!(sim, nvml);
+}
+
+#[test]
+fn missing_configuration_looks_like_no_driver() {
+    let _guard = ENV.lock().unwrap_or_else(|p| p.into_inner());
+    // SAFETY: serialised by ENV.
+    unsafe { std::env::remove_var("FAKE_NVML_GPUS") };
+    let err = NvmlBackend::open(Some(&fake_library()), "/sys".into())
+        .err()
+        .expect("init must fail");
+    assert!(err.to_string().contains("initialise NVML"), "{err}");
+}

@@ -1,0 +1,507 @@
+//! The checker: turns the `cel` crate's parsed AST into a typed program tree (`Node`) for the
+//! DRA environment, reporting compile errors with cel-go's texts and positions.
+use std::sync::Arc;
+
+use cel::common::ast::{EntryExpr, Expr, IdedExpr, LiteralValue};
+
+use super::decls::{DECLS, Func};
+use super::types::{Bindings, Type, assignable, join};
+use super::value::{DomainsOf, Value};
+
+/// A checked program tree. Member-call receivers are the first argument.
+#[derive(Debug)]
+pub enum Node {
+    Const(Value),
+    Local(usize),
+    Device,
+    /// `device.attributes[<const>].<const>` (or capacity), resolved without building values.
+    DeviceLookup { of: DomainsOf, domain: Arc<str>, name: Arc<str> },
+    Select { operand: Box<Node>, field: Arc<str> },
+    Presence { operand: Box<Node>, field: Arc<str> },
+    And(Box<Node>, Box<Node>),
+    Or(Box<Node>, Box<Node>),
+    Cond(Box<Node>, Box<Node>, Box<Node>),
+    NotStrictlyFalse(Box<Node>),
+    Call { func: Func, args: Vec<Node> },
+    List { elems: Vec<Node>, optional: Vec<bool> },
+    Map { entries: Vec<(Node, Node, bool)> },
+    Comprehension(Box<Comprehension>),
+    Bind { slot: usize, init: Box<Node>, body: Box<Node> },
+    /// `opt.optMap(v, expr)` / `opt.optFlatMap(v, expr)`.
+    OptMap { target: Box<Node>, slot: usize, body: Box<Node>, flat: bool },
+}
+
+#[derive(Debug)]
+pub struct Comprehension {
+    pub range: Node,
+    pub iter_slot: usize,
+    pub iter2_slot: Option<usize>,
+    pub accu_slot: usize,
+    pub init: Node,
+    pub cond: Node,
+    pub step: Node,
+    pub result: Node,
+}
+
+/// One compile error at a source offset (code points from the start).
+#[derive(Debug, Clone)]
+pub struct CheckIssue {
+    pub offset: Option<u32>,
+    pub message: String,
+}
+
+struct Scope {
+    name: String,
+    slot: usize,
+    ty: Type,
+}
+
+pub struct Checker<'a> {
+    source_info: &'a cel::common::ast::SourceInfo,
+    scopes: Vec<Scope>,
+    pub slots: usize,
+    pub issues: Vec<CheckIssue>,
+}
+
+fn type_value(name: &str) -> Option<Type> {
+    Some(match name {
+        "int" => Type::Int,
+        "uint" => Type::Uint,
+        "double" => Type::Double,
+        "string" => Type::String,
+        "bool" => Type::Bool,
+        "bytes" => Type::Bytes,
+        "null_type" => Type::Null,
+        "list" => Type::list(Type::Dyn),
+        "map" => Type::map(Type::Dyn, Type::Dyn),
+        "dyn" => Type::Dyn,
+        "type" => Type::TypeOf(Arc::new(Type::Dyn)),
+        _ => return None,
+    })
+}
+
+fn attributes_type() -> Type {
+    Type::map(Type::String, Type::map(Type::String, Type::Dyn))
+}
+fn capacity_type() -> Type {
+    Type::map(Type::String, Type::map(Type::String, Type::Quantity))
+}
+
+/// The dotted name an expression spells (`a.b.c`), if it is only identifiers and selects.
+fn qualified_name(e: &IdedExpr) -> Option<String> {
+    match &e.expr {
+        Expr::Ident(n) => Some(n.clone()),
+        Expr::Select(s) if !s.test => Some(format!("{}.{}", qualified_name(&s.operand)?, s.field)),
+        _ => None,
+    }
+}
+
+fn format_args(types: &[Type], member: bool) -> String {
+    let mut out = String::new();
+    let rest = if member && !types.is_empty() {
+        out.push_str(&types[0].to_string());
+        out.push('.');
+        &types[1..]
+    } else {
+        types
+    };
+    out.push('(');
+    for (i, t) in rest.iter().enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        out.push_str(&t.to_string());
+    }
+    out.push(')');
+    out
+}
+
+impl<'a> Checker<'a> {
+    pub fn new(source_info: &'a cel::common::ast::SourceInfo) -> Self {
+        Checker { source_info, scopes: Vec::new(), slots: 0, issues: Vec::new() }
+    }
+
+    fn error(&mut self, id: u64, message: String) -> (Node, Type) {
+        let offset = self.source_info.offset_for(id).map(|(start, _)| start);
+        self.issues.push(CheckIssue { offset, message });
+        (Node::Const(Value::Null), Type::Error)
+    }
+
+    fn push_scope(&mut self, name: &str, ty: Type) -> usize {
+        let slot = self.slots;
+        self.slots += 1;
+        self.scopes.push(Scope { name: name.to_string(), slot, ty });
+        slot
+    }
+
+    fn lookup_local(&self, name: &str) -> Option<(usize, Type)> {
+        self.scopes.iter().rev().find(|s| s.name == name).map(|s| (s.slot, s.ty.clone()))
+    }
+
+    pub fn check(&mut self, e: &IdedExpr) -> (Node, Type) {
+        match &e.expr {
+            Expr::Unspecified => self.error(e.id, "unspecified expression".into()),
+            Expr::Literal(lit) => literal(lit),
+            Expr::Ident(name) => self.check_ident(e.id, name),
+            Expr::Select(sel) => self.check_select(e, sel),
+            Expr::Call(call) => self.check_call(e, call),
+            Expr::List(list) => {
+                let mut elems = Vec::with_capacity(list.elements.len());
+                let mut optional = Vec::with_capacity(list.elements.len());
+                let mut elem_type: Option<Type> = None;
+                for (i, el) in list.elements.iter().enumerate() {
+                    let (node, mut ty) = self.check(el);
+                    let is_opt = list.optional_indices.contains(&i);
+                    if is_opt {
+                        ty = match ty {
+                            Type::Optional(inner) => (*inner).clone(),
+                            t if t.is_dyn_like() => t,
+                            other => {
+                                self.error(el.id, format!("found no matching overload for '_?_' applied to '({other})'"));
+                                Type::Error
+                            }
+                        };
+                    }
+                    elem_type = Some(self.join_types(el.id, elem_type, ty));
+                    elems.push(node);
+                    optional.push(is_opt);
+                }
+                let t = Type::list(elem_type.unwrap_or(Type::Dyn));
+                (Node::List { elems, optional }, t)
+            }
+            Expr::Map(map) => {
+                let mut entries = Vec::with_capacity(map.entries.len());
+                let (mut kt, mut vt): (Option<Type>, Option<Type>) = (None, None);
+                for entry in &map.entries {
+                    match &entry.expr {
+                        EntryExpr::MapEntry(me) => {
+                            let (kn, ktype) = self.check(&me.key);
+                            let (vn, mut vtype) = self.check(&me.value);
+                            if me.optional {
+                                vtype = match vtype {
+                                    Type::Optional(inner) => (*inner).clone(),
+                                    t => t,
+                                };
+                            }
+                            kt = Some(self.join_types(me.key.id, kt, ktype));
+                            vt = Some(self.join_types(me.value.id, vt, vtype));
+                            entries.push((kn, vn, me.optional));
+                        }
+                        EntryExpr::StructField(_) => {
+                            return self.error(entry.id, "struct literals are not supported".into());
+                        }
+                    }
+                }
+                let t = Type::map(kt.unwrap_or(Type::Dyn), vt.unwrap_or(Type::Dyn));
+                (Node::Map { entries }, t)
+            }
+            Expr::Struct(s) => self.error(e.id, format!("undeclared reference to '{}' (in container '')", s.type_name)),
+            Expr::Comprehension(c) => {
+                let (range, range_type) = self.check(&c.iter_range);
+                let (iter_type, iter2_type) = match &range_type {
+                    Type::List(el) => {
+                        if c.iter_var2.is_some() { (Type::Int, (**el).clone()) } else { ((**el).clone(), Type::Dyn) }
+                    }
+                    Type::Map(k, v) => ((**k).clone(), (**v).clone()),
+                    t if t.is_dyn_like() => (Type::Dyn, Type::Dyn),
+                    other => {
+                        let msg = format!(
+                            "expression of type '{other}' cannot be range of a comprehension (must be list, map, or dynamic)"
+                        );
+                        self.error(c.iter_range.id, msg);
+                        (Type::Error, Type::Error)
+                    }
+                };
+                let (init, init_type) = self.check(&c.accu_init);
+                let accu_slot = self.push_scope(&c.accu_var, init_type.clone());
+                let iter_slot = self.push_scope(&c.iter_var, iter_type);
+                let iter2_slot = c.iter_var2.as_ref().map(|v| self.push_scope(v, iter2_type));
+                let (cond, _) = self.check(&c.loop_cond);
+                let (step, step_type) = self.check(&c.loop_step);
+                // The accumulator takes the step's type (e.g. `[]` accumulating `list(int)`).
+                let accu_type = join(&init_type, &step_type).unwrap_or(step_type);
+                if iter2_slot.is_some() {
+                    self.scopes.pop();
+                }
+                self.scopes.pop();
+                if let Some(s) = self.scopes.last_mut() {
+                    s.ty = accu_type;
+                }
+                let (result, result_type) = self.check(&c.result);
+                self.scopes.pop();
+                let node = Node::Comprehension(Box::new(Comprehension {
+                    range,
+                    iter_slot,
+                    iter2_slot,
+                    accu_slot,
+                    init,
+                    cond,
+                    step,
+                    result,
+                }));
+                (node, result_type)
+            }
+        }
+    }
+
+    fn join_types(&mut self, id: u64, previous: Option<Type>, current: Type) -> Type {
+        match previous {
+            None => current,
+            Some(prev) => match join(&prev, &current) {
+                Some(t) => t,
+                None => {
+                    self.error(id, format!("expected type '{prev}' but found '{current}'"));
+                    prev
+                }
+            },
+        }
+    }
+
+    fn check_ident(&mut self, id: u64, name: &str) -> (Node, Type) {
+        if let Some((slot, ty)) = self.lookup_local(name) {
+            return (Node::Local(slot), ty);
+        }
+        if name == "device" {
+            return (Node::Device, Type::Device);
+        }
+        if let Some(t) = type_value(name) {
+            let type_name = match &t {
+                Type::List(_) => "list".to_string(),
+                Type::Map(..) => "map".to_string(),
+                Type::TypeOf(_) => "type".to_string(),
+                other => other.to_string(),
+            };
+            return (Node::Const(Value::Type(Arc::from(type_name))), Type::TypeOf(Arc::new(t)));
+        }
+        self.error(id, format!("undeclared reference to '{name}' (in container '')"))
+    }
+
+    fn check_select(&mut self, e: &IdedExpr, sel: &cel::common::ast::SelectExpr) -> (Node, Type) {
+        // `a.b` may name a qualified identifier only when `a` is not a variable; none of the
+        // DRA environment's identifiers are qualified, so report it as cel-go would.
+        if !sel.test {
+            if let Some(q) = qualified_name(e) {
+                let root = q.split('.').next().unwrap_or_default();
+                if root != "device" && self.lookup_local(root).is_none() && type_value(root).is_none() {
+                    return self.error(
+                        e.id,
+                        format!("undeclared reference to '{q}' (in container '')"),
+                    );
+                }
+            }
+        }
+        let (operand, operand_type) = self.check(&sel.operand);
+        let field: Arc<str> = Arc::from(sel.field.as_str());
+        let ty = match &operand_type {
+            Type::Device => match &*field {
+                "driver" => Type::String,
+                "attributes" => attributes_type(),
+                "capacity" => capacity_type(),
+                "allowMultipleAllocations" => Type::Bool,
+                _ => return self.error(e.id, format!("undefined field '{field}'")),
+            },
+            Type::Map(_, v) => (**v).clone(),
+            t if t.is_dyn_like() => Type::Dyn,
+            other => {
+                return self.error(e.id, format!("type '{other}' does not support field selection"));
+            }
+        };
+        if sel.test {
+            return (Node::Presence { operand: Box::new(operand), field }, Type::Bool);
+        }
+        // Constant device lookups skip building intermediate values at run time.
+        if let Node::Call { func: Func::Index, args } = &operand {
+            if let [Node::Select { operand: inner, field: which }, Node::Const(Value::String(domain))] =
+                args.as_slice()
+            {
+                if matches!(**inner, Node::Device) {
+                    let of = match &**which {
+                        "attributes" => Some(DomainsOf::Attributes),
+                        "capacity" => Some(DomainsOf::Capacity),
+                        _ => None,
+                    };
+                    if let Some(of) = of {
+                        let node = Node::DeviceLookup { of, domain: domain.clone(), name: field };
+                        return (node, ty);
+                    }
+                }
+            }
+        }
+        (Node::Select { operand: Box::new(operand), field }, ty)
+    }
+
+    fn check_call(&mut self, e: &IdedExpr, call: &cel::common::ast::CallExpr) -> (Node, Type) {
+        let name = call.func_name.as_str();
+        // Namespaced functions (`optional.of`, `sets.contains`, `cel.bind`) parse as member calls
+        // on an identifier that is not a variable.
+        if let Some(target) = &call.target {
+            if let Some(q) = qualified_name(target) {
+                let root = q.split('.').next().unwrap_or_default();
+                if self.lookup_local(root).is_none() && root != "device" {
+                    let full = format!("{q}.{name}");
+                    if full == "cel.bind" {
+                        return self.check_bind(e, call);
+                    }
+                    if DECLS.contains_key(full.as_str()) {
+                        return self.check_function(e.id, &full, None, &call.args);
+                    }
+                }
+            }
+            match name {
+                "optMap" | "optFlatMap" if call.args.len() == 2 => {
+                    if let Expr::Ident(var) = &call.args[0].expr {
+                        let (target_node, target_type) = self.check(target);
+                        let inner = match &target_type {
+                            Type::Optional(t) => (**t).clone(),
+                            t if t.is_dyn_like() => Type::Dyn,
+                            other => {
+                                let msg = format!(
+                                    "found no matching overload for '{name}' applied to '{other}.(dyn, dyn)'"
+                                );
+                                return self.error(e.id, msg);
+                            }
+                        };
+                        let slot = self.push_scope(var, inner);
+                        let (body, body_type) = self.check(&call.args[1]);
+                        self.scopes.pop();
+                        let flat = name == "optFlatMap";
+                        let ty = if flat { body_type } else { Type::optional(body_type) };
+                        let node = Node::OptMap { target: Box::new(target_node), slot, body: Box::new(body), flat };
+                        return (node, ty);
+                    }
+                }
+                _ => {}
+            }
+        }
+        self.check_function(e.id, name, call.target.as_deref(), &call.args)
+    }
+
+    fn check_bind(&mut self, e: &IdedExpr, call: &cel::common::ast::CallExpr) -> (Node, Type) {
+        let [var, init, body] = call.args.as_slice() else {
+            return self.error(e.id, "cel.bind() requires 3 arguments".into());
+        };
+        let Expr::Ident(var_name) = &var.expr else {
+            return self.error(var.id, "cel.bind() variable names must be simple identifiers".into());
+        };
+        let (init_node, init_type) = self.check(init);
+        let slot = self.push_scope(var_name, init_type);
+        let (body_node, body_type) = self.check(body);
+        self.scopes.pop();
+        (Node::Bind { slot, init: Box::new(init_node), body: Box::new(body_node) }, body_type)
+    }
+
+    fn check_function(
+        &mut self,
+        id: u64,
+        name: &str,
+        target: Option<&IdedExpr>,
+        args: &[IdedExpr],
+    ) -> (Node, Type) {
+        let mut nodes = Vec::with_capacity(args.len() + 1);
+        let mut types = Vec::with_capacity(args.len() + 1);
+        if let Some(t) = target {
+            let (n, ty) = self.check(t);
+            nodes.push(n);
+            types.push(ty);
+        }
+        for a in args {
+            let (n, ty) = self.check(a);
+            nodes.push(n);
+            types.push(ty);
+        }
+        let Some(decl) = DECLS.get(name) else {
+            return self.error(id, format!("undeclared reference to '{name}' (in container '')"));
+        };
+        let member = target.is_some();
+        let mut result: Option<Type> = None;
+        for sig in decl.sigs.iter().filter(|s| s.member == member && s.params.len() == types.len()) {
+            let mut bindings = Bindings::default();
+            if sig.params.iter().zip(&types).all(|(p, a)| bindings.unify(p, a)) {
+                let r = bindings.substitute(&sig.result);
+                result = Some(match result {
+                    None => r,
+                    Some(prev) if prev == r => prev,
+                    Some(_) => Type::Dyn,
+                });
+            }
+        }
+        let Some(result) = result else {
+            if types.iter().any(|t| matches!(t, Type::Error)) {
+                return (Node::Const(Value::Null), Type::Error);
+            }
+            let display = if name == "@in" { "@in" } else { name };
+            let msg = format!(
+                "found no matching overload for '{display}' applied to '{}'",
+                format_args(&types, member)
+            );
+            return self.error(id, msg);
+        };
+        if name == "matches" {
+            self.validate_regex_literal(&nodes, args, member);
+        }
+        let node = match name {
+            "_&&_" | "_||_" => {
+                let mut it = nodes.into_iter();
+                match (it.next(), it.next()) {
+                    (Some(a), Some(b)) => {
+                        if name == "_&&_" {
+                            Node::And(Box::new(a), Box::new(b))
+                        } else {
+                            Node::Or(Box::new(a), Box::new(b))
+                        }
+                    }
+                    _ => Node::Const(Value::Null),
+                }
+            }
+            "_?_:_" => {
+                let mut it = nodes.into_iter();
+                match (it.next(), it.next(), it.next()) {
+                    (Some(c), Some(t), Some(f)) => Node::Cond(Box::new(c), Box::new(t), Box::new(f)),
+                    _ => Node::Const(Value::Null),
+                }
+            }
+            "@not_strictly_false" => match nodes.pop() {
+                Some(n) => Node::NotStrictlyFalse(Box::new(n)),
+                None => Node::Const(Value::Null),
+            },
+            _ => Node::Call { func: decl.func, args: nodes },
+        };
+        let result = if matches!(result, Type::Param(_)) { Type::Dyn } else { result };
+        (node, result)
+    }
+
+    /// cel-go's regex literal validator: a constant pattern must compile.
+    fn validate_regex_literal(&mut self, nodes: &[Node], args: &[IdedExpr], member: bool) {
+        let pattern_index = if member { 1 } else { 1 };
+        if let Some(Node::Const(Value::String(p))) = nodes.get(pattern_index) {
+            if super::regex::compile(p).is_err() {
+                let arg = if member { args.first() } else { args.get(1) };
+                if let Some(arg) = arg {
+                    self.error(arg.id, "invalid matches argument".into());
+                }
+            }
+        }
+    }
+}
+
+fn literal(lit: &LiteralValue) -> (Node, Type) {
+    let (v, t) = match lit {
+        LiteralValue::Boolean(b) => (Value::Bool(**b), Type::Bool),
+        LiteralValue::Int(i) => (Value::Int(**i), Type::Int),
+        LiteralValue::UInt(u) => (Value::Uint(**u), Type::Uint),
+        LiteralValue::Double(d) => (Value::Double(**d), Type::Double),
+        LiteralValue::String(s) => (Value::string(s.inner()), Type::String),
+        LiteralValue::Bytes(b) => (Value::Bytes(Arc::from(b.inner())), Type::Bytes),
+        LiteralValue::Null => (Value::Null, Type::Null),
+    };
+    (Node::Const(v), t)
+}
+
+/// Whether a checked result type is acceptable for a selector.
+pub fn valid_output(t: &Type) -> bool {
+    matches!(t, Type::Bool | Type::Dyn | Type::Error)
+}
+
+pub fn is_assignable(expected: &Type, actual: &Type) -> bool {
+    assignable(expected, actual)
+}

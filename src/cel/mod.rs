@@ -1,0 +1,1 @@
+//! The Kubernetes DRA CEL environment (selectors over `device`).

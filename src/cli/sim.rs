@@ -1,0 +1,151 @@
+//! `gpu-dra sim`: operate the simulated hardware, as `nvidia-smi mig` would on a real node.
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Subcommand};
+
+use super::CliError;
+use crate::gpu::sim::{SimNode, SimSpec};
+use crate::gpu::{GpuError, Placement};
+
+#[derive(Debug, Args)]
+pub struct SimArgs {
+    /// The simulated node: `sim:<N>x<MODEL>[,...]`.
+    #[arg(long, env = "GPU_DRA_GPUS", value_parser = parse_spec)]
+    pub gpus: SimSpec,
+    /// Node name (GPU UUIDs derive from it).
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: String,
+    /// Hardware state file.
+    #[arg(long, env = "GPU_DRA_SIM_STATE")]
+    pub sim_state: PathBuf,
+    #[command(subcommand)]
+    pub command: SimCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SimCommand {
+    /// Print the hardware state as JSON.
+    Show,
+    /// Enable or disable MIG mode (Ampere applies it at the next `reset`).
+    MigMode {
+        #[arg(long)]
+        gpu: u32,
+        #[arg(long, action = clap::ArgAction::Set)]
+        enabled: bool,
+    },
+    /// Reset a GPU, applying a pending MIG mode.
+    Reset {
+        #[arg(long)]
+        gpu: u32,
+    },
+    /// Create a GPU instance and its full compute instance (`nvidia-smi mig -cgi P:S -C`).
+    Create {
+        #[arg(long)]
+        gpu: u32,
+        /// Profile name (e.g. `3g.40gb`) or unique profile id (e.g. `9`).
+        #[arg(long)]
+        profile: String,
+        /// Placement start in memory slices (default: the first free placement).
+        #[arg(long)]
+        start: Option<u32>,
+    },
+    /// Destroy a GPU instance with its compute instances.
+    Destroy {
+        #[arg(long)]
+        gpu: u32,
+        #[arg(long)]
+        gpu_instance: u32,
+    },
+}
+
+fn parse_spec(s: &str) -> Result<SimSpec, String> {
+    s.parse().map_err(|e: GpuError| e.to_string())
+}
+
+pub fn run(args: SimArgs) -> Result<ExitCode, CliError> {
+    let node = SimNode::new(args.gpus, &args.node_name, Some(args.sim_state));
+    match args.command {
+        SimCommand::Show => {
+            let state = node.state()?;
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&state)
+                    .map_err(|e| CliError::Encode(e.to_string()))?
+            );
+        }
+        SimCommand::MigMode { gpu, enabled } => {
+            let mode = node.set_mig_mode(gpu, enabled)?;
+            println!(
+                "GPU {gpu}: MIG mode current={} pending={}",
+                mode.current, mode.pending
+            );
+        }
+        SimCommand::Reset { gpu } => node.reset_gpu(gpu)?,
+        SimCommand::Create {
+            gpu,
+            profile,
+            start,
+        } => {
+            let inventory = node.inventory()?;
+            let mig = inventory
+                .gpus
+                .iter()
+                .find(|g| g.minor == gpu)
+                .and_then(|g| g.mig.as_ref())
+                .ok_or_else(|| CliError::Usage(format!("--gpu {gpu}: no such MIG-capable GPU")))?;
+            let chosen = mig
+                .profiles
+                .iter()
+                .find(|p| p.name == profile || p.id.to_string() == profile)
+                .ok_or_else(|| {
+                    let known: Vec<_> = mig
+                        .profiles
+                        .iter()
+                        .map(|p| format!("{} ({})", p.name, p.id))
+                        .collect();
+                    CliError::Usage(format!(
+                        "--profile {profile:?}: not offered by GPU {gpu}; known: {}",
+                        known.join(", ")
+                    ))
+                })?;
+            let occupied: Vec<Placement> = mig.instances.iter().map(|i| i.placement).collect();
+            let placement = match start {
+                Some(start) => Placement {
+                    start,
+                    size: chosen.placements.first().map_or(1, |p| p.size),
+                },
+                None => *chosen
+                    .placements
+                    .iter()
+                    .find(|p| !occupied.iter().any(|o| o.overlaps(p)))
+                    .ok_or_else(|| {
+                        CliError::Usage(format!(
+                            "--profile {profile}: no free placement on GPU {gpu}"
+                        ))
+                    })?,
+            };
+            let gi = node.create_gpu_instance(gpu, chosen.id, placement)?;
+            let (ci, uuid) = node.create_compute_instance(gpu, gi)?;
+            println!(
+                "GPU {gpu}: created {} at {}:{} (GI {gi}, CI {ci}) {uuid}",
+                chosen.name, placement.start, placement.size
+            );
+        }
+        SimCommand::Destroy { gpu, gpu_instance } => {
+            let state = node.state()?;
+            let cis: Vec<u32> = state
+                .gpus
+                .iter()
+                .filter(|g| g.minor == gpu)
+                .flat_map(|g| g.gpu_instances.iter().filter(|gi| gi.id == gpu_instance))
+                .flat_map(|gi| gi.compute_instances.iter().map(|ci| ci.id))
+                .collect();
+            for ci in cis {
+                node.destroy_compute_instance(gpu, gpu_instance, ci)?;
+            }
+            node.destroy_gpu_instance(gpu, gpu_instance)?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

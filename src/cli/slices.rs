@@ -1,0 +1,101 @@
+//! `gpu-dra slices`: print what this node would publish.
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, ValueEnum};
+use serde_json::json;
+
+use super::CliError;
+use crate::gpu::{self, DiscoveryConfig, GpuSource};
+use crate::slices::{self, SliceOptions};
+
+/// Where GPUs come from; shared by every subcommand that discovers GPUs.
+#[derive(Debug, Clone, Args)]
+pub struct GpuArgs {
+    /// GPU source: `nvml`, or a simulated node `sim:<N>x<MODEL>[,<N>x<MODEL>...]`
+    /// (models: A100-SXM4-40GB, A100-SXM4-80GB, A30-24GB, H100-SXM5-80GB, H200-SXM5-141GB, L4, T4).
+    #[arg(long, env = "GPU_DRA_GPUS", default_value = "nvml", value_parser = parse_source)]
+    pub gpus: GpuSource,
+    /// Simulator hardware state file (MIG mode and instances persist here across restarts).
+    #[arg(long, env = "GPU_DRA_SIM_STATE")]
+    pub sim_state: Option<PathBuf>,
+    /// NVML library to load instead of `libnvidia-ml.so.1`.
+    #[arg(long, env = "GPU_DRA_NVML_LIB")]
+    pub nvml_lib: Option<PathBuf>,
+    /// sysfs mount, for PCIe root lookups.
+    #[arg(long, env = "GPU_DRA_SYSFS_ROOT", default_value = "/sys")]
+    pub sysfs_root: PathBuf,
+}
+
+impl GpuArgs {
+    pub fn discovery(&self, node_name: &str) -> DiscoveryConfig {
+        DiscoveryConfig {
+            source: self.gpus.clone(),
+            node_name: node_name.to_string(),
+            sim_state: self.sim_state.clone(),
+            nvml_library: self.nvml_lib.clone(),
+            sysfs_root: self.sysfs_root.clone(),
+        }
+    }
+}
+
+fn parse_source(s: &str) -> Result<GpuSource, String> {
+    s.parse().map_err(|e: gpu::GpuError| e.to_string())
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum OutputFormat {
+    Yaml,
+    Json,
+}
+
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Example:\n  gpu-dra slices --gpus sim:8xH100-SXM5-80GB --node-name n1 -o yaml"
+)]
+pub struct SlicesArgs {
+    #[command(flatten)]
+    pub gpu: GpuArgs,
+    /// Node whose pool the slices describe.
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: String,
+    /// DRA driver name the slices are published under.
+    #[arg(long, env = "GPU_DRA_DRIVER_NAME", default_value = slices::DEFAULT_DRIVER_NAME)]
+    pub driver_name: String,
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value = "yaml")]
+    pub output: OutputFormat,
+}
+
+pub fn run(args: SlicesArgs) -> Result<ExitCode, CliError> {
+    let inventory = gpu::discover(&args.gpu.discovery(&args.node_name))?;
+    let slices = slices::build(
+        &inventory,
+        &SliceOptions::new(&args.driver_name, &args.node_name),
+    )?;
+    let items: Vec<serde_json::Value> = slices
+        .iter()
+        .map(|s| serde_json::to_value(s).map_err(|e| CliError::Encode(e.to_string())))
+        .collect::<Result<_, _>>()?;
+    let list = json!({ "apiVersion": "v1", "kind": "List", "items": items });
+    write_document(&list, args.output)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Prints one document to stdout in the chosen format.
+pub fn write_document(value: &serde_json::Value, format: OutputFormat) -> Result<(), CliError> {
+    let text = match format {
+        OutputFormat::Json => {
+            let mut s =
+                serde_json::to_string_pretty(value).map_err(|e| CliError::Encode(e.to_string()))?;
+            s.push('\n');
+            s
+        }
+        OutputFormat::Yaml => {
+            serde_yaml_ng::to_string(value).map_err(|e| CliError::Encode(e.to_string()))?
+        }
+    };
+    std::io::stdout().lock().write_all(text.as_bytes())?;
+    Ok(())
+}

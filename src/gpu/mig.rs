@@ -1,0 +1,196 @@
+//! MIG rules shared by every backend: profile names, device names, GI profile constants.
+//!
+//! Names follow go-nvlib and NVIDIA's DRA driver so users' selectors keep matching.
+
+/// `NVML_GPU_INSTANCE_PROFILE_COUNT`: profile-info calls are made for constants below it.
+pub const GPU_INSTANCE_PROFILE_COUNT: u32 = 0x12;
+
+/// Compute slices of a GPU-instance profile constant (go-nvlib `mig_profile.go`).
+pub fn gi_profile_slices(profile_enum: u32) -> Option<u32> {
+    match profile_enum {
+        0x0 | 0x7 | 0x9 | 0xA | 0xD | 0xF => Some(1),
+        0x1 | 0x8 | 0xB | 0xE | 0x10 => Some(2),
+        0x2 | 0x11 => Some(3),
+        0x3 | 0xC => Some(4),
+        0x6 => Some(6),
+        0x4 => Some(7),
+        0x5 => Some(8),
+        _ => None,
+    }
+}
+
+/// Name suffix of a GPU-instance profile constant (`+me`, `+gfx`, ...).
+pub fn gi_profile_suffix(profile_enum: u32) -> &'static str {
+    match profile_enum {
+        0x7 | 0x8 => "+me",
+        0xF | 0x10 => "+me.all",
+        0xA | 0xB | 0xC | 0x11 => "+gfx",
+        0xD | 0xE => "-me",
+        _ => "",
+    }
+}
+
+/// Memory size in GB as go-nvlib rounds it for profile names: the fraction of device memory
+/// rounded up to eighths, times the device memory in whole GiB (rounded up).
+pub fn profile_memory_gb(memory_mib: u64, device_memory_bytes: u64) -> u64 {
+    const GIB: u64 = 1 << 30;
+    if device_memory_bytes == 0 {
+        return 0;
+    }
+    let fraction = (memory_mib as f64 * (1u64 << 20) as f64) / device_memory_bytes as f64;
+    let eighths = (fraction * 8.0).ceil() / 8.0;
+    let device_gb = device_memory_bytes.div_ceil(GIB) as f64;
+    (eighths * device_gb).round() as u64
+}
+
+/// Canonical GPU-instance profile name with a full-size compute instance, e.g. `3g.40gb`.
+pub fn profile_name(
+    profile_enum: u32,
+    memory_mib: u64,
+    device_memory_bytes: u64,
+) -> Option<String> {
+    let slices = gi_profile_slices(profile_enum)?;
+    Some(format!(
+        "{slices}g.{}gb{}",
+        profile_memory_gb(memory_mib, device_memory_bytes),
+        gi_profile_suffix(profile_enum)
+    ))
+}
+
+/// Full GPU device name: `gpu-<minor>`.
+pub fn gpu_device_name(minor: u32) -> String {
+    format!("gpu-{minor}")
+}
+
+/// MIG device name: `gpu-<minor>-mig-<profile without dots>-<giProfileId>-<start>`, made a
+/// valid DNS label the way NVIDIA's driver does (`1g.10gb+me` → `1g10gb-me`).
+pub fn mig_device_name(parent_minor: u32, profile: &str, profile_id: u32, start: u32) -> String {
+    format!(
+        "gpu-{parent_minor}-mig-{}-{profile_id}-{start}",
+        dns_compliant(&profile.replace('.', ""))
+    )
+}
+
+/// The parts encoded in a MIG device name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigDeviceName {
+    pub parent_minor: u32,
+    pub profile: String,
+    pub profile_id: u32,
+    pub start: u32,
+}
+
+/// Parses a name made by [`mig_device_name`]; `None` for anything else.
+pub fn parse_mig_device_name(name: &str) -> Option<MigDeviceName> {
+    let rest = name.strip_prefix("gpu-")?;
+    let (minor, rest) = rest.split_once("-mig-")?;
+    let (rest, start) = rest.rsplit_once('-')?;
+    let (profile, profile_id) = rest.rsplit_once('-')?;
+    if profile.is_empty() {
+        return None;
+    }
+    Some(MigDeviceName {
+        parent_minor: parse_decimal(minor)?,
+        profile: profile.to_string(),
+        profile_id: parse_decimal(profile_id)?,
+        start: parse_decimal(start)?,
+    })
+}
+
+fn parse_decimal(s: &str) -> Option<u32> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
+}
+
+/// Lower-case, characters outside `[a-z0-9-]` replaced by `-`, no leading/trailing `-`.
+pub fn dns_compliant(name: &str) -> String {
+    let mapped: String = name
+        .chars()
+        .map(|c| {
+            let c = c.to_ascii_lowercase();
+            if c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    mapped.trim_matches('-').to_string()
+}
+
+/// `/dev/nvidia-caps/nvidia-cap<N>` minor of a GPU instance's access capability
+/// (`/proc/driver/nvidia-caps/mig-minors`: 15 GIs × (1 + 8 CIs) per GPU after `config` and `monitor`).
+pub fn gi_access_cap_minor(gpu_minor: u32, gpu_instance_id: u32) -> u32 {
+    3 + 135 * gpu_minor + 9 * gpu_instance_id
+}
+
+/// Capability minor of a compute instance's access file.
+pub fn ci_access_cap_minor(gpu_minor: u32, gpu_instance_id: u32, compute_instance_id: u32) -> u32 {
+    gi_access_cap_minor(gpu_minor, gpu_instance_id) + 1 + compute_instance_id
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const H100_BYTES: u64 = 81559 * 1024 * 1024;
+
+    #[test]
+    fn names_follow_go_nvlib_rounding() {
+        assert_eq!(
+            profile_name(0, 9984, H100_BYTES).as_deref(),
+            Some("1g.10gb")
+        );
+        assert_eq!(
+            profile_name(7, 9984, H100_BYTES).as_deref(),
+            Some("1g.10gb+me")
+        );
+        assert_eq!(
+            profile_name(9, 20096, H100_BYTES).as_deref(),
+            Some("1g.20gb")
+        );
+        assert_eq!(
+            profile_name(2, 40448, H100_BYTES).as_deref(),
+            Some("3g.40gb")
+        );
+        assert_eq!(
+            profile_name(4, 81152, H100_BYTES).as_deref(),
+            Some("7g.80gb")
+        );
+        // H200: 70.5 rounds half away from zero, like Go's math.Round.
+        let h200 = 143771 * 1024 * 1024;
+        assert_eq!(profile_name(2, 71168, h200).as_deref(), Some("3g.71gb"));
+        assert_eq!(profile_name(0, 16384, h200).as_deref(), Some("1g.18gb"));
+        assert_eq!(profile_name(0x12, 1, h200), None);
+    }
+
+    #[test]
+    fn mig_names_are_dns_labels_and_round_trip() {
+        let name = mig_device_name(3, "1g.10gb+me", 20, 6);
+        assert_eq!(name, "gpu-3-mig-1g10gb-me-20-6");
+        let parsed = parse_mig_device_name(&name).expect("parses");
+        assert_eq!(
+            parsed,
+            MigDeviceName {
+                parent_minor: 3,
+                profile: "1g10gb-me".into(),
+                profile_id: 20,
+                start: 6
+            }
+        );
+        assert_eq!(parse_mig_device_name("gpu-3"), None);
+        assert_eq!(parse_mig_device_name("gpu-x-mig-3g40gb-9-0"), None);
+        assert_eq!(parse_mig_device_name("gpu-0-mig--9-0"), None);
+    }
+
+    #[test]
+    fn cap_minors_match_published_points() {
+        assert_eq!(gi_access_cap_minor(0, 0), 3);
+        assert_eq!(ci_access_cap_minor(0, 0, 0), 4);
+        assert_eq!(ci_access_cap_minor(3, 3, 3), 439);
+        assert_eq!(ci_access_cap_minor(6, 11, 7), 920);
+        assert_eq!(ci_access_cap_minor(31, 14, 7), 4322);
+    }
+}

@@ -1,0 +1,153 @@
+//! GPUs: the device model and the backends that discover it.
+//!
+//! - [`model`]: what a node has (our own small types).
+//! - [`sim`]: simulated GPUs with the real MIG rules and persistent "hardware" state.
+//! - [`nvml`]: real discovery through NVML (nvml-wrapper, raw calls where it stops).
+//! - [`mig`]: naming and MIG rules both backends share.
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+
+pub mod catalog;
+pub mod mig;
+pub mod model;
+pub mod nvml;
+mod nvml_raw;
+pub mod sim;
+
+pub use model::*;
+
+/// Why a MIG operation was refused, in NVML's terms (so the fake NVML can return the same code).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MigFailure {
+    /// `NVML_ERROR_INVALID_ARGUMENT`: no such profile or placement.
+    InvalidArgument,
+    /// `NVML_ERROR_NOT_SUPPORTED`: not MIG-capable, or MIG mode is off.
+    NotSupported,
+    /// `NVML_ERROR_NOT_FOUND`: no such GPU, GPU instance or compute instance.
+    NotFound,
+    /// `NVML_ERROR_IN_USE`: the instance still has compute instances (or MIG devices exist).
+    InUse,
+    /// `NVML_ERROR_INSUFFICIENT_RESOURCES`: placement occupied or profile exhausted.
+    InsufficientResources,
+}
+
+impl MigFailure {
+    /// The `nvmlReturn_t` value.
+    pub fn nvml_return(&self) -> u32 {
+        match self {
+            Self::InvalidArgument => 2,
+            Self::NotSupported => 3,
+            Self::NotFound => 6,
+            Self::InUse => 19,
+            Self::InsufficientResources => 23,
+        }
+    }
+}
+
+impl fmt::Display for MigFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::InvalidArgument => "invalid argument",
+            Self::NotSupported => "not supported",
+            Self::NotFound => "not found",
+            Self::InUse => "in use",
+            Self::InsufficientResources => "insufficient resources",
+        })
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    #[error("invalid GPU spec {spec:?}: {reason}")]
+    Spec { spec: String, reason: String },
+    #[error("simulator state file {path}: {reason}")]
+    State { path: PathBuf, reason: String },
+    #[error("GPU {minor}: {operation}: {failure}{}", detail_suffix(.detail))]
+    Mig {
+        minor: u32,
+        operation: &'static str,
+        failure: MigFailure,
+        detail: String,
+    },
+    #[error("NVML: {operation}: {reason}")]
+    Nvml { operation: String, reason: String },
+}
+
+fn detail_suffix(detail: &str) -> String {
+    if detail.is_empty() {
+        String::new()
+    } else {
+        format!(" ({detail})")
+    }
+}
+
+/// Which backend discovers GPUs: `nvml` or `sim:<N>x<MODEL>[,...]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GpuSource {
+    Nvml,
+    Sim(sim::SimSpec),
+}
+
+impl FromStr for GpuSource {
+    type Err = GpuError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s == "nvml" {
+            return Ok(Self::Nvml);
+        }
+        match s.strip_prefix("sim:") {
+            Some(_) => Ok(Self::Sim(s.parse()?)),
+            None => Err(GpuError::Spec {
+                spec: s.to_string(),
+                reason: "expected `nvml` or `sim:<N>x<MODEL>[,<N>x<MODEL>...]`".into(),
+            }),
+        }
+    }
+}
+
+impl fmt::Display for GpuSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Nvml => f.write_str("nvml"),
+            Self::Sim(spec) => write!(f, "sim:{spec}"),
+        }
+    }
+}
+
+/// Where discovery runs and how it is configured.
+#[derive(Debug, Clone)]
+pub struct DiscoveryConfig {
+    pub source: GpuSource,
+    pub node_name: String,
+    /// Simulator hardware state; `None` keeps it in memory (fresh GPUs, MIG off).
+    pub sim_state: Option<PathBuf>,
+    /// NVML library to load (default `libnvidia-ml.so.1` through the dynamic linker).
+    pub nvml_library: Option<PathBuf>,
+    /// Root of sysfs, for PCIe root lookups.
+    pub sysfs_root: PathBuf,
+}
+
+/// Discovers the node's GPUs with the configured backend.
+pub fn discover(config: &DiscoveryConfig) -> Result<NodeInventory, GpuError> {
+    match &config.source {
+        GpuSource::Nvml => {
+            nvml::NvmlBackend::open(config.nvml_library.as_deref(), config.sysfs_root.clone())?
+                .inventory()
+        }
+        GpuSource::Sim(spec) => {
+            sim::SimNode::new(spec.clone(), &config.node_name, config.sim_state.clone()).inventory()
+        }
+    }
+}
+
+/// The node's boot ID: `GPU_DRA_BOOT_ID` when set (tests simulate reboots with it), else the
+/// kernel's. State that must not outlive a reboot is keyed by it.
+pub fn boot_id() -> String {
+    if let Ok(id) = std::env::var("GPU_DRA_BOOT_ID") {
+        return id;
+    }
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}

@@ -1,0 +1,1083 @@
+//! Simulated GPUs with the real MIG rules.
+//!
+//! The "hardware" state (MIG mode, GPU and compute instances) lives in a JSON state file guarded by
+//! an advisory lock, so it survives driver restarts as real hardware does and several processes
+//! (the driver, the fake `libnvidia-ml`, tests) see one truth. GPU and compute instances vanish on
+//! reboot (a changed [`boot_id`](super::boot_id)); MIG mode persists.
+use std::fmt;
+use std::fs::{self, File, OpenOptions};
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::Mutex;
+
+use serde::{Deserialize, Serialize};
+
+use super::catalog::{self, SimModel};
+use super::mig::profile_name;
+use super::model::*;
+use super::{GpuError, MigFailure};
+
+/// Most GPUs a spec may describe; far above any real node, low enough to catch typos like `8000x`.
+const MAX_GPUS: u32 = 1024;
+
+/// `<N>x<MODEL>[,<N>x<MODEL>...]`, optionally prefixed with `sim:`.
+#[derive(Debug, Clone)]
+pub struct SimSpec {
+    groups: Vec<(u32, &'static SimModel)>,
+}
+
+impl PartialEq for SimSpec {
+    fn eq(&self, other: &Self) -> bool {
+        self.to_string() == other.to_string()
+    }
+}
+impl Eq for SimSpec {}
+
+impl SimSpec {
+    /// Models in minor order.
+    pub fn models(&self) -> impl Iterator<Item = &'static SimModel> + '_ {
+        self.groups
+            .iter()
+            .flat_map(|(n, m)| std::iter::repeat_n(*m, *n as usize))
+    }
+
+    pub fn gpu_count(&self) -> u32 {
+        self.groups.iter().map(|(n, _)| n).sum()
+    }
+}
+
+impl FromStr for SimSpec {
+    type Err = GpuError;
+
+    fn from_str(input: &str) -> Result<Self, Self::Err> {
+        let err = |reason: String| GpuError::Spec {
+            spec: input.to_string(),
+            reason,
+        };
+        let body = input.strip_prefix("sim:").unwrap_or(input);
+        if body.trim().is_empty() {
+            return Err(err(
+                "no GPUs given; expected <N>x<MODEL>, e.g. sim:8xH100-SXM5-80GB".into(),
+            ));
+        }
+        let mut groups = Vec::new();
+        let mut total = 0u32;
+        for part in body.split(',') {
+            let part = part.trim();
+            let digits = part.bytes().take_while(u8::is_ascii_digit).count();
+            let (count, rest) = part.split_at(digits);
+            let model_key = rest
+                .strip_prefix(['x', 'X'])
+                .filter(|_| !count.is_empty())
+                .ok_or_else(|| err(format!("{part:?} is not <N>x<MODEL>")))?;
+            let count: u32 = count
+                .parse()
+                .map_err(|_| err(format!("{count:?} in {part:?} is not a GPU count")))?;
+            if count == 0 {
+                return Err(err(format!("{part:?} asks for zero GPUs")));
+            }
+            let model = catalog::model(model_key).ok_or_else(|| {
+                let known: Vec<_> = catalog::MODELS.iter().map(|m| m.key).collect();
+                err(format!(
+                    "unknown model {model_key:?} (known: {})",
+                    known.join(", ")
+                ))
+            })?;
+            total = total.saturating_add(count);
+            if total > MAX_GPUS {
+                return Err(err(format!("more than {MAX_GPUS} GPUs")));
+            }
+            groups.push((count, model));
+        }
+        Ok(Self { groups })
+    }
+}
+
+impl fmt::Display for SimSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let parts: Vec<String> = self
+            .groups
+            .iter()
+            .map(|(n, m)| format!("{n}x{}", m.key))
+            .collect();
+        f.write_str(&parts.join(","))
+    }
+}
+
+/// Persistent hardware state of a simulated node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SimState {
+    pub schema: u32,
+    pub node_name: String,
+    pub spec: String,
+    /// Boot the instances below were created in.
+    pub boot_id: String,
+    /// Serial for MIG UUIDs, so a re-created instance gets a new UUID as on real hardware.
+    pub uuid_serial: u64,
+    pub gpus: Vec<SimGpuState>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SimGpuState {
+    pub minor: u32,
+    pub mig_current: bool,
+    pub mig_pending: bool,
+    pub gpu_instances: Vec<SimGpuInstance>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SimGpuInstance {
+    pub id: u32,
+    pub profile_id: u32,
+    pub placement: Placement,
+    pub compute_instances: Vec<SimComputeInstance>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SimComputeInstance {
+    pub id: u32,
+    /// `NVML_COMPUTE_INSTANCE_PROFILE_*`.
+    pub profile_id: u32,
+    pub uuid: String,
+}
+
+const SCHEMA: u32 = 1;
+/// GPU instance ids run 0..=14 (mig-minors lists gi0..gi14).
+const MAX_GPU_INSTANCE_ID: u32 = 14;
+
+enum Store {
+    File(PathBuf),
+    Memory(Mutex<Option<SimState>>),
+}
+
+/// A simulated node.
+pub struct SimNode {
+    spec: SimSpec,
+    node_name: String,
+    store: Store,
+}
+
+impl SimNode {
+    /// `state`: the state file; `None` keeps state in memory for this process only.
+    pub fn new(spec: SimSpec, node_name: &str, state: Option<PathBuf>) -> Self {
+        let store = match state {
+            Some(path) => Store::File(path),
+            None => Store::Memory(Mutex::new(None)),
+        };
+        Self {
+            spec,
+            node_name: node_name.to_string(),
+            store,
+        }
+    }
+
+    pub fn spec(&self) -> &SimSpec {
+        &self.spec
+    }
+
+    pub fn node_name(&self) -> &str {
+        &self.node_name
+    }
+
+    /// What discovery sees now.
+    pub fn inventory(&self) -> Result<NodeInventory, GpuError> {
+        self.read(|state| Ok(self.inventory_of(state)))
+    }
+
+    /// Current state, for inspection (tests, `demo`).
+    pub fn state(&self) -> Result<SimState, GpuError> {
+        self.read(|state| Ok(state.clone()))
+    }
+
+    /// `nvmlDeviceSetMigMode`. Hopper and newer switch at once; Ampere only sets the pending mode
+    /// until [`reset_gpu`](Self::reset_gpu). Disabling with instances present is refused.
+    pub fn set_mig_mode(&self, minor: u32, enabled: bool) -> Result<MigMode, GpuError> {
+        let model = self.model(minor, "set MIG mode")?;
+        self.write(|state| {
+            let gpu = gpu_state(state, minor, "set MIG mode")?;
+            if model.mig.is_none() {
+                return Err(mig_err(
+                    minor,
+                    "set MIG mode",
+                    MigFailure::NotSupported,
+                    "not MIG-capable",
+                ));
+            }
+            if !enabled && !gpu.gpu_instances.is_empty() {
+                return Err(mig_err(
+                    minor,
+                    "set MIG mode",
+                    MigFailure::InUse,
+                    "GPU instances exist",
+                ));
+            }
+            gpu.mig_pending = enabled;
+            if model.architecture.toggles_mig_without_reset() {
+                gpu.mig_current = enabled;
+            }
+            Ok(MigMode {
+                current: gpu.mig_current,
+                pending: gpu.mig_pending,
+            })
+        })
+    }
+
+    /// A GPU reset: applies a pending MIG mode.
+    pub fn reset_gpu(&self, minor: u32) -> Result<(), GpuError> {
+        self.write(|state| {
+            let gpu = gpu_state(state, minor, "reset")?;
+            if !gpu.gpu_instances.is_empty() {
+                return Err(mig_err(
+                    minor,
+                    "reset",
+                    MigFailure::InUse,
+                    "GPU instances exist",
+                ));
+            }
+            gpu.mig_current = gpu.mig_pending;
+            Ok(())
+        })
+    }
+
+    /// `nvmlDeviceCreateGpuInstanceWithPlacement`; returns the new GPU instance id.
+    pub fn create_gpu_instance(
+        &self,
+        minor: u32,
+        profile_id: u32,
+        placement: Placement,
+    ) -> Result<u32, GpuError> {
+        const OP: &str = "create GPU instance";
+        let model = self.model(minor, OP)?;
+        self.write(|state| {
+            let gpu = gpu_state(state, minor, OP)?;
+            let table = model
+                .mig
+                .as_ref()
+                .ok_or_else(|| mig_err(minor, OP, MigFailure::NotSupported, "not MIG-capable"))?;
+            if !gpu.mig_current {
+                return Err(mig_err(
+                    minor,
+                    OP,
+                    MigFailure::NotSupported,
+                    "MIG mode is disabled",
+                ));
+            }
+            let profile = table
+                .profiles
+                .iter()
+                .find(|p| p.id == profile_id)
+                .ok_or_else(|| {
+                    mig_err(
+                        minor,
+                        OP,
+                        MigFailure::InvalidArgument,
+                        &format!("no profile id {profile_id}"),
+                    )
+                })?;
+            if placement.size != profile.placement_size
+                || !profile.placement_starts.contains(&placement.start)
+            {
+                return Err(mig_err(
+                    minor,
+                    OP,
+                    MigFailure::InvalidArgument,
+                    &format!(
+                        "{}:{} is not a placement of profile {profile_id}",
+                        placement.start, placement.size
+                    ),
+                ));
+            }
+            if let Some(other) = gpu
+                .gpu_instances
+                .iter()
+                .find(|gi| gi.placement.overlaps(&placement))
+            {
+                return Err(mig_err(
+                    minor,
+                    OP,
+                    MigFailure::InsufficientResources,
+                    &format!("memory slices overlap GPU instance {}", other.id),
+                ));
+            }
+            let same_profile = gpu
+                .gpu_instances
+                .iter()
+                .filter(|gi| gi.profile_id == profile_id)
+                .count();
+            if same_profile >= profile.instance_count as usize {
+                return Err(mig_err(
+                    minor,
+                    OP,
+                    MigFailure::InsufficientResources,
+                    &format!(
+                        "profile {profile_id} allows {} instances",
+                        profile.instance_count
+                    ),
+                ));
+            }
+            let id = gpu_instance_id(&gpu.gpu_instances, placement, table.memory_slices)
+                .ok_or_else(|| {
+                    mig_err(
+                        minor,
+                        OP,
+                        MigFailure::InsufficientResources,
+                        "no free GPU instance id",
+                    )
+                })?;
+            gpu.gpu_instances.push(SimGpuInstance {
+                id,
+                profile_id,
+                placement,
+                compute_instances: vec![],
+            });
+            gpu.gpu_instances.sort_by_key(|gi| gi.id);
+            Ok(id)
+        })
+    }
+
+    /// `nvmlGpuInstanceCreateComputeInstance` with the GI's full-size compute profile; returns the
+    /// compute instance id and the MIG device UUID.
+    pub fn create_compute_instance(
+        &self,
+        minor: u32,
+        gpu_instance_id: u32,
+    ) -> Result<(u32, String), GpuError> {
+        const OP: &str = "create compute instance";
+        let model = self.model(minor, OP)?;
+        let gpu_uuid = gpu_uuid(&self.node_name, minor);
+        self.write(|state| {
+            state.uuid_serial += 1;
+            let serial = state.uuid_serial;
+            let gpu = gpu_state(state, minor, OP)?;
+            let gi = gpu
+                .gpu_instances
+                .iter_mut()
+                .find(|gi| gi.id == gpu_instance_id)
+                .ok_or_else(|| {
+                    mig_err(
+                        minor,
+                        OP,
+                        MigFailure::NotFound,
+                        &format!("no GPU instance {gpu_instance_id}"),
+                    )
+                })?;
+            if !gi.compute_instances.is_empty() {
+                return Err(mig_err(
+                    minor,
+                    OP,
+                    MigFailure::InsufficientResources,
+                    "the GPU instance is fully used",
+                ));
+            }
+            let slices = model
+                .mig
+                .as_ref()
+                .and_then(|t| t.profiles.iter().find(|p| p.id == gi.profile_id))
+                .map(|p| p.slice_count)
+                .unwrap_or(1);
+            let uuid = mig_uuid(&gpu_uuid, serial);
+            gi.compute_instances.push(SimComputeInstance {
+                id: 0,
+                profile_id: full_compute_profile(slices),
+                uuid: uuid.clone(),
+            });
+            Ok((0, uuid))
+        })
+    }
+
+    /// `nvmlComputeInstanceDestroy`.
+    pub fn destroy_compute_instance(
+        &self,
+        minor: u32,
+        gpu_instance_id: u32,
+        compute_instance_id: u32,
+    ) -> Result<(), GpuError> {
+        const OP: &str = "destroy compute instance";
+        self.write(|state| {
+            let gpu = gpu_state(state, minor, OP)?;
+            let gi = gpu
+                .gpu_instances
+                .iter_mut()
+                .find(|gi| gi.id == gpu_instance_id)
+                .ok_or_else(|| mig_err(minor, OP, MigFailure::NotFound, &format!("no GPU instance {gpu_instance_id}")))?;
+            let before = gi.compute_instances.len();
+            gi.compute_instances.retain(|ci| ci.id != compute_instance_id);
+            if gi.compute_instances.len() == before {
+                return Err(mig_err(
+                    minor,
+                    OP,
+                    MigFailure::NotFound,
+                    &format!("no compute instance {compute_instance_id} in GPU instance {gpu_instance_id}"),
+                ));
+            }
+            Ok(())
+        })
+    }
+
+    /// `nvmlGpuInstanceDestroy`: refused while compute instances exist, as on real hardware.
+    pub fn destroy_gpu_instance(&self, minor: u32, gpu_instance_id: u32) -> Result<(), GpuError> {
+        const OP: &str = "destroy GPU instance";
+        self.write(|state| {
+            let gpu = gpu_state(state, minor, OP)?;
+            let index = gpu
+                .gpu_instances
+                .iter()
+                .position(|gi| gi.id == gpu_instance_id)
+                .ok_or_else(|| {
+                    mig_err(
+                        minor,
+                        OP,
+                        MigFailure::NotFound,
+                        &format!("no GPU instance {gpu_instance_id}"),
+                    )
+                })?;
+            if !gpu.gpu_instances[index].compute_instances.is_empty() {
+                return Err(mig_err(
+                    minor,
+                    OP,
+                    MigFailure::InUse,
+                    "compute instances exist",
+                ));
+            }
+            gpu.gpu_instances.remove(index);
+            Ok(())
+        })
+    }
+
+    fn model(&self, minor: u32, operation: &'static str) -> Result<&'static SimModel, GpuError> {
+        self.spec
+            .models()
+            .nth(minor as usize)
+            .ok_or_else(|| mig_err(minor, operation, MigFailure::NotFound, "no such GPU"))
+    }
+
+    fn fresh_state(&self) -> SimState {
+        SimState {
+            schema: SCHEMA,
+            node_name: self.node_name.clone(),
+            spec: self.spec.to_string(),
+            boot_id: super::boot_id(),
+            uuid_serial: 0,
+            gpus: (0..self.spec.gpu_count())
+                .map(|minor| SimGpuState {
+                    minor,
+                    mig_current: false,
+                    mig_pending: false,
+                    gpu_instances: vec![],
+                })
+                .collect(),
+        }
+    }
+
+    /// Checks a loaded state belongs to this node and applies a reboot if one happened.
+    fn adopt(&self, mut state: SimState, path: &Path) -> Result<SimState, GpuError> {
+        let spec = self.spec.to_string();
+        if state.spec != spec || state.node_name != self.node_name {
+            return Err(GpuError::State {
+                path: path.to_path_buf(),
+                reason: format!(
+                    "it describes node {:?} with sim:{}, not node {:?} with sim:{spec}; use another --sim-state or remove it",
+                    state.node_name, state.spec, self.node_name
+                ),
+            });
+        }
+        let boot = super::boot_id();
+        if state.boot_id != boot {
+            // GPU and compute instances do not survive a reboot; MIG mode does.
+            for gpu in &mut state.gpus {
+                gpu.gpu_instances.clear();
+                gpu.mig_current = gpu.mig_pending;
+            }
+            state.boot_id = boot;
+        }
+        Ok(state)
+    }
+
+    fn read<R>(&self, f: impl FnOnce(&SimState) -> Result<R, GpuError>) -> Result<R, GpuError> {
+        self.with_state(false, |s| f(s))
+    }
+
+    fn write<R>(
+        &self,
+        f: impl FnOnce(&mut SimState) -> Result<R, GpuError>,
+    ) -> Result<R, GpuError> {
+        self.with_state(true, f)
+    }
+
+    fn with_state<R>(
+        &self,
+        persist: bool,
+        f: impl FnOnce(&mut SimState) -> Result<R, GpuError>,
+    ) -> Result<R, GpuError> {
+        match &self.store {
+            Store::Memory(cell) => {
+                let mut guard = cell.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                let state = guard.get_or_insert_with(|| self.fresh_state());
+                // Work on a copy so a refused operation changes nothing.
+                let mut next = state.clone();
+                let result = f(&mut next)?;
+                *state = next;
+                Ok(result)
+            }
+            Store::File(path) => {
+                let _lock = StateLock::acquire(path)?;
+                let mut state = match fs::read(path) {
+                    Ok(bytes) => {
+                        let loaded: SimState = serde_json::from_slice(&bytes)
+                            .map_err(|e| state_err(path, format!("cannot parse: {e}")))?;
+                        self.adopt(loaded, path)?
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => self.fresh_state(),
+                    Err(e) => return Err(state_err(path, format!("cannot read: {e}"))),
+                };
+                let before = state.clone();
+                let result = f(&mut state)?;
+                if persist || state != before || !path.exists() {
+                    write_atomically(path, &state)?;
+                }
+                Ok(result)
+            }
+        }
+    }
+
+    fn inventory_of(&self, state: &SimState) -> NodeInventory {
+        let gpus = self
+            .spec
+            .models()
+            .enumerate()
+            .map(|(index, model)| {
+                let minor = index as u32;
+                let gpu_state = state.gpus.iter().find(|g| g.minor == minor);
+                sim_gpu(model, index as u32, &self.node_name, gpu_state)
+            })
+            .collect();
+        NodeInventory {
+            driver_version: catalog::SIM_DRIVER_VERSION.to_string(),
+            cuda_driver_version: cuda_version(catalog::SIM_CUDA_DRIVER_VERSION),
+            gpus,
+        }
+    }
+}
+
+/// NVML's CUDA driver version integer (`12040`) as major.minor.
+pub fn cuda_version(encoded: i32) -> Version2 {
+    let encoded = encoded.max(0) as u32;
+    Version2::new(encoded / 1000, (encoded % 1000) / 10)
+}
+
+/// PCI buses of an HGX baseboard's eight GPUs, repeated per PCI domain for larger fleets.
+const HGX_BUSES: [u32; 8] = [0x18, 0x2a, 0x3a, 0x5d, 0x9a, 0xab, 0xba, 0xdb];
+
+/// Deterministic PCI placement of simulated GPU `index`: (bus id, PCIe root, NUMA node).
+pub fn sim_pci_location(index: u32) -> (String, String, i64) {
+    let domain = index / 8;
+    let bus = HGX_BUSES[(index % 8) as usize];
+    (
+        format!("{domain:04x}:{bus:02x}:00.0"),
+        format!("pci{domain:04x}:{:02x}", bus - 3),
+        ((index % 8) / 4) as i64,
+    )
+}
+
+/// Lays out `<root>/bus/pci/devices/<bdf>` links for `gpu_count` simulated GPUs, as sysfs shows
+/// them, so NVML-backed discovery finds the same PCIe roots the simulator reports.
+pub fn write_fake_sysfs(root: &Path, gpu_count: u32) -> std::io::Result<()> {
+    let devices = root.join("bus/pci/devices");
+    fs::create_dir_all(&devices)?;
+    for index in 0..gpu_count {
+        let (bus_id, pcie_root, _) = sim_pci_location(index);
+        let domain = &bus_id[..4];
+        let bridge = format!("{domain}:{}:01.0", &pcie_root[pcie_root.len() - 2..]);
+        let target = format!("../../../devices/{pcie_root}/{bridge}/{bus_id}");
+        let link = devices.join(&bus_id);
+        let _ = fs::remove_file(&link);
+        std::os::unix::fs::symlink(target, link)?;
+    }
+    Ok(())
+}
+
+/// `GPU-<uuid>` derived from node name and minor, stable across restarts.
+pub fn gpu_uuid(node_name: &str, minor: u32) -> String {
+    let id = uuid::Uuid::new_v5(
+        &uuid::Uuid::NAMESPACE_OID,
+        format!("gpu-dra-sim/{node_name}/{minor}").as_bytes(),
+    );
+    format!("GPU-{id}")
+}
+
+fn mig_uuid(gpu_uuid: &str, serial: u64) -> String {
+    let id = uuid::Uuid::new_v5(
+        &uuid::Uuid::NAMESPACE_OID,
+        format!("{gpu_uuid}/mig/{serial}").as_bytes(),
+    );
+    format!("MIG-{id}")
+}
+
+/// Profile-table rows of `model` as the device model's GI profiles.
+pub fn sim_profiles(model: &SimModel) -> Vec<GiProfile> {
+    let device_bytes = model.memory_mib << 20;
+    let Some(table) = &model.mig else {
+        return vec![];
+    };
+    let mut profiles: Vec<GiProfile> = table
+        .profiles
+        .iter()
+        .filter_map(|row| {
+            Some(GiProfile {
+                name: profile_name(row.profile_enum, row.memory_mib, device_bytes)?,
+                profile_enum: row.profile_enum,
+                id: row.id,
+                slice_count: row.slice_count,
+                instance_count: row.instance_count,
+                memory_mib: row.memory_mib,
+                multiprocessors: row.multiprocessors,
+                copy_engines: row.copy_engines,
+                decoders: row.decoders,
+                encoders: row.encoders,
+                jpeg_engines: row.jpeg_engines,
+                ofa_engines: row.ofa_engines,
+                p2p_supported: false,
+                placements: row
+                    .placement_starts
+                    .iter()
+                    .map(|&start| Placement {
+                        start,
+                        size: row.placement_size,
+                    })
+                    .collect(),
+            })
+        })
+        .collect();
+    profiles.sort_by_key(|p| p.profile_enum);
+    profiles
+}
+
+fn sim_gpu(model: &SimModel, index: u32, node_name: &str, state: Option<&SimGpuState>) -> Gpu {
+    let minor = index;
+    let (pci_bus_id, pcie_root, numa_node) = sim_pci_location(index);
+    let mig = model.mig.as_ref().map(|table| {
+        let mut instances: Vec<MigInstance> = state
+            .map(|s| {
+                s.gpu_instances
+                    .iter()
+                    .flat_map(|gi| {
+                        gi.compute_instances.iter().map(move |ci| MigInstance {
+                            gpu_instance_id: gi.id,
+                            compute_instance_id: ci.id,
+                            profile_id: gi.profile_id,
+                            placement: gi.placement,
+                            uuid: ci.uuid.clone(),
+                        })
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        instances.sort_by_key(|i| (i.gpu_instance_id, i.compute_instance_id));
+        MigInfo {
+            mode: MigMode {
+                current: state.is_some_and(|s| s.mig_current),
+                pending: state.is_some_and(|s| s.mig_pending),
+            },
+            memory_slices: table.memory_slices,
+            profiles: sim_profiles(model),
+            instances,
+        }
+    });
+    Gpu {
+        index,
+        minor,
+        uuid: gpu_uuid(node_name, minor),
+        product_name: model.product_name.to_string(),
+        brand: catalog::brand_name(model.brand).to_string(),
+        architecture: model.architecture,
+        cuda_compute_capability: model.compute_capability,
+        memory_bytes: model.memory_mib << 20,
+        pci_bus_id,
+        pcie_root: Some(pcie_root),
+        numa_node: Some(numa_node),
+        mig,
+    }
+}
+
+/// The id the driver typically gives a GI at `placement` (7g → 0, halves → 1–2, quarters → 3–6,
+/// eighths → 7–14 on 8-slice GPUs), or the lowest free id if that one is taken.
+fn gpu_instance_id(
+    existing: &[SimGpuInstance],
+    placement: Placement,
+    memory_slices: u32,
+) -> Option<u32> {
+    let taken = |id: u32| existing.iter().any(|gi| gi.id == id);
+    let size = placement.size.max(1);
+    let preferred = (memory_slices / size).saturating_sub(1) + placement.start / size;
+    if preferred <= MAX_GPU_INSTANCE_ID && !taken(preferred) {
+        return Some(preferred);
+    }
+    (0..=MAX_GPU_INSTANCE_ID).find(|&id| !taken(id))
+}
+
+/// `NVML_COMPUTE_INSTANCE_PROFILE_*` of the compute instance that spans `slices` compute slices.
+pub fn full_compute_profile(slices: u32) -> u32 {
+    match slices {
+        1 => 0,
+        2 => 1,
+        3 => 2,
+        4 => 3,
+        6 => 6,
+        7 => 4,
+        8 => 5,
+        _ => 0,
+    }
+}
+
+fn gpu_state<'a>(
+    state: &'a mut SimState,
+    minor: u32,
+    operation: &'static str,
+) -> Result<&'a mut SimGpuState, GpuError> {
+    state
+        .gpus
+        .iter_mut()
+        .find(|g| g.minor == minor)
+        .ok_or_else(|| mig_err(minor, operation, MigFailure::NotFound, "no such GPU"))
+}
+
+fn mig_err(minor: u32, operation: &'static str, failure: MigFailure, detail: &str) -> GpuError {
+    GpuError::Mig {
+        minor,
+        operation,
+        failure,
+        detail: detail.to_string(),
+    }
+}
+
+fn state_err(path: &Path, reason: String) -> GpuError {
+    GpuError::State {
+        path: path.to_path_buf(),
+        reason,
+    }
+}
+
+/// An exclusive advisory lock on `<state>.lock`; the state file itself is replaced by rename, so
+/// it cannot carry the lock.
+struct StateLock(#[allow(dead_code)] File);
+
+impl StateLock {
+    fn acquire(state: &Path) -> Result<Self, GpuError> {
+        if let Some(dir) = state.parent().filter(|d| !d.as_os_str().is_empty()) {
+            fs::create_dir_all(dir)
+                .map_err(|e| state_err(state, format!("cannot create directory: {e}")))?;
+        }
+        let mut lock_path = state.as_os_str().to_owned();
+        lock_path.push(".lock");
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| state_err(state, format!("cannot open lock file: {e}")))?;
+        rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)
+            .map_err(|e| state_err(state, format!("cannot lock: {e}")))?;
+        Ok(Self(file))
+    }
+}
+
+/// Writes `value` as JSON to `path` so a crash leaves either the old or the new file: temp file,
+/// fsync, rename, fsync of the directory.
+pub fn write_atomically<T: Serialize>(path: &Path, value: &T) -> Result<(), GpuError> {
+    let bytes = serde_json::to_vec_pretty(value)
+        .map_err(|e| state_err(path, format!("cannot encode: {e}")))?;
+    crate::fsutil::write_atomically(path, &bytes)
+        .map_err(|e| state_err(path, format!("cannot write: {e}")))
+}
+
+impl SimState {
+    /// Writes the state as `path` would hold it (tests build states by hand).
+    pub fn save(&self, path: &Path) -> Result<(), GpuError> {
+        write_atomically(path, self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h100_node(n: u32, state: Option<PathBuf>) -> SimNode {
+        SimNode::new(
+            format!("sim:{n}xH100-SXM5-80GB").parse().expect("spec"),
+            "n1",
+            state,
+        )
+    }
+
+    #[test]
+    fn spec_parsing_and_errors() {
+        let spec: SimSpec = "sim:2xA100-SXM4-40GB,1xT4".parse().expect("valid");
+        assert_eq!(spec.gpu_count(), 3);
+        assert_eq!(spec.to_string(), "2xA100-SXM4-40GB,1xT4");
+        assert_eq!(
+            spec.models().map(|m| m.key).collect::<Vec<_>>(),
+            ["A100-SXM4-40GB", "A100-SXM4-40GB", "T4"]
+        );
+        for (bad, needle) in [
+            ("sim:", "no GPUs"),
+            ("sim:8xH999", "unknown model \"H999\""),
+            ("sim:0xT4", "zero GPUs"),
+            ("sim:eightxT4", "not <N>x<MODEL>"),
+            ("sim:99999999999xT4", "not a GPU count"),
+            ("sim:T4", "not <N>x<MODEL>"),
+            ("sim:2000xT4", "more than 1024"),
+        ] {
+            let err = bad.parse::<SimSpec>().expect_err(bad).to_string();
+            assert!(err.contains(needle), "{bad}: {err}");
+            assert!(
+                err.contains(&format!("{bad:?}")),
+                "error names the spec: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn placement_rules_per_model() {
+        for key in [
+            "A100-SXM4-40GB",
+            "A100-SXM4-80GB",
+            "H100-SXM5-80GB",
+            "H200-SXM5-141GB",
+        ] {
+            let node = SimNode::new(format!("1x{key}").parse().expect("spec"), "n", None);
+            node.set_mig_mode(0, true).expect("enable");
+            if key.starts_with("A100") {
+                // Ampere needs a reset before the mode takes effect.
+                let err = node
+                    .create_gpu_instance(0, 9, Placement { start: 0, size: 4 })
+                    .expect_err(key);
+                assert!(
+                    matches!(
+                        err,
+                        GpuError::Mig {
+                            failure: MigFailure::NotSupported,
+                            ..
+                        }
+                    ),
+                    "{err}"
+                );
+                node.reset_gpu(0).expect("reset");
+            }
+            // 3g at 0 and 4; a third 3g has no room; 1g in an occupied slice is refused.
+            assert_eq!(
+                node.create_gpu_instance(0, 9, Placement { start: 0, size: 4 })
+                    .expect("3g@0"),
+                1
+            );
+            assert_eq!(
+                node.create_gpu_instance(0, 9, Placement { start: 4, size: 4 })
+                    .expect("3g@4"),
+                2
+            );
+            let err = node
+                .create_gpu_instance(0, 19, Placement { start: 5, size: 1 })
+                .expect_err("occupied");
+            assert!(
+                matches!(
+                    err,
+                    GpuError::Mig {
+                        failure: MigFailure::InsufficientResources,
+                        ..
+                    }
+                ),
+                "{err}"
+            );
+            // Invalid placements are invalid arguments, not resource errors.
+            let err = node
+                .create_gpu_instance(0, 9, Placement { start: 2, size: 4 })
+                .expect_err("bad start");
+            assert!(
+                matches!(
+                    err,
+                    GpuError::Mig {
+                        failure: MigFailure::InvalidArgument,
+                        ..
+                    }
+                ),
+                "{err}"
+            );
+            let err = node
+                .create_gpu_instance(0, 77, Placement { start: 0, size: 1 })
+                .expect_err("bad id");
+            assert!(
+                matches!(
+                    err,
+                    GpuError::Mig {
+                        failure: MigFailure::InvalidArgument,
+                        ..
+                    }
+                ),
+                "{err}"
+            );
+        }
+        // A30: four memory slices; 4g.24gb is the whole GPU.
+        let a30 = SimNode::new("1xA30-24GB".parse().expect("spec"), "n", None);
+        a30.set_mig_mode(0, true).expect("enable");
+        a30.reset_gpu(0).expect("reset");
+        assert_eq!(
+            a30.create_gpu_instance(0, 5, Placement { start: 2, size: 2 })
+                .expect("2g@2"),
+            2
+        );
+        let err = a30
+            .create_gpu_instance(0, 0, Placement { start: 0, size: 4 })
+            .expect_err("full");
+        assert!(
+            matches!(
+                err,
+                GpuError::Mig {
+                    failure: MigFailure::InsufficientResources,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        // +me profiles are single-instance even with free placements.
+        a30.create_gpu_instance(0, 21, Placement { start: 0, size: 1 })
+            .expect("1g+me");
+        let err = a30
+            .create_gpu_instance(0, 21, Placement { start: 1, size: 1 })
+            .expect_err("second +me");
+        assert!(
+            matches!(
+                err,
+                GpuError::Mig {
+                    failure: MigFailure::InsufficientResources,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        // Not MIG-capable.
+        let t4 = SimNode::new("1xT4".parse().expect("spec"), "n", None);
+        let err = t4.set_mig_mode(0, true).expect_err("T4");
+        assert!(
+            matches!(
+                err,
+                GpuError::Mig {
+                    failure: MigFailure::NotSupported,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn destroy_order_and_mode_rules() {
+        let node = h100_node(1, None);
+        let err = node
+            .create_gpu_instance(0, 9, Placement { start: 0, size: 4 })
+            .expect_err("MIG off");
+        assert!(matches!(
+            err,
+            GpuError::Mig {
+                failure: MigFailure::NotSupported,
+                ..
+            }
+        ));
+        node.set_mig_mode(0, true).expect("Hopper toggles at once");
+        let gi = node
+            .create_gpu_instance(0, 9, Placement { start: 4, size: 4 })
+            .expect("gi");
+        let (ci, uuid) = node.create_compute_instance(0, gi).expect("ci");
+        assert!(uuid.starts_with("MIG-"));
+        let err = node.create_compute_instance(0, gi).expect_err("full GI");
+        assert!(matches!(
+            err,
+            GpuError::Mig {
+                failure: MigFailure::InsufficientResources,
+                ..
+            }
+        ));
+        let err = node
+            .destroy_gpu_instance(0, gi)
+            .expect_err("CI still there");
+        assert!(
+            matches!(
+                err,
+                GpuError::Mig {
+                    failure: MigFailure::InUse,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let err = node.set_mig_mode(0, false).expect_err("instances exist");
+        assert!(matches!(
+            err,
+            GpuError::Mig {
+                failure: MigFailure::InUse,
+                ..
+            }
+        ));
+        node.destroy_compute_instance(0, gi, ci).expect("ci gone");
+        node.destroy_gpu_instance(0, gi).expect("gi gone");
+        let err = node.destroy_gpu_instance(0, gi).expect_err("twice");
+        assert!(matches!(
+            err,
+            GpuError::Mig {
+                failure: MigFailure::NotFound,
+                ..
+            }
+        ));
+        node.set_mig_mode(0, false).expect("off");
+    }
+
+    #[test]
+    fn state_survives_restart_and_instances_show_up() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("state.json");
+        let uuid = {
+            let node = h100_node(2, Some(path.clone()));
+            node.set_mig_mode(1, true).expect("enable");
+            let gi = node
+                .create_gpu_instance(1, 9, Placement { start: 0, size: 4 })
+                .expect("gi");
+            node.create_compute_instance(1, gi).expect("ci").1
+        };
+        // A new "process": same file, same answers.
+        let node = h100_node(2, Some(path.clone()));
+        let inv = node.inventory().expect("inventory");
+        let mig = inv.gpus[1].mig.as_ref().expect("MIG-capable");
+        assert!(mig.mode.current);
+        assert_eq!(mig.instances.len(), 1);
+        assert_eq!(mig.instances[0].uuid, uuid);
+        assert_eq!(mig.instances[0].placement, Placement { start: 0, size: 4 });
+        assert!(
+            inv.gpus[0]
+                .mig
+                .as_ref()
+                .expect("capable")
+                .instances
+                .is_empty()
+        );
+        // Another node's state file is refused with a clear error.
+        let other = SimNode::new(
+            "2xH100-SXM5-80GB".parse().expect("spec"),
+            "n2",
+            Some(path.clone()),
+        );
+        let err = other.inventory().expect_err("foreign state").to_string();
+        assert!(
+            err.contains("state.json") && err.contains("\"n1\""),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn uuids_are_deterministic_and_distinct() {
+        let a = h100_node(8, None).inventory().expect("a");
+        let b = h100_node(8, None).inventory().expect("b");
+        assert_eq!(a, b);
+        let mut uuids: Vec<_> = a.gpus.iter().map(|g| g.uuid.clone()).collect();
+        uuids.dedup();
+        assert_eq!(uuids.len(), 8);
+        assert_ne!(gpu_uuid("n1", 0), gpu_uuid("n2", 0));
+    }
+}

@@ -1,0 +1,14 @@
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let cli = gpu_dra::cli::Cli::parse();
+    match gpu_dra::cli::run(cli) {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("error: {:#}", anyhow::Error::from(err));
+            ExitCode::from(2)
+        }
+    }
+}

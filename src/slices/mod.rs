@@ -1,0 +1,503 @@
+//! Device model → `resource.k8s.io/v1` ResourceSlices, with NVIDIA's names so existing
+//! DeviceClasses and claims match unchanged.
+//!
+//! One pool per node (pool name = node name). Devices keep a deterministic order (minor, then MIG
+//! placement) because the scheduler takes the first match. Everything is validated against the API
+//! server's limits before it leaves this module.
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::resource::v1::{
+    Device, DeviceAttribute, DeviceCapacity, ResourcePool, ResourceSlice, ResourceSliceSpec,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use crate::gpu::mig::{gpu_device_name, mig_device_name};
+use crate::gpu::{Gpu, MigInstance, NodeInventory};
+
+pub mod validate;
+
+/// NVIDIA's driver name; users' DeviceClasses select on it.
+pub const DEFAULT_DRIVER_NAME: &str = "gpu.nvidia.com";
+/// Most devices in one slice (`ResourceSliceMaxDevices`).
+pub const MAX_DEVICES_PER_SLICE: usize = 128;
+/// Most devices in one slice when any uses taints, counters or list attributes.
+pub const MAX_DEVICES_PER_SLICE_WITH_COUNTERS: usize = 64;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SliceError {
+    #[error("{object}: {field}: {reason}")]
+    Invalid {
+        object: String,
+        field: String,
+        reason: String,
+    },
+}
+
+/// What the slices are published as.
+#[derive(Debug, Clone)]
+pub struct SliceOptions {
+    pub driver_name: String,
+    pub node_name: String,
+    /// Pool generation to stamp (publication bumps it when content changes).
+    pub generation: i64,
+}
+
+impl SliceOptions {
+    pub fn new(driver_name: &str, node_name: &str) -> Self {
+        Self {
+            driver_name: driver_name.to_string(),
+            node_name: node_name.to_string(),
+            generation: 1,
+        }
+    }
+}
+
+/// The devices of a node in publication order.
+pub fn devices(inventory: &NodeInventory) -> Vec<Device> {
+    let mut devices = Vec::new();
+    for gpu in &inventory.gpus {
+        let mig_on = gpu.mig.as_ref().is_some_and(|m| m.mode.current);
+        // A GPU in MIG mode can only be used through its MIG devices.
+        if !mig_on {
+            devices.push(full_gpu_device(inventory, gpu));
+        }
+        if let Some(mig) = &gpu.mig {
+            let mut instances: Vec<&MigInstance> = mig.instances.iter().collect();
+            instances.sort_by_key(|i| (i.placement.start, i.placement.size, i.gpu_instance_id));
+            for instance in instances {
+                if let Some(device) = static_mig_device(inventory, gpu, instance) {
+                    devices.push(device);
+                }
+            }
+        }
+    }
+    devices
+}
+
+/// Builds and validates the node's slices: every device, split so no slice exceeds the limits.
+pub fn build(
+    inventory: &NodeInventory,
+    options: &SliceOptions,
+) -> Result<Vec<ResourceSlice>, SliceError> {
+    let devices = devices(inventory);
+    let chunks: Vec<Vec<Device>> = if devices.is_empty() {
+        // An empty pool is still published so the scheduler knows the node has none.
+        vec![vec![]]
+    } else {
+        devices
+            .chunks(MAX_DEVICES_PER_SLICE)
+            .map(<[Device]>::to_vec)
+            .collect()
+    };
+    let count = chunks.len() as i64;
+    let slices: Vec<ResourceSlice> = chunks
+        .into_iter()
+        .enumerate()
+        .map(|(index, devices)| ResourceSlice {
+            metadata: ObjectMeta {
+                name: Some(slice_name(options, index)),
+                ..ObjectMeta::default()
+            },
+            spec: ResourceSliceSpec {
+                driver: options.driver_name.clone(),
+                node_name: Some(options.node_name.clone()),
+                pool: ResourcePool {
+                    name: options.node_name.clone(),
+                    generation: options.generation,
+                    resource_slice_count: count,
+                },
+                devices: Some(devices),
+                ..ResourceSliceSpec::default()
+            },
+        })
+        .collect();
+    validate::pool(&slices)?;
+    Ok(slices)
+}
+
+/// `<node>-<driver>-<index>`, shortened with a hash when the node name is very long.
+pub fn slice_name(options: &SliceOptions, index: usize) -> String {
+    let name = format!("{}-{}-{index}", options.node_name, options.driver_name);
+    if name.len() <= validate::MAX_NAME_LENGTH {
+        return name;
+    }
+    let digest = uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, name.as_bytes())
+        .simple()
+        .to_string();
+    let keep = validate::MAX_NAME_LENGTH - 10;
+    let mut prefix: String = name.chars().take(keep).collect();
+    while prefix.ends_with(['.', '-']) {
+        prefix.pop();
+    }
+    format!("{prefix}-{}", &digest[..8])
+}
+
+fn string(value: impl Into<String>) -> DeviceAttribute {
+    DeviceAttribute {
+        string: Some(value.into()),
+        ..DeviceAttribute::default()
+    }
+}
+
+fn version(value: impl Into<String>) -> DeviceAttribute {
+    DeviceAttribute {
+        version: Some(value.into()),
+        ..DeviceAttribute::default()
+    }
+}
+
+fn int(value: i64) -> DeviceAttribute {
+    DeviceAttribute {
+        int: Some(value),
+        ..DeviceAttribute::default()
+    }
+}
+
+fn capacity(value: u64) -> DeviceCapacity {
+    DeviceCapacity {
+        value: Quantity(binary_si(value)),
+        ..DeviceCapacity::default()
+    }
+}
+
+/// Attributes a MIG device inherits from its parent, plus the full GPU's own.
+fn parent_attributes(inventory: &NodeInventory, gpu: &Gpu) -> BTreeMap<String, DeviceAttribute> {
+    let mut attributes = BTreeMap::from([
+        ("productName".to_string(), string(&gpu.product_name)),
+        ("brand".to_string(), string(&gpu.brand)),
+        (
+            "architecture".to_string(),
+            string(gpu.architecture.as_str()),
+        ),
+        (
+            "cudaComputeCapability".to_string(),
+            version(gpu.cuda_compute_capability.semver()),
+        ),
+        (
+            "driverVersion".to_string(),
+            version(semver_of(&inventory.driver_version)),
+        ),
+        (
+            "cudaDriverVersion".to_string(),
+            version(inventory.cuda_driver_version.semver()),
+        ),
+        (
+            "resource.kubernetes.io/pciBusID".to_string(),
+            string(&gpu.pci_bus_id),
+        ),
+    ]);
+    if let Some(root) = &gpu.pcie_root {
+        attributes.insert("resource.kubernetes.io/pcieRoot".to_string(), string(root));
+    }
+    if let Some(node) = gpu.numa_node {
+        attributes.insert("resource.kubernetes.io/numaNode".to_string(), int(node));
+    }
+    attributes
+}
+
+fn full_gpu_device(inventory: &NodeInventory, gpu: &Gpu) -> Device {
+    let mut attributes = parent_attributes(inventory, gpu);
+    attributes.insert("type".into(), string("gpu"));
+    attributes.insert("uuid".into(), string(&gpu.uuid));
+    Device {
+        name: gpu_device_name(gpu.minor),
+        attributes: Some(attributes),
+        capacity: Some(BTreeMap::from([(
+            "memory".to_string(),
+            capacity(gpu.memory_bytes),
+        )])),
+        ..Device::default()
+    }
+}
+
+fn static_mig_device(
+    inventory: &NodeInventory,
+    gpu: &Gpu,
+    instance: &MigInstance,
+) -> Option<Device> {
+    let profile = gpu.mig.as_ref()?.profile_by_id(instance.profile_id)?;
+    let mut attributes = parent_attributes(inventory, gpu);
+    attributes.insert("type".into(), string("mig"));
+    attributes.insert("uuid".into(), string(&instance.uuid));
+    attributes.insert("parentUUID".into(), string(&gpu.uuid));
+    attributes.insert("profile".into(), string(&profile.name));
+    let capacities = [
+        ("multiprocessors", u64::from(profile.multiprocessors)),
+        ("copyEngines", u64::from(profile.copy_engines)),
+        ("decoders", u64::from(profile.decoders)),
+        ("encoders", u64::from(profile.encoders)),
+        ("jpegEngines", u64::from(profile.jpeg_engines)),
+        ("ofaEngines", u64::from(profile.ofa_engines)),
+        ("memory", profile.memory_bytes()),
+    ];
+    Some(Device {
+        name: mig_device_name(
+            gpu.minor,
+            &profile.name,
+            profile.id,
+            instance.placement.start,
+        ),
+        attributes: Some(attributes),
+        capacity: Some(
+            capacities
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), capacity(v)))
+                .collect(),
+        ),
+        ..Device::default()
+    })
+}
+
+/// A driver version as semver the way NVIDIA's driver normalises it (`535.104.05` → `535.104.5`);
+/// numeric parts lose leading zeros, a missing patch becomes `0`.
+pub fn semver_of(raw: &str) -> String {
+    let mut parts: Vec<String> = raw
+        .trim()
+        .split('.')
+        .map(|p| match p.parse::<u64>() {
+            Ok(n) => n.to_string(),
+            Err(_) => p.to_string(),
+        })
+        .collect();
+    while parts.len() < 3 {
+        parts.push("0".into());
+    }
+    parts.join(".")
+}
+
+/// A byte or count value as Kubernetes prints a `BinarySI` quantity: plain below 1024, else the
+/// largest binary suffix that divides it exactly (`85520809984` → `81559Mi`).
+pub fn binary_si(value: u64) -> String {
+    if value < 1024 {
+        return value.to_string();
+    }
+    const SUFFIXES: [&str; 6] = ["Ki", "Mi", "Gi", "Ti", "Pi", "Ei"];
+    let mut amount = value;
+    let mut suffix = None;
+    for s in SUFFIXES {
+        if amount % 1024 != 0 {
+            break;
+        }
+        amount /= 1024;
+        suffix = Some(s);
+    }
+    match suffix {
+        Some(s) => format!("{amount}{s}"),
+        None => value.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::sim::SimNode;
+    use crate::gpu::{DiscoveryConfig, GpuSource, Placement};
+
+    fn inventory(spec: &str) -> NodeInventory {
+        let source: GpuSource = spec.parse().expect("spec");
+        crate::gpu::discover(&DiscoveryConfig {
+            source,
+            node_name: "n1".into(),
+            sim_state: None,
+            nvml_library: None,
+            sysfs_root: "/nonexistent".into(),
+        })
+        .expect("discover")
+    }
+
+    fn attr<'a>(device: &'a Device, name: &str) -> &'a DeviceAttribute {
+        device
+            .attributes
+            .as_ref()
+            .and_then(|a| a.get(name))
+            .unwrap_or_else(|| panic!("{} lacks {name}", device.name))
+    }
+
+    #[test]
+    fn quantities_print_like_kubernetes() {
+        assert_eq!(binary_si(0), "0");
+        assert_eq!(binary_si(132), "132");
+        assert_eq!(binary_si(1024), "1Ki");
+        assert_eq!(binary_si(81559 << 20), "81559Mi");
+        assert_eq!(binary_si(80 << 30), "80Gi");
+        assert_eq!(binary_si(1500), "1500");
+    }
+
+    #[test]
+    fn driver_versions_become_semver() {
+        assert_eq!(semver_of("580.95.05"), "580.95.5");
+        assert_eq!(semver_of("550.54.15"), "550.54.15");
+        assert_eq!(semver_of("560.28"), "560.28.0");
+    }
+
+    #[test]
+    fn h100_node_has_eight_full_gpus_with_nvidia_attributes() {
+        let slices = build(
+            &inventory("sim:8xH100-SXM5-80GB"),
+            &SliceOptions::new(DEFAULT_DRIVER_NAME, "n1"),
+        )
+        .expect("valid");
+        assert_eq!(slices.len(), 1);
+        let spec = &slices[0].spec;
+        assert_eq!(spec.driver, "gpu.nvidia.com");
+        assert_eq!(spec.pool.name, "n1");
+        assert_eq!(spec.pool.resource_slice_count, 1);
+        assert_eq!(spec.node_name.as_deref(), Some("n1"));
+        let devices = spec.devices.as_ref().expect("devices");
+        let names: Vec<_> = devices.iter().map(|d| d.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "gpu-0", "gpu-1", "gpu-2", "gpu-3", "gpu-4", "gpu-5", "gpu-6", "gpu-7"
+            ]
+        );
+        let d = &devices[0];
+        assert_eq!(attr(d, "type").string.as_deref(), Some("gpu"));
+        assert_eq!(
+            attr(d, "productName").string.as_deref(),
+            Some("NVIDIA H100 80GB HBM3")
+        );
+        assert_eq!(attr(d, "architecture").string.as_deref(), Some("Hopper"));
+        assert_eq!(attr(d, "brand").string.as_deref(), Some("Nvidia"));
+        assert_eq!(
+            attr(d, "cudaComputeCapability").version.as_deref(),
+            Some("9.0.0")
+        );
+        assert_eq!(
+            attr(d, "driverVersion").version.as_deref(),
+            Some("580.95.5")
+        );
+        assert_eq!(
+            attr(d, "cudaDriverVersion").version.as_deref(),
+            Some("13.0.0")
+        );
+        assert_eq!(
+            attr(d, "resource.kubernetes.io/pciBusID").string.as_deref(),
+            Some("0000:18:00.0")
+        );
+        assert_eq!(
+            attr(d, "resource.kubernetes.io/pcieRoot").string.as_deref(),
+            Some("pci0000:15")
+        );
+        assert_eq!(attr(d, "resource.kubernetes.io/numaNode").int, Some(0));
+        assert!(
+            attr(d, "uuid")
+                .string
+                .as_deref()
+                .is_some_and(|u| u.starts_with("GPU-"))
+        );
+        assert_eq!(
+            d.capacity
+                .as_ref()
+                .and_then(|c| c.get("memory"))
+                .map(|c| c.value.0.as_str()),
+            Some("81559Mi")
+        );
+        assert_eq!(
+            attr(&devices[7], "resource.kubernetes.io/numaNode").int,
+            Some(1)
+        );
+    }
+
+    #[test]
+    fn mixed_fleet_and_static_mig_instances() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let node = SimNode::new(
+            "2xA100-SXM4-40GB,1xT4".parse().expect("spec"),
+            "n1",
+            Some(dir.path().join("s.json")),
+        );
+        node.set_mig_mode(1, true).expect("enable");
+        node.reset_gpu(1).expect("reset");
+        let gi = node
+            .create_gpu_instance(1, 9, Placement { start: 4, size: 4 })
+            .expect("3g");
+        let (_, uuid) = node.create_compute_instance(1, gi).expect("ci");
+        let gi = node
+            .create_gpu_instance(1, 19, Placement { start: 0, size: 1 })
+            .expect("1g");
+        node.create_compute_instance(1, gi).expect("ci");
+        let slices = build(
+            &node.inventory().expect("inventory"),
+            &SliceOptions::new("gpu.nvidia.com", "n1"),
+        )
+        .expect("valid");
+        let devices = slices[0].spec.devices.as_ref().expect("devices");
+        let names: Vec<_> = devices.iter().map(|d| d.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "gpu-0",
+                "gpu-1-mig-1g5gb-19-0",
+                "gpu-1-mig-3g20gb-9-4",
+                "gpu-2"
+            ]
+        );
+        let mig = &devices[2];
+        assert_eq!(attr(mig, "type").string.as_deref(), Some("mig"));
+        assert_eq!(attr(mig, "profile").string.as_deref(), Some("3g.20gb"));
+        assert_eq!(attr(mig, "uuid").string.as_deref(), Some(uuid.as_str()));
+        assert_eq!(
+            attr(mig, "parentUUID").string,
+            Some(crate::gpu::sim::gpu_uuid("n1", 1))
+        );
+        assert_eq!(
+            attr(mig, "productName").string.as_deref(),
+            Some("NVIDIA A100-SXM4-40GB")
+        );
+        let cap = |name: &str| {
+            mig.capacity
+                .as_ref()
+                .and_then(|c| c.get(name))
+                .map(|c| c.value.0.clone())
+        };
+        assert_eq!(cap("multiprocessors").as_deref(), Some("42"));
+        assert_eq!(cap("copyEngines").as_deref(), Some("3"));
+        assert_eq!(cap("decoders").as_deref(), Some("2"));
+        assert_eq!(cap("memory").as_deref(), Some("19968Mi"));
+        assert_eq!(
+            attr(&devices[3], "productName").string.as_deref(),
+            Some("Tesla T4")
+        );
+        assert_eq!(
+            attr(&devices[3], "architecture").string.as_deref(),
+            Some("Turing")
+        );
+    }
+
+    #[test]
+    fn large_fleets_split_into_counted_slices() {
+        let slices = build(
+            &inventory("sim:160xL4"),
+            &SliceOptions::new("gpu.nvidia.com", "big"),
+        )
+        .expect("valid");
+        assert_eq!(slices.len(), 2);
+        let sizes: Vec<_> = slices
+            .iter()
+            .map(|s| s.spec.devices.as_ref().map_or(0, Vec::len))
+            .collect();
+        assert_eq!(sizes, [128, 32]);
+        for s in &slices {
+            assert_eq!(s.spec.pool.resource_slice_count, 2);
+            assert_eq!(s.spec.pool.name, "big");
+        }
+        assert_ne!(slices[0].metadata.name, slices[1].metadata.name);
+        assert_eq!(
+            slices[1].spec.devices.as_ref().expect("devices")[0].name,
+            "gpu-128"
+        );
+    }
+
+    #[test]
+    fn long_node_names_give_valid_slice_names() {
+        let node = "n".repeat(250);
+        let name = slice_name(&SliceOptions::new("gpu.nvidia.com", &node), 3);
+        assert!(name.len() <= 253, "{}", name.len());
+        assert_ne!(
+            name,
+            slice_name(&SliceOptions::new("gpu.nvidia.com", &node), 4)
+        );
+    }
+}

@@ -1,0 +1,153 @@
+//! `gpu-dra slices` and `gpu-dra sim` as a user runs them: separate processes sharing the
+//! simulator's state file.
+use std::process::{Command, Output};
+
+fn gpu_dra(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_gpu-dra"))
+        .args(args)
+        .env_remove("GPU_DRA_GPUS")
+        .output()
+        .expect("runs")
+}
+
+fn stdout(out: &Output) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON")
+}
+
+fn device_names(list: &serde_json::Value) -> Vec<String> {
+    list["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
+        .map(|d| d["name"].as_str().expect("name").to_string())
+        .collect()
+}
+
+#[test]
+fn prints_a_v1_list_of_one_pool() {
+    let list = stdout(&gpu_dra(&[
+        "slices",
+        "--gpus",
+        "sim:8xH100-SXM5-80GB",
+        "--node-name",
+        "n1",
+        "-o",
+        "json",
+    ]));
+    assert_eq!(list["apiVersion"], "v1");
+    assert_eq!(list["kind"], "List");
+    let item = &list["items"][0];
+    assert_eq!(item["apiVersion"], "resource.k8s.io/v1");
+    assert_eq!(item["kind"], "ResourceSlice");
+    assert_eq!(item["spec"]["pool"]["name"], "n1");
+    assert_eq!(
+        device_names(&list),
+        (0..8).map(|i| format!("gpu-{i}")).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn yaml_is_the_default_and_parses_back() {
+    let out = gpu_dra(&["slices", "--gpus", "sim:1xT4", "--node-name", "n1"]);
+    assert!(out.status.success());
+    let doc: serde_json::Value = serde_yaml_ng::from_slice(&out.stdout).expect("YAML");
+    assert_eq!(
+        doc["items"][0]["spec"]["devices"][0]["attributes"]["productName"]["string"],
+        "Tesla T4"
+    );
+}
+
+#[test]
+fn mig_instances_made_in_one_process_show_in_another() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("hw.json");
+    let state = state.to_str().expect("utf-8");
+    let common = [
+        "--gpus",
+        "sim:2xH100-SXM5-80GB",
+        "--node-name",
+        "n1",
+        "--sim-state",
+        state,
+    ];
+    let sim = |extra: &[&str]| {
+        let mut args = vec!["sim"];
+        args.extend(common);
+        args.extend(extra);
+        let out = gpu_dra(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    sim(&["mig-mode", "--gpu", "1", "--enabled", "true"]);
+    sim(&[
+        "create",
+        "--gpu",
+        "1",
+        "--profile",
+        "3g.40gb",
+        "--start",
+        "4",
+    ]);
+    sim(&["create", "--gpu", "1", "--profile", "1g.10gb"]);
+    let mut args = vec!["slices", "-o", "json"];
+    args.extend(common);
+    let list = stdout(&gpu_dra(&args));
+    assert_eq!(
+        device_names(&list),
+        ["gpu-0", "gpu-1-mig-1g10gb-19-0", "gpu-1-mig-3g40gb-9-4"]
+    );
+    // The occupied placement is refused by the "hardware" in a third process.
+    let mut args = vec!["sim"];
+    args.extend(common);
+    args.extend([
+        "create",
+        "--gpu",
+        "1",
+        "--profile",
+        "4g.40gb",
+        "--start",
+        "0",
+    ]);
+    let out = gpu_dra(&args);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("insufficient resources"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn bad_specs_fail_clearly() {
+    for (spec, needle) in [
+        ("sim:8xH999", "unknown model \"H999\""),
+        ("sim:", "no GPUs"),
+        ("gpus", "expected `nvml` or `sim:"),
+        ("sim:8H100-SXM5-80GB", "not <N>x<MODEL>"),
+    ] {
+        let out = gpu_dra(&["slices", "--gpus", spec, "--node-name", "n1"]);
+        assert!(!out.status.success(), "{spec} must fail");
+        assert!(
+            out.stdout.is_empty(),
+            "nothing printed on stdout for {spec}"
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("--gpus") && err.contains(needle),
+            "{spec}: {err}"
+        );
+    }
+    let out = gpu_dra(&["slices", "--gpus", "sim:1xT4", "--node-name", "Bad_Node"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("\"Bad_Node\" is not a DNS subdomain"), "{err}");
+}
