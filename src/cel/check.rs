@@ -5,7 +5,7 @@ use std::sync::Arc;
 use cel::common::ast::{EntryExpr, Expr, IdedExpr, LiteralValue};
 
 use super::decls::{DECLS, Func};
-use super::types::{Bindings, Type, assignable, join};
+use super::types::{Bindings, Type, join};
 use super::value::{DomainsOf, Value};
 
 /// A checked program tree. Member-call receivers are the first argument.
@@ -15,20 +15,53 @@ pub enum Node {
     Local(usize),
     Device,
     /// `device.attributes[<const>].<const>` (or capacity), resolved without building values.
-    DeviceLookup { of: DomainsOf, domain: Arc<str>, name: Arc<str> },
-    Select { operand: Box<Node>, field: Arc<str> },
-    Presence { operand: Box<Node>, field: Arc<str> },
+    DeviceLookup {
+        of: DomainsOf,
+        domain: Arc<str>,
+        name: Arc<str>,
+    },
+    Select {
+        operand: Box<Node>,
+        field: Arc<str>,
+    },
+    Presence {
+        operand: Box<Node>,
+        field: Arc<str>,
+    },
     And(Box<Node>, Box<Node>),
     Or(Box<Node>, Box<Node>),
     Cond(Box<Node>, Box<Node>, Box<Node>),
     NotStrictlyFalse(Box<Node>),
-    Call { func: Func, args: Vec<Node> },
-    List { elems: Vec<Node>, optional: Vec<bool> },
-    Map { entries: Vec<(Node, Node, bool)> },
+    Call {
+        func: Func,
+        args: Vec<Node>,
+    },
+    List {
+        elems: Vec<Node>,
+        optional: Vec<bool>,
+    },
+    Map {
+        entries: Vec<(Node, Node, bool)>,
+    },
     Comprehension(Box<Comprehension>),
-    Bind { slot: usize, init: Box<Node>, body: Box<Node> },
+    Bind {
+        slot: usize,
+        init: Box<Node>,
+        body: Box<Node>,
+    },
+    /// `list.sortBy(x, key)`.
+    SortBy {
+        target: Box<Node>,
+        slot: usize,
+        key: Box<Node>,
+    },
     /// `opt.optMap(v, expr)` / `opt.optFlatMap(v, expr)`.
-    OptMap { target: Box<Node>, slot: usize, body: Box<Node>, flat: bool },
+    OptMap {
+        target: Box<Node>,
+        slot: usize,
+        body: Box<Node>,
+        flat: bool,
+    },
 }
 
 #[derive(Debug)]
@@ -61,6 +94,8 @@ pub struct Checker<'a> {
     scopes: Vec<Scope>,
     pub slots: usize,
     pub issues: Vec<CheckIssue>,
+    /// Issues of cel-go's AST validators, reported only when checking found nothing else.
+    pub deferred: Vec<CheckIssue>,
 }
 
 fn type_value(name: &str) -> Option<Type> {
@@ -118,7 +153,13 @@ fn format_args(types: &[Type], member: bool) -> String {
 
 impl<'a> Checker<'a> {
     pub fn new(source_info: &'a cel::common::ast::SourceInfo) -> Self {
-        Checker { source_info, scopes: Vec::new(), slots: 0, issues: Vec::new() }
+        Checker {
+            source_info,
+            scopes: Vec::new(),
+            slots: 0,
+            issues: Vec::new(),
+            deferred: Vec::new(),
+        }
     }
 
     fn error(&mut self, id: u64, message: String) -> (Node, Type) {
@@ -127,15 +168,46 @@ impl<'a> Checker<'a> {
         (Node::Const(Value::Null), Type::Error)
     }
 
+    fn defer(&mut self, id: u64, message: String) {
+        let offset = self.source_info.offset_for(id).map(|(start, _)| start);
+        self.deferred.push(CheckIssue { offset, message });
+    }
+
+    /// The identifier written just before a call's `(` (macros hide the original name).
+    fn name_before(&self, id: u64) -> Option<String> {
+        let (start, _) = self.source_info.offset_for(id)?;
+        let prefix: String = self
+            .source_info
+            .source
+            .chars()
+            .take(start as usize)
+            .collect();
+        let name: String = prefix
+            .trim_end()
+            .chars()
+            .rev()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        Some(name.chars().rev().collect())
+    }
+
     fn push_scope(&mut self, name: &str, ty: Type) -> usize {
         let slot = self.slots;
         self.slots += 1;
-        self.scopes.push(Scope { name: name.to_string(), slot, ty });
+        self.scopes.push(Scope {
+            name: name.to_string(),
+            slot,
+            ty,
+        });
         slot
     }
 
     fn lookup_local(&self, name: &str) -> Option<(usize, Type)> {
-        self.scopes.iter().rev().find(|s| s.name == name).map(|s| (s.slot, s.ty.clone()))
+        self.scopes
+            .iter()
+            .rev()
+            .find(|s| s.name == name)
+            .map(|s| (s.slot, s.ty.clone()))
     }
 
     pub fn check(&mut self, e: &IdedExpr) -> (Node, Type) {
@@ -149,6 +221,8 @@ impl<'a> Checker<'a> {
                 let mut elems = Vec::with_capacity(list.elements.len());
                 let mut optional = Vec::with_capacity(list.elements.len());
                 let mut elem_type: Option<Type> = None;
+                let mut first_type: Option<Type> = None;
+                let mut strict_reported = false;
                 for (i, el) in list.elements.iter().enumerate() {
                     let (node, mut ty) = self.check(el);
                     let is_opt = list.optional_indices.contains(&i);
@@ -162,6 +236,16 @@ impl<'a> Checker<'a> {
                             }
                         };
                     }
+                    match &first_type {
+                        None => first_type = Some(ty.clone()),
+                        Some(first)
+                            if !strict_reported && *first != ty && !matches!(ty, Type::Error) =>
+                        {
+                            strict_reported = true;
+                            self.defer(el.id, format!("expected type '{first}' but found '{ty}'"));
+                        }
+                        _ => {}
+                    }
                     elem_type = Some(self.join_types(el.id, elem_type, ty));
                     elems.push(node);
                     optional.push(is_opt);
@@ -172,6 +256,7 @@ impl<'a> Checker<'a> {
             Expr::Map(map) => {
                 let mut entries = Vec::with_capacity(map.entries.len());
                 let (mut kt, mut vt): (Option<Type>, Option<Type>) = (None, None);
+                let mut first: Option<(Type, Type)> = None;
                 for entry in &map.entries {
                     match &entry.expr {
                         EntryExpr::MapEntry(me) => {
@@ -183,24 +268,60 @@ impl<'a> Checker<'a> {
                                     t => t,
                                 };
                             }
+                            match &first {
+                                None => first = Some((ktype.clone(), vtype.clone())),
+                                Some((fk, fv)) => {
+                                    let (fk, fv) = (fk.clone(), fv.clone());
+                                    if fk != ktype {
+                                        self.defer(
+                                            me.key.id,
+                                            format!("expected type '{fk}' but found '{ktype}'"),
+                                        );
+                                    }
+                                    if fv != vtype {
+                                        self.defer(
+                                            me.value.id,
+                                            format!("expected type '{fv}' but found '{vtype}'"),
+                                        );
+                                    }
+                                }
+                            }
                             kt = Some(self.join_types(me.key.id, kt, ktype));
                             vt = Some(self.join_types(me.value.id, vt, vtype));
                             entries.push((kn, vn, me.optional));
                         }
                         EntryExpr::StructField(_) => {
-                            return self.error(entry.id, "struct literals are not supported".into());
+                            return self
+                                .error(entry.id, "struct literals are not supported".into());
                         }
                     }
                 }
                 let t = Type::map(kt.unwrap_or(Type::Dyn), vt.unwrap_or(Type::Dyn));
                 (Node::Map { entries }, t)
             }
-            Expr::Struct(s) => self.error(e.id, format!("undeclared reference to '{}' (in container '')", s.type_name)),
+            Expr::Struct(s) => self.error(
+                e.id,
+                format!(
+                    "undeclared reference to '{}' (in container '')",
+                    s.type_name
+                ),
+            ),
             Expr::Comprehension(c) => {
+                // The crate also expands `existsOne(x, p)`, which Kubernetes does not declare.
+                if self.name_before(e.id).as_deref() == Some("existsOne") {
+                    return self.error(
+                        e.id,
+                        "undeclared reference to 'existsOne' (in container '')".into(),
+                    );
+                }
                 let (range, range_type) = self.check(&c.iter_range);
                 let (iter_type, iter2_type) = match &range_type {
                     Type::List(el) => {
-                        if c.iter_var2.is_some() { (Type::Int, (**el).clone()) } else { ((**el).clone(), Type::Dyn) }
+                        if c.iter_var2.is_some() {
+                            (Type::Int, (**el).clone())
+                        } else {
+                            ((**el).clone(), Type::Dyn)
+                        }
                     }
                     Type::Map(k, v) => ((**k).clone(), (**v).clone()),
                     t if t.is_dyn_like() => (Type::Dyn, Type::Dyn),
@@ -271,9 +392,15 @@ impl<'a> Checker<'a> {
                 Type::TypeOf(_) => "type".to_string(),
                 other => other.to_string(),
             };
-            return (Node::Const(Value::Type(Arc::from(type_name))), Type::TypeOf(Arc::new(t)));
+            return (
+                Node::Const(Value::Type(Arc::from(type_name))),
+                Type::TypeOf(Arc::new(t)),
+            );
         }
-        self.error(id, format!("undeclared reference to '{name}' (in container '')"))
+        self.error(
+            id,
+            format!("undeclared reference to '{name}' (in container '')"),
+        )
     }
 
     fn check_select(&mut self, e: &IdedExpr, sel: &cel::common::ast::SelectExpr) -> (Node, Type) {
@@ -282,7 +409,10 @@ impl<'a> Checker<'a> {
         if !sel.test {
             if let Some(q) = qualified_name(e) {
                 let root = q.split('.').next().unwrap_or_default();
-                if root != "device" && self.lookup_local(root).is_none() && type_value(root).is_none() {
+                if root != "device"
+                    && self.lookup_local(root).is_none()
+                    && type_value(root).is_none()
+                {
                     return self.error(
                         e.id,
                         format!("undeclared reference to '{q}' (in container '')"),
@@ -303,16 +433,34 @@ impl<'a> Checker<'a> {
             Type::Map(_, v) => (**v).clone(),
             t if t.is_dyn_like() => Type::Dyn,
             other => {
-                return self.error(e.id, format!("type '{other}' does not support field selection"));
+                return self.error(
+                    e.id,
+                    format!("type '{other}' does not support field selection"),
+                );
             }
         };
         if sel.test {
-            return (Node::Presence { operand: Box::new(operand), field }, Type::Bool);
+            return (
+                Node::Presence {
+                    operand: Box::new(operand),
+                    field,
+                },
+                Type::Bool,
+            );
         }
         // Constant device lookups skip building intermediate values at run time.
-        if let Node::Call { func: Func::Index, args } = &operand {
-            if let [Node::Select { operand: inner, field: which }, Node::Const(Value::String(domain))] =
-                args.as_slice()
+        if let Node::Call {
+            func: Func::Index,
+            args,
+        } = &operand
+        {
+            if let [
+                Node::Select {
+                    operand: inner,
+                    field: which,
+                },
+                Node::Const(Value::String(domain)),
+            ] = args.as_slice()
             {
                 if matches!(**inner, Node::Device) {
                     let of = match &**which {
@@ -321,13 +469,23 @@ impl<'a> Checker<'a> {
                         _ => None,
                     };
                     if let Some(of) = of {
-                        let node = Node::DeviceLookup { of, domain: domain.clone(), name: field };
+                        let node = Node::DeviceLookup {
+                            of,
+                            domain: domain.clone(),
+                            name: field,
+                        };
                         return (node, ty);
                     }
                 }
             }
         }
-        (Node::Select { operand: Box::new(operand), field }, ty)
+        (
+            Node::Select {
+                operand: Box::new(operand),
+                field,
+            },
+            ty,
+        )
     }
 
     fn check_call(&mut self, e: &IdedExpr, call: &cel::common::ast::CallExpr) -> (Node, Type) {
@@ -347,6 +505,9 @@ impl<'a> Checker<'a> {
                     }
                 }
             }
+            if let Some(result) = self.check_two_var_macro(e, name, target, &call.args) {
+                return result;
+            }
             match name {
                 "optMap" | "optFlatMap" if call.args.len() == 2 => {
                     if let Expr::Ident(var) = &call.args[0].expr {
@@ -365,8 +526,17 @@ impl<'a> Checker<'a> {
                         let (body, body_type) = self.check(&call.args[1]);
                         self.scopes.pop();
                         let flat = name == "optFlatMap";
-                        let ty = if flat { body_type } else { Type::optional(body_type) };
-                        let node = Node::OptMap { target: Box::new(target_node), slot, body: Box::new(body), flat };
+                        let ty = if flat {
+                            body_type
+                        } else {
+                            Type::optional(body_type)
+                        };
+                        let node = Node::OptMap {
+                            target: Box::new(target_node),
+                            slot,
+                            body: Box::new(body),
+                            flat,
+                        };
                         return (node, ty);
                     }
                 }
@@ -376,18 +546,191 @@ impl<'a> Checker<'a> {
         self.check_function(e.id, name, call.target.as_deref(), &call.args)
     }
 
+    /// cel-go's two-variable comprehensions and `sortBy`, built directly as program trees
+    /// (the crate's parser does not expand them).
+    fn check_two_var_macro(
+        &mut self,
+        e: &IdedExpr,
+        name: &str,
+        target: &IdedExpr,
+        args: &[IdedExpr],
+    ) -> Option<(Node, Type)> {
+        let ident = |a: &IdedExpr| match &a.expr {
+            Expr::Ident(n) => Some(n.clone()),
+            _ => None,
+        };
+        let sort_by = name == "sortBy" && args.len() == 2;
+        let two_var = matches!(name, "all" | "exists" | "existsOne" | "exists_one")
+            && args.len() == 3
+            || matches!(name, "transformList" | "transformMap")
+                && (args.len() == 3 || args.len() == 4);
+        if !sort_by && !two_var {
+            return None;
+        }
+        let first = ident(&args[0])?;
+        let second = if sort_by {
+            None
+        } else {
+            Some(ident(&args[1])?)
+        };
+        let (range, range_type) = self.check(target);
+        let (k_type, v_type) = match &range_type {
+            Type::List(el) => (Type::Int, (**el).clone()),
+            Type::Map(k, v) => ((**k).clone(), (**v).clone()),
+            t if t.is_dyn_like() => (Type::Dyn, Type::Dyn),
+            other => {
+                let msg = format!(
+                    "expression of type '{other}' cannot be range of a comprehension (must be list, map, or dynamic)"
+                );
+                return Some(self.error(target.id, msg));
+            }
+        };
+        if sort_by {
+            let elem_type = if let Type::List(el) = &range_type {
+                (**el).clone()
+            } else {
+                Type::Dyn
+            };
+            let slot = self.push_scope(&first, elem_type);
+            let (key, _) = self.check(&args[1]);
+            self.scopes.pop();
+            let node = Node::SortBy {
+                target: Box::new(range),
+                slot,
+                key: Box::new(key),
+            };
+            return Some((node, range_type));
+        }
+        let second = second?;
+        let accu_slot = self.push_scope("@result", Type::Dyn);
+        let iter_slot = self.push_scope(&first, k_type.clone());
+        let iter2_slot = self.push_scope(&second, v_type);
+        let bodies: Vec<(Node, Type)> = args[2..].iter().map(|a| self.check(a)).collect();
+        self.scopes.truncate(self.scopes.len() - 3);
+        let accu = || Box::new(Node::Local(accu_slot));
+        let konst = |v: Value| Node::Const(v);
+        let mut bodies = bodies.into_iter();
+        let (init, cond, step, result, ty) = match name {
+            "all" | "exists" => {
+                let (pred, _) = bodies.next()?;
+                let is_all = name == "all";
+                let cond_inner = if is_all {
+                    Node::Local(accu_slot)
+                } else {
+                    Node::Call {
+                        func: Func::Not,
+                        args: vec![Node::Local(accu_slot)],
+                    }
+                };
+                let step = if is_all {
+                    Node::And(accu(), Box::new(pred))
+                } else {
+                    Node::Or(accu(), Box::new(pred))
+                };
+                (
+                    konst(Value::Bool(is_all)),
+                    Node::NotStrictlyFalse(Box::new(cond_inner)),
+                    step,
+                    Node::Local(accu_slot),
+                    Type::Bool,
+                )
+            }
+            "existsOne" | "exists_one" => {
+                let (pred, _) = bodies.next()?;
+                let inc = Node::Call {
+                    func: Func::Add,
+                    args: vec![Node::Local(accu_slot), konst(Value::Int(1))],
+                };
+                let step = Node::Cond(Box::new(pred), Box::new(inc), accu());
+                let result = Node::Call {
+                    func: Func::Eq,
+                    args: vec![Node::Local(accu_slot), konst(Value::Int(1))],
+                };
+                (
+                    konst(Value::Int(0)),
+                    konst(Value::Bool(true)),
+                    step,
+                    result,
+                    Type::Bool,
+                )
+            }
+            _ => {
+                let mut parts: Vec<(Node, Type)> = bodies.collect();
+                let (expr, expr_type) = parts.pop()?;
+                let filter = parts.pop().map(|(n, _)| n);
+                let (init, add, ty) = if name == "transformList" {
+                    let add = Node::Call {
+                        func: Func::Add,
+                        args: vec![
+                            Node::Local(accu_slot),
+                            Node::List {
+                                elems: vec![expr],
+                                optional: vec![false],
+                            },
+                        ],
+                    };
+                    (
+                        Node::Const(Value::List(Arc::new(Vec::new()))),
+                        add,
+                        Type::list(expr_type),
+                    )
+                } else {
+                    let add = Node::Call {
+                        func: Func::MapInsert,
+                        args: vec![Node::Local(accu_slot), Node::Local(iter_slot), expr],
+                    };
+                    let empty = Value::Map(Arc::new(super::value::MapValue::default()));
+                    (Node::Const(empty), add, Type::map(k_type, expr_type))
+                };
+                let step = match filter {
+                    Some(f) => Node::Cond(Box::new(f), Box::new(add), accu()),
+                    None => add,
+                };
+                (
+                    init,
+                    konst(Value::Bool(true)),
+                    step,
+                    Node::Local(accu_slot),
+                    ty,
+                )
+            }
+        };
+        let _ = e;
+        let node = Node::Comprehension(Box::new(Comprehension {
+            range,
+            iter_slot,
+            iter2_slot: Some(iter2_slot),
+            accu_slot,
+            init,
+            cond,
+            step,
+            result,
+        }));
+        Some((node, ty))
+    }
+
     fn check_bind(&mut self, e: &IdedExpr, call: &cel::common::ast::CallExpr) -> (Node, Type) {
         let [var, init, body] = call.args.as_slice() else {
             return self.error(e.id, "cel.bind() requires 3 arguments".into());
         };
         let Expr::Ident(var_name) = &var.expr else {
-            return self.error(var.id, "cel.bind() variable names must be simple identifiers".into());
+            return self.error(
+                var.id,
+                "cel.bind() variable names must be simple identifiers".into(),
+            );
         };
         let (init_node, init_type) = self.check(init);
         let slot = self.push_scope(var_name, init_type);
         let (body_node, body_type) = self.check(body);
         self.scopes.pop();
-        (Node::Bind { slot, init: Box::new(init_node), body: Box::new(body_node) }, body_type)
+        (
+            Node::Bind {
+                slot,
+                init: Box::new(init_node),
+                body: Box::new(body_node),
+            },
+            body_type,
+        )
     }
 
     fn check_function(
@@ -410,13 +753,25 @@ impl<'a> Checker<'a> {
             types.push(ty);
         }
         let Some(decl) = DECLS.get(name) else {
-            return self.error(id, format!("undeclared reference to '{name}' (in container '')"));
+            return self.error(
+                id,
+                format!("undeclared reference to '{name}' (in container '')"),
+            );
         };
         let member = target.is_some();
         let mut result: Option<Type> = None;
-        for sig in decl.sigs.iter().filter(|s| s.member == member && s.params.len() == types.len()) {
+        for sig in decl
+            .sigs
+            .iter()
+            .filter(|s| s.member == member && s.params.len() == types.len())
+        {
             let mut bindings = Bindings::default();
-            if sig.params.iter().zip(&types).all(|(p, a)| bindings.unify(p, a)) {
+            if sig
+                .params
+                .iter()
+                .zip(&types)
+                .all(|(p, a)| bindings.unify(p, a))
+            {
                 let r = bindings.substitute(&sig.result);
                 result = Some(match result {
                     None => r,
@@ -456,7 +811,9 @@ impl<'a> Checker<'a> {
             "_?_:_" => {
                 let mut it = nodes.into_iter();
                 match (it.next(), it.next(), it.next()) {
-                    (Some(c), Some(t), Some(f)) => Node::Cond(Box::new(c), Box::new(t), Box::new(f)),
+                    (Some(c), Some(t), Some(f)) => {
+                        Node::Cond(Box::new(c), Box::new(t), Box::new(f))
+                    }
                     _ => Node::Const(Value::Null),
                 }
             }
@@ -464,9 +821,16 @@ impl<'a> Checker<'a> {
                 Some(n) => Node::NotStrictlyFalse(Box::new(n)),
                 None => Node::Const(Value::Null),
             },
-            _ => Node::Call { func: decl.func, args: nodes },
+            _ => Node::Call {
+                func: decl.func,
+                args: nodes,
+            },
         };
-        let result = if matches!(result, Type::Param(_)) { Type::Dyn } else { result };
+        let result = if matches!(result, Type::Param(_)) {
+            Type::Dyn
+        } else {
+            result
+        };
         (node, result)
     }
 
@@ -500,8 +864,4 @@ fn literal(lit: &LiteralValue) -> (Node, Type) {
 /// Whether a checked result type is acceptable for a selector.
 pub fn valid_output(t: &Type) -> bool {
     matches!(t, Type::Bool | Type::Dyn | Type::Error)
-}
-
-pub fn is_assignable(expected: &Type, actual: &Type) -> bool {
-    assignable(expected, actual)
 }

@@ -91,6 +91,8 @@ pub enum Func {
     OptSelect,
     OptIndex,
     OptionalUnwrap,
+    /// Internal: insert into a map (two-variable `transformMap`).
+    MapInsert,
 }
 
 pub struct Sig {
@@ -108,10 +110,18 @@ const A: Type = Type::Param(0);
 const B: Type = Type::Param(1);
 
 fn g(params: &[Type], result: Type) -> Sig {
-    Sig { member: false, params: params.to_vec(), result }
+    Sig {
+        member: false,
+        params: params.to_vec(),
+        result,
+    }
 }
 fn m(params: &[Type], result: Type) -> Sig {
-    Sig { member: true, params: params.to_vec(), result }
+    Sig {
+        member: true,
+        params: params.to_vec(),
+        result,
+    }
 }
 
 fn list(t: Type) -> Type {
@@ -133,13 +143,34 @@ fn build() -> HashMap<&'static str, FuncDecl> {
     add("_==_", Func::Eq, vec![g(&[A, A], Bool)]);
     add("_!=_", Func::Ne, vec![g(&[A, A], Bool)]);
     let mut ordering = Vec::new();
-    for t in [Int, Uint, Double, Str, Bytes, Bool, Type::Timestamp, Type::Duration] {
+    for t in [
+        Int,
+        Uint,
+        Double,
+        Str,
+        Bytes,
+        Bool,
+        Type::Timestamp,
+        Type::Duration,
+    ] {
         ordering.push(g(&[t.clone(), t], Bool));
     }
-    for (a, b) in [(Int, Uint), (Int, Double), (Uint, Int), (Uint, Double), (Double, Int), (Double, Uint)] {
+    for (a, b) in [
+        (Int, Uint),
+        (Int, Double),
+        (Uint, Int),
+        (Uint, Double),
+        (Double, Int),
+        (Double, Uint),
+    ] {
         ordering.push(g(&[a, b], Bool));
     }
-    let ordering2 = || ordering.iter().map(|s| g(&s.params, Bool)).collect::<Vec<_>>();
+    let ordering2 = || {
+        ordering
+            .iter()
+            .map(|s| g(&s.params, Bool))
+            .collect::<Vec<_>>()
+    };
     add("_<_", Func::Lt, ordering2());
     add("_<=_", Func::Le, ordering2());
     add("_>_", Func::Gt, ordering2());
@@ -173,14 +204,26 @@ fn build() -> HashMap<&'static str, FuncDecl> {
     add("_||_", Func::Not, vec![g(&[Bool, Bool], Bool)]);
     add("_?_:_", Func::Not, vec![g(&[Bool, A, A], A)]);
     add("@not_strictly_false", Func::Not, vec![g(&[Bool], Bool)]);
-    add("@in", Func::In, vec![g(&[A, list(A)], Bool), g(&[A, map_ab.clone()], Bool)]);
-    add("_[_]", Func::Index, vec![g(&[list(A), Int], A), g(&[map_ab.clone(), A], B)]);
-    add("_[?_]", Func::OptIndex, vec![
-        g(&[list(A), Int], Type::optional(A)),
-        g(&[map_ab.clone(), A], Type::optional(B)),
-        g(&[Type::optional(list(A)), Int], Type::optional(A)),
-        g(&[Type::optional(map_ab.clone()), A], Type::optional(B)),
-    ]);
+    add(
+        "@in",
+        Func::In,
+        vec![g(&[A, list(A)], Bool), g(&[A, map_ab.clone()], Bool)],
+    );
+    add(
+        "_[_]",
+        Func::Index,
+        vec![g(&[list(A), Int], A), g(&[map_ab.clone(), A], B)],
+    );
+    add(
+        "_[?_]",
+        Func::OptIndex,
+        vec![
+            g(&[list(A), Int], Type::optional(A)),
+            g(&[map_ab.clone(), A], Type::optional(B)),
+            g(&[Type::optional(list(A)), Int], Type::optional(A)),
+            g(&[Type::optional(map_ab.clone()), A], Type::optional(B)),
+        ],
+    );
     let sized = [Str, Bytes, list(A), map_ab.clone()];
     add(
         "size",
@@ -194,13 +237,40 @@ fn build() -> HashMap<&'static str, FuncDecl> {
     add("contains", Func::Contains, vec![m(&[Str, Str], Bool)]);
     add("startsWith", Func::StartsWith, vec![m(&[Str, Str], Bool)]);
     add("endsWith", Func::EndsWith, vec![m(&[Str, Str], Bool)]);
-    add("matches", Func::Matches, vec![m(&[Str, Str], Bool), g(&[Str, Str], Bool)]);
-    add("int", Func::ToInt, vec![g(&[Int], Int), g(&[Uint], Int), g(&[Double], Int), g(&[Str], Int)]);
-    add("uint", Func::ToUint, vec![g(&[Uint], Uint), g(&[Int], Uint), g(&[Double], Uint), g(&[Str], Uint)]);
+    add(
+        "matches",
+        Func::Matches,
+        vec![m(&[Str, Str], Bool), g(&[Str, Str], Bool)],
+    );
+    add(
+        "int",
+        Func::ToInt,
+        vec![
+            g(&[Int], Int),
+            g(&[Uint], Int),
+            g(&[Double], Int),
+            g(&[Str], Int),
+        ],
+    );
+    add(
+        "uint",
+        Func::ToUint,
+        vec![
+            g(&[Uint], Uint),
+            g(&[Int], Uint),
+            g(&[Double], Uint),
+            g(&[Str], Uint),
+        ],
+    );
     add(
         "double",
         Func::ToDouble,
-        vec![g(&[Double], Double), g(&[Int], Double), g(&[Uint], Double), g(&[Str], Double)],
+        vec![
+            g(&[Double], Double),
+            g(&[Int], Double),
+            g(&[Uint], Double),
+            g(&[Str], Double),
+        ],
     );
     add(
         "string",
@@ -214,27 +284,71 @@ fn build() -> HashMap<&'static str, FuncDecl> {
             g(&[Bytes], Str),
         ],
     );
-    add("bool", Func::ToBool, vec![g(&[Bool], Bool), g(&[Str], Bool)]);
-    add("bytes", Func::ToBytes, vec![g(&[Bytes], Bytes), g(&[Str], Bytes)]);
+    add(
+        "bool",
+        Func::ToBool,
+        vec![g(&[Bool], Bool), g(&[Str], Bool)],
+    );
+    add(
+        "bytes",
+        Func::ToBytes,
+        vec![g(&[Bytes], Bytes), g(&[Str], Bytes)],
+    );
     add("dyn", Func::ToDyn, vec![g(&[A], Dyn)]);
-    add("type", Func::TypeOf, vec![g(&[A], Type::TypeOf(std::sync::Arc::new(A)))]);
+    add(
+        "type",
+        Func::TypeOf,
+        vec![g(&[A], Type::TypeOf(std::sync::Arc::new(A)))],
+    );
 
     // Kubernetes quantity library.
     add("quantity", Func::Quantity, vec![g(&[Str], Q)]);
     add("isQuantity", Func::IsQuantity, vec![g(&[Str], Bool)]);
     add("sign", Func::Sign, vec![g(&[Q], Int)]);
-    add("isGreaterThan", Func::IsGreaterThan, vec![m(&[Q, Q], Bool), m(&[S, S], Bool)]);
-    add("isLessThan", Func::IsLessThan, vec![m(&[Q, Q], Bool), m(&[S, S], Bool)]);
-    add("compareTo", Func::CompareTo, vec![m(&[Q, Q], Int), m(&[S, S], Int)]);
-    add("add", Func::QuantityAdd, vec![m(&[Q, Q], Q), m(&[Q, Int], Q)]);
-    add("sub", Func::QuantitySub, vec![m(&[Q, Q], Q), m(&[Q, Int], Q)]);
+    add(
+        "isGreaterThan",
+        Func::IsGreaterThan,
+        vec![m(&[Q, Q], Bool), m(&[S, S], Bool)],
+    );
+    add(
+        "isLessThan",
+        Func::IsLessThan,
+        vec![m(&[Q, Q], Bool), m(&[S, S], Bool)],
+    );
+    add(
+        "compareTo",
+        Func::CompareTo,
+        vec![m(&[Q, Q], Int), m(&[S, S], Int)],
+    );
+    add(
+        "add",
+        Func::QuantityAdd,
+        vec![m(&[Q, Q], Q), m(&[Q, Int], Q)],
+    );
+    add(
+        "sub",
+        Func::QuantitySub,
+        vec![m(&[Q, Q], Q), m(&[Q, Int], Q)],
+    );
     add("asInteger", Func::AsInteger, vec![m(&[Q], Int)]);
-    add("asApproximateFloat", Func::AsApproximateFloat, vec![m(&[Q], Double)]);
+    add(
+        "asApproximateFloat",
+        Func::AsApproximateFloat,
+        vec![m(&[Q], Double)],
+    );
     add("isInteger", Func::IsInteger, vec![m(&[Q], Bool)]);
 
     // Kubernetes semver library (v1).
-    add("semver", Func::Semver, vec![g(&[Str], S), g(&[Str, Bool], S)]);
-    add("isSemver", Func::IsSemver, vec![g(&[Str], Bool), g(&[Str, Bool], Bool)]);
+    add(
+        "semver",
+        Func::Semver,
+        vec![g(&[Str], S), g(&[Str, Bool], S)],
+    );
+    add(
+        "isSemver",
+        Func::IsSemver,
+        vec![g(&[Str], Bool), g(&[Str, Bool], Bool)],
+    );
     add("major", Func::Major, vec![m(&[S], Int)]);
     add("minor", Func::Minor, vec![m(&[S], Int)]);
     add("patch", Func::Patch, vec![m(&[S], Int)]);
@@ -244,25 +358,53 @@ fn build() -> HashMap<&'static str, FuncDecl> {
     add(
         "indexOf",
         Func::IndexOf,
-        vec![m(&[Str, Str], Int), m(&[Str, Str, Int], Int), m(&[list(A), A], Int)],
+        vec![
+            m(&[Str, Str], Int),
+            m(&[Str, Str, Int], Int),
+            m(&[list(A), A], Int),
+        ],
     );
     add(
         "lastIndexOf",
         Func::LastIndexOf,
-        vec![m(&[Str, Str], Int), m(&[Str, Str, Int], Int), m(&[list(A), A], Int)],
+        vec![
+            m(&[Str, Str], Int),
+            m(&[Str, Str, Int], Int),
+            m(&[list(A), A], Int),
+        ],
     );
     add("lowerAscii", Func::LowerAscii, vec![m(&[Str], Str)]);
     add("upperAscii", Func::UpperAscii, vec![m(&[Str], Str)]);
-    add("replace", Func::Replace, vec![m(&[Str, Str, Str], Str), m(&[Str, Str, Str, Int], Str)]);
-    add("split", Func::Split, vec![m(&[Str, Str], list(Str)), m(&[Str, Str, Int], list(Str))]);
-    add("substring", Func::Substring, vec![m(&[Str, Int], Str), m(&[Str, Int, Int], Str)]);
+    add(
+        "replace",
+        Func::Replace,
+        vec![m(&[Str, Str, Str], Str), m(&[Str, Str, Str, Int], Str)],
+    );
+    add(
+        "split",
+        Func::Split,
+        vec![m(&[Str, Str], list(Str)), m(&[Str, Str, Int], list(Str))],
+    );
+    add(
+        "substring",
+        Func::Substring,
+        vec![m(&[Str, Int], Str), m(&[Str, Int, Int], Str)],
+    );
     add("trim", Func::Trim, vec![m(&[Str], Str)]);
-    add("join", Func::Join, vec![m(&[list(Str)], Str), m(&[list(Str), Str], Str)]);
+    add(
+        "join",
+        Func::Join,
+        vec![m(&[list(Str)], Str), m(&[list(Str), Str], Str)],
+    );
     add("strings.quote", Func::Quote, vec![g(&[Str], Str)]);
 
     // Kubernetes regex library.
     add("find", Func::Find, vec![m(&[Str, Str], Str)]);
-    add("findAll", Func::FindAll, vec![m(&[Str, Str], list(Str)), m(&[Str, Str, Int], list(Str))]);
+    add(
+        "findAll",
+        Func::FindAll,
+        vec![m(&[Str, Str], list(Str)), m(&[Str, Str, Int], list(Str))],
+    );
 
     // Kubernetes lists library (v1 includes `includes`).
     add("isSorted", Func::IsSorted, vec![m(&[list(A)], Bool)]);
@@ -274,32 +416,79 @@ fn build() -> HashMap<&'static str, FuncDecl> {
     // cel-go lists extension v3.
     add("lists.range", Func::ListsRange, vec![g(&[Int], list(Int))]);
     add("slice", Func::Slice, vec![m(&[list(A), Int, Int], list(A))]);
-    add("flatten", Func::Flatten, vec![m(&[list(list(A))], list(A)), m(&[list(Dyn), Int], list(Dyn))]);
+    add(
+        "flatten",
+        Func::Flatten,
+        vec![
+            m(&[list(list(A))], list(A)),
+            m(&[list(Dyn), Int], list(Dyn)),
+        ],
+    );
     add("distinct", Func::Distinct, vec![m(&[list(A)], list(A))]);
     add("reverse", Func::Reverse, vec![m(&[list(A)], list(A))]);
     add("sort", Func::Sort, vec![m(&[list(A)], list(A))]);
 
     // cel-go sets extension.
-    add("sets.contains", Func::SetsContains, vec![g(&[list(A), list(A)], Bool)]);
-    add("sets.equivalent", Func::SetsEquivalent, vec![g(&[list(A), list(A)], Bool)]);
-    add("sets.intersects", Func::SetsIntersects, vec![g(&[list(A), list(A)], Bool)]);
+    add(
+        "sets.contains",
+        Func::SetsContains,
+        vec![g(&[list(A), list(A)], Bool)],
+    );
+    add(
+        "sets.equivalent",
+        Func::SetsEquivalent,
+        vec![g(&[list(A), list(A)], Bool)],
+    );
+    add(
+        "sets.intersects",
+        Func::SetsIntersects,
+        vec![g(&[list(A), list(A)], Bool)],
+    );
 
     // Optional types.
     let opt_a = Type::optional(A);
-    add("optional.of", Func::OptionalOf, vec![g(&[A], opt_a.clone())]);
-    add("optional.none", Func::OptionalNone, vec![g(&[], Type::optional(Dyn))]);
-    add("optional.ofNonZeroValue", Func::OptionalOfNonZeroValue, vec![g(&[A], opt_a.clone())]);
-    add("optional.unwrap", Func::OptionalUnwrap, vec![g(&[list(opt_a.clone())], list(A))]);
-    add("unwrapOpt", Func::OptionalUnwrap, vec![m(&[list(opt_a.clone())], list(A))]);
+    add(
+        "optional.of",
+        Func::OptionalOf,
+        vec![g(&[A], opt_a.clone())],
+    );
+    add(
+        "optional.none",
+        Func::OptionalNone,
+        vec![g(&[], Type::optional(Dyn))],
+    );
+    add(
+        "optional.ofNonZeroValue",
+        Func::OptionalOfNonZeroValue,
+        vec![g(&[A], opt_a.clone())],
+    );
+    add(
+        "optional.unwrap",
+        Func::OptionalUnwrap,
+        vec![g(&[list(opt_a.clone())], list(A))],
+    );
+    add(
+        "unwrapOpt",
+        Func::OptionalUnwrap,
+        vec![m(&[list(opt_a.clone())], list(A))],
+    );
     add("hasValue", Func::HasValue, vec![m(&[opt_a.clone()], Bool)]);
     add("value", Func::OptValue, vec![m(&[opt_a.clone()], A)]);
-    add("or", Func::OptOr, vec![m(&[opt_a.clone(), opt_a.clone()], opt_a.clone())]);
+    add(
+        "or",
+        Func::OptOr,
+        vec![m(&[opt_a.clone(), opt_a.clone()], opt_a.clone())],
+    );
     add("orValue", Func::OptOrValue, vec![m(&[opt_a.clone(), A], A)]);
     add("first", Func::First, vec![m(&[list(A)], opt_a.clone())]);
     add("last", Func::Last, vec![m(&[list(A)], opt_a.clone())]);
-    add("_?._", Func::OptSelect, vec![
-        g(&[map_ab.clone(), Str], Type::optional(B)),
-        g(&[Type::optional(map_ab), Str], Type::optional(B)),
-    ]);
+    add(
+        "_?._",
+        Func::OptSelect,
+        vec![
+            g(&[map_ab.clone(), Str], Type::optional(B)),
+            g(&[Type::optional(map_ab), Str], Type::optional(B)),
+        ],
+    );
     d
 }

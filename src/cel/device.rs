@@ -49,7 +49,11 @@ fn insert(domains: &mut Vec<(Arc<str>, MapValue)>, domain: &str, id: &str, value
     let map = &mut domains[idx].1;
     // Both `x` and `<driver>/x` land on one key; Go's map order decides which wins, here
     // the later one in name order does.
-    if let Some(slot) = map.entries.iter_mut().find(|(k, _)| matches!(k, Value::String(s) if &**s == id)) {
+    if let Some(slot) = map
+        .entries
+        .iter_mut()
+        .find(|(k, _)| matches!(k, Value::String(s) if &**s == id))
+    {
         slot.1 = value;
     } else {
         map.entries.push((Value::string(id), value));
@@ -81,7 +85,11 @@ fn attribute_value(attr: &DeviceAttribute) -> Result<Value, String> {
         return Ok(list(v.iter().map(|s| Value::string(s)).collect()));
     }
     if let Some(v) = &attr.versions {
-        return v.iter().map(|s| semver_value(s)).collect::<Result<Vec<_>, _>>().map(list);
+        return v
+            .iter()
+            .map(|s| semver_value(s))
+            .collect::<Result<Vec<_>, _>>()
+            .map(list);
     }
     if let Some(i) = attr.int {
         return Ok(Value::Int(i));
@@ -124,7 +132,12 @@ impl DeviceView {
                 message: e.to_string(),
             })?;
             let (domain, id) = split_qualified(name, driver);
-            insert(&mut capacity, domain, id, Value::Quantity(Arc::new(quantity)));
+            insert(
+                &mut capacity,
+                domain,
+                id,
+                Value::Quantity(Arc::new(quantity)),
+            );
         }
         Ok(DeviceView {
             driver: Arc::from(driver),
@@ -144,8 +157,15 @@ impl DeviceView {
     }
 
     /// The inner map of a domain, if the device has it.
-    pub(crate) fn domain(&self, of: super::value::DomainsOf, domain: &str) -> Option<&Arc<MapValue>> {
-        self.domains(of).iter().find(|(d, _)| &**d == domain).map(|(_, m)| m)
+    pub(crate) fn domain(
+        &self,
+        of: super::value::DomainsOf,
+        domain: &str,
+    ) -> Option<&Arc<MapValue>> {
+        self.domains(of)
+            .iter()
+            .find(|(d, _)| &**d == domain)
+            .map(|(_, m)| m)
     }
 }
 
@@ -159,23 +179,71 @@ mod tests {
     #[test]
     fn unqualified_names_go_to_the_driver_domain() {
         let mut attrs = BTreeMap::new();
-        attrs.insert("model".to_string(), DeviceAttribute { string: Some("H100".into()), ..Default::default() });
-        attrs.insert("other.io/x".to_string(), DeviceAttribute { int: Some(3), ..Default::default() });
+        attrs.insert(
+            "model".to_string(),
+            DeviceAttribute {
+                string: Some("H100".into()),
+                ..Default::default()
+            },
+        );
+        attrs.insert(
+            "other.io/x".to_string(),
+            DeviceAttribute {
+                int: Some(3),
+                ..Default::default()
+            },
+        );
         let mut caps = BTreeMap::new();
-        caps.insert("memory".to_string(), DeviceCapacity { value: K8sQuantity("80Gi".into()), ..Default::default() });
-        let device = Device { name: "gpu-0".into(), attributes: Some(attrs), capacity: Some(caps), ..Default::default() };
+        caps.insert(
+            "memory".to_string(),
+            DeviceCapacity {
+                value: K8sQuantity("80Gi".into()),
+                ..Default::default()
+            },
+        );
+        let device = Device {
+            name: "gpu-0".into(),
+            attributes: Some(attrs),
+            capacity: Some(caps),
+            ..Default::default()
+        };
         let view = DeviceView::new("gpu.nvidia.com", &device).unwrap();
-        assert!(view.domain(super::super::value::DomainsOf::Attributes, "gpu.nvidia.com").unwrap().get_str("model").is_some());
-        assert!(view.domain(super::super::value::DomainsOf::Attributes, "other.io").unwrap().get_str("x").is_some());
-        assert!(view.domain(super::super::value::DomainsOf::Capacity, "gpu.nvidia.com").unwrap().get_str("memory").is_some());
+        assert!(
+            view.domain(super::super::value::DomainsOf::Attributes, "gpu.nvidia.com")
+                .unwrap()
+                .get_str("model")
+                .is_some()
+        );
+        assert!(
+            view.domain(super::super::value::DomainsOf::Attributes, "other.io")
+                .unwrap()
+                .get_str("x")
+                .is_some()
+        );
+        assert!(
+            view.domain(super::super::value::DomainsOf::Capacity, "gpu.nvidia.com")
+                .unwrap()
+                .get_str("memory")
+                .is_some()
+        );
         assert!(view.conversion_error.is_none());
     }
 
     #[test]
     fn bad_versions_poison_the_device() {
         let mut attrs = BTreeMap::new();
-        attrs.insert("v".to_string(), DeviceAttribute { version: Some("1.0".into()), ..Default::default() });
-        let device = Device { name: "d".into(), attributes: Some(attrs), ..Default::default() };
+        attrs.insert(
+            "v".to_string(),
+            DeviceAttribute {
+                version: Some("1.0".into()),
+                ..Default::default()
+            },
+        );
+        let device = Device {
+            name: "d".into(),
+            attributes: Some(attrs),
+            ..Default::default()
+        };
         let view = DeviceView::new("x.io", &device).unwrap();
         assert_eq!(
             view.conversion_error.as_deref(),

@@ -19,7 +19,10 @@ pub struct EvalError {
 
 impl EvalError {
     pub fn new(message: impl Into<Arc<str>>) -> Self {
-        EvalError { message: message.into(), abort: false }
+        EvalError {
+            message: message.into(),
+            abort: false,
+        }
     }
 }
 
@@ -47,7 +50,10 @@ impl Ctx<'_> {
     fn charge(&mut self, amount: u64) -> Result<(), EvalError> {
         self.cost = self.cost.saturating_add(amount);
         if self.cost > self.limit {
-            return Err(EvalError { message: Arc::from(COST_LIMIT_MESSAGE), abort: true });
+            return Err(EvalError {
+                message: Arc::from(COST_LIMIT_MESSAGE),
+                abort: true,
+            });
         }
         Ok(())
     }
@@ -93,11 +99,7 @@ fn call_cost(func: Func, args: &[Value], result: &Value) -> u64 {
             str_cost * regex_cost
         }
         Func::Contains => ceil_tenth(size(0)) * ceil_tenth(size(1)),
-        Func::IsSorted
-        | Func::Sum
-        | Func::Max
-        | Func::Min
-        | Func::Includes => size(0),
+        Func::IsSorted | Func::Sum | Func::Max | Func::Min | Func::Includes => size(0),
         Func::IndexOf | Func::LastIndexOf => match args.first() {
             Some(Value::List(_)) => size(0),
             _ => 1,
@@ -127,10 +129,22 @@ fn materialize(v: &Value, device: &DeviceView) -> Value {
         }
         Value::Device => {
             let entries = vec![
-                (Value::string("driver"), Value::String(device.driver.clone())),
-                (Value::string("allowMultipleAllocations"), Value::Bool(device.allow_multiple_allocations)),
-                (Value::string("attributes"), materialize(&Value::Domains(DomainsOf::Attributes), device)),
-                (Value::string("capacity"), materialize(&Value::Domains(DomainsOf::Capacity), device)),
+                (
+                    Value::string("driver"),
+                    Value::String(device.driver.clone()),
+                ),
+                (
+                    Value::string("allowMultipleAllocations"),
+                    Value::Bool(device.allow_multiple_allocations),
+                ),
+                (
+                    Value::string("attributes"),
+                    materialize(&Value::Domains(DomainsOf::Attributes), device),
+                ),
+                (
+                    Value::string("capacity"),
+                    materialize(&Value::Domains(DomainsOf::Capacity), device),
+                ),
             ];
             Value::Map(Arc::new(MapValue { entries }))
         }
@@ -155,10 +169,18 @@ pub fn format_double(d: f64) -> String {
         return "NaN".into();
     }
     if d.is_infinite() {
-        return if d > 0.0 { "+Inf".into() } else { "-Inf".into() };
+        return if d > 0.0 {
+            "+Inf".into()
+        } else {
+            "-Inf".into()
+        };
     }
     if d == 0.0 {
-        return if d.is_sign_negative() { "-0".into() } else { "0".into() };
+        return if d.is_sign_negative() {
+            "-0".into()
+        } else {
+            "0".into()
+        };
     }
     let exp = d.abs().log10().floor() as i32;
     if (-4..21).contains(&exp) {
@@ -173,7 +195,11 @@ pub fn format_double(d: f64) -> String {
                     Some(rest) => ('-', rest),
                     None => ('+', e),
                 };
-                let digits = if digits.len() < 2 { format!("0{digits}") } else { digits.to_string() };
+                let digits = if digits.len() < 2 {
+                    format!("0{digits}")
+                } else {
+                    digits.to_string()
+                };
                 format!("{mantissa}e{sign}{digits}")
             }
             None => s,
@@ -189,7 +215,10 @@ fn select_field(operand: &Value, field: &str, device: &DeviceView) -> R {
             None => err(format!("no such key: {field}")),
         },
         Value::Domains(of) => Ok(Value::Map(
-            device.domain(*of, field).cloned().unwrap_or_else(|| device.empty.clone()),
+            device
+                .domain(*of, field)
+                .cloned()
+                .unwrap_or_else(|| device.empty.clone()),
         )),
         Value::Device => device_field(field, device),
         Value::List(_) => err("unsupported index type 'string' in list"),
@@ -208,7 +237,7 @@ fn device_field(field: &str, device: &DeviceView) -> R {
     }
 }
 
-fn has_field(operand: &Value, field: &str, device: &DeviceView) -> R {
+fn has_field(operand: &Value, field: &str, _device: &DeviceView) -> R {
     match operand {
         Value::Map(m) => Ok(Value::Bool(m.get_str(field).is_some())),
         // The defaulting map answers every lookup, so presence is always true.
@@ -228,7 +257,12 @@ fn list_index(l: &[Value], index: &Value) -> R {
         Value::Uint(u) => i64::try_from(*u).unwrap_or(i64::MAX),
         Value::Double(d) if d.fract() == 0.0 && d.is_finite() => *d as i64,
         Value::Double(d) => return err(format!("unsupported index value {}", format_double(*d))),
-        other => return err(format!("unsupported index type '{}' in list", other.type_name())),
+        other => {
+            return err(format!(
+                "unsupported index type '{}' in list",
+                other.type_name()
+            ));
+        }
     };
     if i < 0 || i as usize >= l.len() {
         return err(format!("index out of bounds: {i}"));
@@ -245,7 +279,10 @@ fn index_value(operand: &Value, index: &Value, device: &DeviceView) -> R {
         },
         Value::Domains(of) => match index {
             Value::String(s) => Ok(Value::Map(
-                device.domain(*of, s).cloned().unwrap_or_else(|| device.empty.clone()),
+                device
+                    .domain(*of, s)
+                    .cloned()
+                    .unwrap_or_else(|| device.empty.clone()),
             )),
             _ => Ok(Value::Map(device.empty.clone())),
         },
@@ -255,10 +292,6 @@ fn index_value(operand: &Value, index: &Value, device: &DeviceView) -> R {
         },
         _ => err(format!("no such key: {}", key_text(index))),
     }
-}
-
-fn bool_of(v: &Value) -> Option<bool> {
-    if let Value::Bool(b) = v { Some(*b) } else { None }
 }
 
 fn compare(a: &Value, b: &Value, op: &str) -> Result<Ordering, EvalError> {
@@ -306,7 +339,9 @@ fn compare_op(func: Func, a: &Value, b: &Value) -> R {
 }
 
 fn equals(a: &Value, b: &Value, device: &DeviceView) -> Result<bool, EvalError> {
-    let (a, b) = if matches!(a, Value::Domains(_) | Value::Device) || matches!(b, Value::Domains(_) | Value::Device) {
+    let (a, b) = if matches!(a, Value::Domains(_) | Value::Device)
+        || matches!(b, Value::Domains(_) | Value::Device)
+    {
         (materialize(a, device), materialize(b, device))
     } else {
         (a.clone(), b.clone())
@@ -365,7 +400,8 @@ fn arith(func: Func, a: &Value, b: &Value) -> R {
                     x.checked_rem(*y)
                 }
             };
-            r.map(Uint).ok_or_else(|| EvalError::new("unsigned integer overflow"))
+            r.map(Uint)
+                .ok_or_else(|| EvalError::new("unsigned integer overflow"))
         }
         (Func::Mod, Double(_), _) => err(format!("no such overload: {op}")),
         (_, Double(x), Double(y)) => Ok(Double(match func {
@@ -391,7 +427,9 @@ fn arith(func: Func, a: &Value, b: &Value) -> R {
             v.extend(y.iter().cloned());
             Ok(List(Arc::new(v)))
         }
-        (Func::Add, Int(_) | Uint(_) | Double(_) | String(_) | Bytes(_) | List(_), _) => no_such_overload(),
+        (Func::Add, Int(_) | Uint(_) | Double(_) | String(_) | Bytes(_) | List(_), _) => {
+            no_such_overload()
+        }
         (Func::Sub | Func::Mul | Func::Div, Int(_) | Uint(_) | Double(_), _) => no_such_overload(),
         (Func::Mod, Int(_) | Uint(_), _) => no_such_overload(),
         (Func::Sub | Func::Mul | Func::Div | Func::Mod, String(_) | Bytes(_) | Bool(_), _) => {
@@ -407,7 +445,11 @@ fn overload_error<T>(name: &str, args: &[Value]) -> Result<T, EvalError> {
 }
 
 fn string_arg(v: &Value) -> Option<&str> {
-    if let Value::String(s) = v { Some(s) } else { None }
+    if let Value::String(s) = v {
+        Some(s)
+    } else {
+        None
+    }
 }
 
 /// Type conversions, also used for constant folding at compile time.
@@ -428,9 +470,14 @@ pub fn convert(func: Func, v: &Value) -> R {
         Func::TypeOf => Ok(Value::Type(Arc::from(v.type_name()))),
         Func::ToInt => match v {
             Int(i) => Ok(Int(*i)),
-            Uint(u) => i64::try_from(*u).map(Int).map_err(|_| EvalError::new("integer overflow")),
+            Uint(u) => i64::try_from(*u)
+                .map(Int)
+                .map_err(|_| EvalError::new("integer overflow")),
             Double(d) => {
-                if d.is_nan() || *d <= -9.223_372_036_854_775_808e18 || *d >= 9.223_372_036_854_775_807e18 {
+                if d.is_nan()
+                    || *d <= -9.223_372_036_854_775_808e18
+                    || *d >= 9.223_372_036_854_775_807e18
+                {
                     err("integer overflow")
                 } else {
                     Ok(Int(d.trunc() as i64))
@@ -444,7 +491,9 @@ pub fn convert(func: Func, v: &Value) -> R {
         },
         Func::ToUint => match v {
             Uint(u) => Ok(Uint(*u)),
-            Int(i) => u64::try_from(*i).map(Uint).map_err(|_| EvalError::new("unsigned integer overflow")),
+            Int(i) => u64::try_from(*i)
+                .map(Uint)
+                .map_err(|_| EvalError::new("unsigned integer overflow")),
             Double(d) => {
                 if d.is_nan() || *d < 0.0 || *d >= 1.844_674_407_370_955_2e19 {
                     err("unsigned integer overflow")
@@ -502,12 +551,20 @@ fn parse_go_float(s: &str) -> Option<f64> {
     let lower = s.to_ascii_lowercase();
     let body = lower.trim_start_matches(['+', '-']);
     if matches!(body, "inf" | "infinity") {
-        return Some(if lower.starts_with('-') { f64::NEG_INFINITY } else { f64::INFINITY });
+        return Some(if lower.starts_with('-') {
+            f64::NEG_INFINITY
+        } else {
+            f64::INFINITY
+        });
     }
     if body == "nan" {
         return Some(f64::NAN);
     }
-    if body.is_empty() || !body.bytes().all(|c| c.is_ascii_digit() || matches!(c, b'.' | b'e' | b'+' | b'-' | b'_')) {
+    if body.is_empty()
+        || !body
+            .bytes()
+            .all(|c| c.is_ascii_digit() || matches!(c, b'.' | b'e' | b'+' | b'-' | b'_'))
+    {
         return None;
     }
     s.replace('_', "").parse::<f64>().ok()
@@ -553,11 +610,21 @@ fn list_value(items: Vec<Value>) -> Value {
 }
 
 fn string_list(items: impl IntoIterator<Item = String>) -> Value {
-    list_value(items.into_iter().map(|s| Value::String(Arc::from(s))).collect())
+    list_value(
+        items
+            .into_iter()
+            .map(|s| Value::String(Arc::from(s)))
+            .collect(),
+    )
 }
 
 /// Ordering used by `sort`, `min`, `max`, `isSorted`: same-type values only.
-fn ordering_for_list(a: &Value, b: &Value, name: &str, args: &[Value]) -> Result<Ordering, EvalError> {
+fn ordering_for_list(
+    a: &Value,
+    b: &Value,
+    name: &str,
+    args: &[Value],
+) -> Result<Ordering, EvalError> {
     match (a, b) {
         (Value::Quantity(x), Value::Quantity(y)) => Ok(x.cmp_value(y)),
         (Value::Semver(x), Value::Semver(y)) => Ok(x.compare(y)),
@@ -591,7 +658,9 @@ fn rune_last_index_of(haystack: &str, needle: &str, last_start: usize) -> Option
         return None;
     }
     let upper = last_start.min(chars.len() - needle.len());
-    (0..=upper).rev().find(|&i| chars[i..i + needle.len()] == needle[..])
+    (0..=upper)
+        .rev()
+        .find(|&i| chars[i..i + needle.len()] == needle[..])
 }
 
 fn go_quote_cel(s: &str) -> String {
@@ -625,7 +694,10 @@ pub fn call(func: Func, args: &[Value], device: &DeviceView) -> R {
         Func::Lt | Func::Le | Func::Gt | Func::Ge => compare_op(func, a0, a1),
         Func::Add | Func::Sub | Func::Mul | Func::Div | Func::Mod => arith(func, a0, a1),
         Func::Neg => match a0 {
-            Int(i) => i.checked_neg().map(Int).ok_or_else(|| EvalError::new("integer overflow")),
+            Int(i) => i
+                .checked_neg()
+                .map(Int)
+                .ok_or_else(|| EvalError::new("integer overflow")),
             Double(d) => Ok(Double(-d)),
             Uint(_) | String(_) | Bytes(_) | Bool(_) => no_such_overload(),
             _ => err("no such overload: -_"),
@@ -686,8 +758,11 @@ pub fn call(func: Func, args: &[Value], device: &DeviceView) -> R {
                 return Ok(list_value(Vec::new()));
             }
             let found = re.find_iter(s).map(|m| m.as_str().to_string());
-            let found: Vec<String> =
-                if limit < 0 { found.collect() } else { found.take(limit as usize).collect() };
+            let found: Vec<std::string::String> = if limit < 0 {
+                found.collect()
+            } else {
+                found.take(limit as usize).collect()
+            };
             Ok(string_list(found))
         }
         Func::ToInt
@@ -699,13 +774,13 @@ pub fn call(func: Func, args: &[Value], device: &DeviceView) -> R {
         | Func::ToDyn
         | Func::TypeOf => convert(func, a0),
         Func::Quantity => match a0 {
-            String(s) => Quantity::parse(s)
+            String(s) => super::quantity::Quantity::parse(s)
                 .map(|q| Value::Quantity(Arc::new(q)))
                 .map_err(|e| EvalError::new(e.to_string())),
             _ => overload_error("quantity", args),
         },
         Func::IsQuantity => match a0 {
-            String(s) => Ok(Bool(Quantity::parse(s).is_ok())),
+            String(s) => Ok(Bool(super::quantity::Quantity::parse(s).is_ok())),
             _ => overload_error("isQuantity", args),
         },
         Func::Sign => Ok(Int(quantity_arg("sign", args, 0)?.sign())),
@@ -728,37 +803,57 @@ pub fn call(func: Func, args: &[Value], device: &DeviceView) -> R {
             })
         }
         Func::QuantityAdd | Func::QuantitySub => {
-            let name = if func == Func::QuantityAdd { "add" } else { "sub" };
+            let name = if func == Func::QuantityAdd {
+                "add"
+            } else {
+                "sub"
+            };
             let q = quantity_arg(name, args, 0)?;
             let other = match a1 {
                 Value::Quantity(o) => (**o).clone(),
-                Int(i) => Quantity::from_int(*i),
+                Int(i) => super::quantity::Quantity::from_int(*i),
                 _ => return no_such_overload(),
             };
-            let r = if func == Func::QuantityAdd { q.add(&other) } else { q.sub(&other) };
+            let r = if func == Func::QuantityAdd {
+                q.add(&other)
+            } else {
+                q.sub(&other)
+            };
             Ok(Value::Quantity(Arc::new(r)))
         }
         Func::AsInteger => quantity_arg("asInteger", args, 0)?
             .as_int64()
             .map(Int)
             .ok_or_else(|| EvalError::new("cannot convert value to integer")),
-        Func::AsApproximateFloat => {
-            Ok(Double(quantity_arg("asApproximateFloat", args, 0)?.as_approximate_float()))
-        }
-        Func::IsInteger => Ok(Bool(quantity_arg("isInteger", args, 0)?.as_int64().is_some())),
+        Func::AsApproximateFloat => Ok(Double(
+            quantity_arg("asApproximateFloat", args, 0)?.as_approximate_float(),
+        )),
+        Func::IsInteger => Ok(Bool(
+            quantity_arg("isInteger", args, 0)?.as_int64().is_some(),
+        )),
         Func::Semver | Func::IsSemver => {
-            let name = if func == Func::Semver { "semver" } else { "isSemver" };
+            let name = if func == Func::Semver {
+                "semver"
+            } else {
+                "isSemver"
+            };
             let s = str_arg(name, args, 0)?;
             let normalize = match args.get(1) {
                 None => false,
                 Some(Bool(b)) => *b,
                 Some(_) => return no_such_overload(),
             };
-            let parsed = if normalize { Semver::parse_normalized(s) } else { Semver::parse(s) };
+            let parsed = if normalize {
+                super::semver::Semver::parse_normalized(s)
+            } else {
+                super::semver::Semver::parse(s)
+            };
             if func == Func::IsSemver {
                 return Ok(Bool(parsed.is_ok()));
             }
-            parsed.map(|v| Value::Semver(Arc::new(v))).map_err(|e| EvalError::new(e.0))
+            parsed
+                .map(|v| Value::Semver(Arc::new(v)))
+                .map_err(|e| EvalError::new(e.0))
         }
         Func::Major => Ok(Int(semver_arg("major", args, 0)?.major as i64)),
         Func::Minor => Ok(Int(semver_arg("minor", args, 0)?.minor as i64)),
@@ -770,16 +865,27 @@ pub fn call(func: Func, args: &[Value], device: &DeviceView) -> R {
             if i < 0 || i > len {
                 return err(format!("index out of range: {i}"));
             }
-            Ok(Value::string(&s.chars().nth(i as usize).map(String::from).unwrap_or_default()))
+            Ok(Value::string(
+                &s.chars()
+                    .nth(i as usize)
+                    .map(std::string::String::from)
+                    .unwrap_or_default(),
+            ))
         }
         Func::IndexOf | Func::LastIndexOf => {
-            let name = if func == Func::IndexOf { "indexOf" } else { "lastIndexOf" };
+            let name = if func == Func::IndexOf {
+                "indexOf"
+            } else {
+                "lastIndexOf"
+            };
             match a0 {
                 List(l) => {
                     let pos = if func == Func::IndexOf {
-                        l.iter().position(|x| matches!(x.equals(a1), Equality::Equal(true)))
+                        l.iter()
+                            .position(|x| matches!(x.equals(a1), Equality::Equal(true)))
                     } else {
-                        l.iter().rposition(|x| matches!(x.equals(a1), Equality::Equal(true)))
+                        l.iter()
+                            .rposition(|x| matches!(x.equals(a1), Equality::Equal(true)))
                     };
                     Ok(Int(pos.map(|p| p as i64).unwrap_or(-1)))
                 }
@@ -812,11 +918,15 @@ pub fn call(func: Func, args: &[Value], device: &DeviceView) -> R {
                 _ => overload_error(name, args),
             }
         }
-        Func::LowerAscii => Ok(Value::string(&str_arg("lowerAscii", args, 0)?.to_ascii_lowercase())),
-        Func::UpperAscii => Ok(Value::string(&str_arg("upperAscii", args, 0)?.to_ascii_uppercase())),
-        Func::Trim => Ok(Value::string(
-            str_arg("trim", args, 0)?.trim_matches(|c: char| c.is_whitespace() || c == '\u{85}' || c == '\u{a0}'),
+        Func::LowerAscii => Ok(Value::string(
+            &str_arg("lowerAscii", args, 0)?.to_ascii_lowercase(),
         )),
+        Func::UpperAscii => Ok(Value::string(
+            &str_arg("upperAscii", args, 0)?.to_ascii_uppercase(),
+        )),
+        Func::Trim => Ok(Value::string(str_arg("trim", args, 0)?.trim_matches(
+            |c: char| c.is_whitespace() || c == '\u{85}' || c == '\u{a0}',
+        ))),
         Func::Replace => {
             let s = str_arg("replace", args, 0)?;
             let old = str_arg("replace", args, 1)?;
@@ -856,10 +966,16 @@ pub fn call(func: Func, args: &[Value], device: &DeviceView) -> R {
                     return err(format!("index out of range: {end}"));
                 }
                 if start > end {
-                    return err(format!("invalid substring range. start: {start}, end: {end}"));
+                    return err(format!(
+                        "invalid substring range. start: {start}, end: {end}"
+                    ));
                 }
             }
-            Ok(Value::string(&chars[start as usize..end as usize].iter().collect::<String>()))
+            Ok(Value::string(
+                &chars[start as usize..end as usize]
+                    .iter()
+                    .collect::<std::string::String>(),
+            ))
         }
         Func::Join => {
             let l = list_arg("join", args, 0)?;
@@ -877,7 +993,11 @@ pub fn call(func: Func, args: &[Value], device: &DeviceView) -> R {
             }
             Ok(Value::string(&parts.join(sep)))
         }
-        Func::Quote => Ok(Value::string(&go_quote_cel(str_arg("strings.quote", args, 0)?))),
+        Func::Quote => Ok(Value::string(&go_quote_cel(str_arg(
+            "strings.quote",
+            args,
+            0,
+        )?))),
         Func::IsSorted | Func::Sum | Func::Min | Func::Max => {
             let name = match func {
                 Func::IsSorted => "isSorted",
@@ -915,7 +1035,9 @@ pub fn call(func: Func, args: &[Value], device: &DeviceView) -> R {
                     let mut best = first.clone();
                     for el in l.iter().skip(1) {
                         let o = ordering_for_list(el, &best, name, args)?;
-                        if (func == Func::Min && o == Ordering::Less) || (func == Func::Max && o == Ordering::Greater) {
+                        if (func == Func::Min && o == Ordering::Less)
+                            || (func == Func::Max && o == Ordering::Greater)
+                        {
                             best = el.clone();
                         }
                     }
@@ -924,7 +1046,10 @@ pub fn call(func: Func, args: &[Value], device: &DeviceView) -> R {
             }
         }
         Func::Includes => match a0 {
-            List(l) => Ok(Bool(l.iter().any(|x| matches!(x.equals(a1), Equality::Equal(true))))),
+            List(l) => Ok(Bool(
+                l.iter()
+                    .any(|x| matches!(x.equals(a1), Equality::Equal(true))),
+            )),
             other => equals(other, a1, device).map(Bool),
         },
         Func::ListsRange => {
@@ -939,7 +1064,9 @@ pub fn call(func: Func, args: &[Value], device: &DeviceView) -> R {
             let start = int_arg("slice", args, 1)?;
             let end = int_arg("slice", args, 2)?;
             if start < 0 || end < 0 {
-                return err(format!("cannot slice({start}, {end}), negative indexes not supported"));
+                return err(format!(
+                    "cannot slice({start}, {end}), negative indexes not supported"
+                ));
             }
             if start > end {
                 return err(format!(
@@ -947,7 +1074,10 @@ pub fn call(func: Func, args: &[Value], device: &DeviceView) -> R {
                 ));
             }
             if end as usize > l.len() {
-                return err(format!("cannot slice({start}, {end}), list is length {}", l.len()));
+                return err(format!(
+                    "cannot slice({start}, {end}), list is length {}",
+                    l.len()
+                ));
             }
             Ok(list_value(l[start as usize..end as usize].to_vec()))
         }
@@ -969,7 +1099,10 @@ pub fn call(func: Func, args: &[Value], device: &DeviceView) -> R {
             let l = list_arg("distinct", args, 0)?;
             let mut out: Vec<Value> = Vec::new();
             for el in l.iter() {
-                if !out.iter().any(|x| matches!(x.equals(el), Equality::Equal(true))) {
+                if !out
+                    .iter()
+                    .any(|x| matches!(x.equals(el), Equality::Equal(true)))
+                {
                     out.push(el.clone());
                 }
             }
@@ -998,7 +1131,11 @@ pub fn call(func: Func, args: &[Value], device: &DeviceView) -> R {
         Func::First | Func::Last => {
             let name = if func == Func::First { "first" } else { "last" };
             let l = list_arg(name, args, 0)?;
-            let el = if func == Func::First { l.first() } else { l.last() };
+            let el = if func == Func::First {
+                l.first()
+            } else {
+                l.last()
+            };
             Ok(Optional(el.map(|v| Arc::new(v.clone()))))
         }
         Func::SetsContains | Func::SetsEquivalent | Func::SetsIntersects => {
@@ -1010,7 +1147,10 @@ pub fn call(func: Func, args: &[Value], device: &DeviceView) -> R {
             let (List(a), List(b)) = (a0, a1) else {
                 return overload_error(name, args);
             };
-            let has = |l: &[Value], x: &Value| l.iter().any(|y| matches!(y.equals(x), Equality::Equal(true)));
+            let has = |l: &[Value], x: &Value| {
+                l.iter()
+                    .any(|y| matches!(y.equals(x), Equality::Equal(true)))
+            };
             Ok(Bool(match func {
                 Func::SetsContains => b.iter().all(|x| has(a, x)),
                 Func::SetsEquivalent => b.iter().all(|x| has(a, x)) && a.iter().all(|x| has(b, x)),
@@ -1033,10 +1173,18 @@ pub fn call(func: Func, args: &[Value], device: &DeviceView) -> R {
                 Optional(o) => o.is_none(),
                 _ => false,
             };
-            Ok(Optional(if zero { None } else { Some(Arc::new(a0.clone())) }))
+            Ok(Optional(if zero {
+                None
+            } else {
+                Some(Arc::new(a0.clone()))
+            }))
         }
         Func::OptionalUnwrap => {
-            let name = if args.len() == 1 { "optional.unwrap" } else { "unwrapOpt" };
+            let name = if args.len() == 1 {
+                "optional.unwrap"
+            } else {
+                "unwrapOpt"
+            };
             let l = list_arg(name, args, 0)?;
             let mut out = Vec::new();
             for el in l.iter() {
@@ -1071,6 +1219,14 @@ pub fn call(func: Func, args: &[Value], device: &DeviceView) -> R {
                 other => opt_select(other, field, device),
             }
         }
+        Func::MapInsert => match a0 {
+            Map(m) => {
+                let mut entries = m.entries.clone();
+                entries.push((a1.clone(), args.get(2).cloned().unwrap_or(Null)));
+                Ok(Map(Arc::new(MapValue { entries })))
+            }
+            _ => no_such_overload(),
+        },
         Func::OptIndex => match a0 {
             Optional(None) => Ok(Optional(None)),
             Optional(Some(inner)) => opt_index(inner, a1, device),
@@ -1081,7 +1237,9 @@ pub fn call(func: Func, args: &[Value], device: &DeviceView) -> R {
 
 fn opt_select(v: &Value, field: &str, device: &DeviceView) -> R {
     match has_field(v, field, device)? {
-        Value::Bool(true) => Ok(Value::Optional(Some(Arc::new(select_field(v, field, device)?)))),
+        Value::Bool(true) => Ok(Value::Optional(Some(Arc::new(select_field(
+            v, field, device,
+        )?)))),
         _ => Ok(Value::Optional(None)),
     }
 }
@@ -1094,7 +1252,9 @@ fn opt_index(v: &Value, index: &Value, device: &DeviceView) -> R {
             Err(e) => Err(e),
         },
         Value::Map(m) => Ok(Value::Optional(m.get(index).map(|x| Arc::new(x.clone())))),
-        Value::Domains(_) | Value::Device => index_value(v, index, device).map(|x| Value::Optional(Some(Arc::new(x)))),
+        Value::Domains(_) | Value::Device => {
+            index_value(v, index, device).map(|x| Value::Optional(Some(Arc::new(x))))
+        }
         _ => Ok(Value::Optional(None)),
     }
 }
@@ -1231,7 +1391,11 @@ pub fn eval(node: &Node, ctx: &mut Ctx<'_>) -> R {
                 ctx.charge(1)?;
                 return match &target {
                     Value::Optional(Some(v)) => {
-                        if *func == Func::OptOr { Ok(target.clone()) } else { Ok((**v).clone()) }
+                        if *func == Func::OptOr {
+                            Ok(target.clone())
+                        } else {
+                            Ok((**v).clone())
+                        }
                     }
                     Value::Optional(None) => eval(&args[1], ctx),
                     _ => no_such_overload(),
@@ -1266,7 +1430,10 @@ pub fn eval(node: &Node, ctx: &mut Ctx<'_>) -> R {
             let mut out: Vec<(Value, Value)> = Vec::with_capacity(entries.len());
             for (k, v, opt) in entries {
                 let key = eval(k, ctx)?;
-                if !matches!(key, Value::String(_) | Value::Int(_) | Value::Uint(_) | Value::Bool(_)) {
+                if !matches!(
+                    key,
+                    Value::String(_) | Value::Int(_) | Value::Uint(_) | Value::Bool(_)
+                ) {
                     return err(format!("unsupported key type: {}", key.type_name()));
                 }
                 let val = eval(v, ctx)?;
@@ -1279,7 +1446,10 @@ pub fn eval(node: &Node, ctx: &mut Ctx<'_>) -> R {
                 } else {
                     val
                 };
-                if let Some(slot) = out.iter_mut().find(|(k2, _)| matches!(k2.equals(&key), Equality::Equal(true))) {
+                if let Some(slot) = out
+                    .iter_mut()
+                    .find(|(k2, _)| matches!(k2.equals(&key), Equality::Equal(true)))
+                {
                     slot.1 = val;
                 } else {
                     out.push((key, val));
@@ -1299,7 +1469,38 @@ pub fn eval(node: &Node, ctx: &mut Ctx<'_>) -> R {
             ctx.locals[*slot] = v;
             eval(body, ctx)
         }
-        Node::OptMap { target, slot, body, flat } => {
+        Node::SortBy { target, slot, key } => {
+            let t = eval(target, ctx)?;
+            let Value::List(items) = &t else {
+                return overload_error("sortBy", std::slice::from_ref(&t));
+            };
+            let mut keyed = Vec::with_capacity(items.len());
+            for item in items.iter() {
+                ctx.locals[*slot] = Ok(item.clone());
+                keyed.push((eval(key, ctx)?, item.clone()));
+            }
+            let keys: Vec<Value> = keyed.iter().map(|(k, _)| k.clone()).collect();
+            let mut failure = None;
+            keyed.sort_by(|a, b| {
+                match ordering_for_list(&a.0, &b.0, "@sortByAssociatedKeys", &keys) {
+                    Ok(o) => o,
+                    Err(e) => {
+                        failure.get_or_insert(e);
+                        Ordering::Equal
+                    }
+                }
+            });
+            match failure {
+                Some(e) => Err(e),
+                None => Ok(list_value(keyed.into_iter().map(|(_, v)| v).collect())),
+            }
+        }
+        Node::OptMap {
+            target,
+            slot,
+            body,
+            flat,
+        } => {
             let t = eval(target, ctx)?;
             match t {
                 Value::Optional(None) => Ok(Value::Optional(None)),
@@ -1346,9 +1547,22 @@ fn comprehension(c: &Comprehension, ctx: &mut Ctx<'_>) -> R {
     let range = eval(&c.range, ctx)?;
     let range = materialize(&range, ctx.device);
     let items: Vec<(Value, Value)> = match &range {
-        Value::List(l) => l.iter().enumerate().map(|(i, v)| (Value::Int(i as i64), v.clone())).collect(),
-        Value::Map(m) => m.entries.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
-        other => return err(format!("got '{}', expected iterable type", other.go_type_name())),
+        Value::List(l) => l
+            .iter()
+            .enumerate()
+            .map(|(i, v)| (Value::Int(i as i64), v.clone()))
+            .collect(),
+        Value::Map(m) => m
+            .entries
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        other => {
+            return err(format!(
+                "got '{}', expected iterable type",
+                other.go_type_name()
+            ));
+        }
     };
     let accu = eval(&c.init, ctx);
     if let Err(e) = &accu {

@@ -1,1 +1,452 @@
-//! The Kubernetes DRA CEL environment (selectors over `device`).
+//! The Kubernetes DRA CEL environment (selectors over `device`), reproducing kube-scheduler's
+//! results and error texts.
+//!
+//! The `cel` crate parses (and expands the standard macros); everything after that is ours: a
+//! checker for the DRA declarations and library signatures, constant folding as cel-go's
+//! `OptOptimize` does it, and an evaluator over the checked tree with cel-go's runtime cost
+//! accounting. The crate's own interpreter is not used: it has no cost tracking and is several
+//! times slower than evaluating a pre-resolved tree against a pre-built device view.
+mod check;
+mod decls;
+pub mod device;
+mod eval;
+pub mod quantity;
+mod regex;
+pub mod semver;
+mod types;
+mod value;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use cel::common::ast::{Expr, IdedExpr, SourceInfo};
+
+use check::{Checker, Node};
+pub use device::{DeviceError, DeviceView};
+use eval::Ctx;
+use value::Value;
+
+/// `CELSelectorExpressionMaxLength` (bytes).
+pub const MAX_EXPRESSION_LENGTH: usize = 10 * 1024;
+/// `CELSelectorExpressionMaxCost`, the runtime cost limit.
+pub const MAX_COST: u64 = 1_000_000;
+/// cel-go's parser recursion limit.
+const MAX_RECURSION_DEPTH: usize = 250;
+/// Compilation runs on its own thread with this stack, so hostile nesting cannot overflow.
+const COMPILE_STACK_BYTES: usize = 64 << 20;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CelError {
+    /// Rejected before evaluation (parse, type check, limits, program instantiation).
+    #[error("{0}")]
+    Compile(String),
+    /// Failed while evaluating against a device.
+    #[error("{0}")]
+    Runtime(String),
+}
+
+impl CelError {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            CelError::Compile(_) => "compile",
+            CelError::Runtime(_) => "runtime",
+        }
+    }
+    pub fn message(&self) -> &str {
+        match self {
+            CelError::Compile(m) | CelError::Runtime(m) => m,
+        }
+    }
+}
+
+/// A checked selector, ready to evaluate against many devices.
+#[derive(Debug)]
+pub struct Selector {
+    root: Node,
+    slots: usize,
+}
+
+/// Compiles a selector expression.
+pub fn compile(expression: &str) -> Result<Selector, CelError> {
+    if expression.len() > MAX_EXPRESSION_LENGTH {
+        return Err(CelError::Compile(format!(
+            "Too long: may not be more than {MAX_EXPRESSION_LENGTH} bytes"
+        )));
+    }
+    let source = expression.to_string();
+    let worker = std::thread::Builder::new()
+        .name("cel-compile".into())
+        .stack_size(COMPILE_STACK_BYTES)
+        .spawn(move || compile_on_this_thread(&source));
+    match worker {
+        Ok(handle) => handle.join().unwrap_or_else(|_| {
+            Err(CelError::Compile(
+                "internal error: compiler panicked".into(),
+            ))
+        }),
+        Err(e) => Err(CelError::Compile(format!(
+            "internal error: cannot start compiler thread: {e}"
+        ))),
+    }
+}
+
+/// Line and column (1-based, code points) of a code-point offset.
+fn line_col(source: &str, offset: u32) -> (usize, usize) {
+    let mut line = 1;
+    let mut col = 1;
+    for (i, c) in source.chars().enumerate() {
+        if i as u32 >= offset {
+            break;
+        }
+        if c == '\n' {
+            line += 1;
+            col = 1;
+        } else {
+            col += 1;
+        }
+    }
+    (line, col)
+}
+
+/// cel-go's issue format: `ERROR: <input>:L:C: msg` plus the source line and a caret.
+fn format_issue(source: &str, line: usize, col: usize, message: &str) -> String {
+    let mut out = format!("ERROR: <input>:{line}:{col}: {message}");
+    if let Some(text) = source.lines().nth(line.saturating_sub(1)) {
+        out.push_str(&format!(
+            "\n | {text}\n | {}^",
+            ".".repeat(col.saturating_sub(1))
+        ));
+    }
+    out
+}
+
+/// Nesting depth of the parsed tree, counted like cel-go's parser counts recursion.
+fn depth(e: &IdedExpr) -> usize {
+    let children: Vec<&IdedExpr> = match &e.expr {
+        Expr::Call(c) => c.target.iter().map(|t| &**t).chain(c.args.iter()).collect(),
+        Expr::Select(s) => vec![&*s.operand],
+        Expr::List(l) => l.elements.iter().collect(),
+        Expr::Map(m) => m
+            .entries
+            .iter()
+            .flat_map(|en| match &en.expr {
+                cel::common::ast::EntryExpr::MapEntry(me) => vec![&me.key, &me.value],
+                cel::common::ast::EntryExpr::StructField(sf) => vec![&sf.value],
+            })
+            .collect(),
+        Expr::Comprehension(c) => vec![&c.iter_range, &c.accu_init, &c.loop_step, &c.result],
+        Expr::Struct(s) => s
+            .entries
+            .iter()
+            .filter_map(|en| match &en.expr {
+                cel::common::ast::EntryExpr::StructField(sf) => Some(&sf.value),
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    1 + children.into_iter().map(depth).max().unwrap_or(0)
+}
+
+fn compile_on_this_thread(source: &str) -> Result<Selector, CelError> {
+    let parsed = cel::parser::Parser::new()
+        .enable_optional_syntax(true)
+        .max_recursion_depth(MAX_RECURSION_DEPTH as u16)
+        .parse_with_source_info(source);
+    let (ast, info): (IdedExpr, SourceInfo) = match parsed {
+        Ok(p) => p,
+        Err(errors) => {
+            let rendered: Vec<String> = errors
+                .errors
+                .iter()
+                .map(|e| {
+                    let (line, col) = (e.pos.0.max(1) as usize, e.pos.1.max(1) as usize);
+                    format_issue(source, line, col, &e.msg)
+                })
+                .collect();
+            return Err(CelError::Compile(format!(
+                "compilation failed: {}",
+                rendered.join("\n")
+            )));
+        }
+    };
+    if depth(&ast) > MAX_RECURSION_DEPTH {
+        return Err(CelError::Compile(format!(
+            "compilation failed: ERROR: <input>:-1:0: expression recursion limit exceeded: {MAX_RECURSION_DEPTH}"
+        )));
+    }
+    let mut checker = Checker::new(&info);
+    let (root, ty) = checker.check(&ast);
+    if checker.issues.is_empty() {
+        // cel-go's AST validators (homogeneous literals) run only after a clean check.
+        checker.issues = std::mem::take(&mut checker.deferred);
+    }
+    if !checker.issues.is_empty() {
+        let rendered: Vec<String> = checker
+            .issues
+            .iter()
+            .map(|issue| {
+                let (line, col) = line_col(source, issue.offset.unwrap_or(0));
+                format_issue(source, line, col, &issue.message)
+            })
+            .collect();
+        return Err(CelError::Compile(format!(
+            "compilation failed: {}",
+            rendered.join("\n")
+        )));
+    }
+    if !check::valid_output(&ty) {
+        return Err(CelError::Compile(format!(
+            "must evaluate to bool or the unknown type, not {ty}"
+        )));
+    }
+    let slots = checker.slots;
+    let root = fold::fold(root)
+        .map_err(|e| CelError::Compile(format!("program instantiation failed: {e}")))?;
+    Ok(Selector { root, slots })
+}
+
+mod fold {
+    //! cel-go `OptOptimize` at program instantiation: constant list/map literals and type
+    //! conversions of constants are evaluated once (their errors become compile errors),
+    //! `x in []` is false, and constant regex patterns must compile.
+    use super::check::Node;
+    use super::decls::Func;
+    use super::value::{MapValue, Value};
+    use std::sync::Arc;
+
+    pub fn fold(node: Node) -> Result<Node, String> {
+        Ok(match node {
+            Node::Call { func, args } => {
+                let args = args.into_iter().map(fold).collect::<Result<Vec<_>, _>>()?;
+                let is_conversion = matches!(
+                    func,
+                    Func::ToInt
+                        | Func::ToUint
+                        | Func::ToDouble
+                        | Func::ToString
+                        | Func::ToBool
+                        | Func::ToBytes
+                        | Func::ToDyn
+                        | Func::TypeOf
+                );
+                if is_conversion && args.len() == 1 {
+                    if let Node::Const(v) = &args[0] {
+                        let folded =
+                            super::eval::convert(func, v).map_err(|e| e.message.to_string())?;
+                        return Ok(Node::Const(folded));
+                    }
+                }
+                if func == Func::In {
+                    if let Some(Node::Const(Value::List(l))) = args.get(1) {
+                        if l.is_empty() {
+                            return Ok(Node::Const(Value::Bool(false)));
+                        }
+                    }
+                }
+                if matches!(func, Func::Matches | Func::Find | Func::FindAll) {
+                    if let Some(Node::Const(Value::String(p))) = args.get(1) {
+                        super::regex::cached(p).map_err(|e| e.to_string())?;
+                    }
+                }
+                Node::Call { func, args }
+            }
+            Node::List { elems, optional } => {
+                let elems = elems.into_iter().map(fold).collect::<Result<Vec<_>, _>>()?;
+                if optional.iter().all(|o| !o) && elems.iter().all(|e| matches!(e, Node::Const(_)))
+                {
+                    let values = elems
+                        .into_iter()
+                        .filter_map(|e| {
+                            if let Node::Const(v) = e {
+                                Some(v)
+                            } else {
+                                None
+                            }
+                        })
+                        .collect();
+                    return Ok(Node::Const(Value::List(Arc::new(values))));
+                }
+                Node::List { elems, optional }
+            }
+            Node::Map { entries } => {
+                let entries = entries
+                    .into_iter()
+                    .map(|(k, v, o)| Ok((fold(k)?, fold(v)?, o)))
+                    .collect::<Result<Vec<_>, String>>()?;
+                let all_const = entries.iter().all(|(k, v, o)| {
+                    !o && matches!(k, Node::Const(_)) && matches!(v, Node::Const(_))
+                });
+                let valid_keys = entries.iter().all(|(k, _, _)| {
+                    matches!(
+                        k,
+                        Node::Const(
+                            Value::String(_) | Value::Int(_) | Value::Uint(_) | Value::Bool(_)
+                        )
+                    )
+                });
+                if all_const && valid_keys {
+                    let mut out: Vec<(Value, Value)> = Vec::new();
+                    for (k, v, _) in entries {
+                        if let (Node::Const(k), Node::Const(v)) = (k, v) {
+                            if let Some(slot) = out.iter_mut().find(|(k2, _)| {
+                                matches!(k2.equals(&k), super::value::Equality::Equal(true))
+                            }) {
+                                slot.1 = v;
+                            } else {
+                                out.push((k, v));
+                            }
+                        }
+                    }
+                    return Ok(Node::Const(Value::Map(Arc::new(MapValue { entries: out }))));
+                }
+                Node::Map { entries }
+            }
+            Node::Select { operand, field } => Node::Select {
+                operand: Box::new(fold(*operand)?),
+                field,
+            },
+            Node::Presence { operand, field } => Node::Presence {
+                operand: Box::new(fold(*operand)?),
+                field,
+            },
+            Node::And(a, b) => Node::And(Box::new(fold(*a)?), Box::new(fold(*b)?)),
+            Node::Or(a, b) => Node::Or(Box::new(fold(*a)?), Box::new(fold(*b)?)),
+            Node::Cond(c, t, f) => Node::Cond(
+                Box::new(fold(*c)?),
+                Box::new(fold(*t)?),
+                Box::new(fold(*f)?),
+            ),
+            Node::NotStrictlyFalse(n) => Node::NotStrictlyFalse(Box::new(fold(*n)?)),
+            Node::Comprehension(c) => {
+                let c = *c;
+                Node::Comprehension(Box::new(super::check::Comprehension {
+                    range: fold(c.range)?,
+                    iter_slot: c.iter_slot,
+                    iter2_slot: c.iter2_slot,
+                    accu_slot: c.accu_slot,
+                    init: fold(c.init)?,
+                    cond: fold(c.cond)?,
+                    step: fold(c.step)?,
+                    result: fold(c.result)?,
+                }))
+            }
+            Node::Bind { slot, init, body } => Node::Bind {
+                slot,
+                init: Box::new(fold(*init)?),
+                body: Box::new(fold(*body)?),
+            },
+            Node::SortBy { target, slot, key } => Node::SortBy {
+                target: Box::new(fold(*target)?),
+                slot,
+                key: Box::new(fold(*key)?),
+            },
+            Node::OptMap {
+                target,
+                slot,
+                body,
+                flat,
+            } => Node::OptMap {
+                target: Box::new(fold(*target)?),
+                slot,
+                body: Box::new(fold(*body)?),
+                flat,
+            },
+            other => other,
+        })
+    }
+}
+
+/// Go's `ConvertToNative(bool)` failure text for a non-bool result.
+fn not_bool_message(v: &Value) -> String {
+    let detail = match v {
+        Value::Int(_) => "unsupported type conversion from 'int' to bool".to_string(),
+        Value::Uint(_) => "unsupported type conversion from 'uint' to bool".to_string(),
+        Value::Double(_) => "type conversion error from Double to 'bool'".to_string(),
+        Value::String(_) => "unsupported native conversion from string to 'bool'".to_string(),
+        Value::Bytes(_) => "type conversion error from Bytes to 'bool'".to_string(),
+        Value::List(_) => "type conversion error from list to 'bool'".to_string(),
+        Value::Map(_) | Value::Domains(_) | Value::Device => {
+            "type conversion error from map to 'bool'".to_string()
+        }
+        Value::Null => "type conversion error from 'null_type' to 'bool'".to_string(),
+        Value::Quantity(_) => "type conversion error from 'Quantity' to 'bool'".to_string(),
+        Value::Semver(_) => "type conversion error from 'Semver' to 'bool'".to_string(),
+        Value::Optional(None) => "optional.none() dereference".to_string(),
+        Value::Optional(Some(_)) => "type conversion error from optional to 'bool'".to_string(),
+        Value::Type(_) => "type conversion not supported for 'type'".to_string(),
+        Value::Bool(_) => String::new(),
+    };
+    format!(
+        "CEL result of type {} could not be converted to bool: {detail}",
+        v.type_name()
+    )
+}
+
+impl Selector {
+    /// Evaluates against one device with the default cost limit.
+    pub fn evaluate(&self, device: &DeviceView) -> Result<bool, CelError> {
+        self.evaluate_with_limit(device, MAX_COST)
+    }
+
+    pub fn evaluate_with_limit(
+        &self,
+        device: &DeviceView,
+        cost_limit: u64,
+    ) -> Result<bool, CelError> {
+        if let Some(e) = &device.conversion_error {
+            return Err(CelError::Runtime(e.clone()));
+        }
+        let mut ctx = Ctx {
+            device,
+            locals: vec![Ok(Value::Null); self.slots],
+            cost: 0,
+            limit: cost_limit,
+        };
+        match eval::eval(&self.root, &mut ctx) {
+            Ok(Value::Bool(b)) => Ok(b),
+            Ok(other) => Err(CelError::Runtime(not_bool_message(&other))),
+            Err(e) => Err(CelError::Runtime(e.message.to_string())),
+        }
+    }
+}
+
+/// Compiled selectors keyed by expression text: each distinct expression compiles once.
+#[derive(Default)]
+pub struct SelectorCache {
+    entries: Mutex<HashMap<String, Arc<Result<Selector, CelError>>>>,
+}
+
+impl SelectorCache {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn get_or_compile(&self, expression: &str) -> Arc<Result<Selector, CelError>> {
+        if let Ok(map) = self.entries.lock() {
+            if let Some(hit) = map.get(expression) {
+                return hit.clone();
+            }
+        }
+        let compiled = Arc::new(compile(expression));
+        if let Ok(mut map) = self.entries.lock() {
+            map.insert(expression.to_string(), compiled.clone());
+        }
+        compiled
+    }
+}
+
+/// Compiles (via `cache`) and evaluates one expression on one device.
+pub fn evaluate(
+    cache: &SelectorCache,
+    expression: &str,
+    device: &DeviceView,
+) -> Result<bool, CelError> {
+    match &*cache.get_or_compile(expression) {
+        Ok(selector) => selector.evaluate(device),
+        Err(e) => Err(e.clone()),
+    }
+}
+
+#[cfg(test)]
+mod tests;

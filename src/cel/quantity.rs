@@ -146,7 +146,13 @@ fn split_quantity(s: &str) -> Result<Parts<'_>, QuantityError> {
     // Strip leading zeros; an all-zero input is "0".
     loop {
         if pos >= end {
-            return Ok(Parts { positive, value: "0", num: "0", denom: "", suffix: "" });
+            return Ok(Parts {
+                positive,
+                value: "0",
+                num: "0",
+                denom: "",
+                suffix: "",
+            });
         }
         if b[pos] == b'0' {
             pos += 1;
@@ -159,9 +165,19 @@ fn split_quantity(s: &str) -> Result<Parts<'_>, QuantityError> {
         pos += 1;
     }
     if pos >= end {
-        return Ok(Parts { positive, value: s, num: &s[num_start..], denom: "", suffix: "" });
+        return Ok(Parts {
+            positive,
+            value: s,
+            num: &s[num_start..],
+            denom: "",
+            suffix: "",
+        });
     }
-    let num = if pos == num_start { "0" } else { &s[num_start..pos] };
+    let num = if pos == num_start {
+        "0"
+    } else {
+        &s[num_start..pos]
+    };
     let mut denom = "";
     if b[pos] == b'.' {
         pos += 1;
@@ -170,7 +186,13 @@ fn split_quantity(s: &str) -> Result<Parts<'_>, QuantityError> {
             pos += 1;
         }
         if pos >= end {
-            return Ok(Parts { positive, value: s, num, denom: &s[denom_start..], suffix: "" });
+            return Ok(Parts {
+                positive,
+                value: s,
+                num,
+                denom: &s[denom_start..],
+                suffix: "",
+            });
         }
         denom = &s[denom_start..pos];
     }
@@ -180,7 +202,13 @@ fn split_quantity(s: &str) -> Result<Parts<'_>, QuantityError> {
         pos += 1;
     }
     if pos >= end {
-        return Ok(Parts { positive, value, num, denom, suffix: &s[suffix_start..] });
+        return Ok(Parts {
+            positive,
+            value,
+            num,
+            denom,
+            suffix: &s[suffix_start..],
+        });
     }
     if b[pos] == b'-' || b[pos] == b'+' {
         pos += 1;
@@ -191,7 +219,13 @@ fn split_quantity(s: &str) -> Result<Parts<'_>, QuantityError> {
         }
         pos += 1;
     }
-    Ok(Parts { positive, value, num, denom, suffix: &s[suffix_start..] })
+    Ok(Parts {
+        positive,
+        value,
+        num,
+        denom,
+        suffix: &s[suffix_start..],
+    })
 }
 
 /// Go's `suffixHandler.interpret`: (base, exponent, format).
@@ -336,11 +370,20 @@ impl Quantity {
         if negative {
             unscaled = -unscaled;
         }
-        Ok(Quantity { amount: Amount::Dec { unscaled, scale: dec_scale }, from_arithmetic: false })
+        Ok(Quantity {
+            amount: Amount::Dec {
+                unscaled,
+                scale: dec_scale,
+            },
+            from_arithmetic: false,
+        })
     }
 
     fn int(value: i64, scale: i32) -> Quantity {
-        Quantity { amount: Amount::Int64 { value, scale }, from_arithmetic: false }
+        Quantity {
+            amount: Amount::Int64 { value, scale },
+            from_arithmetic: false,
+        }
     }
 
     /// `resource.NewQuantity(v, DecimalExponent)`.
@@ -367,11 +410,16 @@ impl Quantity {
     /// Exact numeric comparison (Go `Quantity.Cmp`).
     pub fn cmp_value(&self, other: &Quantity) -> Ordering {
         match (&self.amount, &other.amount) {
-            (Amount::Int64 { value: a, scale: sa }, Amount::Int64 { value: b, scale: sb })
-                if sa == sb =>
-            {
-                a.cmp(b)
-            }
+            (
+                Amount::Int64 {
+                    value: a,
+                    scale: sa,
+                },
+                Amount::Int64 {
+                    value: b,
+                    scale: sb,
+                },
+            ) if sa == sb => a.cmp(b),
             _ => {
                 let (a, sa) = self.as_dec();
                 let (b, sb) = other.as_dec();
@@ -415,30 +463,49 @@ impl Quantity {
             }
             Amount::Int64 { value, scale } => (*value as f64, *scale as i64),
         };
-        if exponent == 0 { base } else { base * go_pow10(exponent) }
+        if exponent == 0 {
+            base
+        } else {
+            base * go_pow10(exponent)
+        }
     }
 
     /// Go `Quantity.Add`.
     pub fn add(&self, other: &Quantity) -> Quantity {
         let amount = match (&self.amount, &other.amount) {
             (
-                Amount::Int64 { value: a, scale: sa },
-                Amount::Int64 { value: b, scale: sb },
+                Amount::Int64 {
+                    value: a,
+                    scale: sa,
+                },
+                Amount::Int64 {
+                    value: b,
+                    scale: sb,
+                },
             ) => match int64_amount_add(*a, *sa, *b, *sb) {
                 Some((value, scale)) => Amount::Int64 { value, scale },
                 None => dec_add(self.as_dec(), other.as_dec()),
             },
             _ => dec_add(self.as_dec(), other.as_dec()),
         };
-        Quantity { amount, from_arithmetic: true }
+        Quantity {
+            amount,
+            from_arithmetic: true,
+        }
     }
 
     /// Go `Quantity.Sub`.
     pub fn sub(&self, other: &Quantity) -> Quantity {
         let amount = match (&self.amount, &other.amount) {
             (
-                Amount::Int64 { value: a, scale: sa },
-                Amount::Int64 { value: b, scale: sb },
+                Amount::Int64 {
+                    value: a,
+                    scale: sa,
+                },
+                Amount::Int64 {
+                    value: b,
+                    scale: sb,
+                },
             ) => match int64_amount_add(*a, *sa, b.wrapping_neg(), *sb) {
                 Some((value, scale)) => Amount::Int64 { value, scale },
                 None => {
@@ -451,7 +518,10 @@ impl Quantity {
                 dec_add(self.as_dec(), (-bu, bs))
             }
         };
-        Quantity { amount, from_arithmetic: true }
+        Quantity {
+            amount,
+            from_arithmetic: true,
+        }
     }
 }
 
@@ -480,7 +550,10 @@ fn dec_add((a, sa): (BigInt, i32), (b, sb): (BigInt, i32)) -> Amount {
     let scale = sa.max(sb);
     let a = a * pow10((scale as i64 - sa as i64) as u32);
     let b = b * pow10((scale as i64 - sb as i64) as u32);
-    Amount::Dec { unscaled: a + b, scale }
+    Amount::Dec {
+        unscaled: a + b,
+        scale,
+    }
 }
 
 /// inf.Dec `Round(x, s, RoundUp)` for a non-negative unscaled value.
@@ -495,7 +568,11 @@ fn round_up_to_scale(unscaled: BigInt, scale: i32, target: i32) -> (BigInt, i32)
             let divisor = pow10((scale as i64 - target as i64) as u32);
             let quotient = &unscaled / &divisor;
             let remainder = &unscaled % &divisor;
-            let rounded = if remainder.is_zero() { quotient } else { quotient + 1 };
+            let rounded = if remainder.is_zero() {
+                quotient
+            } else {
+                quotient + 1
+            };
             (rounded, target)
         }
     }
@@ -536,7 +613,11 @@ fn cmp_dec(a: &BigInt, sa: i32, b: &BigInt, sb: i32) -> Ordering {
         let bb = b.abs() * pow10((eb - low) as u32);
         aa.cmp(&bb)
     };
-    if sign_a == Sign::Minus { magnitude.reverse() } else { magnitude }
+    if sign_a == Sign::Minus {
+        magnitude.reverse()
+    } else {
+        magnitude
+    }
 }
 
 #[cfg(test)]
@@ -600,7 +681,12 @@ mod tests {
     fn arithmetic_is_exact() {
         assert_eq!(q("1Gi").add(&q("1Gi")), q("2Gi"));
         assert_eq!(q("1").sub(&q("1500m")), q("-500m"));
-        assert_eq!(q("9223372036854775807").add(&Quantity::from_int(1)).as_int64(), None);
+        assert_eq!(
+            q("9223372036854775807")
+                .add(&Quantity::from_int(1))
+                .as_int64(),
+            None
+        );
         assert_eq!(
             q("9223372036854775807").add(&Quantity::from_int(1)),
             q("9223372036854775808")

@@ -38,10 +38,16 @@ fn has_leading_zeroes(s: &str) -> bool {
 /// `strconv.ParseUint(s, 10, 64)` with Go's error text.
 fn parse_uint(s: &str) -> Result<u64, SemverError> {
     if s.is_empty() || !contains_only(s, |c| c.is_ascii_digit()) {
-        return Err(SemverError(format!("strconv.ParseUint: parsing {}: invalid syntax", go_quote(s))));
+        return Err(SemverError(format!(
+            "strconv.ParseUint: parsing {}: invalid syntax",
+            go_quote(s)
+        )));
     }
     s.parse::<u64>().map_err(|_| {
-        SemverError(format!("strconv.ParseUint: parsing {}: value out of range", go_quote(s)))
+        SemverError(format!(
+            "strconv.ParseUint: parsing {}: value out of range",
+            go_quote(s)
+        ))
     })
 }
 
@@ -79,17 +85,29 @@ impl Semver {
         }
         let digits = |c: u8| c.is_ascii_digit();
         if !contains_only(parts[0], digits) {
-            return err(format!("Invalid character(s) found in major number {}", go_quote(parts[0])));
+            return err(format!(
+                "Invalid character(s) found in major number {}",
+                go_quote(parts[0])
+            ));
         }
         if has_leading_zeroes(parts[0]) {
-            return err(format!("Major number must not contain leading zeroes {}", go_quote(parts[0])));
+            return err(format!(
+                "Major number must not contain leading zeroes {}",
+                go_quote(parts[0])
+            ));
         }
         let major = parse_uint(parts[0])?;
         if !contains_only(parts[1], digits) {
-            return err(format!("Invalid character(s) found in minor number {}", go_quote(parts[1])));
+            return err(format!(
+                "Invalid character(s) found in minor number {}",
+                go_quote(parts[1])
+            ));
         }
         if has_leading_zeroes(parts[1]) {
-            return err(format!("Minor number must not contain leading zeroes {}", go_quote(parts[1])));
+            return err(format!(
+                "Minor number must not contain leading zeroes {}",
+                go_quote(parts[1])
+            ));
         }
         let minor = parse_uint(parts[1])?;
 
@@ -105,10 +123,16 @@ impl Semver {
             patch_str = &patch_str[..i];
         }
         if !contains_only(patch_str, digits) {
-            return err(format!("Invalid character(s) found in patch number {}", go_quote(patch_str)));
+            return err(format!(
+                "Invalid character(s) found in patch number {}",
+                go_quote(patch_str)
+            ));
         }
         if has_leading_zeroes(patch_str) {
-            return err(format!("Patch number must not contain leading zeroes {}", go_quote(patch_str)));
+            return err(format!(
+                "Patch number must not contain leading zeroes {}",
+                go_quote(patch_str)
+            ));
         }
         let patch = parse_uint(patch_str)?;
 
@@ -128,7 +152,10 @@ impl Semver {
             } else if contains_only(p, is_alphanum) {
                 pre.push(PreRelease::Alpha(p.to_string()));
             } else {
-                return err(format!("Invalid character(s) found in prerelease {}", go_quote(p)));
+                return err(format!(
+                    "Invalid character(s) found in prerelease {}",
+                    go_quote(p)
+                ));
             }
         }
         let mut build_out = Vec::with_capacity(build.len());
@@ -137,11 +164,20 @@ impl Semver {
                 return err("Build meta data is empty".into());
             }
             if !contains_only(b, is_alphanum) {
-                return err(format!("Invalid character(s) found in build meta data {}", go_quote(b)));
+                return err(format!(
+                    "Invalid character(s) found in build meta data {}",
+                    go_quote(b)
+                ));
             }
             build_out.push(b.to_string());
         }
-        Ok(Semver { major, minor, patch, pre, build: build_out })
+        Ok(Semver {
+            major,
+            minor,
+            patch,
+            pre,
+            build: build_out,
+        })
     }
 
     /// The library's `normalizeAndParse`: optional `v`, leading zeros, short forms.
@@ -229,9 +265,15 @@ mod tests {
 
     #[test]
     fn strict_parse_matches_blang() {
-        assert_eq!(v("1.2.3-alpha.1+build.5").to_string(), "1.2.3-alpha.1+build.5");
+        assert_eq!(
+            v("1.2.3-alpha.1+build.5").to_string(),
+            "1.2.3-alpha.1+build.5"
+        );
         assert_eq!(Semver::parse("").unwrap_err().0, "Version string empty");
-        assert_eq!(Semver::parse("1.2").unwrap_err().0, "No Major.Minor.Patch elements found");
+        assert_eq!(
+            Semver::parse("1.2").unwrap_err().0,
+            "No Major.Minor.Patch elements found"
+        );
         assert_eq!(
             Semver::parse("01.2.3").unwrap_err().0,
             "Major number must not contain leading zeroes \"01\""
@@ -244,13 +286,22 @@ mod tests {
             Semver::parse("1..3").unwrap_err().0,
             "strconv.ParseUint: parsing \"\": invalid syntax"
         );
-        assert_eq!(Semver::parse("1.2.3-").unwrap_err().0, "Prerelease is empty");
+        assert_eq!(
+            Semver::parse("1.2.3-").unwrap_err().0,
+            "Prerelease is empty"
+        );
     }
 
     #[test]
     fn normalize_pads_and_strips() {
-        assert_eq!(Semver::parse_normalized("v1.2").map(|s| s.to_string()), Ok("1.2.0".into()));
-        assert_eq!(Semver::parse_normalized("01.002.0003").map(|s| s.to_string()), Ok("1.2.3".into()));
+        assert_eq!(
+            Semver::parse_normalized("v1.2").map(|s| s.to_string()),
+            Ok("1.2.0".into())
+        );
+        assert_eq!(
+            Semver::parse_normalized("01.002.0003").map(|s| s.to_string()),
+            Ok("1.2.3".into())
+        );
         assert_eq!(
             Semver::parse_normalized("1.2-rc").unwrap_err().0,
             "short version cannot contain PreRelease/Build meta data"
@@ -261,8 +312,14 @@ mod tests {
     fn precedence_ignores_build_metadata() {
         assert_eq!(v("1.0.0+a").compare(&v("1.0.0+b")), Ordering::Equal);
         assert_eq!(v("1.0.0-alpha").compare(&v("1.0.0")), Ordering::Less);
-        assert_eq!(v("1.0.0-alpha.1").compare(&v("1.0.0-alpha.beta")), Ordering::Less);
+        assert_eq!(
+            v("1.0.0-alpha.1").compare(&v("1.0.0-alpha.beta")),
+            Ordering::Less
+        );
         assert_eq!(v("1.0.0-2").compare(&v("1.0.0-10")), Ordering::Less);
-        assert_eq!(v("1.0.0-alpha").compare(&v("1.0.0-alpha.1")), Ordering::Less);
+        assert_eq!(
+            v("1.0.0-alpha").compare(&v("1.0.0-alpha.1")),
+            Ordering::Less
+        );
     }
 }

@@ -103,7 +103,11 @@ impl Bindings {
             }
             (Type::List(p), Type::List(a)) => self.unify(p, a),
             (Type::Optional(p), Type::Optional(a)) => self.unify(p, a),
-            (Type::TypeOf(p), Type::TypeOf(a)) => self.unify(p, a),
+            (Type::TypeOf(p), Type::TypeOf(a)) => {
+                // Type values of different types are still comparable.
+                let _ = self.unify(p, a);
+                true
+            }
             (Type::Map(pk, pv), Type::Map(ak, av)) => self.unify(pk, ak) && self.unify(pv, av),
             (p, a) => p == a,
         }
@@ -125,7 +129,11 @@ impl Bindings {
 /// The common type of two types if they are compatible (dyn absorbs), else None.
 pub fn join(a: &Type, b: &Type) -> Option<Type> {
     if a.is_dyn_like() {
-        return Some(if matches!(a, Type::Error) { b.clone() } else { a.clone() });
+        return Some(if matches!(a, Type::Error) {
+            b.clone()
+        } else {
+            a.clone()
+        });
     }
     if b.is_dyn_like() {
         return Some(a.clone());
@@ -133,14 +141,11 @@ pub fn join(a: &Type, b: &Type) -> Option<Type> {
     match (a, b) {
         (Type::List(x), Type::List(y)) => join(x, y).map(Type::list),
         (Type::Optional(x), Type::Optional(y)) => join(x, y).map(Type::optional),
-        (Type::TypeOf(x), Type::TypeOf(y)) => join(x, y).map(|t| Type::TypeOf(Arc::new(t))),
+        (Type::TypeOf(x), Type::TypeOf(y)) => {
+            Some(Type::TypeOf(Arc::new(join(x, y).unwrap_or(Type::Dyn))))
+        }
         (Type::Map(ak, av), Type::Map(bk, bv)) => Some(Type::map(join(ak, bk)?, join(av, bv)?)),
         (x, y) if x == y => Some(x.clone()),
         _ => None,
     }
-}
-
-/// Whether a value of type `actual` may be used where `expected` is required.
-pub fn assignable(expected: &Type, actual: &Type) -> bool {
-    Bindings::default().unify(expected, actual)
 }

@@ -50,7 +50,10 @@ impl MapValue {
                 .find(|(ek, _)| matches!(ek, Value::String(s) if **s == **k))
                 .map(|(_, v)| v);
         }
-        self.entries.iter().find(|(ek, _)| key_equal(ek, key)).map(|(_, v)| v)
+        self.entries
+            .iter()
+            .find(|(ek, _)| key_equal(ek, key))
+            .map(|(_, v)| v)
     }
 
     pub fn get_str(&self, key: &str) -> Option<&Value> {
@@ -80,8 +83,16 @@ pub fn numeric_cmp(a: &Value, b: &Value) -> Option<Ordering> {
         (Value::Int(x), Value::Int(y)) => Some(x.cmp(y)),
         (Value::Uint(x), Value::Uint(y)) => Some(x.cmp(y)),
         (Value::Double(x), Value::Double(y)) => x.partial_cmp(y),
-        (Value::Int(x), Value::Uint(y)) => Some(if *x < 0 { Ordering::Less } else { (*x as u64).cmp(y) }),
-        (Value::Uint(x), Value::Int(y)) => Some(if *y < 0 { Ordering::Greater } else { x.cmp(&(*y as u64)) }),
+        (Value::Int(x), Value::Uint(y)) => Some(if *x < 0 {
+            Ordering::Less
+        } else {
+            (*x as u64).cmp(y)
+        }),
+        (Value::Uint(x), Value::Int(y)) => Some(if *y < 0 {
+            Ordering::Greater
+        } else {
+            x.cmp(&(*y as u64))
+        }),
         (Value::Int(x), Value::Double(y)) => int_double_cmp(*x, *y),
         (Value::Double(x), Value::Int(y)) => int_double_cmp(*y, *x).map(Ordering::reverse),
         (Value::Uint(x), Value::Double(y)) => uint_double_cmp(*x, *y),
