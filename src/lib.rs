@@ -5,5 +5,8 @@
 pub mod cel;
 pub mod fsutil;
 pub mod cli;
+pub mod config;
 pub mod gpu;
+pub mod plugin;
+pub mod prepare;
 pub mod slices;

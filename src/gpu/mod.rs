@@ -151,3 +151,89 @@ pub fn boot_id() -> String {
         .map(|s| s.trim().to_string())
         .unwrap_or_default()
 }
+
+/// What preparing devices needs from the GPUs: a fresh view and the MIG lifecycle. The simulator
+/// implements it directly; the NVML backend through NVML's MIG calls.
+pub trait GpuControl: Send + Sync {
+    fn inventory(&self) -> Result<NodeInventory, GpuError>;
+    fn set_mig_mode(&self, minor: u32, enabled: bool) -> Result<MigMode, GpuError>;
+    fn create_gpu_instance(
+        &self,
+        minor: u32,
+        profile_id: u32,
+        placement: Placement,
+    ) -> Result<u32, GpuError>;
+    /// Creates the GPU instance's full-size compute instance; returns its id and the MIG UUID.
+    fn create_compute_instance(
+        &self,
+        minor: u32,
+        gpu_instance_id: u32,
+    ) -> Result<(u32, String), GpuError>;
+    fn destroy_compute_instance(
+        &self,
+        minor: u32,
+        gpu_instance_id: u32,
+        compute_instance_id: u32,
+    ) -> Result<(), GpuError>;
+    fn destroy_gpu_instance(&self, minor: u32, gpu_instance_id: u32) -> Result<(), GpuError>;
+    /// The GPU instance of `profile_id` at `placement`, with or without compute instances.
+    fn gpu_instance_at(&self, minor: u32, profile_id: u32, placement: Placement) -> Option<u32>;
+}
+
+impl GpuControl for sim::SimNode {
+    fn inventory(&self) -> Result<NodeInventory, GpuError> {
+        sim::SimNode::inventory(self)
+    }
+    fn set_mig_mode(&self, minor: u32, enabled: bool) -> Result<MigMode, GpuError> {
+        sim::SimNode::set_mig_mode(self, minor, enabled)
+    }
+    fn create_gpu_instance(
+        &self,
+        minor: u32,
+        profile_id: u32,
+        placement: Placement,
+    ) -> Result<u32, GpuError> {
+        sim::SimNode::create_gpu_instance(self, minor, profile_id, placement)
+    }
+    fn create_compute_instance(
+        &self,
+        minor: u32,
+        gpu_instance_id: u32,
+    ) -> Result<(u32, String), GpuError> {
+        sim::SimNode::create_compute_instance(self, minor, gpu_instance_id)
+    }
+    fn destroy_compute_instance(
+        &self,
+        minor: u32,
+        gpu_instance_id: u32,
+        compute_instance_id: u32,
+    ) -> Result<(), GpuError> {
+        sim::SimNode::destroy_compute_instance(self, minor, gpu_instance_id, compute_instance_id)
+    }
+    fn destroy_gpu_instance(&self, minor: u32, gpu_instance_id: u32) -> Result<(), GpuError> {
+        sim::SimNode::destroy_gpu_instance(self, minor, gpu_instance_id)
+    }
+    fn gpu_instance_at(&self, minor: u32, profile_id: u32, placement: Placement) -> Option<u32> {
+        let state = self.state().ok()?;
+        let gpu = state.gpus.iter().find(|g| g.minor == minor)?;
+        gpu.gpu_instances
+            .iter()
+            .find(|gi| gi.profile_id == profile_id && gi.placement == placement)
+            .map(|gi| gi.id)
+    }
+}
+
+/// Opens the GPU control for a discovery configuration.
+pub fn open_control(config: &DiscoveryConfig) -> Result<std::sync::Arc<dyn GpuControl>, GpuError> {
+    match &config.source {
+        GpuSource::Sim(spec) => Ok(std::sync::Arc::new(sim::SimNode::new(
+            spec.clone(),
+            &config.node_name,
+            config.sim_state.clone(),
+        ))),
+        GpuSource::Nvml => Ok(std::sync::Arc::new(nvml::NvmlBackend::open(
+            config.nvml_library.as_deref(),
+            config.sysfs_root.clone(),
+        )?)),
+    }
+}

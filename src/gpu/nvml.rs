@@ -327,3 +327,46 @@ mod tests {
         assert_eq!(pcie_root(dir.path(), "0000:99:00.0"), None);
     }
 }
+
+impl super::GpuControl for NvmlBackend {
+    fn inventory(&self) -> Result<NodeInventory, GpuError> {
+        NvmlBackend::inventory(self)
+    }
+    fn set_mig_mode(&self, minor: u32, _enabled: bool) -> Result<MigMode, GpuError> {
+        Err(unsupported(minor, "set MIG mode"))
+    }
+    fn create_gpu_instance(
+        &self,
+        minor: u32,
+        _profile_id: u32,
+        _placement: Placement,
+    ) -> Result<u32, GpuError> {
+        Err(unsupported(minor, "create GPU instance"))
+    }
+    fn create_compute_instance(
+        &self,
+        minor: u32,
+        _gpu_instance_id: u32,
+    ) -> Result<(u32, String), GpuError> {
+        Err(unsupported(minor, "create compute instance"))
+    }
+    fn destroy_compute_instance(&self, minor: u32, _gi: u32, _ci: u32) -> Result<(), GpuError> {
+        Err(unsupported(minor, "destroy compute instance"))
+    }
+    fn destroy_gpu_instance(&self, minor: u32, _gi: u32) -> Result<(), GpuError> {
+        Err(unsupported(minor, "destroy GPU instance"))
+    }
+    fn gpu_instance_at(&self, _minor: u32, _profile_id: u32, _placement: Placement) -> Option<u32> {
+        None
+    }
+}
+
+/// MIG changes through NVML arrive with dynamic MIG; until then the NVML backend is read-only.
+fn unsupported(minor: u32, operation: &'static str) -> GpuError {
+    GpuError::Mig {
+        minor,
+        operation,
+        failure: super::MigFailure::NotSupported,
+        detail: "MIG changes through NVML are not implemented yet".into(),
+    }
+}

@@ -1,0 +1,303 @@
+//! Opaque per-claim configuration for our driver: NVIDIA's `resource.nvidia.com/v1beta1`
+//! `GpuConfig` and `MigDeviceConfig`, decoded strictly so a typo is an error, not a silent default.
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+pub const API_VERSION: &str = "resource.nvidia.com/v1beta1";
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{field}: {reason}")]
+pub struct ConfigError {
+    /// Path inside the parameters object, e.g. `sharing.mpsConfig.defaultActiveThreadPercentage`.
+    pub field: String,
+    pub reason: String,
+}
+
+fn err(field: &str, reason: impl Into<String>) -> ConfigError {
+    ConfigError {
+        field: field.to_string(),
+        reason: reason.into(),
+    }
+}
+
+/// A decoded opaque configuration.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind")]
+pub enum DeviceConfig {
+    GpuConfig(GpuConfig),
+    MigDeviceConfig(MigDeviceConfig),
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct GpuConfig {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sharing: Option<GpuSharing>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct MigDeviceConfig {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sharing: Option<MigDeviceSharing>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SharingStrategy {
+    TimeSlicing,
+    #[serde(rename = "MPS")]
+    Mps,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct GpuSharing {
+    pub strategy: SharingStrategy,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub time_slicing_config: Option<TimeSlicingConfig>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mps_config: Option<MpsConfig>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct MigDeviceSharing {
+    pub strategy: SharingStrategy,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mps_config: Option<MpsConfig>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct TimeSlicingConfig {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub interval: Option<TimeSliceInterval>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TimeSliceInterval {
+    Default,
+    Short,
+    Medium,
+    Long,
+}
+
+impl TimeSliceInterval {
+    /// The value `nvidia-smi compute-policy --set-timeslice` takes.
+    pub fn nvml_value(&self) -> u32 {
+        match self {
+            Self::Default => 0,
+            Self::Short => 1,
+            Self::Medium => 2,
+            Self::Long => 3,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct MpsConfig {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub default_active_thread_percentage: Option<i64>,
+    /// A Kubernetes quantity, e.g. `10Gi`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub default_pinned_device_memory_limit: Option<String>,
+    /// Device UUID or index → quantity.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub default_per_device_pinned_memory_limit: Option<BTreeMap<String, String>>,
+}
+
+/// Decodes the `parameters` of an opaque config for our driver, strictly: `apiVersion` and `kind`
+/// must be ours and unknown fields are errors.
+pub fn decode(parameters: &serde_json::Value) -> Result<DeviceConfig, ConfigError> {
+    let object = parameters
+        .as_object()
+        .ok_or_else(|| err("parameters", "must be a JSON object"))?;
+    let api_version = object
+        .get("apiVersion")
+        .and_then(|v| v.as_str())
+        .unwrap_or_default();
+    if api_version != API_VERSION {
+        return Err(err(
+            "apiVersion",
+            format!("{api_version:?} is not supported; use {API_VERSION:?}"),
+        ));
+    }
+    let kind = object
+        .get("kind")
+        .and_then(|v| v.as_str())
+        .unwrap_or_default();
+    let mut body = object.clone();
+    body.remove("apiVersion");
+    body.remove("kind");
+    let body = serde_json::Value::Object(body);
+    let config = match kind {
+        "GpuConfig" => {
+            DeviceConfig::GpuConfig(serde_json::from_value(body).map_err(|e| serde_err(&e))?)
+        }
+        "MigDeviceConfig" => {
+            DeviceConfig::MigDeviceConfig(serde_json::from_value(body).map_err(|e| serde_err(&e))?)
+        }
+        other => {
+            return Err(err(
+                "kind",
+                format!("{other:?} is not supported; use \"GpuConfig\" or \"MigDeviceConfig\""),
+            ));
+        }
+    };
+    validate(&config)?;
+    Ok(config)
+}
+
+fn serde_err(e: &serde_json::Error) -> ConfigError {
+    // serde names the offending field in its message ("unknown field `foo`, expected ...").
+    err("parameters", e.to_string())
+}
+
+fn validate(config: &DeviceConfig) -> Result<(), ConfigError> {
+    match config {
+        DeviceConfig::GpuConfig(GpuConfig {
+            sharing: Some(sharing),
+        }) => {
+            match sharing.strategy {
+                SharingStrategy::TimeSlicing if sharing.mps_config.is_some() => {
+                    return Err(err(
+                        "sharing.mpsConfig",
+                        "must not be set with strategy TimeSlicing",
+                    ));
+                }
+                SharingStrategy::Mps if sharing.time_slicing_config.is_some() => {
+                    return Err(err(
+                        "sharing.timeSlicingConfig",
+                        "must not be set with strategy MPS",
+                    ));
+                }
+                _ => {}
+            }
+            if let Some(mps) = &sharing.mps_config {
+                validate_mps("sharing.mpsConfig", mps)?;
+            }
+        }
+        DeviceConfig::MigDeviceConfig(MigDeviceConfig {
+            sharing: Some(sharing),
+        }) => {
+            if let Some(mps) = &sharing.mps_config {
+                if sharing.strategy != SharingStrategy::Mps {
+                    return Err(err(
+                        "sharing.mpsConfig",
+                        "must not be set with strategy TimeSlicing",
+                    ));
+                }
+                validate_mps("sharing.mpsConfig", mps)?;
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+fn validate_mps(field: &str, mps: &MpsConfig) -> Result<(), ConfigError> {
+    if let Some(p) = mps.default_active_thread_percentage
+        && !(0..=100).contains(&p)
+    {
+        return Err(err(
+            &format!("{field}.defaultActiveThreadPercentage"),
+            format!("{p} is not between 0 and 100"),
+        ));
+    }
+    let limits = mps
+        .default_pinned_device_memory_limit
+        .iter()
+        .map(|v| (format!("{field}.defaultPinnedDeviceMemoryLimit"), v))
+        .chain(
+            mps.default_per_device_pinned_memory_limit
+                .iter()
+                .flatten()
+                .map(|(k, v)| {
+                    (
+                        format!("{field}.defaultPerDevicePinnedMemoryLimit[{k:?}]"),
+                        v,
+                    )
+                }),
+        );
+    for (at, value) in limits {
+        let bytes = crate::cel::quantity::Quantity::parse(value)
+            .map_err(|e| err(&at, format!("{value:?} is not a quantity: {e}")))?
+            .as_approximate_float();
+        if bytes < (1 << 20) as f64 {
+            return Err(err(&at, format!("{value:?} is below the 1Mi minimum")));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn decodes_nvidia_examples() {
+        let mps = decode(&json!({
+            "apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+            "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50, "defaultPinnedDeviceMemoryLimit": "10Gi"}}
+        }))
+        .expect("valid");
+        let DeviceConfig::GpuConfig(GpuConfig {
+            sharing: Some(sharing),
+        }) = mps
+        else {
+            panic!("GpuConfig")
+        };
+        assert_eq!(sharing.strategy, SharingStrategy::Mps);
+        let ts = decode(&json!({
+            "apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+            "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}
+        }))
+        .expect("valid");
+        assert!(matches!(ts, DeviceConfig::GpuConfig(_)));
+        let mig = decode(&json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "MigDeviceConfig", "sharing": {"strategy": "TimeSlicing"}}))
+            .expect("valid");
+        assert!(matches!(mig, DeviceConfig::MigDeviceConfig(_)));
+    }
+
+    #[test]
+    fn rejects_bad_input_naming_the_field() {
+        let cases = [
+            (
+                json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharin": {}}),
+                "unknown field `sharin`",
+            ),
+            (
+                json!({"apiVersion": "resource.nvidia.com/v1", "kind": "GpuConfig"}),
+                "apiVersion",
+            ),
+            (
+                json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "TpuConfig"}),
+                "kind",
+            ),
+            (
+                json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": {"strategy": "MPS", "timeSlicingConfig": {}}}),
+                "sharing.timeSlicingConfig",
+            ),
+            (
+                json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 150}}}),
+                "defaultActiveThreadPercentage",
+            ),
+            (
+                json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": {"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "10Ki"}}}),
+                "1Mi minimum",
+            ),
+            (
+                json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": {"strategy": "Sometimes"}}),
+                "unknown variant",
+            ),
+            (json!(["not", "an", "object"]), "JSON object"),
+        ];
+        for (input, needle) in cases {
+            let e = decode(&input).expect_err("must be rejected").to_string();
+            assert!(e.contains(needle), "{input}: {e}");
+        }
+    }
+}

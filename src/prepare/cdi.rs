@@ -1,0 +1,365 @@
+//! CDI specs: one transient spec per claim, as NVIDIA's driver writes them
+//! (kind `k8s.gpu.nvidia.com/claim`, device `<claimUID>-<device>`), so container runtimes inject
+//! exactly the claim's device nodes.
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::gpu::mig::{ci_access_cap_minor, gi_access_cap_minor};
+
+pub const VENDOR: &str = "k8s.gpu.nvidia.com";
+pub const CLASS: &str = "claim";
+/// Enough for device nodes and env; loaders accept newer specs only if they need newer fields.
+pub const CDI_VERSION: &str = "0.5.0";
+
+#[derive(Debug, thiserror::Error)]
+#[error("CDI spec {path}: {reason}")]
+pub struct CdiError {
+    pub path: PathBuf,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Spec {
+    pub cdi_version: String,
+    pub kind: String,
+    pub devices: Vec<SpecDevice>,
+    #[serde(default, skip_serializing_if = "ContainerEdits::is_empty")]
+    pub container_edits: ContainerEdits,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SpecDevice {
+    pub name: String,
+    pub container_edits: ContainerEdits,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerEdits {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub device_nodes: Vec<DeviceNode>,
+}
+
+impl ContainerEdits {
+    pub fn is_empty(&self) -> bool {
+        self.env.is_empty() && self.device_nodes.is_empty()
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceNode {
+    pub path: String,
+    #[serde(default, skip_serializing_if = "Option::is_none", rename = "type")]
+    pub kind: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub major: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub minor: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file_mode: Option<u32>,
+}
+
+impl DeviceNode {
+    fn path(path: String) -> Self {
+        Self {
+            path,
+            ..Self::default()
+        }
+    }
+}
+
+/// What a device contributes to a claim's spec.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CdiDevice {
+    Gpu {
+        name: String,
+        minor: u32,
+        uuid: String,
+    },
+    Mig {
+        name: String,
+        parent_minor: u32,
+        gpu_instance_id: u32,
+        compute_instance_id: u32,
+        uuid: String,
+    },
+}
+
+impl CdiDevice {
+    fn name(&self) -> &str {
+        match self {
+            Self::Gpu { name, .. } | Self::Mig { name, .. } => name,
+        }
+    }
+
+    fn uuid(&self) -> &str {
+        match self {
+            Self::Gpu { uuid, .. } | Self::Mig { uuid, .. } => uuid,
+        }
+    }
+}
+
+/// Writes and removes claim specs under one CDI root.
+#[derive(Debug, Clone)]
+pub struct CdiStore {
+    root: PathBuf,
+    /// Major number of `nvidia-caps` devices, when the host has them (`/proc/devices`).
+    caps_major: Option<u32>,
+}
+
+impl CdiStore {
+    pub fn new(root: &Path) -> Self {
+        Self {
+            root: root.to_path_buf(),
+            caps_major: nvidia_caps_major(Path::new("/proc/devices")),
+        }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn spec_path(&self, claim_uid: &str) -> PathBuf {
+        self.root.join(format!("{VENDOR}-{CLASS}_{claim_uid}.json"))
+    }
+
+    /// `k8s.gpu.nvidia.com/claim=<uid>-<device>`.
+    pub fn device_id(claim_uid: &str, device: &str) -> String {
+        format!("{VENDOR}/{CLASS}={claim_uid}-{device}")
+    }
+
+    /// The spec a claim's devices get.
+    pub fn spec(&self, claim_uid: &str, devices: &[CdiDevice]) -> Spec {
+        // Every device of the claim sees all the claim's GPUs: a container that references any of
+        // them gets the same, consistent NVIDIA_VISIBLE_DEVICES.
+        let visible = devices
+            .iter()
+            .map(CdiDevice::uuid)
+            .collect::<Vec<_>>()
+            .join(",");
+        let devices = devices
+            .iter()
+            .map(|device| {
+                let mut nodes = vec![];
+                match device {
+                    CdiDevice::Gpu { minor, .. } => {
+                        nodes.push(DeviceNode::path(format!("/dev/nvidia{minor}")))
+                    }
+                    CdiDevice::Mig {
+                        parent_minor,
+                        gpu_instance_id,
+                        compute_instance_id,
+                        ..
+                    } => {
+                        nodes.push(DeviceNode::path(format!("/dev/nvidia{parent_minor}")));
+                        for cap in [
+                            gi_access_cap_minor(*parent_minor, *gpu_instance_id),
+                            ci_access_cap_minor(
+                                *parent_minor,
+                                *gpu_instance_id,
+                                *compute_instance_id,
+                            ),
+                        ] {
+                            // The capability nodes need not exist on the host, so the spec carries
+                            // their numbers (0o400 as the driver's capability files say).
+                            nodes.push(DeviceNode {
+                                path: format!("/dev/nvidia-caps/nvidia-cap{cap}"),
+                                kind: Some("c".into()),
+                                major: self.caps_major,
+                                minor: Some(cap),
+                                file_mode: Some(0o400),
+                            });
+                        }
+                    }
+                }
+                SpecDevice {
+                    name: format!("{claim_uid}-{}", device.name()),
+                    container_edits: ContainerEdits {
+                        env: vec![format!("NVIDIA_VISIBLE_DEVICES={visible}")],
+                        device_nodes: nodes,
+                    },
+                }
+            })
+            .collect();
+        Spec {
+            cdi_version: CDI_VERSION.into(),
+            kind: format!("{VENDOR}/{CLASS}"),
+            devices,
+            container_edits: ContainerEdits {
+                env: vec![],
+                device_nodes: ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+                    .into_iter()
+                    .map(|p| DeviceNode::path(p.to_string()))
+                    .collect(),
+            },
+        }
+    }
+
+    /// Writes the claim's spec atomically (temp file, fsync, rename).
+    pub fn write(&self, claim_uid: &str, devices: &[CdiDevice]) -> Result<PathBuf, CdiError> {
+        let path = self.spec_path(claim_uid);
+        let err = |reason: String| CdiError {
+            path: path.clone(),
+            reason,
+        };
+        let bytes = serde_json::to_vec_pretty(&self.spec(claim_uid, devices))
+            .map_err(|e| err(e.to_string()))?;
+        crate::fsutil::write_atomically(&path, &bytes)
+            .map_err(|e| err(format!("cannot write: {e}")))?;
+        Ok(path)
+    }
+
+    /// Removes the claim's spec; a missing spec is fine.
+    pub fn remove(&self, claim_uid: &str) -> Result<(), CdiError> {
+        let path = self.spec_path(claim_uid);
+        match std::fs::remove_file(&path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(CdiError {
+                path,
+                reason: format!("cannot remove: {e}"),
+            }),
+        }
+    }
+
+    /// UIDs of the claims that have a spec in the root (ours only), plus leftover temp files.
+    pub fn claim_uids(&self) -> Result<Vec<String>, CdiError> {
+        let prefix = format!("{VENDOR}-{CLASS}_");
+        let entries = match std::fs::read_dir(&self.root) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(vec![]),
+            Err(e) => {
+                return Err(CdiError {
+                    path: self.root.clone(),
+                    reason: format!("cannot list: {e}"),
+                });
+            }
+        };
+        let mut uids = vec![];
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if let Some(uid) = name
+                .strip_prefix(&prefix)
+                .and_then(|rest| rest.strip_suffix(".json"))
+            {
+                uids.push(uid.to_string());
+            } else if name.starts_with(&format!(".{prefix}")) && name.contains(".tmp-") {
+                // A crash mid-write leaves a temp file; it never became a spec.
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+        uids.sort();
+        Ok(uids)
+    }
+}
+
+/// The `nvidia-caps` character-device major from `/proc/devices`.
+fn nvidia_caps_major(proc_devices: &Path) -> Option<u32> {
+    let text = std::fs::read_to_string(proc_devices).ok()?;
+    text.lines().find_map(|line| {
+        let (major, name) = line.trim().split_once(' ')?;
+        (name.trim() == "nvidia-caps")
+            .then(|| major.parse().ok())
+            .flatten()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn full_gpu_and_mig_specs() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = CdiStore {
+            root: dir.path().to_path_buf(),
+            caps_major: Some(238),
+        };
+        let devices = [
+            CdiDevice::Gpu {
+                name: "gpu-1".into(),
+                minor: 1,
+                uuid: "GPU-a".into(),
+            },
+            CdiDevice::Mig {
+                name: "gpu-3-mig-3g40gb-9-4".into(),
+                parent_minor: 3,
+                gpu_instance_id: 3,
+                compute_instance_id: 3,
+                uuid: "MIG-b".into(),
+            },
+        ];
+        let path = store.write("uid-1", &devices).expect("write");
+        assert_eq!(
+            path.file_name().and_then(|n| n.to_str()),
+            Some("k8s.gpu.nvidia.com-claim_uid-1.json")
+        );
+        let spec: Spec =
+            serde_json::from_slice(&std::fs::read(&path).expect("read")).expect("parse");
+        assert_eq!(spec.kind, "k8s.gpu.nvidia.com/claim");
+        assert_eq!(spec.devices[0].name, "uid-1-gpu-1");
+        assert_eq!(
+            spec.devices[0].container_edits.env,
+            ["NVIDIA_VISIBLE_DEVICES=GPU-a,MIG-b"]
+        );
+        assert_eq!(
+            spec.devices[0].container_edits.device_nodes[0].path,
+            "/dev/nvidia1"
+        );
+        let mig_nodes: Vec<_> = spec.devices[1]
+            .container_edits
+            .device_nodes
+            .iter()
+            .map(|n| n.path.as_str())
+            .collect();
+        assert_eq!(
+            mig_nodes,
+            [
+                "/dev/nvidia3",
+                "/dev/nvidia-caps/nvidia-cap435",
+                "/dev/nvidia-caps/nvidia-cap439"
+            ]
+        );
+        assert_eq!(
+            spec.devices[1].container_edits.device_nodes[2].major,
+            Some(238)
+        );
+        let common: Vec<_> = spec
+            .container_edits
+            .device_nodes
+            .iter()
+            .map(|n| n.path.as_str())
+            .collect();
+        assert_eq!(
+            common,
+            ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+        );
+        assert_eq!(
+            CdiStore::device_id("uid-1", "gpu-1"),
+            "k8s.gpu.nvidia.com/claim=uid-1-gpu-1"
+        );
+        assert_eq!(store.claim_uids().expect("list"), ["uid-1"]);
+        store.remove("uid-1").expect("remove");
+        store.remove("uid-1").expect("idempotent");
+        assert!(store.claim_uids().expect("list").is_empty());
+    }
+
+    #[test]
+    fn caps_major_from_proc_devices() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("devices");
+        std::fs::write(
+            &p,
+            "Character devices:\n  1 mem\n195 nvidia-frontend\n238 nvidia-caps\n\nBlock devices:\n",
+        )
+        .expect("write");
+        assert_eq!(nvidia_caps_major(&p), Some(238));
+        assert_eq!(nvidia_caps_major(&dir.path().join("none")), None);
+    }
+}

@@ -1,0 +1,300 @@
+//! The checkpoint: which claims this node prepared and what was created for them.
+//!
+//! A versioned JSON document written atomically. Reading is tolerant by design (NVIDIA's driver
+//! declared checkpoints corrupt after upgrades, #1080): unknown fields are kept and written back,
+//! unknown states read as "started" so they get rolled back, and no checksum makes an added field
+//! fatal. A changed boot ID means everything recorded is gone (GPU instances and `/var/run` do not
+//! survive a reboot), so the claims are dropped and prepared again on demand (#951).
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::DeviceConfig;
+use crate::gpu::Placement;
+
+pub const SCHEMA_VERSION: u32 = 1;
+pub const FILE_NAME: &str = "checkpoint.json";
+
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("checkpoint {path}: {reason}")]
+    Io { path: PathBuf, reason: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Checkpoint {
+    pub schema_version: u32,
+    #[serde(rename = "nodeBootID", default)]
+    pub node_boot_id: String,
+    /// Claims by UID.
+    #[serde(default)]
+    pub claims: BTreeMap<String, ClaimEntry>,
+    /// Fields written by newer versions, preserved on rewrite.
+    #[serde(flatten)]
+    pub unknown: serde_json::Map<String, serde_json::Value>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ClaimState {
+    PrepareStarted,
+    PrepareCompleted,
+    /// A state a newer version wrote; treated as unfinished.
+    #[serde(other)]
+    Unknown,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClaimEntry {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub state: ClaimState,
+    #[serde(default)]
+    pub devices: Vec<DeviceRecord>,
+    #[serde(flatten)]
+    pub unknown: serde_json::Map<String, serde_json::Value>,
+}
+
+impl ClaimEntry {
+    pub fn is_completed(&self) -> bool {
+        self.state == ClaimState::PrepareCompleted
+    }
+}
+
+/// One prepared device and everything needed to undo its preparation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceRecord {
+    pub request_names: Vec<String>,
+    pub pool: String,
+    pub device: String,
+    #[serde(default)]
+    pub cdi_device_ids: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share_id: Option<String>,
+    #[serde(default)]
+    pub admin_access: bool,
+    /// GPU or MIG UUID; empty until a carved MIG device exists.
+    #[serde(default)]
+    pub uuid: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig: Option<MigRecord>,
+    /// Sharing configuration applied to the device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<DeviceConfig>,
+    #[serde(flatten)]
+    pub unknown: serde_json::Map<String, serde_json::Value>,
+}
+
+/// A MIG device used by a claim. `created` marks instances this driver carved (and must destroy);
+/// the ids are recorded only once the instances exist, so a crash in between is detectable.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MigRecord {
+    pub parent_minor: u32,
+    pub profile_id: u32,
+    pub placement: Placement,
+    #[serde(default)]
+    pub created: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_instance_id: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_instance_id: Option<u32>,
+}
+
+impl Checkpoint {
+    pub fn new(boot_id: &str) -> Self {
+        Self {
+            schema_version: SCHEMA_VERSION,
+            node_boot_id: boot_id.to_string(),
+            claims: BTreeMap::new(),
+            unknown: serde_json::Map::new(),
+        }
+    }
+
+    /// The claim (other than `except_uid`) that holds `device` of `pool`, if any.
+    pub fn holder_of(&self, pool: &str, device: &str, except_uid: &str) -> Option<&ClaimEntry> {
+        self.claims
+            .values()
+            .filter(|c| c.uid != except_uid)
+            .find(|c| {
+                c.devices
+                    .iter()
+                    .any(|d| d.pool == pool && d.device == device && !d.admin_access)
+            })
+    }
+}
+
+/// Where the checkpoint lives.
+#[derive(Debug, Clone)]
+pub struct CheckpointStore {
+    path: PathBuf,
+}
+
+/// What loading found, for logs and metrics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LoadOutcome {
+    /// No file yet.
+    Fresh,
+    Loaded,
+    /// Written in another boot; its claims were dropped.
+    PreviousBoot {
+        dropped: usize,
+    },
+    /// Unreadable; moved aside to the given path and started fresh.
+    Unreadable {
+        moved_to: PathBuf,
+        reason: String,
+    },
+}
+
+impl CheckpointStore {
+    pub fn new(state_dir: &Path) -> Self {
+        Self {
+            path: state_dir.join(FILE_NAME),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Loads the checkpoint for this boot. Never fails on content: a document that cannot be
+    /// parsed at all is kept aside for inspection and replaced by an empty one.
+    pub fn load(&self, boot_id: &str) -> Result<(Checkpoint, LoadOutcome), CheckpointError> {
+        let bytes = match std::fs::read(&self.path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok((Checkpoint::new(boot_id), LoadOutcome::Fresh));
+            }
+            Err(e) => return Err(self.io_err(format!("cannot read: {e}"))),
+        };
+        let mut checkpoint: Checkpoint = match serde_json::from_slice(&bytes) {
+            Ok(c) => c,
+            Err(e) => {
+                let mut aside = self.path.as_os_str().to_owned();
+                aside.push(format!(".unreadable-{}", std::process::id()));
+                let aside = PathBuf::from(aside);
+                std::fs::rename(&self.path, &aside)
+                    .map_err(|e| self.io_err(format!("cannot move aside: {e}")))?;
+                return Ok((
+                    Checkpoint::new(boot_id),
+                    LoadOutcome::Unreadable {
+                        moved_to: aside,
+                        reason: e.to_string(),
+                    },
+                ));
+            }
+        };
+        // A checkpoint from before boot IDs were recorded is taken as this boot's.
+        if !checkpoint.node_boot_id.is_empty() && checkpoint.node_boot_id != boot_id {
+            let dropped = checkpoint.claims.len();
+            checkpoint.claims.clear();
+            checkpoint.node_boot_id = boot_id.to_string();
+            return Ok((checkpoint, LoadOutcome::PreviousBoot { dropped }));
+        }
+        checkpoint.node_boot_id = boot_id.to_string();
+        Ok((checkpoint, LoadOutcome::Loaded))
+    }
+
+    pub fn save(&self, checkpoint: &Checkpoint) -> Result<(), CheckpointError> {
+        let bytes = serde_json::to_vec_pretty(checkpoint)
+            .map_err(|e| self.io_err(format!("cannot encode: {e}")))?;
+        crate::fsutil::write_atomically(&self.path, &bytes)
+            .map_err(|e| self.io_err(format!("cannot write: {e}")))
+    }
+
+    fn io_err(&self, reason: String) -> CheckpointError {
+        CheckpointError::Io {
+            path: self.path.clone(),
+            reason,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store() -> (tempfile::TempDir, CheckpointStore) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = CheckpointStore::new(dir.path());
+        (dir, store)
+    }
+
+    #[test]
+    fn old_checkpoint_with_unknown_fields_loads_and_keeps_them() {
+        let (_dir, store) = store();
+        std::fs::write(
+            store.path(),
+            r#"{"schemaVersion": 1, "nodeBootID": "boot-a", "futureField": {"x": 1},
+                "claims": {"u1": {"namespace": "ns", "name": "c", "uid": "u1", "state": "PrepareCompleted",
+                  "addedLater": true,
+                  "devices": [{"requestNames": ["gpu"], "pool": "n1", "device": "gpu-0", "uuid": "GPU-1", "newThing": 7}]},
+                 "u2": {"namespace": "ns", "name": "d", "uid": "u2", "state": "PrepareRolledSideways"}}}"#,
+        )
+        .expect("write");
+        let (cp, outcome) = store.load("boot-a").expect("load");
+        assert_eq!(outcome, LoadOutcome::Loaded);
+        assert!(cp.claims["u1"].is_completed());
+        assert_eq!(cp.claims["u1"].devices[0].device, "gpu-0");
+        assert_eq!(cp.claims["u2"].state, ClaimState::Unknown);
+        store.save(&cp).expect("save");
+        let text = std::fs::read_to_string(store.path()).expect("read back");
+        for kept in ["futureField", "addedLater", "newThing"] {
+            assert!(text.contains(kept), "{kept} must survive a rewrite");
+        }
+    }
+
+    #[test]
+    fn checkpoint_from_a_previous_boot_drops_its_claims() {
+        let (_dir, store) = store();
+        let mut cp = Checkpoint::new("boot-a");
+        cp.claims.insert(
+            "u1".into(),
+            ClaimEntry {
+                namespace: "ns".into(),
+                name: "c".into(),
+                uid: "u1".into(),
+                state: ClaimState::PrepareCompleted,
+                devices: vec![],
+                unknown: Default::default(),
+            },
+        );
+        store.save(&cp).expect("save");
+        let (cp, outcome) = store.load("boot-b").expect("load");
+        assert_eq!(outcome, LoadOutcome::PreviousBoot { dropped: 1 });
+        assert!(cp.claims.is_empty());
+        assert_eq!(cp.node_boot_id, "boot-b");
+        // Once saved in this boot, it loads as this boot's.
+        store.save(&cp).expect("save");
+        let (_, outcome) = store.load("boot-b").expect("load");
+        assert_eq!(outcome, LoadOutcome::Loaded);
+    }
+
+    #[test]
+    fn legacy_checkpoint_without_boot_id_is_this_boots() {
+        let (_dir, store) = store();
+        std::fs::write(store.path(), r#"{"schemaVersion": 1, "claims": {"u": {"namespace": "a", "name": "b", "uid": "u", "state": "PrepareCompleted"}}}"#)
+            .expect("write");
+        let (cp, outcome) = store.load("boot-x").expect("load");
+        assert_eq!(outcome, LoadOutcome::Loaded);
+        assert_eq!(cp.claims.len(), 1);
+    }
+
+    #[test]
+    fn garbage_is_moved_aside_not_fatal() {
+        let (_dir, store) = store();
+        std::fs::write(store.path(), "{not json").expect("write");
+        let (cp, outcome) = store.load("b").expect("load");
+        assert!(cp.claims.is_empty());
+        let LoadOutcome::Unreadable { moved_to, .. } = outcome else {
+            panic!("{outcome:?}")
+        };
+        assert!(moved_to.exists());
+        assert!(!store.path().exists());
+    }
+}

@@ -1,0 +1,127 @@
+//! Where ResourceClaims come from: the API server in production, a map in the demo and tests.
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use k8s_openapi::api::resource::v1::{AllocatedDeviceStatus, ResourceClaim};
+use kube::api::{Api, Patch, PatchParams};
+
+/// Reads claims and reports prepared devices in their status (KEP-4817).
+#[tonic::async_trait]
+pub trait ClaimSource: Send + Sync + 'static {
+    /// `Ok(None)` when the claim does not exist.
+    async fn get(&self, namespace: &str, name: &str) -> Result<Option<ResourceClaim>, String>;
+    /// Replaces this driver's entries in `status.devices` (an empty list removes them).
+    async fn set_device_status(
+        &self,
+        namespace: &str,
+        name: &str,
+        devices: Vec<AllocatedDeviceStatus>,
+    ) -> Result<(), String>;
+}
+
+/// Claims through the API server.
+pub struct KubeClaims {
+    client: kube::Client,
+    /// Field manager for server-side apply of `status.devices`: the driver name, so each driver
+    /// owns exactly its own entries of the list-map.
+    field_manager: String,
+}
+
+impl KubeClaims {
+    pub fn new(client: kube::Client, driver_name: &str) -> Self {
+        Self {
+            client,
+            field_manager: driver_name.to_string(),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl ClaimSource for KubeClaims {
+    async fn get(&self, namespace: &str, name: &str) -> Result<Option<ResourceClaim>, String> {
+        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), namespace);
+        api.get_opt(name)
+            .await
+            .map_err(|e| format!("get ResourceClaim {namespace}/{name}: {e}"))
+    }
+
+    async fn set_device_status(
+        &self,
+        namespace: &str,
+        name: &str,
+        devices: Vec<AllocatedDeviceStatus>,
+    ) -> Result<(), String> {
+        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), namespace);
+        let patch = serde_json::json!({
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": namespace},
+            "status": {"devices": devices},
+        });
+        api.patch_status(
+            name,
+            &PatchParams::apply(&self.field_manager).force(),
+            &Patch::Apply(&patch),
+        )
+        .await
+        .map(|_| ())
+        .map_err(|e| format!("update status.devices of ResourceClaim {namespace}/{name}: {e}"))
+    }
+}
+
+/// Claims held in memory (the demo, tests).
+#[derive(Default)]
+pub struct MemoryClaims {
+    claims: Mutex<HashMap<(String, String), ResourceClaim>>,
+}
+
+impl MemoryClaims {
+    pub fn insert(&self, claim: ResourceClaim) {
+        let key = (
+            claim.metadata.namespace.clone().unwrap_or_default(),
+            claim.metadata.name.clone().unwrap_or_default(),
+        );
+        self.lock().insert(key, claim);
+    }
+
+    pub fn remove(&self, namespace: &str, name: &str) -> Option<ResourceClaim> {
+        self.lock()
+            .remove(&(namespace.to_string(), name.to_string()))
+    }
+
+    pub fn snapshot(&self, namespace: &str, name: &str) -> Option<ResourceClaim> {
+        self.lock()
+            .get(&(namespace.to_string(), name.to_string()))
+            .cloned()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), ResourceClaim>> {
+        self.claims.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[tonic::async_trait]
+impl ClaimSource for MemoryClaims {
+    async fn get(&self, namespace: &str, name: &str) -> Result<Option<ResourceClaim>, String> {
+        Ok(self.snapshot(namespace, name))
+    }
+
+    async fn set_device_status(
+        &self,
+        namespace: &str,
+        name: &str,
+        devices: Vec<AllocatedDeviceStatus>,
+    ) -> Result<(), String> {
+        let mut claims = self.lock();
+        let claim = claims
+            .get_mut(&(namespace.to_string(), name.to_string()))
+            .ok_or_else(|| format!("ResourceClaim {namespace}/{name} not found"))?;
+        let status = claim.status.get_or_insert_with(Default::default);
+        status.devices = if devices.is_empty() {
+            None
+        } else {
+            Some(devices)
+        };
+        Ok(())
+    }
+}

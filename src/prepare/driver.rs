@@ -1,0 +1,154 @@
+//! The [`NodeDriver`] kubelet talks to: fetches claims, runs [`DeviceState`] under one lock, and
+//! reports prepared devices in the claims' status.
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures::future::join_all;
+use tokio::sync::Mutex;
+
+use super::claims::ClaimSource;
+use super::state::DeviceState;
+use super::{ClaimRef, NodeDriver, PrepareResult, UnprepareResult};
+
+/// Counts and timings the metrics endpoint exposes.
+pub trait DriverObserver: Send + Sync + 'static {
+    fn prepared(&self, _claim: &ClaimRef, _ok: bool, _seconds: f64) {}
+    fn unprepared(&self, _claim: &ClaimRef, _ok: bool, _seconds: f64) {}
+    fn state_changed(&self, _state: &DeviceState) {}
+}
+
+struct NoObserver;
+impl DriverObserver for NoObserver {}
+
+pub struct Driver {
+    state: Mutex<DeviceState>,
+    claims: Arc<dyn ClaimSource>,
+    observer: Arc<dyn DriverObserver>,
+}
+
+impl Driver {
+    pub fn new(state: DeviceState, claims: Arc<dyn ClaimSource>) -> Self {
+        Self {
+            state: Mutex::new(state),
+            claims,
+            observer: Arc::new(NoObserver),
+        }
+    }
+
+    pub fn with_observer(mut self, observer: Arc<dyn DriverObserver>) -> Self {
+        self.observer = observer;
+        self
+    }
+
+    /// Runs `f` with the state locked (inspection in the demo and tests).
+    pub async fn with_state<R>(&self, f: impl FnOnce(&DeviceState) -> R) -> R {
+        f(&*self.state.lock().await)
+    }
+
+    /// Unprepares claims that were deleted (or deleted and re-created under a new UID) while they
+    /// were prepared here, e.g. while the plugin was down (NVIDIA driver #1278). Claims whose
+    /// lookup fails are left for the next round.
+    pub async fn collect_garbage(&self) -> Vec<ClaimRef> {
+        let recorded = self.state.lock().await.claims();
+        let lookups = join_all(
+            recorded
+                .iter()
+                .map(|c| self.claims.get(&c.namespace, &c.name)),
+        )
+        .await;
+        let mut collected = Vec::new();
+        for (claim, lookup) in recorded.into_iter().zip(lookups) {
+            let gone = match lookup {
+                Ok(None) => true,
+                Ok(Some(current)) => current.metadata.uid.as_deref() != Some(claim.uid.as_str()),
+                Err(e) => {
+                    tracing::warn!(claim = %claim.name, namespace = %claim.namespace, error = %e, "garbage collection: cannot look the claim up");
+                    false
+                }
+            };
+            if gone {
+                let mut state = self.state.lock().await;
+                match state.unprepare(&claim.uid) {
+                    Ok(()) => {
+                        tracing::info!(claim = %claim.name, namespace = %claim.namespace, uid = %claim.uid, "unprepared a claim that no longer exists");
+                        self.observer.state_changed(&state);
+                        collected.push(claim);
+                    }
+                    Err(e) => {
+                        tracing::error!(claim = %claim.name, error = %e, "garbage collection: unprepare failed")
+                    }
+                }
+            }
+        }
+        collected
+    }
+}
+
+#[tonic::async_trait]
+impl NodeDriver for Driver {
+    async fn prepare(&self, claims: Vec<ClaimRef>) -> Vec<(ClaimRef, PrepareResult)> {
+        let started = Instant::now();
+        // Claim lookups need no lock and run concurrently; the node's state changes one claim at a
+        // time.
+        let fetched = join_all(
+            claims
+                .iter()
+                .map(|c| self.claims.get(&c.namespace, &c.name)),
+        )
+        .await;
+        let mut results = Vec::with_capacity(claims.len());
+        let mut statuses = Vec::new();
+        {
+            let mut state = self.state.lock().await;
+            for (claim, fetched) in claims.into_iter().zip(fetched) {
+                let result = match fetched {
+                    Ok(Some(object)) => state.prepare(&claim, &object).map_err(|e| e.to_string()),
+                    Ok(None) => Err(format!(
+                        "ResourceClaim {}/{} not found",
+                        claim.namespace, claim.name
+                    )),
+                    Err(e) => Err(e),
+                };
+                if result.is_ok() {
+                    statuses.push((claim.clone(), state.device_status(&claim.uid)));
+                }
+                self.observer
+                    .prepared(&claim, result.is_ok(), started.elapsed().as_secs_f64());
+                if let Err(e) = &result {
+                    tracing::warn!(claim = %claim.name, namespace = %claim.namespace, error = %e, "prepare failed");
+                }
+                results.push((claim, result));
+            }
+            self.observer.state_changed(&state);
+        }
+        // Reporting devices in the claim's status is informational: a failure is logged, and the
+        // containers still get their devices.
+        for (claim, devices) in statuses {
+            if let Err(e) = self
+                .claims
+                .set_device_status(&claim.namespace, &claim.name, devices)
+                .await
+            {
+                tracing::warn!(claim = %claim.name, namespace = %claim.namespace, error = %e, "cannot report prepared devices");
+            }
+        }
+        results
+    }
+
+    async fn unprepare(&self, claims: Vec<ClaimRef>) -> Vec<(ClaimRef, UnprepareResult)> {
+        let started = Instant::now();
+        let mut results = Vec::with_capacity(claims.len());
+        let mut state = self.state.lock().await;
+        for claim in claims {
+            let result = state.unprepare(&claim.uid).map_err(|e| e.to_string());
+            self.observer
+                .unprepared(&claim, result.is_ok(), started.elapsed().as_secs_f64());
+            if let Err(e) = &result {
+                tracing::warn!(claim = %claim.name, namespace = %claim.namespace, error = %e, "unprepare failed");
+            }
+            results.push((claim, result));
+        }
+        self.observer.state_changed(&state);
+        results
+    }
+}

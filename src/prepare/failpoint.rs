@@ -1,0 +1,33 @@
+//! Crash injection for the kill -9 tests: with `GPU_DRA_FAILPOINT=<name>` the process kills
+//! itself with SIGKILL when it reaches that step boundary, exactly as an OOM kill or node
+//! shutdown would stop it there. Unset (production), a failpoint is one relaxed atomic load.
+use std::sync::OnceLock;
+
+static ARMED: OnceLock<Option<String>> = OnceLock::new();
+
+/// Names every step boundary, so tests can iterate over all of them.
+pub const STEPS: &[&str] = &[
+    "prepare-started",
+    "prepare-gi-created",
+    "prepare-ci-created",
+    "prepare-cdi-written",
+    "prepare-completed",
+    "unprepare-started",
+    "rollback-cdi-removed",
+    "rollback-mig-destroyed",
+];
+
+pub fn failpoint(step: &'static str) {
+    let armed = ARMED.get_or_init(|| {
+        std::env::var("GPU_DRA_FAILPOINT")
+            .ok()
+            .filter(|s| !s.is_empty())
+    });
+    if armed.as_deref() == Some(step) {
+        tracing::warn!(step, "failpoint reached: killing this process with SIGKILL");
+        let _ =
+            rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL);
+        // SIGKILL cannot be caught; should the signal be refused, abort is the next best stop.
+        std::process::abort();
+    }
+}

@@ -1,0 +1,52 @@
+//! Preparing allocated devices for containers: the node half of DRA.
+//!
+//! The kubelet plugin layer ([`crate::plugin`]) turns gRPC requests into calls on a
+//! [`NodeDriver`]; this module implements it (claim lookup, MIG carving, sharing config, CDI specs,
+//! checkpoint).
+
+/// A claim as kubelet names it in NodePrepareResources / NodeUnprepareResources.
+#[derive(
+    Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+pub struct ClaimRef {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+}
+
+/// One prepared device, as returned to kubelet.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PreparedDevice {
+    /// The claim's requests this device was allocated for.
+    pub request_names: Vec<String>,
+    pub pool_name: String,
+    pub device_name: String,
+    /// Fully qualified CDI device ids, e.g. `k8s.gpu.nvidia.com/claim=<uid>-gpu-0`.
+    pub cdi_device_ids: Vec<String>,
+    /// Set for devices with `allowMultipleAllocations` (consumable capacity).
+    pub share_id: Option<String>,
+}
+
+/// Result of preparing one claim: its devices, or an error message for kubelet.
+pub type PrepareResult = Result<Vec<PreparedDevice>, String>;
+/// Result of unpreparing one claim.
+pub type UnprepareResult = Result<(), String>;
+
+/// What the kubelet plugin service needs from the driver. Each claim gets its own result: one bad
+/// claim never fails the others.
+#[tonic::async_trait]
+pub trait NodeDriver: Send + Sync + 'static {
+    async fn prepare(&self, claims: Vec<ClaimRef>) -> Vec<(ClaimRef, PrepareResult)>;
+    async fn unprepare(&self, claims: Vec<ClaimRef>) -> Vec<(ClaimRef, UnprepareResult)>;
+}
+
+pub mod cdi;
+pub mod checkpoint;
+pub mod claims;
+pub mod driver;
+pub mod failpoint;
+pub mod sharing;
+pub mod state;
+
+#[cfg(test)]
+mod tests;

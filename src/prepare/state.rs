@@ -1,0 +1,731 @@
+//! Prepared-device state: the prepare and unprepare steps, crash recovery and garbage collection.
+//!
+//! Every change to the node (a carved MIG instance, a CDI spec) is bracketed by checkpoint writes
+//! so that a crash at any point is undone at the next start:
+//!
+//! - prepare: record the claim as `PrepareStarted` with what it will create (only when it creates
+//!   hardware state) → carve MIG instances, recording their ids → write the CDI spec → record
+//!   `PrepareCompleted`;
+//! - unprepare: mark `PrepareStarted` → remove the CDI spec → destroy what was carved → drop the
+//!   claim;
+//! - start: roll back every claim that is not `PrepareCompleted`, rewrite missing specs of
+//!   completed claims, delete specs no claim owns.
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use k8s_openapi::api::resource::v1::{
+    AllocatedDeviceStatus, DeviceRequestAllocationResult, ResourceClaim,
+};
+use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
+
+use super::cdi::{CdiDevice, CdiStore};
+use super::checkpoint::{
+    Checkpoint, CheckpointError, CheckpointStore, ClaimEntry, ClaimState, DeviceRecord,
+    LoadOutcome, MigRecord,
+};
+use super::failpoint::failpoint;
+use super::sharing;
+use super::{ClaimRef, PreparedDevice};
+use crate::config::{self, DeviceConfig};
+use crate::gpu::mig::{gpu_device_name, mig_device_name, parse_mig_device_name};
+use crate::gpu::{GpuControl, GpuError, NodeInventory, Placement};
+
+#[derive(Debug, thiserror::Error)]
+pub enum PrepareError {
+    /// The claim itself is unusable (not allocated, not ours, bad config...).
+    #[error("ResourceClaim {claim}: {reason}")]
+    Claim { claim: String, reason: String },
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    #[error(transparent)]
+    Cdi(#[from] super::cdi::CdiError),
+    #[error(transparent)]
+    Gpu(#[from] GpuError),
+}
+
+/// Static settings of the node driver.
+#[derive(Debug, Clone)]
+pub struct DriverConfig {
+    pub driver_name: String,
+    /// This node; also the pool name.
+    pub node_name: String,
+    pub cdi_root: PathBuf,
+    pub state_dir: PathBuf,
+}
+
+/// What recovery at start did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    pub checkpoint: Option<String>,
+    pub rolled_back: Vec<String>,
+    pub specs_rewritten: Vec<String>,
+    pub specs_removed: Vec<String>,
+}
+
+/// A device of this node a claim result names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Target {
+    Gpu {
+        minor: u32,
+        uuid: String,
+    },
+    /// An existing MIG device (static MIG): used as is, never destroyed by us.
+    StaticMig {
+        parent_minor: u32,
+        gpu_instance_id: u32,
+        compute_instance_id: u32,
+        uuid: String,
+    },
+    /// A free MIG placement: carved at prepare, destroyed at unprepare.
+    Placement {
+        parent_minor: u32,
+        profile_id: u32,
+        placement: Placement,
+    },
+}
+
+pub struct DeviceState {
+    config: DriverConfig,
+    gpus: Arc<dyn GpuControl>,
+    inventory: NodeInventory,
+    checkpoint: Checkpoint,
+    store: CheckpointStore,
+    cdi: CdiStore,
+}
+
+impl DeviceState {
+    /// Loads the checkpoint and recovers from whatever a previous run left unfinished.
+    pub fn open(
+        config: DriverConfig,
+        gpus: Arc<dyn GpuControl>,
+    ) -> Result<(Self, RecoveryReport), PrepareError> {
+        let store = CheckpointStore::new(&config.state_dir);
+        let (checkpoint, outcome) = store.load(&crate::gpu::boot_id())?;
+        let inventory = gpus.inventory()?;
+        let cdi = CdiStore::new(&config.cdi_root);
+        let mut state = Self {
+            config,
+            gpus,
+            inventory,
+            checkpoint,
+            store,
+            cdi,
+        };
+        let mut report = RecoveryReport {
+            checkpoint: Some(describe(&outcome)),
+            ..Default::default()
+        };
+        state.recover(&mut report)?;
+        Ok((state, report))
+    }
+
+    pub fn config(&self) -> &DriverConfig {
+        &self.config
+    }
+
+    pub fn checkpoint(&self) -> &Checkpoint {
+        &self.checkpoint
+    }
+
+    pub fn inventory(&self) -> &NodeInventory {
+        &self.inventory
+    }
+
+    pub fn cdi(&self) -> &CdiStore {
+        &self.cdi
+    }
+
+    /// Claims recorded as prepared (any state).
+    pub fn claims(&self) -> Vec<ClaimRef> {
+        self.checkpoint
+            .claims
+            .values()
+            .map(|c| ClaimRef {
+                namespace: c.namespace.clone(),
+                name: c.name.clone(),
+                uid: c.uid.clone(),
+            })
+            .collect()
+    }
+
+    fn recover(&mut self, report: &mut RecoveryReport) -> Result<(), PrepareError> {
+        let unfinished: Vec<String> = self
+            .checkpoint
+            .claims
+            .values()
+            .filter(|c| !c.is_completed())
+            .map(|c| c.uid.clone())
+            .collect();
+        for uid in unfinished {
+            self.roll_back(&uid)?;
+            report.rolled_back.push(uid);
+        }
+        let completed: BTreeSet<String> = self.checkpoint.claims.keys().cloned().collect();
+        for uid in &completed {
+            if !self.cdi.spec_path(uid).exists() {
+                let devices = self.cdi_devices(&self.checkpoint.claims[uid]);
+                self.cdi.write(uid, &devices)?;
+                report.specs_rewritten.push(uid.clone());
+            }
+        }
+        for uid in self.cdi.claim_uids()? {
+            if !completed.contains(&uid) {
+                self.cdi.remove(&uid)?;
+                report.specs_removed.push(uid);
+            }
+        }
+        self.store.save(&self.checkpoint)?;
+        Ok(())
+    }
+
+    /// Prepares one claim; repeated calls return the same devices without side effects.
+    pub fn prepare(
+        &mut self,
+        claim_ref: &ClaimRef,
+        claim: &ResourceClaim,
+    ) -> Result<Vec<PreparedDevice>, PrepareError> {
+        let uid = claim_ref.uid.clone();
+        if let Some(entry) = self
+            .checkpoint
+            .claims
+            .get(&uid)
+            .filter(|e| e.is_completed())
+        {
+            // Idempotent, but make sure the spec a container needs is really there.
+            if !self.cdi.spec_path(&uid).exists() {
+                let devices = self.cdi_devices(entry);
+                self.cdi.write(&uid, &devices)?;
+            }
+            return Ok(prepared_devices(entry));
+        }
+        if self.checkpoint.claims.contains_key(&uid) {
+            self.roll_back(&uid)?;
+        }
+        let plan = self.plan(claim_ref, claim)?;
+        let creates_hardware_state = plan
+            .iter()
+            .any(|(_, t, _)| matches!(t, Target::Placement { .. }));
+        let mut entry = ClaimEntry {
+            namespace: claim_ref.namespace.clone(),
+            name: claim_ref.name.clone(),
+            uid: uid.clone(),
+            state: ClaimState::PrepareStarted,
+            devices: plan
+                .iter()
+                .map(|(result, target, config)| self.record(&uid, result, target, config))
+                .collect(),
+            unknown: Default::default(),
+        };
+        if creates_hardware_state {
+            // The intent is on disk before the hardware changes, so a crash can be undone.
+            self.checkpoint.claims.insert(uid.clone(), entry.clone());
+            self.store.save(&self.checkpoint)?;
+            failpoint("prepare-started");
+            self.carve(&uid)?;
+            entry = self.checkpoint.claims[&uid].clone();
+        }
+        for record in &entry.devices {
+            sharing::apply(record)?;
+        }
+        self.cdi.write(&uid, &self.cdi_devices(&entry))?;
+        failpoint("prepare-cdi-written");
+        entry.state = ClaimState::PrepareCompleted;
+        let devices = prepared_devices(&entry);
+        self.checkpoint.claims.insert(uid, entry);
+        self.store.save(&self.checkpoint)?;
+        failpoint("prepare-completed");
+        Ok(devices)
+    }
+
+    /// Unprepares one claim; an unknown claim is already unprepared.
+    pub fn unprepare(&mut self, uid: &str) -> Result<(), PrepareError> {
+        let Some(entry) = self.checkpoint.claims.get_mut(uid) else {
+            return Ok(());
+        };
+        if entry.is_completed() {
+            entry.state = ClaimState::PrepareStarted;
+            self.store.save(&self.checkpoint)?;
+            failpoint("unprepare-started");
+        }
+        self.roll_back(uid)
+    }
+
+    /// Undoes whatever is recorded for a claim and forgets it.
+    fn roll_back(&mut self, uid: &str) -> Result<(), PrepareError> {
+        self.cdi.remove(uid)?;
+        failpoint("rollback-cdi-removed");
+        let Some(entry) = self.checkpoint.claims.get(uid).cloned() else {
+            return Ok(());
+        };
+        for (index, record) in entry.devices.iter().enumerate() {
+            sharing::revert(record)?;
+            let Some(mig) = record.mig.as_ref().filter(|m| m.created) else {
+                continue;
+            };
+            self.destroy_carved(mig)?;
+            if let Some(stored) = self.checkpoint.claims.get_mut(uid) {
+                stored.devices[index].mig = Some(MigRecord {
+                    created: false,
+                    ..mig.clone()
+                });
+            }
+            self.store.save(&self.checkpoint)?;
+            failpoint("rollback-mig-destroyed");
+        }
+        self.checkpoint.claims.remove(uid);
+        self.store.save(&self.checkpoint)?;
+        self.refresh_inventory()?;
+        Ok(())
+    }
+
+    /// The AllocatedDeviceStatus entries this driver reports for a prepared claim.
+    pub fn device_status(&self, uid: &str) -> Vec<AllocatedDeviceStatus> {
+        let Some(entry) = self.checkpoint.claims.get(uid) else {
+            return vec![];
+        };
+        entry
+            .devices
+            .iter()
+            .map(|d| AllocatedDeviceStatus {
+                driver: self.config.driver_name.clone(),
+                pool: d.pool.clone(),
+                device: d.device.clone(),
+                share_id: d.share_id.clone(),
+                data: Some(RawExtension(serde_json::json!({ "uuid": d.uuid }))),
+                ..Default::default()
+            })
+            .collect()
+    }
+
+    fn refresh_inventory(&mut self) -> Result<(), PrepareError> {
+        self.inventory = self.gpus.inventory()?;
+        Ok(())
+    }
+
+    /// Checks the claim and resolves each of our results to a device and its configuration.
+    fn plan(
+        &self,
+        claim_ref: &ClaimRef,
+        claim: &ResourceClaim,
+    ) -> Result<Vec<(DeviceRequestAllocationResult, Target, Option<DeviceConfig>)>, PrepareError>
+    {
+        let name = format!("{}/{}", claim_ref.namespace, claim_ref.name);
+        let bad = |reason: String| PrepareError::Claim {
+            claim: name.clone(),
+            reason,
+        };
+        let actual_uid = claim.metadata.uid.as_deref().unwrap_or_default();
+        if actual_uid != claim_ref.uid {
+            return Err(bad(format!(
+                "has UID {actual_uid:?}, kubelet asked for {:?}",
+                claim_ref.uid
+            )));
+        }
+        let allocation = claim
+            .status
+            .as_ref()
+            .and_then(|s| s.allocation.as_ref())
+            .and_then(|a| a.devices.as_ref())
+            .ok_or_else(|| bad("is not allocated".into()))?;
+        let configs =
+            self.decode_configs(allocation.config.as_deref().unwrap_or_default(), &bad)?;
+        let mut plan = Vec::new();
+        let mut seen = BTreeSet::new();
+        for (i, result) in allocation.results.iter().flatten().enumerate() {
+            if result.driver != self.config.driver_name {
+                continue;
+            }
+            let at = format!("status.allocation.devices.results[{i}]");
+            if result.pool != self.config.node_name {
+                return Err(bad(format!(
+                    "{at}: device {:?} is in pool {:?}, not this node's pool {:?}",
+                    result.device, result.pool, self.config.node_name
+                )));
+            }
+            let target = self
+                .resolve(&result.device)
+                .map_err(|reason| bad(format!("{at}: device {:?}: {reason}", result.device)))?;
+            let admin = result.admin_access == Some(true);
+            if !admin
+                && let Some(holder) =
+                    self.checkpoint
+                        .holder_of(&result.pool, &result.device, &claim_ref.uid)
+            {
+                return Err(bad(format!(
+                    "{at}: device {:?} is already prepared for ResourceClaim {}/{}",
+                    result.device, holder.namespace, holder.name
+                )));
+            }
+            if !admin && result.share_id.is_none() && !seen.insert(result.device.clone()) {
+                return Err(bad(format!(
+                    "{at}: device {:?} is allocated twice",
+                    result.device
+                )));
+            }
+            let config = configs
+                .iter()
+                .rev()
+                .find(|(requests, _)| applies_to(requests, &result.request))
+                .map(|(_, c)| c.clone());
+            match (&target, &config) {
+                (Target::Gpu { .. }, Some(DeviceConfig::MigDeviceConfig(_))) => {
+                    return Err(bad(format!(
+                        "{at}: a MigDeviceConfig cannot apply to full GPU {:?}",
+                        result.device
+                    )));
+                }
+                (
+                    Target::StaticMig { .. } | Target::Placement { .. },
+                    Some(DeviceConfig::GpuConfig(_)),
+                ) => {
+                    return Err(bad(format!(
+                        "{at}: a GpuConfig cannot apply to MIG device {:?}",
+                        result.device
+                    )));
+                }
+                _ => {}
+            }
+            plan.push((result.clone(), target, config));
+        }
+        Ok(plan)
+    }
+
+    /// Decodes every opaque config for this driver, strictly; one bad config fails the claim.
+    fn decode_configs(
+        &self,
+        configs: &[k8s_openapi::api::resource::v1::DeviceAllocationConfiguration],
+        bad: &dyn Fn(String) -> PrepareError,
+    ) -> Result<Vec<(Vec<String>, DeviceConfig)>, PrepareError> {
+        let mut decoded = Vec::new();
+        // Class configs come before claim configs, so a claim's setting wins.
+        let ordered = configs
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.source == "FromClass")
+            .chain(
+                configs
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, c)| c.source != "FromClass"),
+            );
+        for (i, c) in ordered {
+            let Some(opaque) = c
+                .opaque
+                .as_ref()
+                .filter(|o| o.driver == self.config.driver_name)
+            else {
+                continue;
+            };
+            let config = config::decode(&opaque.parameters.0).map_err(|e| {
+                bad(format!(
+                    "status.allocation.devices.config[{i}].opaque.parameters: {e}"
+                ))
+            })?;
+            decoded.push((c.requests.clone().unwrap_or_default(), config));
+        }
+        Ok(decoded)
+    }
+
+    fn resolve(&self, device: &str) -> Result<Target, String> {
+        for gpu in &self.inventory.gpus {
+            if gpu_device_name(gpu.minor) == device {
+                if gpu.mig.as_ref().is_some_and(|m| !m.instances.is_empty()) {
+                    return Err("its GPU has MIG devices, so it cannot be used whole".into());
+                }
+                return Ok(Target::Gpu {
+                    minor: gpu.minor,
+                    uuid: gpu.uuid.clone(),
+                });
+            }
+        }
+        let parsed = parse_mig_device_name(device).ok_or("no such device on this node")?;
+        let gpu = self
+            .inventory
+            .gpus
+            .iter()
+            .find(|g| g.minor == parsed.parent_minor)
+            .ok_or_else(|| format!("no GPU with minor {}", parsed.parent_minor))?;
+        let mig = gpu.mig.as_ref().ok_or("its GPU is not MIG-capable")?;
+        let profile = mig
+            .profile_by_id(parsed.profile_id)
+            .ok_or("its GPU has no such MIG profile")?;
+        if mig_device_name(gpu.minor, &profile.name, profile.id, parsed.start) != device {
+            return Err("the name does not match the GPU's MIG profile".into());
+        }
+        if let Some(instance) = mig
+            .instances
+            .iter()
+            .find(|i| i.profile_id == parsed.profile_id && i.placement.start == parsed.start)
+        {
+            return Ok(Target::StaticMig {
+                parent_minor: gpu.minor,
+                gpu_instance_id: instance.gpu_instance_id,
+                compute_instance_id: instance.compute_instance_id,
+                uuid: instance.uuid.clone(),
+            });
+        }
+        let placement = profile
+            .placements
+            .iter()
+            .find(|p| p.start == parsed.start)
+            .copied()
+            .ok_or("no such placement for its profile")?;
+        Ok(Target::Placement {
+            parent_minor: gpu.minor,
+            profile_id: profile.id,
+            placement,
+        })
+    }
+
+    fn record(
+        &self,
+        uid: &str,
+        result: &DeviceRequestAllocationResult,
+        target: &Target,
+        config: &Option<DeviceConfig>,
+    ) -> DeviceRecord {
+        let (uuid, mig) = match target {
+            Target::Gpu { uuid, .. } => (uuid.clone(), None),
+            Target::StaticMig {
+                parent_minor,
+                gpu_instance_id,
+                compute_instance_id,
+                uuid,
+            } => {
+                let instance = self
+                    .inventory
+                    .gpus
+                    .iter()
+                    .find(|g| g.minor == *parent_minor)
+                    .and_then(|g| g.mig.as_ref())
+                    .and_then(|m| {
+                        m.instances
+                            .iter()
+                            .find(|i| i.gpu_instance_id == *gpu_instance_id)
+                    });
+                (
+                    uuid.clone(),
+                    instance.map(|i| MigRecord {
+                        parent_minor: *parent_minor,
+                        profile_id: i.profile_id,
+                        placement: i.placement,
+                        created: false,
+                        gpu_instance_id: Some(*gpu_instance_id),
+                        compute_instance_id: Some(*compute_instance_id),
+                    }),
+                )
+            }
+            Target::Placement {
+                parent_minor,
+                profile_id,
+                placement,
+            } => (
+                String::new(),
+                Some(MigRecord {
+                    parent_minor: *parent_minor,
+                    profile_id: *profile_id,
+                    placement: *placement,
+                    created: true,
+                    gpu_instance_id: None,
+                    compute_instance_id: None,
+                }),
+            ),
+        };
+        DeviceRecord {
+            request_names: vec![result.request.clone()],
+            pool: result.pool.clone(),
+            device: result.device.clone(),
+            cdi_device_ids: vec![CdiStore::device_id(uid, &result.device)],
+            share_id: result.share_id.clone(),
+            admin_access: result.admin_access == Some(true),
+            uuid,
+            mig,
+            config: config.clone(),
+            unknown: Default::default(),
+        }
+    }
+
+    /// Creates the MIG instances a started claim planned, recording each id as soon as it exists.
+    fn carve(&mut self, uid: &str) -> Result<(), PrepareError> {
+        let count = self.checkpoint.claims[uid].devices.len();
+        for index in 0..count {
+            let Some(mig) = self.checkpoint.claims[uid].devices[index].mig.clone() else {
+                continue;
+            };
+            if !mig.created || mig.compute_instance_id.is_some() {
+                continue;
+            }
+            self.ensure_mig_mode(mig.parent_minor)?;
+            let gi =
+                self.gpus
+                    .create_gpu_instance(mig.parent_minor, mig.profile_id, mig.placement)?;
+            self.update_mig(uid, index, |m| m.gpu_instance_id = Some(gi))?;
+            failpoint("prepare-gi-created");
+            let (ci, mig_uuid) = self.gpus.create_compute_instance(mig.parent_minor, gi)?;
+            self.update_mig(uid, index, |m| m.compute_instance_id = Some(ci))?;
+            if let Some(entry) = self.checkpoint.claims.get_mut(uid) {
+                entry.devices[index].uuid = mig_uuid;
+            }
+            self.store.save(&self.checkpoint)?;
+            failpoint("prepare-ci-created");
+        }
+        self.refresh_inventory()
+    }
+
+    fn update_mig(
+        &mut self,
+        uid: &str,
+        index: usize,
+        change: impl FnOnce(&mut MigRecord),
+    ) -> Result<(), PrepareError> {
+        if let Some(mig) = self
+            .checkpoint
+            .claims
+            .get_mut(uid)
+            .and_then(|e| e.devices[index].mig.as_mut())
+        {
+            change(mig);
+        }
+        self.store.save(&self.checkpoint)?;
+        Ok(())
+    }
+
+    fn ensure_mig_mode(&mut self, minor: u32) -> Result<(), PrepareError> {
+        let gpu = self.inventory.gpus.iter().find(|g| g.minor == minor);
+        let enabled = gpu
+            .and_then(|g| g.mig.as_ref())
+            .is_some_and(|m| m.mode.current);
+        if !enabled {
+            let toggles = gpu.is_some_and(|g| g.architecture.toggles_mig_without_reset());
+            if !toggles {
+                return Err(GpuError::Mig {
+                    minor,
+                    operation: "enable MIG mode",
+                    failure: crate::gpu::MigFailure::NotSupported,
+                    detail: "this GPU needs a reset to change MIG mode; enable it beforehand"
+                        .into(),
+                }
+                .into());
+            }
+            self.gpus.set_mig_mode(minor, true)?;
+            self.refresh_inventory()?;
+        }
+        Ok(())
+    }
+
+    /// Destroys a carved instance: compute instance, then GPU instance. An id that was never
+    /// recorded (crash right after creation) is found by its placement.
+    fn destroy_carved(&mut self, mig: &MigRecord) -> Result<(), PrepareError> {
+        let state = self.gpus.inventory()?;
+        let instance = state
+            .gpus
+            .iter()
+            .find(|g| g.minor == mig.parent_minor)
+            .and_then(|g| g.mig.as_ref())
+            .and_then(|m| {
+                m.instances
+                    .iter()
+                    .find(|i| i.placement == mig.placement && i.profile_id == mig.profile_id)
+            });
+        let gi = mig.gpu_instance_id.or(instance.map(|i| i.gpu_instance_id));
+        let ci = mig
+            .compute_instance_id
+            .or(instance.map(|i| i.compute_instance_id));
+        if let (Some(gi), Some(ci)) = (gi, ci) {
+            match self.gpus.destroy_compute_instance(mig.parent_minor, gi, ci) {
+                Ok(())
+                | Err(GpuError::Mig {
+                    failure: crate::gpu::MigFailure::NotFound,
+                    ..
+                }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if let Some(gi) = gi.or_else(|| self.find_gpu_instance(mig)) {
+            match self.gpus.destroy_gpu_instance(mig.parent_minor, gi) {
+                Ok(())
+                | Err(GpuError::Mig {
+                    failure: crate::gpu::MigFailure::NotFound,
+                    ..
+                }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    /// A GPU instance without compute instance is no MIG device, so the inventory cannot show it;
+    /// only the control can. Used when a crash came between creating the GI and recording it.
+    fn find_gpu_instance(&self, mig: &MigRecord) -> Option<u32> {
+        self.gpus
+            .gpu_instance_at(mig.parent_minor, mig.profile_id, mig.placement)
+    }
+
+    fn cdi_devices(&self, entry: &ClaimEntry) -> Vec<CdiDevice> {
+        entry
+            .devices
+            .iter()
+            .filter_map(|d| match &d.mig {
+                Some(mig) => Some(CdiDevice::Mig {
+                    name: d.device.clone(),
+                    parent_minor: mig.parent_minor,
+                    gpu_instance_id: mig.gpu_instance_id?,
+                    compute_instance_id: mig.compute_instance_id?,
+                    uuid: d.uuid.clone(),
+                }),
+                None => {
+                    let minor = self
+                        .inventory
+                        .gpus
+                        .iter()
+                        .find(|g| g.uuid == d.uuid)
+                        .map(|g| g.minor)?;
+                    Some(CdiDevice::Gpu {
+                        name: d.device.clone(),
+                        minor,
+                        uuid: d.uuid.clone(),
+                    })
+                }
+            })
+            .collect()
+    }
+}
+
+/// Whether a config with these `requests` applies to `request` (`req` or `req/sub`).
+fn applies_to(requests: &[String], request: &str) -> bool {
+    let parent = request.split('/').next().unwrap_or(request);
+    requests.is_empty() || requests.iter().any(|r| r == request || r == parent)
+}
+
+fn prepared_devices(entry: &ClaimEntry) -> Vec<PreparedDevice> {
+    entry
+        .devices
+        .iter()
+        .map(|d| PreparedDevice {
+            request_names: d.request_names.clone(),
+            pool_name: d.pool.clone(),
+            device_name: d.device.clone(),
+            cdi_device_ids: d.cdi_device_ids.clone(),
+            share_id: d.share_id.clone(),
+        })
+        .collect()
+}
+
+fn describe(outcome: &LoadOutcome) -> String {
+    match outcome {
+        LoadOutcome::Fresh => "no checkpoint yet".into(),
+        LoadOutcome::Loaded => "checkpoint loaded".into(),
+        LoadOutcome::PreviousBoot { dropped } => {
+            format!(
+                "checkpoint from a previous boot: {dropped} claims dropped (they are prepared again on demand)"
+            )
+        }
+        LoadOutcome::Unreadable { moved_to, reason } => {
+            format!(
+                "checkpoint unreadable ({reason}); kept at {} and started fresh",
+                moved_to.display()
+            )
+        }
+    }
+}

@@ -1,0 +1,392 @@
+//! Prepare/unprepare against the simulator, in process.
+use std::sync::Arc;
+
+use k8s_openapi::api::resource::v1::{
+    AllocationResult, DeviceAllocationConfiguration, DeviceAllocationResult,
+    DeviceRequestAllocationResult, OpaqueDeviceConfiguration, ResourceClaim, ResourceClaimStatus,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
+use serde_json::json;
+
+use super::ClaimRef;
+use super::cdi::Spec;
+use super::state::{DeviceState, DriverConfig};
+use crate::gpu::Placement;
+use crate::gpu::sim::SimNode;
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    config: DriverConfig,
+    sim: Arc<SimNode>,
+}
+
+impl Fixture {
+    fn new(spec: &str) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let sim = Arc::new(SimNode::new(
+            spec.parse().expect("spec"),
+            "n1",
+            Some(dir.path().join("hw.json")),
+        ));
+        let config = DriverConfig {
+            driver_name: "gpu.nvidia.com".into(),
+            node_name: "n1".into(),
+            cdi_root: dir.path().join("cdi"),
+            state_dir: dir.path().join("state"),
+        };
+        Self {
+            _dir: dir,
+            config,
+            sim,
+        }
+    }
+
+    fn open(&self) -> DeviceState {
+        DeviceState::open(self.config.clone(), self.sim.clone())
+            .expect("open")
+            .0
+    }
+
+    fn cdi_files(&self) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(&self.config.cdi_root)
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        names.sort();
+        names
+    }
+
+    fn spec(&self, uid: &str) -> Spec {
+        let path = self
+            .config
+            .cdi_root
+            .join(format!("k8s.gpu.nvidia.com-claim_{uid}.json"));
+        serde_json::from_slice(&std::fs::read(path).expect("spec exists")).expect("spec parses")
+    }
+
+    fn instances(&self) -> usize {
+        self.sim
+            .state()
+            .expect("state")
+            .gpus
+            .iter()
+            .map(|g| g.gpu_instances.len())
+            .sum()
+    }
+}
+
+fn claim_ref(uid: &str) -> ClaimRef {
+    ClaimRef {
+        namespace: "default".into(),
+        name: format!("claim-{uid}"),
+        uid: uid.into(),
+    }
+}
+
+fn result(device: &str) -> DeviceRequestAllocationResult {
+    DeviceRequestAllocationResult {
+        request: "gpu".into(),
+        driver: "gpu.nvidia.com".into(),
+        pool: "n1".into(),
+        device: device.into(),
+        ..Default::default()
+    }
+}
+
+fn claim(
+    uid: &str,
+    results: Vec<DeviceRequestAllocationResult>,
+    config: Vec<serde_json::Value>,
+) -> ResourceClaim {
+    ResourceClaim {
+        metadata: ObjectMeta {
+            name: Some(format!("claim-{uid}")),
+            namespace: Some("default".into()),
+            uid: Some(uid.into()),
+            ..Default::default()
+        },
+        status: Some(ResourceClaimStatus {
+            allocation: Some(AllocationResult {
+                devices: Some(DeviceAllocationResult {
+                    results: Some(results),
+                    config: Some(
+                        config
+                            .into_iter()
+                            .map(|parameters| DeviceAllocationConfiguration {
+                                source: "FromClaim".into(),
+                                requests: None,
+                                opaque: Some(OpaqueDeviceConfiguration {
+                                    driver: "gpu.nvidia.com".into(),
+                                    parameters: RawExtension(parameters),
+                                }),
+                            })
+                            .collect(),
+                    ),
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn full_gpu_prepare_is_idempotent_and_unprepare_cleans_up() {
+    let f = Fixture::new("sim:2xH100-SXM5-80GB");
+    let mut state = f.open();
+    let c = claim("u1", vec![result("gpu-1")], vec![]);
+    let first = state.prepare(&claim_ref("u1"), &c).expect("prepare");
+    assert_eq!(first.len(), 1);
+    assert_eq!(first[0].device_name, "gpu-1");
+    assert_eq!(first[0].pool_name, "n1");
+    assert_eq!(first[0].request_names, ["gpu"]);
+    assert_eq!(
+        first[0].cdi_device_ids,
+        ["k8s.gpu.nvidia.com/claim=u1-gpu-1"]
+    );
+    let spec = f.spec("u1");
+    assert_eq!(spec.devices[0].name, "u1-gpu-1");
+    assert_eq!(
+        spec.devices[0].container_edits.device_nodes[0].path,
+        "/dev/nvidia1"
+    );
+    let uuid = crate::gpu::sim::gpu_uuid("n1", 1);
+    assert_eq!(
+        spec.devices[0].container_edits.env,
+        [format!("NVIDIA_VISIBLE_DEVICES={uuid}")]
+    );
+    let checkpoint_before =
+        std::fs::read(f.config.state_dir.join("checkpoint.json")).expect("checkpoint");
+    assert_eq!(state.prepare(&claim_ref("u1"), &c).expect("again"), first);
+    let checkpoint_after =
+        std::fs::read(f.config.state_dir.join("checkpoint.json")).expect("checkpoint");
+    assert_eq!(
+        checkpoint_before, checkpoint_after,
+        "repeated prepare changes nothing"
+    );
+    let status = state.device_status("u1");
+    assert_eq!(
+        status[0].data.as_ref().map(|d| d.0["uuid"].clone()),
+        Some(json!(uuid))
+    );
+    state.unprepare("u1").expect("unprepare");
+    assert!(f.cdi_files().is_empty());
+    assert!(state.checkpoint().claims.is_empty());
+    state.unprepare("u1").expect("unknown claim is success");
+}
+
+#[test]
+fn bad_claims_fail_alone_and_change_nothing() {
+    let f = Fixture::new("sim:2xH100-SXM5-80GB");
+    let mut state = f.open();
+    let ok = claim("good", vec![result("gpu-0")], vec![]);
+    state.prepare(&claim_ref("good"), &ok).expect("good claim");
+    let before = std::fs::read(f.config.state_dir.join("checkpoint.json")).expect("checkpoint");
+    let mut other_pool = result("gpu-1");
+    other_pool.pool = "n2".into();
+    let bad_config = json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": {"strategy": "TimeSlicing", "bogus": 1}});
+    let mig_config =
+        json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "MigDeviceConfig"});
+    let cases = vec![
+        (
+            "x1",
+            claim("other-uid", vec![result("gpu-1")], vec![]),
+            "has UID",
+        ),
+        (
+            "x2",
+            ResourceClaim {
+                status: None,
+                ..claim("x2", vec![], vec![])
+            },
+            "is not allocated",
+        ),
+        (
+            "x3",
+            claim("x3", vec![other_pool], vec![]),
+            "not this node's pool",
+        ),
+        (
+            "x4",
+            claim("x4", vec![result("gpu-9")], vec![]),
+            "no such device",
+        ),
+        (
+            "x5",
+            claim("x5", vec![result("gpu-1")], vec![bad_config]),
+            "unknown field `bogus`",
+        ),
+        (
+            "x6",
+            claim("x6", vec![result("gpu-0")], vec![]),
+            "already prepared for ResourceClaim default/claim-good",
+        ),
+        (
+            "x7",
+            claim("x7", vec![result("gpu-1")], vec![mig_config]),
+            "MigDeviceConfig cannot apply",
+        ),
+        (
+            "x8",
+            claim("x8", vec![result("gpu-0-mig-3g40gb-9-2")], vec![]),
+            "no such placement",
+        ),
+    ];
+    for (uid, c, needle) in cases {
+        let e = state
+            .prepare(&claim_ref(uid), &c)
+            .expect_err(uid)
+            .to_string();
+        assert!(e.contains(needle), "{uid}: {e}");
+        assert!(
+            e.contains(&format!("ResourceClaim default/claim-{uid}")),
+            "names the claim: {e}"
+        );
+    }
+    assert_eq!(f.cdi_files(), ["k8s.gpu.nvidia.com-claim_good.json"]);
+    let after = std::fs::read(f.config.state_dir.join("checkpoint.json")).expect("checkpoint");
+    assert_eq!(before, after);
+    // Admin access may share a prepared device.
+    let mut admin = result("gpu-0");
+    admin.admin_access = Some(true);
+    state
+        .prepare(&claim_ref("adm"), &claim("adm", vec![admin], vec![]))
+        .expect("admin access");
+}
+
+#[test]
+fn mig_placements_are_carved_and_destroyed() {
+    let f = Fixture::new("sim:1xH100-SXM5-80GB");
+    let mut state = f.open();
+    let c = claim("m1", vec![result("gpu-0-mig-3g40gb-9-4")], vec![]);
+    let prepared = state.prepare(&claim_ref("m1"), &c).expect("prepare");
+    assert_eq!(prepared[0].device_name, "gpu-0-mig-3g40gb-9-4");
+    let hw = f.sim.inventory().expect("inventory");
+    let mig = hw.gpus[0].mig.as_ref().expect("mig");
+    assert!(mig.mode.current, "MIG mode enabled on demand (Hopper)");
+    assert_eq!(mig.instances.len(), 1);
+    assert_eq!(mig.instances[0].placement, Placement { start: 4, size: 4 });
+    let spec = f.spec("m1");
+    let nodes: Vec<_> = spec.devices[0]
+        .container_edits
+        .device_nodes
+        .iter()
+        .map(|n| n.path.clone())
+        .collect();
+    let gi = mig.instances[0].gpu_instance_id;
+    assert_eq!(
+        nodes,
+        [
+            "/dev/nvidia0".to_string(),
+            format!("/dev/nvidia-caps/nvidia-cap{}", 3 + 9 * gi),
+            format!("/dev/nvidia-caps/nvidia-cap{}", 3 + 9 * gi + 1),
+        ]
+    );
+    assert_eq!(
+        spec.devices[0].container_edits.env,
+        [format!("NVIDIA_VISIBLE_DEVICES={}", mig.instances[0].uuid)]
+    );
+    // The whole GPU is now unavailable.
+    let e = state
+        .prepare(&claim_ref("w"), &claim("w", vec![result("gpu-0")], vec![]))
+        .expect_err("whole GPU");
+    assert!(e.to_string().contains("has MIG devices"), "{e}");
+    state.unprepare("m1").expect("unprepare");
+    assert_eq!(f.instances(), 0);
+    assert!(f.cdi_files().is_empty());
+}
+
+#[test]
+fn static_mig_devices_are_used_not_destroyed() {
+    let f = Fixture::new("sim:1xA100-SXM4-40GB");
+    f.sim.set_mig_mode(0, true).expect("mode");
+    f.sim.reset_gpu(0).expect("reset");
+    let gi = f
+        .sim
+        .create_gpu_instance(0, 19, Placement { start: 2, size: 1 })
+        .expect("gi");
+    f.sim.create_compute_instance(0, gi).expect("ci");
+    let mut state = f.open();
+    let c = claim(
+        "s1",
+        vec![result("gpu-0-mig-1g5gb-19-2")],
+        vec![
+            json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "MigDeviceConfig", "sharing": {"strategy": "TimeSlicing"}}),
+        ],
+    );
+    state.prepare(&claim_ref("s1"), &c).expect("prepare");
+    state.unprepare("s1").expect("unprepare");
+    assert_eq!(
+        f.instances(),
+        1,
+        "a pre-created instance survives unprepare"
+    );
+}
+
+#[test]
+fn restart_rolls_back_unfinished_claims_and_removes_orphan_specs() {
+    let f = Fixture::new("sim:1xH100-SXM5-80GB");
+    {
+        let mut state = f.open();
+        state
+            .prepare(
+                &claim_ref("done"),
+                &claim("done", vec![result("gpu-0-mig-1g10gb-19-0")], vec![]),
+            )
+            .expect("prepare");
+    }
+    // Simulate a crash in the middle of a second prepare: recorded as started, instance carved,
+    // spec written, never completed. Plus a spec nobody owns, and a lost spec of a completed claim.
+    let cp_path = f.config.state_dir.join("checkpoint.json");
+    let mut cp: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&cp_path).expect("read")).expect("json");
+    let gi = f
+        .sim
+        .create_gpu_instance(0, 9, Placement { start: 4, size: 4 })
+        .expect("gi");
+    f.sim.create_compute_instance(0, gi).expect("ci");
+    cp["claims"]["half"] = json!({
+        "namespace": "default", "name": "claim-half", "uid": "half", "state": "PrepareStarted",
+        "devices": [{"requestNames": ["gpu"], "pool": "n1", "device": "gpu-0-mig-3g40gb-9-4",
+                     "mig": {"parentMinor": 0, "profileId": 9, "placement": {"start": 4, "size": 4}, "created": true}}]
+    });
+    std::fs::write(&cp_path, serde_json::to_vec(&cp).expect("encode")).expect("write");
+    std::fs::write(
+        f.config.cdi_root.join("k8s.gpu.nvidia.com-claim_half.json"),
+        "{}",
+    )
+    .expect("spec");
+    std::fs::write(
+        f.config
+            .cdi_root
+            .join("k8s.gpu.nvidia.com-claim_orphan.json"),
+        "{}",
+    )
+    .expect("spec");
+    std::fs::remove_file(f.config.cdi_root.join("k8s.gpu.nvidia.com-claim_done.json"))
+        .expect("lose spec");
+    std::fs::write(f.config.cdi_root.join("other-vendor.json"), "{}").expect("foreign spec");
+
+    let (state, report) = DeviceState::open(f.config.clone(), f.sim.clone()).expect("reopen");
+    assert_eq!(report.rolled_back, ["half"]);
+    assert_eq!(report.specs_rewritten, ["done"]);
+    assert_eq!(report.specs_removed, ["orphan"]);
+    assert_eq!(
+        f.cdi_files(),
+        ["k8s.gpu.nvidia.com-claim_done.json", "other-vendor.json"]
+    );
+    assert_eq!(
+        f.instances(),
+        1,
+        "only the completed claim's instance is left"
+    );
+    assert_eq!(
+        state.checkpoint().claims.keys().collect::<Vec<_>>(),
+        ["done"]
+    );
+}
