@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# Builds the e2e control plane (kube-apiserver, kube-scheduler, kubectl, etcd) from the Go
+# modules pinned in e2e/versions.env, plus our Go test tools (kubelet-sim, cel-oracle,
+# alloc-oracle), into a cache directory outside the repo:
+#
+#   ${GPU_DRA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-dra}/k8s-${K8S_VERSION}/bin
+#
+# Usage: e2e/build-k8s.sh [NAME...]     (default: all seven binaries)
+# A binary is skipped when it exists and its stamp matches (pin + Go version for the upstream
+# components; additionally a hash of the harness sources for our tools). Progress goes to
+# stderr; the LAST line of stdout is the bin dir, so callers can do BIN=$(e2e/build-k8s.sh | tail -1).
+set -euo pipefail
+
+E2E_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source-path=SCRIPTDIR source=versions.env
+source "$E2E_DIR/versions.env"
+
+GO=${GO:-$(command -v go || echo /usr/local/go/bin/go)}
+[[ -x $GO ]] || { echo "build-k8s: no Go toolchain (set GO=/path/to/go)" >&2; exit 1; }
+# Never let a go directive trigger a toolchain download: the network only reaches registries.
+export GOTOOLCHAIN=local
+
+CACHE=${GPU_DRA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-dra}
+BIN=$CACHE/k8s-$K8S_VERSION/bin
+mkdir -p "$BIN"
+
+log() { echo "build-k8s: $*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+HARNESS=$E2E_DIR/harness
+ETCD_MOD=$E2E_DIR/etcd
+GOVERSION=$("$GO" env GOVERSION)
+
+# The go.mod files are what the build really uses; refuse to build when they disagree with
+# versions.env, so the pins cannot silently drift apart.
+check_pins() {
+    grep -qE "^\s*k8s\.io/kubernetes ${K8S_VERSION}( |$)" "$HARNESS/go.mod" \
+        || die "e2e/harness/go.mod does not require k8s.io/kubernetes $K8S_VERSION (versions.env)"
+    local bad
+    bad=$(grep -E '^\s*k8s\.io/[a-z0-9-]+ => k8s\.io/' "$HARNESS/go.mod" | grep -v " ${K8S_STAGING_VERSION}\$" || true)
+    [[ -z $bad ]] || die "staging replaces not at $K8S_STAGING_VERSION in e2e/harness/go.mod:"$'\n'"$bad"
+    grep -qE "^\s*go\.etcd\.io/etcd/server/v3 ${ETCD_VERSION}( |$)" "$ETCD_MOD/go.mod" \
+        || die "e2e/etcd/go.mod does not require go.etcd.io/etcd/server/v3 $ETCD_VERSION (versions.env)"
+}
+check_pins
+
+minor=${K8S_VERSION#v1.}; minor=${minor%%.*}
+# Same variables hack/lib/version.sh sets, so `--version` and the emulation/compatibility
+# version defaults match a release build.
+K8S_LDFLAGS="-s -w"
+for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    K8S_LDFLAGS+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+    K8S_LDFLAGS+=" -X $pkg.gitTreeState=clean"
+done
+
+tools_hash() {
+    # Every input of our tools: module files plus all non-test Go sources of the harness.
+    (cd "$HARNESS" && find . -name '*.go' ! -name '*_test.go' -print0 | LC_ALL=C sort -z \
+        | xargs -0 sha256sum; sha256sum go.mod go.sum) | sha256sum | cut -d' ' -f1
+}
+
+stamp_for() {
+    case $1 in
+        kube-apiserver | kube-scheduler | kubectl) echo "$K8S_VERSION $GOVERSION $K8S_LDFLAGS" ;;
+        etcd) echo "$ETCD_VERSION $GOVERSION" ;;
+        kubelet-sim | cel-oracle | alloc-oracle) echo "$K8S_VERSION $GOVERSION $(tools_hash)" ;;
+        *) die "unknown binary '$1'" ;;
+    esac
+}
+
+up_to_date() { [[ -x $BIN/$1 && -f $BIN/.$1.stamp && "$(cat "$BIN/.$1.stamp")" == "$2" ]]; }
+
+# Serialize concurrent callers (parallel test jobs) on the same cache.
+exec 9>"$BIN/.lock"
+flock 9
+
+ALL=(kube-apiserver kube-scheduler kubectl etcd kubelet-sim cel-oracle alloc-oracle)
+WANT=("$@")
+[[ ${#WANT[@]} -gt 0 ]] || WANT=("${ALL[@]}")
+
+declare -A STAMP
+k8s_pkgs=() tool_pkgs=() need_etcd=
+for name in "${WANT[@]}"; do
+    STAMP[$name]=$(stamp_for "$name")
+    if up_to_date "$name" "${STAMP[$name]}"; then
+        log "$name up to date"
+        continue
+    fi
+    case $name in
+        kube-apiserver | kube-scheduler | kubectl) k8s_pkgs+=("k8s.io/kubernetes/cmd/$name") ;;
+        etcd) need_etcd=1 ;;
+        *) tool_pkgs+=("./cmd/$name") ;;
+    esac
+done
+
+# Build into a temp dir and move into place, so an interrupted build never leaves a binary
+# that looks current.
+TMP=$(mktemp -d "$BIN/.build.XXXXXX")
+trap 'rm -rf "$TMP"' EXIT
+
+install_bins() {
+    local name
+    for name in "$@"; do
+        mv -f "$TMP/$name" "$BIN/$name"
+        echo "${STAMP[$name]}" >"$BIN/.$name.stamp"
+    done
+}
+
+timed() {
+    local start=$SECONDS
+    "$@"
+    log "  took $((SECONDS - start))s"
+}
+
+if [[ ${#k8s_pkgs[@]} -gt 0 ]]; then
+    log "building ${k8s_pkgs[*]##*/} $K8S_VERSION (cold: tens of minutes on 2 cores)"
+    (cd "$HARNESS" && timed "$GO" build -trimpath -buildvcs=false -ldflags "$K8S_LDFLAGS" -o "$TMP/" "${k8s_pkgs[@]}")
+    install_bins "${k8s_pkgs[@]##*/}"
+fi
+
+if [[ -n $need_etcd ]]; then
+    log "building etcd $ETCD_VERSION"
+    (cd "$ETCD_MOD" && timed "$GO" build -trimpath -buildvcs=false -ldflags "-s -w" -o "$TMP/etcd" go.etcd.io/etcd/server/v3)
+    install_bins etcd
+fi
+
+if [[ ${#tool_pkgs[@]} -gt 0 ]]; then
+    log "building ${tool_pkgs[*]##*/}"
+    (cd "$HARNESS" && timed "$GO" build -trimpath -buildvcs=false -ldflags "-s -w" -o "$TMP/" "${tool_pkgs[@]}")
+    install_bins "${tool_pkgs[@]##*/}"
+fi
+
+echo "$BIN"
