@@ -2,11 +2,13 @@
 //!
 //! Data flows one way: NVML (or the simulator) → [`gpu`] device model → [`slices`]
 //! ResourceSlices → API server; claims are matched with [`cel`] selectors.
+pub mod allocator;
 pub mod cel;
 pub mod fsutil;
 pub mod cli;
 pub mod config;
 pub mod gpu;
+pub mod node;
 pub mod plugin;
 pub mod prepare;
 pub mod slices;

@@ -4,6 +4,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 pub mod cel;
+pub mod run;
 pub mod sim;
 pub mod slices;
 
@@ -11,12 +12,44 @@ pub mod slices;
 #[derive(Debug, Parser)]
 #[command(name = "gpu-dra", version, about, long_about = None)]
 pub struct Cli {
+    /// Log format on stderr (level from RUST_LOG, default `info`).
+    #[arg(
+        long,
+        global = true,
+        env = "GPU_DRA_LOG_FORMAT",
+        value_enum,
+        default_value = "text"
+    )]
+    pub log_format: LogFormat,
     #[command(subcommand)]
     pub command: Command,
 }
 
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Sends `tracing` logs to stderr in the chosen format.
+pub fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    use std::io::IsTerminal;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Run the node driver: publish slices and serve kubelet's prepare/unprepare calls.
+    Run(run::RunArgs),
     /// Print the ResourceSlices this node would publish, as a v1 List.
     Slices(slices::SlicesArgs),
     /// Operate simulated GPU hardware (MIG mode, instances) in a state file.
@@ -37,6 +70,8 @@ pub enum CliError {
     Usage(String),
     #[error("writing output: {0}")]
     Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Node(Box<crate::node::NodeError>),
     #[error("encoding output: {0}")]
     Encode(String),
 }
@@ -44,6 +79,7 @@ pub enum CliError {
 /// Runs a parsed command line.
 pub fn run(cli: Cli) -> Result<ExitCode, CliError> {
     match cli.command {
+        Command::Run(args) => run::run(args),
         Command::Slices(args) => slices::run(args),
         Command::Sim(args) => sim::run(args),
         Command::Cel(cmd) => cel::run(cmd),

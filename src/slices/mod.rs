@@ -15,6 +15,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use crate::gpu::mig::{gpu_device_name, mig_device_name};
 use crate::gpu::{Gpu, MigInstance, NodeInventory};
 
+pub mod publish;
 pub mod validate;
 
 /// NVIDIA's driver name; users' DeviceClasses select on it.

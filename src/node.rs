@@ -1,0 +1,216 @@
+//! The node agent behind `gpu-dra run`: discovery → slices → API server, and the kubelet plugin
+//! serving prepare/unprepare, until a shutdown signal.
+//!
+//! Start-up order matters: devices are discovered and slices validated before anything is
+//! published (never an empty pool by accident), the checkpoint is recovered before kubelet can
+//! call, and the plugin registers before the first API round trip so a slow or absent API server
+//! does not delay registration.
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::resource::v1::ResourceSlice;
+use tokio::sync::watch;
+
+use crate::gpu::{self, DiscoveryConfig, GpuError, NodeInventory};
+use crate::plugin::{PluginConfig, PluginError, PluginServer};
+use crate::prepare::claims::{ClaimSource, KubeClaims};
+use crate::prepare::driver::{Driver, DriverObserver};
+use crate::prepare::state::{DeviceState, DriverConfig, PrepareError};
+use crate::slices::publish::{PublishError, Publisher, SyncReport};
+use crate::slices::{self, SliceError, SliceOptions};
+
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error(transparent)]
+    Gpu(#[from] GpuError),
+    #[error(transparent)]
+    Slices(#[from] SliceError),
+    #[error(transparent)]
+    Prepare(#[from] PrepareError),
+    #[error(transparent)]
+    Plugin(#[from] PluginError),
+    #[error("Kubernetes client: {0}")]
+    Kube(String),
+}
+
+/// Everything `gpu-dra run` is configured with.
+#[derive(Debug, Clone)]
+pub struct NodeOptions {
+    pub discovery: DiscoveryConfig,
+    pub driver_name: String,
+    pub kubeconfig: Option<PathBuf>,
+    pub registrar_dir: PathBuf,
+    pub plugin_dir: PathBuf,
+    pub cdi_root: PathBuf,
+    pub state_dir: PathBuf,
+    /// How often prepared claims are checked against the API server.
+    pub gc_interval: Duration,
+    /// How often the pool is compared with the server even without events.
+    pub resync_interval: Duration,
+}
+
+/// Builds a client from `--kubeconfig`, else in-cluster, else `KUBECONFIG`/`~/.kube/config`.
+pub async fn kube_client(kubeconfig: Option<&std::path::Path>) -> Result<kube::Client, NodeError> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let file = kube::config::Kubeconfig::read_from(path)
+                .map_err(|e| NodeError::Kube(format!("{}: {e}", path.display())))?;
+            kube::Config::from_custom_kubeconfig(file, &Default::default())
+                .await
+                .map_err(|e| NodeError::Kube(format!("{}: {e}", path.display())))?
+        }
+        None => match kube::Config::incluster() {
+            Ok(config) => config,
+            Err(_) => kube::Config::from_kubeconfig(&Default::default())
+                .await
+                .map_err(|e| {
+                    NodeError::Kube(format!("not in a cluster and no usable KUBECONFIG: {e}"))
+                })?,
+        },
+    };
+    kube::Client::try_from(config).map_err(|e| NodeError::Kube(e.to_string()))
+}
+
+/// Pushes new desired slices when prepare changed the inventory (e.g. MIG instances).
+struct SliceUpdater {
+    options: SliceOptions,
+    desired: watch::Sender<Vec<ResourceSlice>>,
+    inventory: std::sync::Mutex<NodeInventory>,
+}
+
+impl DriverObserver for SliceUpdater {
+    fn state_changed(&self, state: &DeviceState) {
+        let mut last = self.inventory.lock().unwrap_or_else(|p| p.into_inner());
+        if *last == *state.inventory() {
+            return;
+        }
+        *last = state.inventory().clone();
+        match slices::build(&last, &self.options) {
+            Ok(slices) => {
+                self.desired.send_replace(slices);
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "the changed inventory gives invalid slices; keeping the published ones")
+            }
+        }
+    }
+}
+
+/// A running node agent.
+pub struct NodeAgent {
+    pub plugin: PluginServer,
+    pub driver: Arc<Driver>,
+    shutdown: watch::Sender<bool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    pub started: Instant,
+}
+
+impl NodeAgent {
+    /// Starts everything; returns once the plugin sockets are served.
+    pub async fn start(options: NodeOptions) -> Result<Self, NodeError> {
+        let started = Instant::now();
+        let node_name = options.discovery.node_name.clone();
+        let slice_options = SliceOptions::new(&options.driver_name, &node_name);
+        let control = gpu::open_control(&options.discovery)?;
+        let (state, recovery) = DeviceState::open(
+            DriverConfig {
+                driver_name: options.driver_name.clone(),
+                node_name: node_name.clone(),
+                cdi_root: options.cdi_root.clone(),
+                state_dir: options.state_dir.clone(),
+            },
+            control,
+        )?;
+        tracing::info!(
+            checkpoint = recovery.checkpoint.as_deref().unwrap_or(""),
+            rolled_back = ?recovery.rolled_back,
+            specs_rewritten = ?recovery.specs_rewritten,
+            specs_removed = ?recovery.specs_removed,
+            "recovered prepared state"
+        );
+        let inventory = state.inventory().clone();
+        let desired_slices = slices::build(&inventory, &slice_options)?;
+        tracing::info!(
+            gpus = inventory.gpus.len(),
+            devices = desired_slices
+                .iter()
+                .map(|s| s.spec.devices.as_ref().map_or(0, Vec::len))
+                .sum::<usize>(),
+            "discovered GPUs"
+        );
+        let (desired_tx, desired_rx) = watch::channel(desired_slices);
+
+        let client = kube_client(options.kubeconfig.as_deref()).await?;
+        let claims: Arc<dyn ClaimSource> =
+            Arc::new(KubeClaims::new(client.clone(), &options.driver_name));
+        let updater = Arc::new(SliceUpdater {
+            options: slice_options.clone(),
+            desired: desired_tx,
+            inventory: std::sync::Mutex::new(inventory),
+        });
+        let driver = Arc::new(Driver::new(state, claims).with_observer(updater));
+
+        let plugin = PluginServer::start(PluginConfig::new(
+            options.driver_name.clone(),
+            options.registrar_dir.clone(),
+            options.plugin_dir.clone(),
+            driver.clone(),
+        ))
+        .await?;
+        tracing::info!(
+            registration = %plugin.registration_socket_path().display(),
+            dra = %plugin.dra_socket_path().display(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "kubelet plugin serving"
+        );
+
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let publisher = Publisher::new(client, slice_options);
+        let publish_task = tokio::spawn(publisher.run(
+            desired_rx,
+            options.resync_interval,
+            shutdown_rx.clone(),
+            |result: &Result<SyncReport, PublishError>| {
+                if let Ok(report) = result
+                    && report.writes() == 0
+                {
+                    tracing::debug!(generation = report.generation, "ResourceSlices up to date");
+                }
+            },
+        ));
+        let gc_driver = driver.clone();
+        let mut gc_shutdown = shutdown_rx;
+        let gc_interval = options.gc_interval;
+        let gc_task = tokio::spawn(async move {
+            loop {
+                let collected = gc_driver.collect_garbage().await;
+                if !collected.is_empty() {
+                    tracing::info!(count = collected.len(), "garbage-collected prepared claims");
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(gc_interval) => {}
+                    _ = gc_shutdown.changed() => break,
+                }
+            }
+        });
+        Ok(Self {
+            plugin,
+            driver,
+            shutdown,
+            tasks: vec![publish_task, gc_task],
+            started,
+        })
+    }
+
+    /// Stops publishing and serving; the published slices stay (a restart then writes nothing),
+    /// the sockets are removed.
+    pub async fn stop(self) -> Result<(), NodeError> {
+        let _ = self.shutdown.send(true);
+        for task in self.tasks {
+            let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+        }
+        self.plugin.shutdown().await?;
+        Ok(())
+    }
+}
