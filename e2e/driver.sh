@@ -16,79 +16,12 @@
 #
 # Usage: e2e/driver.sh   (GPU_DRA=path/to/gpu-dra, default target/debug/gpu-dra, built if missing)
 set -euo pipefail
-E2E=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-ROOT=$(dirname "$E2E")
-OUTAGE=${E2E_OUTAGE_SECONDS:-30}
+NAME=driver-e2e
 NODE=e2e-node-1
-
-WORK=$(mktemp -d /tmp/gpu-dra-e2e-driver.XXXXXX)
-export GPU_DRA_CLUSTER_DIR=$WORK/cluster
-DRIVER_PID=
-passed=0
-
-log() { echo "driver-e2e: $*" >&2; }
-fail() {
-    log "FAIL: $*"
-    [[ -f $WORK/driver.log ]] && { log "driver log (tail):"; tail -n 40 "$WORK/driver.log" >&2; }
-    echo "$passed passed, 1 failed"
-    exit 1
-}
-ok() { passed=$((passed + 1)); log "ok - $*"; }
-
-stop_driver() {
-    if [[ -n $DRIVER_PID ]] && kill -0 "$DRIVER_PID" 2>/dev/null; then
-        kill -TERM "$DRIVER_PID" 2>/dev/null || true
-        for _ in $(seq 50); do kill -0 "$DRIVER_PID" 2>/dev/null || break; sleep 0.1; done
-        kill -KILL "$DRIVER_PID" 2>/dev/null || true
-        wait "$DRIVER_PID" 2>/dev/null || true
-    fi
-    DRIVER_PID=
-}
-cleanup() {
-    stop_driver
-    "$E2E/cluster" down >/dev/null 2>&1 || true
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-GPU_DRA=${GPU_DRA:-$ROOT/target/debug/gpu-dra}
-if [[ ! -x $GPU_DRA ]]; then
-    (cd "$ROOT" && cargo build --bin gpu-dra) >&2
-fi
-BIN=${GPU_DRA_K8S_BIN:-$("$E2E/build-k8s.sh" | tail -n 1)}
-export PATH="$BIN:$PATH"
-
-"$E2E/cluster" up --nodes "$NODE" >&2 || fail "the control plane did not start"
-eval "$("$E2E/cluster" env)"
-
-start_driver() {
-    RUST_LOG=${RUST_LOG:-info} "$GPU_DRA" run --node-name "$NODE" --gpus sim:8xH100-SXM5-80GB \
-        --sim-state "$WORK/hw.json" --kubeconfig "$KUBECONFIG" \
-        --registrar-dir "$WORK/registry" --plugin-dir "$WORK/plugin" \
-        --cdi-root "$WORK/cdi" --state-dir "$WORK/state" \
-        --gc-interval-seconds 2 --resync-interval-seconds 5 >>"$WORK/driver.log" 2>&1 &
-    DRIVER_PID=$!
-    for _ in $(seq 100); do
-        [[ -S $WORK/registry/gpu.nvidia.com-reg.sock ]] && return 0
-        kill -0 "$DRIVER_PID" 2>/dev/null || fail "the driver exited at start"
-        sleep 0.1
-    done
-    fail "the driver did not create its registration socket"
-}
-
-wait_for() { # description, timeout seconds, command...
-    local what=$1 timeout=$2
-    shift 2
-    local deadline=$((SECONDS + timeout))
-    until "$@" >/dev/null 2>&1; do
-        ((SECONDS < deadline)) || fail "timed out after ${timeout}s waiting for: $what"
-        sleep 0.5
-    done
-}
-
-slices_json() { kubectl get resourceslices -o json --field-selector "spec.nodeName=$NODE"; }
-device_count() { slices_json | jq '[.items[].spec.devices[]?] | length'; }
-kubelet() { kubelet-sim --registration-socket "$WORK/registry/gpu.nvidia.com-reg.sock" --expect-name gpu.nvidia.com "$@"; }
+GPUS=sim:8xH100-SXM5-80GB
+OUTAGE=${E2E_OUTAGE_SECONDS:-30}
+# shellcheck source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 # ---------------------------------------------------------------- 1. register and publish
 kubectl apply -f "$ROOT/deviceclasses/" >&2
@@ -175,15 +108,11 @@ after=$(slices_json | jq -c '[.items[] | {name: .metadata.name, rv: .metadata.re
 ok "driver restart: no slice writes, prepared claim kept"
 
 # ---------------------------------------------------------------- 5. API server outage
-apiserver_pid=$(awk '$1 == "kube-apiserver" {print $2}' "$GPU_DRA_CLUSTER_DIR/pids")
-mapfile -d '' apiserver_cmd <"/proc/$apiserver_pid/cmdline"
-kill -KILL -- "-$apiserver_pid"
+"$E2E/cluster" stop kube-apiserver >&2
 log "API server down for ${OUTAGE}s"
 sleep "$OUTAGE"
 kill -0 "$DRIVER_PID" 2>/dev/null || fail "the driver died during the API server outage"
-setsid "${apiserver_cmd[@]}" </dev/null >>"$GPU_DRA_CLUSTER_DIR/logs/kube-apiserver.log" 2>&1 &
-new_pid=$!
-sed -i "s/^kube-apiserver .*/kube-apiserver $new_pid/" "$GPU_DRA_CLUSTER_DIR/pids"
+"$E2E/cluster" start kube-apiserver >&2 || fail "the API server did not come back"
 wait_for "API server back" 90 kubectl get --raw /readyz
 kubectl delete resourceslices --field-selector "spec.nodeName=$NODE" >&2
 wait_for "slices repaired" 30 bash -c "[[ \$(kubectl get resourceslices -o json | jq '[.items[].spec.devices[]?] | length') == 8 ]]"

@@ -162,7 +162,7 @@ impl NodeAgent {
             registration = %plugin.registration_socket_path().display(),
             dra = %plugin.dra_socket_path().display(),
             elapsed_ms = started.elapsed().as_millis() as u64,
-            "kubelet plugin serving"
+            "node driver started"
         );
 
         let (shutdown, shutdown_rx) = watch::channel(false);

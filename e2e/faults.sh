@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# Fault injection: the driver is killed with SIGKILL at every step boundary of prepare and
+# unprepare (GPU_DRA_FAILPOINT), for whole GPUs and for MIG placements it must carve, then
+# restarted; kubelet retries the call as it would. After each run exactly the right CDI files
+# exist, the checkpoint agrees, and no simulated GPU/compute instance leaked.
+#
+# Claims are allocated by writing status.allocation directly (the scheduler is not what is under
+# test here), so MIG placements can be used before they are published.
+#
+# Usage: e2e/faults.sh [ROUNDS]   (default 5 rounds over all steps: 60 runs)
+set -euo pipefail
+NAME=faults-e2e
+NODE=fault-node-1
+GPUS=sim:8xH100-SXM5-80GB
+ROUNDS=${1:-5}
+# shellcheck source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+PREPARE_STEPS=(prepare-started prepare-gi-created prepare-ci-created prepare-cdi-written prepare-completed)
+UNPREPARE_STEPS=(unprepare-started rollback-cdi-removed rollback-mig-destroyed)
+# Steps a whole-GPU claim passes (it carves nothing).
+FULL_GPU_STEPS=" prepare-cdi-written prepare-completed unprepare-started rollback-cdi-removed "
+
+declare -A killed=()
+runs=0
+
+allocate_claim() { # name device → prints the UID
+    kubectl create -f - >/dev/null <<EOF
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: $1, namespace: default}
+spec: {devices: {requests: [{name: gpu, exactly: {deviceClassName: gpu.nvidia.com}}]}}
+EOF
+    kubectl patch resourceclaim "$1" --subresource=status --type=merge -p \
+        "{\"status\":{\"allocation\":{\"devices\":{\"results\":[{\"request\":\"gpu\",\"driver\":\"gpu.nvidia.com\",\"pool\":\"$NODE\",\"device\":\"$2\"}]}}}}" >/dev/null
+    kubectl get resourceclaim "$1" -o jsonpath='{.metadata.uid}'
+}
+
+cdi_files() { (cd "$WORK/cdi" 2>/dev/null && ls) | tr '\n' ' '; }
+checkpoint_claims() { jq -c '[.claims[] | {uid, state}]' "$WORK/state/checkpoint.json"; }
+
+# call OP CLAIM → fails the test unless the RPC succeeded with no claim error
+call() {
+    local out
+    out=$(kubelet "$1" --claim "$2") || fail "$1 $2: $out"
+    [[ $(jq -r '.claims[0].error' <<<"$out") == "" ]] || fail "$1 $2: $(jq -r '.claims[0].error' <<<"$out")"
+}
+
+# crash STEP OP CLAIM: runs OP on a driver armed with STEP; records whether it died there.
+crash() {
+    local step=$1
+    start_driver GPU_DRA_FAILPOINT="$step"
+    kubelet "$2" --claim "$3" >/dev/null 2>&1 || true
+    sleep 0.1
+    if ! kill -0 "$DRIVER_PID" 2>/dev/null; then
+        grep -q "failpoint reached" "$WORK/driver.log" || fail "the driver died at $step without reaching it"
+        killed[$step]=$((${killed[$step]:-0} + 1))
+    fi
+    stop_driver
+}
+
+expect_prepared() { # uid, instances
+    [[ $(cdi_files) == "k8s.gpu.nvidia.com-claim_$1.json " ]] || fail "CDI files after restart: '$(cdi_files)'"
+    [[ $(checkpoint_claims) == "[{\"uid\":\"$1\",\"state\":\"PrepareCompleted\"}]" ]] || fail "checkpoint: $(checkpoint_claims)"
+    [[ $(gpu_instances) == "$2" ]] || fail "expected $2 GPU instances, found $(gpu_instances)"
+}
+
+expect_clean() {
+    [[ -z $(cdi_files) ]] || fail "CDI files left: $(cdi_files)"
+    [[ $(checkpoint_claims) == "[]" ]] || fail "checkpoint not empty: $(checkpoint_claims)"
+    [[ $(gpu_instances) == 0 ]] || fail "leaked $(gpu_instances) GPU instances"
+}
+
+for round in $(seq "$ROUNDS"); do
+    for step in "${PREPARE_STEPS[@]}" "${UNPREPARE_STEPS[@]}"; do
+        for kind in mig full; do
+            [[ $kind == full && $FULL_GPU_STEPS != *" $step "* ]] && continue
+            runs=$((runs + 1))
+            gpu=$((runs % 8))
+            if [[ $kind == mig ]]; then
+                # Alternate profiles and placements so different GI ids are exercised.
+                case $((runs % 3)) in
+                    0) device=gpu-$gpu-mig-3g40gb-9-4 ;;
+                    1) device=gpu-$gpu-mig-1g10gb-19-$((runs % 7)) ;;
+                    *) device=gpu-$gpu-mig-7g80gb-0-0 ;;
+                esac
+                instances=1
+            else
+                device=gpu-$gpu
+                instances=0
+            fi
+            claim=fi-$runs
+            uid=$(allocate_claim "$claim" "$device")
+            ref=default/$claim/$uid
+            if [[ " ${PREPARE_STEPS[*]} " == *" $step "* ]]; then
+                crash "$step" prepare "$ref"
+                start_driver
+                call prepare "$ref"
+                expect_prepared "$uid" "$instances"
+                call unprepare "$ref"
+                expect_clean
+            else
+                start_driver
+                call prepare "$ref"
+                stop_driver
+                crash "$step" unprepare "$ref"
+                start_driver
+                # After the restart the claim is either already rolled back or still prepared;
+                # kubelet's retry must finish the job either way.
+                call unprepare "$ref"
+                expect_clean
+            fi
+            stop_driver
+            kubectl delete resourceclaim "$claim" --wait=false >/dev/null
+            ok "run $runs: $kind $device, killed at $step: recovered cleanly"
+        done
+    done
+done
+
+for step in "${PREPARE_STEPS[@]}" "${UNPREPARE_STEPS[@]}"; do
+    ((${killed[$step]:-0} > 0)) || fail "no run was killed at $step"
+done
+log "kills per step: $(for s in "${!killed[@]}"; do printf '%s=%s ' "$s" "${killed[$s]}"; done)"
+((runs >= 50)) || fail "only $runs runs"
+echo "$passed passed, 0 failed"

@@ -1,0 +1,85 @@
+# Shared by the driver e2e scripts: a control plane, the driver as a child process, kubelet-sim,
+# and TAP-like reporting that ends with "N passed, N failed". Source it after setting NAME
+# (log prefix), NODE and GPUS; it starts the cluster and installs a cleanup trap.
+# shellcheck shell=bash
+E2E=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(dirname "$E2E")
+WORK=$(mktemp -d "/tmp/gpu-dra-$NAME.XXXXXX")
+export GPU_DRA_CLUSTER_DIR=$WORK/cluster
+DRIVER_PID=
+passed=0
+
+log() { echo "$NAME: $*" >&2; }
+fail() {
+    log "FAIL: $*"
+    [[ -f $WORK/driver.log ]] && { log "driver log (tail):"; tail -n 40 "$WORK/driver.log" >&2; }
+    echo "$passed passed, 1 failed"
+    exit 1
+}
+ok() { passed=$((passed + 1)); log "ok - $*"; }
+
+stop_driver() {
+    if [[ -n $DRIVER_PID ]] && kill -0 "$DRIVER_PID" 2>/dev/null; then
+        kill -TERM "$DRIVER_PID" 2>/dev/null || true
+        for _ in $(seq 50); do kill -0 "$DRIVER_PID" 2>/dev/null || break; sleep 0.1; done
+        kill -KILL "$DRIVER_PID" 2>/dev/null || true
+    fi
+    [[ -n $DRIVER_PID ]] && wait "$DRIVER_PID" 2>/dev/null || true
+    DRIVER_PID=
+}
+cleanup() {
+    stop_driver
+    "$E2E/cluster" down >/dev/null 2>&1 || true
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+GPU_DRA=${GPU_DRA:-$ROOT/target/debug/gpu-dra}
+if [[ ! -x $GPU_DRA ]]; then
+    (cd "$ROOT" && cargo build --bin gpu-dra) >&2
+fi
+# A private copy: a concurrent `cargo build` must not swap the binary between two runs.
+cp "$GPU_DRA" "$WORK/gpu-dra"
+GPU_DRA=$WORK/gpu-dra
+BIN=${GPU_DRA_K8S_BIN:-$("$E2E/build-k8s.sh" | tail -n 1)}
+export PATH="$BIN:$PATH"
+
+"$E2E/cluster" up --nodes "$NODE" >&2 || fail "the control plane did not start"
+eval "$("$E2E/cluster" env)"
+
+kubelet() { kubelet-sim --registration-socket "$WORK/registry/gpu.nvidia.com-reg.sock" --expect-name gpu.nvidia.com "$@"; }
+
+# start_driver [ENV=VALUE ...]: runs `gpu-dra run` on the simulated node until its
+# registration socket exists. Extra arguments are environment settings (e.g. a failpoint).
+start_driver() {
+    env RUST_LOG="${RUST_LOG:-info}" "$@" "$GPU_DRA" run --node-name "$NODE" --gpus "$GPUS" \
+        --sim-state "$WORK/hw.json" --kubeconfig "$KUBECONFIG" \
+        --registrar-dir "$WORK/registry" --plugin-dir "$WORK/plugin" \
+        --cdi-root "$WORK/cdi" --state-dir "$WORK/state" \
+        --gc-interval-seconds 2 --resync-interval-seconds 5 ${DRIVER_ARGS:-} >>"$WORK/driver.log" 2>&1 &
+    DRIVER_PID=$!
+    # A killed predecessor leaves its socket file behind; ready means registration answers.
+    for _ in $(seq 100); do
+        kill -0 "$DRIVER_PID" 2>/dev/null || fail "the driver exited at start"
+        [[ -S $WORK/registry/gpu.nvidia.com-reg.sock ]] && kubelet register --timeout 2s >/dev/null 2>&1 && return 0
+        sleep 0.1
+    done
+    fail "the driver did not register"
+}
+
+wait_for() { # description, timeout seconds, command...
+    local what=$1 timeout=$2
+    shift 2
+    local deadline=$((SECONDS + timeout))
+    until "$@" >/dev/null 2>&1; do
+        ((SECONDS < deadline)) || fail "timed out after ${timeout}s waiting for: $what"
+        sleep 0.5
+    done
+}
+
+slices_json() { kubectl get resourceslices -o json --field-selector "spec.nodeName=$NODE"; }
+# Simulated hardware: the number of GPU instances that exist.
+gpu_instances() {
+    "$GPU_DRA" sim --gpus "$GPUS" --node-name "$NODE" --sim-state "$WORK/hw.json" show \
+        | jq '[.gpus[].gpu_instances[]] | length'
+}
