@@ -368,13 +368,12 @@ impl<'a> Checker<'a> {
     fn join_types(&mut self, id: u64, previous: Option<Type>, current: Type) -> Type {
         match previous {
             None => current,
-            Some(prev) => match join(&prev, &current) {
-                Some(t) => t,
-                None => {
-                    self.error(id, format!("expected type '{prev}' but found '{current}'"));
-                    prev
-                }
-            },
+            // Incompatible elements make the literal `dyn`; the homogeneous-literal
+            // validator (deferred issues) reports them.
+            Some(prev) => {
+                let _ = id;
+                join(&prev, &current).unwrap_or(Type::Dyn)
+            }
         }
     }
 
@@ -751,6 +750,19 @@ impl<'a> Checker<'a> {
             let (n, ty) = self.check(a);
             nodes.push(n);
             types.push(ty);
+        }
+        // cel-go checks the operands of `&&` and `||` as bools directly.
+        if matches!(name, "_&&_" | "_||_") {
+            let mut bad = false;
+            for (arg, ty) in args.iter().zip(&types) {
+                if !matches!(ty, Type::Bool | Type::Dyn | Type::Error) {
+                    self.error(arg.id, format!("expected type 'bool' but found '{ty}'"));
+                    bad = true;
+                }
+            }
+            if bad {
+                return (Node::Const(Value::Null), Type::Bool);
+            }
         }
         let Some(decl) = DECLS.get(name) else {
             return self.error(

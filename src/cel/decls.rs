@@ -185,6 +185,9 @@ fn build() -> HashMap<&'static str, FuncDecl> {
             g(&[Str, Str], Str),
             g(&[Bytes, Bytes], Bytes),
             g(&[list(A), list(A)], list(A)),
+            g(&[Type::Timestamp, Type::Duration], Type::Timestamp),
+            g(&[Type::Duration, Type::Timestamp], Type::Timestamp),
+            g(&[Type::Duration, Type::Duration], Type::Duration),
         ],
     );
     let arith = |extra: bool| {
@@ -194,7 +197,11 @@ fn build() -> HashMap<&'static str, FuncDecl> {
         }
         v
     };
-    add("_-_", Func::Sub, arith(true));
+    let mut sub = arith(true);
+    sub.push(g(&[Type::Timestamp, Type::Timestamp], Type::Duration));
+    sub.push(g(&[Type::Timestamp, Type::Duration], Type::Timestamp));
+    sub.push(g(&[Type::Duration, Type::Duration], Type::Duration));
+    add("_-_", Func::Sub, sub);
     add("_*_", Func::Mul, arith(true));
     add("_/_", Func::Div, arith(true));
     add("_%_", Func::Mod, arith(false));

@@ -1403,7 +1403,20 @@ pub fn eval(node: &Node, ctx: &mut Ctx<'_>) -> R {
             }
             let mut values = Vec::with_capacity(args.len());
             for a in args {
-                values.push(eval(a, ctx)?);
+                match eval(a, ctx) {
+                    Ok(v) => values.push(v),
+                    // cel-go's `distinct` is not strict: an error receiver panics inside it,
+                    // which fails the whole evaluation.
+                    Err(e) if *func == Func::Distinct && !e.abort => {
+                        return Err(EvalError {
+                            message: Arc::from(
+                                "internal error: interface conversion: *types.Err is not traits.Lister: missing method Add",
+                            ),
+                            abort: true,
+                        });
+                    }
+                    Err(e) => return Err(e),
+                }
             }
             let result = call(*func, &values, ctx.device)?;
             ctx.charge(call_cost(*func, &values, &result))?;
@@ -1524,10 +1537,9 @@ pub fn eval(node: &Node, ctx: &mut Ctx<'_>) -> R {
 
 /// cel-go's `&&`/`||` with error absorption in both orders.
 fn logic(left: R, right: R, is_or: bool) -> R {
-    let decisive = Value::Bool(is_or);
     if let Ok(Value::Bool(b)) = &right {
         if *b == is_or {
-            return Ok(decisive);
+            return Ok(Value::Bool(is_or));
         }
     }
     if let Err(e) = &right {
@@ -1535,12 +1547,15 @@ fn logic(left: R, right: R, is_or: bool) -> R {
             return right;
         }
     }
-    match (left, right) {
-        (Ok(Value::Bool(_)), Ok(Value::Bool(r))) => Ok(Value::Bool(r)),
-        (Err(e), _) => Err(e),
-        (Ok(_), Err(e)) => Err(e),
-        _ => no_such_overload(),
+    // The first term that is not a bool decides the error (cel-go evalOr/evalAnd).
+    for term in [left, right] {
+        match term {
+            Ok(Value::Bool(_)) => {}
+            Ok(_) => return no_such_overload(),
+            Err(e) => return Err(e),
+        }
     }
+    Ok(Value::Bool(!is_or))
 }
 
 fn comprehension(c: &Comprehension, ctx: &mut Ctx<'_>) -> R {

@@ -94,7 +94,8 @@ pub fn compile(expression: &str) -> Result<Selector, CelError> {
 fn line_col(source: &str, offset: u32) -> (usize, usize) {
     let mut line = 1;
     let mut col = 1;
-    for (i, c) in source.chars().enumerate() {
+    // The crate reports byte offsets; cel-go columns count code points.
+    for (i, c) in source.char_indices() {
         if i as u32 >= offset {
             break;
         }
@@ -181,6 +182,8 @@ fn compile_on_this_thread(source: &str) -> Result<Selector, CelError> {
         // cel-go's AST validators (homogeneous literals) run only after a clean check.
         checker.issues = std::mem::take(&mut checker.deferred);
     }
+    // cel-go lists issues in source order.
+    checker.issues.sort_by_key(|i| i.offset.unwrap_or(0));
     if !checker.issues.is_empty() {
         let rendered: Vec<String> = checker
             .issues
@@ -196,8 +199,14 @@ fn compile_on_this_thread(source: &str) -> Result<Selector, CelError> {
         )));
     }
     if !check::valid_output(&ty) {
+        // cel.Type.String() spells null as `null_type` (FormatCELType says `null`).
+        let shown = if ty == types::Type::Null {
+            "null_type".to_string()
+        } else {
+            ty.to_string()
+        };
         return Err(CelError::Compile(format!(
-            "must evaluate to bool or the unknown type, not {ty}"
+            "must evaluate to bool or the unknown type, not {shown}"
         )));
     }
     let slots = checker.slots;
@@ -383,6 +392,17 @@ fn not_bool_message(v: &Value) -> String {
     )
 }
 
+/// Kubernetes' `EnhanceRuntimeError`: a hint for missing keys.
+fn enhance_runtime_error(message: &str) -> String {
+    if message.contains("no such key:") {
+        format!(
+            "{message}. consider using CEL optional chaining (.? followed by orValue()) or guarding the check with has() for optional fields"
+        )
+    } else {
+        message.to_string()
+    }
+}
+
 impl Selector {
     /// Evaluates against one device with the default cost limit.
     pub fn evaluate(&self, device: &DeviceView) -> Result<bool, CelError> {
@@ -406,7 +426,7 @@ impl Selector {
         match eval::eval(&self.root, &mut ctx) {
             Ok(Value::Bool(b)) => Ok(b),
             Ok(other) => Err(CelError::Runtime(not_bool_message(&other))),
-            Err(e) => Err(CelError::Runtime(e.message.to_string())),
+            Err(e) => Err(CelError::Runtime(enhance_runtime_error(&e.message))),
         }
     }
 }

@@ -48,7 +48,7 @@ impl fmt::Display for Type {
         match self {
             Type::Dyn => f.write_str("dyn"),
             Type::Error => f.write_str("*error*"),
-            Type::Null => f.write_str("null_type"),
+            Type::Null => f.write_str("null"),
             Type::Bool => f.write_str("bool"),
             Type::Int => f.write_str("int"),
             Type::Uint => f.write_str("uint"),
@@ -78,11 +78,13 @@ pub struct Bindings {
 impl Bindings {
     /// Whether `actual` can be passed where `pattern` is expected, binding parameters.
     pub fn unify(&mut self, pattern: &Type, actual: &Type) -> bool {
-        if actual.is_dyn_like() {
+        if actual.is_dyn_like() && !matches!(pattern, Type::Param(_)) {
             return true;
         }
         match (pattern, actual) {
             (Type::Dyn, _) => true,
+            // null is assignable to the well-known message types.
+            (Type::Timestamp | Type::Duration, Type::Null) => true,
             (Type::Param(p), _) => {
                 let slot = &mut self.params[*p as usize];
                 match slot {
@@ -128,15 +130,15 @@ impl Bindings {
 
 /// The common type of two types if they are compatible (dyn absorbs), else None.
 pub fn join(a: &Type, b: &Type) -> Option<Type> {
-    if a.is_dyn_like() {
-        return Some(if matches!(a, Type::Error) {
-            b.clone()
-        } else {
-            a.clone()
-        });
+    // cel-go's `mostGeneral`: dyn wins; an already-failed expression takes the other type.
+    if matches!(a, Type::Error) {
+        return Some(b.clone());
     }
-    if b.is_dyn_like() {
+    if matches!(b, Type::Error) || matches!(a, Type::Dyn) {
         return Some(a.clone());
+    }
+    if matches!(b, Type::Dyn) {
+        return Some(Type::Dyn);
     }
     match (a, b) {
         (Type::List(x), Type::List(y)) => join(x, y).map(Type::list),
