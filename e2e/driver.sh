@@ -26,9 +26,12 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 # ---------------------------------------------------------------- 1. register and publish
 kubectl apply -f "$ROOT/deviceclasses/" >&2
 start_driver
-wait_for "8 devices published" 30 bash -c "[[ \$(kubectl get resourceslices -o json | jq '[.items[].spec.devices[]?] | length') == 8 ]]"
+# Hopper GPUs are dynamic by default: 8 whole GPUs and 8 × 25 MIG placements, with counters.
+DEVICES=208
+wait_for "$DEVICES devices published" 30 bash -c "[[ \$(kubectl get resourceslices -o json | jq '[.items[].spec.devices[]?] | length') == $DEVICES ]]"
+[[ $(slices_json | jq '[.items[].spec.sharedCounters[]?] | length') == 8 ]] || fail "expected 8 counter sets"
 [[ $(slices_json | jq -r '.items[0].metadata.ownerReferences[0].kind') == Node ]] || fail "slice not owned by the Node"
-ok "slices for 8 GPUs accepted by the API server, owned by the Node"
+ok "slices for 8 GPUs (208 devices, 8 counter sets) accepted by the API server, owned by the Node"
 
 reg=$(kubelet register) || fail "registration: $reg"
 [[ $(jq -r .version <<<"$reg") == v1.DRAPlugin ]] || fail "kubelet-sim chose $(jq -r .version <<<"$reg")"
@@ -115,7 +118,7 @@ kill -0 "$DRIVER_PID" 2>/dev/null || fail "the driver died during the API server
 "$E2E/cluster" start kube-apiserver >&2 || fail "the API server did not come back"
 wait_for "API server back" 90 kubectl get --raw /readyz
 kubectl delete resourceslices --field-selector "spec.nodeName=$NODE" >&2
-wait_for "slices repaired" 30 bash -c "[[ \$(kubectl get resourceslices -o json | jq '[.items[].spec.devices[]?] | length') == 8 ]]"
+wait_for "slices repaired" 30 bash -c "[[ \$(kubectl get resourceslices -o json | jq '[.items[].spec.devices[]?] | length') == $DEVICES ]]"
 ok "survived a ${OUTAGE}s API server outage and repaired deleted slices"
 
 # ---------------------------------------------------------------- 6. garbage collection

@@ -39,6 +39,7 @@ pub enum NodeError {
 pub struct NodeOptions {
     pub discovery: DiscoveryConfig,
     pub driver_name: String,
+    pub mig_policy: crate::gpu::mig::MigPolicy,
     pub kubeconfig: Option<PathBuf>,
     pub registrar_dir: PathBuf,
     pub plugin_dir: PathBuf,
@@ -111,11 +112,12 @@ impl NodeAgent {
     pub async fn start(options: NodeOptions) -> Result<Self, NodeError> {
         let started = Instant::now();
         let node_name = options.discovery.node_name.clone();
-        let slice_options = SliceOptions::new(&options.driver_name, &node_name);
+        let mut slice_options = SliceOptions::new(&options.driver_name, &node_name);
         let control = gpu::open_control(&options.discovery)?;
         let (state, recovery) = DeviceState::open(
             DriverConfig {
                 driver_name: options.driver_name.clone(),
+                mig_policy: options.mig_policy,
                 node_name: node_name.clone(),
                 cdi_root: options.cdi_root.clone(),
                 state_dir: options.state_dir.clone(),
@@ -130,6 +132,8 @@ impl NodeAgent {
             "recovered prepared state"
         );
         let inventory = state.inventory().clone();
+        slice_options.modes = Some(state.modes().clone());
+        tracing::info!(modes = ?state.modes(), destroyed = ?recovery.instances_destroyed, "GPU modes");
         let desired_slices = slices::build(&inventory, &slice_options)?;
         tracing::info!(
             gpus = inventory.gpus.len(),

@@ -61,6 +61,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode, CliError> {
     let options = NodeOptions {
         discovery: args.gpu.discovery(&args.node_name),
         driver_name: args.driver_name.clone(),
+        mig_policy: args.gpu.mig,
         kubeconfig: args.kubeconfig.clone(),
         registrar_dir: args.registrar_dir.clone(),
         state_dir: args.state_dir.clone().unwrap_or_else(|| plugin_dir.clone()),

@@ -23,6 +23,10 @@ pub struct GpuArgs {
     /// NVML library to load instead of `libnvidia-ml.so.1`.
     #[arg(long, env = "GPU_DRA_NVML_LIB")]
     pub nvml_lib: Option<PathBuf>,
+    /// How MIG-capable GPUs are offered: `auto` (dynamic on Hopper+ and on GPUs in MIG mode,
+    /// static where MIG devices someone else made exist), `dynamic`, `static` or `off`.
+    #[arg(long, env = "GPU_DRA_MIG", default_value = "auto")]
+    pub mig: crate::gpu::mig::MigPolicy,
     /// sysfs mount, for PCIe root lookups.
     #[arg(long, env = "GPU_DRA_SYSFS_ROOT", default_value = "/sys")]
     pub sysfs_root: PathBuf,

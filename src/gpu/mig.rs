@@ -131,6 +131,80 @@ pub fn ci_access_cap_minor(gpu_minor: u32, gpu_instance_id: u32, compute_instanc
     gi_access_cap_minor(gpu_minor, gpu_instance_id) + 1 + compute_instance_id
 }
 
+/// How MIG-capable GPUs are offered (`--mig`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MigPolicy {
+    /// Dynamic on Hopper and newer and on GPUs already in MIG mode, unless a GPU holds MIG
+    /// devices this driver did not create: those GPUs stay static, so nobody's partitions are
+    /// destroyed by default.
+    #[default]
+    Auto,
+    /// Every MIG-capable GPU that can be partitioned now is dynamic; MIG devices this driver did
+    /// not create are destroyed at start.
+    Dynamic,
+    /// Only MIG devices that exist are offered (created by an admin or mig-parted).
+    Static,
+    /// No MIG devices; GPUs in MIG mode are not offered at all.
+    Off,
+}
+
+impl std::str::FromStr for MigPolicy {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "dynamic" => Ok(Self::Dynamic),
+            "static" => Ok(Self::Static),
+            "off" => Ok(Self::Off),
+            other => Err(format!(
+                "{other:?} is not a MIG policy; use auto, dynamic, static or off"
+            )),
+        }
+    }
+}
+
+/// How one GPU is offered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum GpuMode {
+    /// The whole GPU only (not MIG-capable, MIG off, or `--mig off`).
+    Whole,
+    /// Existing MIG devices (or the whole GPU when MIG mode is off).
+    Static,
+    /// A counter set, the whole GPU when MIG mode can be toggled, and every profile placement,
+    /// carved at prepare.
+    Dynamic,
+    /// Nothing can be offered (MIG mode on with `--mig off`).
+    Unusable,
+}
+
+/// Chooses each GPU's mode. `foreign(minor)` says whether the GPU holds MIG devices this driver
+/// did not create.
+pub fn choose_modes(
+    gpus: &[super::Gpu],
+    policy: MigPolicy,
+    foreign: impl Fn(u32) -> bool,
+) -> std::collections::BTreeMap<u32, GpuMode> {
+    gpus.iter()
+        .map(|gpu| {
+            let mig_on = gpu.mig.as_ref().is_some_and(|m| m.mode.current);
+            let partitionable =
+                gpu.mig.is_some() && (mig_on || gpu.architecture.toggles_mig_without_reset());
+            let mode = match policy {
+                _ if gpu.mig.is_none() => GpuMode::Whole,
+                MigPolicy::Off if mig_on => GpuMode::Unusable,
+                MigPolicy::Off => GpuMode::Whole,
+                MigPolicy::Static => GpuMode::Static,
+                MigPolicy::Dynamic if partitionable => GpuMode::Dynamic,
+                MigPolicy::Auto if partitionable && !foreign(gpu.minor) => GpuMode::Dynamic,
+                MigPolicy::Dynamic | MigPolicy::Auto => GpuMode::Static,
+            };
+            (gpu.minor, mode)
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -176,8 +176,18 @@ pub trait GpuControl: Send + Sync {
         compute_instance_id: u32,
     ) -> Result<(), GpuError>;
     fn destroy_gpu_instance(&self, minor: u32, gpu_instance_id: u32) -> Result<(), GpuError>;
-    /// The GPU instance of `profile_id` at `placement`, with or without compute instances.
-    fn gpu_instance_at(&self, minor: u32, profile_id: u32, placement: Placement) -> Option<u32>;
+    /// Every GPU instance of a GPU, with or without compute instances (a GPU instance without one
+    /// is no MIG device, so the inventory does not show it).
+    fn gpu_instances(&self, minor: u32) -> Result<Vec<GpuInstanceInfo>, GpuError>;
+}
+
+/// A GPU instance and its compute instances.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuInstanceInfo {
+    pub id: u32,
+    pub profile_id: u32,
+    pub placement: Placement,
+    pub compute_instances: Vec<u32>,
 }
 
 impl GpuControl for sim::SimNode {
@@ -213,13 +223,20 @@ impl GpuControl for sim::SimNode {
     fn destroy_gpu_instance(&self, minor: u32, gpu_instance_id: u32) -> Result<(), GpuError> {
         sim::SimNode::destroy_gpu_instance(self, minor, gpu_instance_id)
     }
-    fn gpu_instance_at(&self, minor: u32, profile_id: u32, placement: Placement) -> Option<u32> {
-        let state = self.state().ok()?;
-        let gpu = state.gpus.iter().find(|g| g.minor == minor)?;
-        gpu.gpu_instances
+    fn gpu_instances(&self, minor: u32) -> Result<Vec<GpuInstanceInfo>, GpuError> {
+        let state = self.state()?;
+        Ok(state
+            .gpus
             .iter()
-            .find(|gi| gi.profile_id == profile_id && gi.placement == placement)
-            .map(|gi| gi.id)
+            .filter(|g| g.minor == minor)
+            .flat_map(|g| g.gpu_instances.iter())
+            .map(|gi| GpuInstanceInfo {
+                id: gi.id,
+                profile_id: gi.profile_id,
+                placement: gi.placement,
+                compute_instances: gi.compute_instances.iter().map(|ci| ci.id).collect(),
+            })
+            .collect())
     }
 }
 

@@ -356,8 +356,8 @@ impl super::GpuControl for NvmlBackend {
     fn destroy_gpu_instance(&self, minor: u32, _gi: u32) -> Result<(), GpuError> {
         Err(unsupported(minor, "destroy GPU instance"))
     }
-    fn gpu_instance_at(&self, _minor: u32, _profile_id: u32, _placement: Placement) -> Option<u32> {
-        None
+    fn gpu_instances(&self, minor: u32) -> Result<Vec<super::GpuInstanceInfo>, GpuError> {
+        Err(unsupported(minor, "list GPU instances"))
     }
 }
 

@@ -10,7 +10,7 @@
 //!   claim;
 //! - start: roll back every claim that is not `PrepareCompleted`, rewrite missing specs of
 //!   completed claims, delete specs no claim owns.
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -28,7 +28,9 @@ use super::failpoint::failpoint;
 use super::sharing;
 use super::{ClaimRef, PreparedDevice};
 use crate::config::{self, DeviceConfig};
-use crate::gpu::mig::{gpu_device_name, mig_device_name, parse_mig_device_name};
+use crate::gpu::mig::{
+    GpuMode, MigPolicy, choose_modes, gpu_device_name, mig_device_name, parse_mig_device_name,
+};
 use crate::gpu::{GpuControl, GpuError, NodeInventory, Placement};
 
 #[derive(Debug, thiserror::Error)]
@@ -48,6 +50,7 @@ pub enum PrepareError {
 #[derive(Debug, Clone)]
 pub struct DriverConfig {
     pub driver_name: String,
+    pub mig_policy: MigPolicy,
     /// This node; also the pool name.
     pub node_name: String,
     pub cdi_root: PathBuf,
@@ -61,6 +64,8 @@ pub struct RecoveryReport {
     pub rolled_back: Vec<String>,
     pub specs_rewritten: Vec<String>,
     pub specs_removed: Vec<String>,
+    /// MIG instances on dynamic GPUs that no claim owned.
+    pub instances_destroyed: Vec<String>,
 }
 
 /// A device of this node a claim result names.
@@ -89,6 +94,8 @@ pub struct DeviceState {
     config: DriverConfig,
     gpus: Arc<dyn GpuControl>,
     inventory: NodeInventory,
+    /// How each GPU is offered, decided once at start.
+    modes: BTreeMap<u32, GpuMode>,
     checkpoint: Checkpoint,
     store: CheckpointStore,
     cdi: CdiStore,
@@ -108,6 +115,7 @@ impl DeviceState {
             config,
             gpus,
             inventory,
+            modes: BTreeMap::new(),
             checkpoint,
             store,
             cdi,
@@ -117,6 +125,30 @@ impl DeviceState {
             ..Default::default()
         };
         state.recover(&mut report)?;
+        state.refresh_inventory()?;
+        // MIG devices no prepared claim owns are someone else's, unless we were told to take over.
+        let owned: BTreeSet<(u32, u32)> = state
+            .checkpoint
+            .claims
+            .values()
+            .flat_map(|c| c.devices.iter())
+            .filter_map(|d| d.mig.as_ref())
+            .filter_map(|m| Some((m.parent_minor, m.gpu_instance_id?)))
+            .collect();
+        let inventory = &state.inventory;
+        state.modes = choose_modes(&inventory.gpus, state.config.mig_policy, |minor| {
+            inventory
+                .gpus
+                .iter()
+                .find(|g| g.minor == minor)
+                .and_then(|g| g.mig.as_ref())
+                .is_some_and(|m| {
+                    m.instances
+                        .iter()
+                        .any(|i| !owned.contains(&(minor, i.gpu_instance_id)))
+                })
+        });
+        report.instances_destroyed = state.destroy_unowned()?;
         Ok((state, report))
     }
 
@@ -130,6 +162,10 @@ impl DeviceState {
 
     pub fn inventory(&self) -> &NodeInventory {
         &self.inventory
+    }
+
+    pub fn modes(&self) -> &BTreeMap<u32, GpuMode> {
+        &self.modes
     }
 
     pub fn cdi(&self) -> &CdiStore {
@@ -224,6 +260,11 @@ impl DeviceState {
             failpoint("prepare-started");
             self.carve(&uid)?;
             entry = self.checkpoint.claims[&uid].clone();
+        }
+        for (_, target, _) in &plan {
+            if let Target::Gpu { minor, .. } = target {
+                self.ensure_whole(*minor)?;
+            }
         }
         for record in &entry.devices {
             sharing::apply(record)?;
@@ -433,6 +474,12 @@ impl DeviceState {
                 if gpu.mig.as_ref().is_some_and(|m| !m.instances.is_empty()) {
                     return Err("its GPU has MIG devices, so it cannot be used whole".into());
                 }
+                let dynamic = self.modes.get(&gpu.minor) == Some(&GpuMode::Dynamic);
+                if gpu.mig.as_ref().is_some_and(|m| m.mode.current)
+                    && !(dynamic && gpu.architecture.toggles_mig_without_reset())
+                {
+                    return Err("its GPU is in MIG mode, so it cannot be used whole".into());
+                }
                 return Ok(Target::Gpu {
                     minor: gpu.minor,
                     uuid: gpu.uuid.clone(),
@@ -471,6 +518,9 @@ impl DeviceState {
             .find(|p| p.start == parsed.start)
             .copied()
             .ok_or("no such placement for its profile")?;
+        if self.modes.get(&gpu.minor) != Some(&GpuMode::Dynamic) {
+            return Err("no such MIG device exists, and its GPU is not in dynamic MIG mode".into());
+        }
         Ok(Target::Placement {
             parent_minor: gpu.minor,
             profile_id: profile.id,
@@ -614,52 +664,91 @@ impl DeviceState {
         Ok(())
     }
 
-    /// Destroys a carved instance: compute instance, then GPU instance. An id that was never
-    /// recorded (crash right after creation) is found by its placement.
+    /// Destroys a carved instance: compute instances, then the GPU instance. Ids that were never
+    /// recorded (a crash right after creation) are found by profile and placement, which only this
+    /// claim could hold.
     fn destroy_carved(&mut self, mig: &MigRecord) -> Result<(), PrepareError> {
-        let state = self.gpus.inventory()?;
-        let instance = state
-            .gpus
-            .iter()
-            .find(|g| g.minor == mig.parent_minor)
-            .and_then(|g| g.mig.as_ref())
-            .and_then(|m| {
-                m.instances
-                    .iter()
-                    .find(|i| i.placement == mig.placement && i.profile_id == mig.profile_id)
-            });
-        let gi = mig.gpu_instance_id.or(instance.map(|i| i.gpu_instance_id));
-        let ci = mig
-            .compute_instance_id
-            .or(instance.map(|i| i.compute_instance_id));
-        if let (Some(gi), Some(ci)) = (gi, ci) {
-            match self.gpus.destroy_compute_instance(mig.parent_minor, gi, ci) {
-                Ok(())
-                | Err(GpuError::Mig {
-                    failure: crate::gpu::MigFailure::NotFound,
-                    ..
-                }) => {}
-                Err(e) => return Err(e.into()),
+        let minor = mig.parent_minor;
+        let existing = self.gpus.gpu_instances(minor)?;
+        let found = existing.iter().find(|gi| match mig.gpu_instance_id {
+            Some(id) => gi.id == id,
+            None => gi.profile_id == mig.profile_id && gi.placement == mig.placement,
+        });
+        if let Some(gi) = found {
+            for &ci in &gi.compute_instances {
+                ignore_not_found(self.gpus.destroy_compute_instance(minor, gi.id, ci))?;
             }
+            ignore_not_found(self.gpus.destroy_gpu_instance(minor, gi.id))?;
         }
-        if let Some(gi) = gi.or_else(|| self.find_gpu_instance(mig)) {
-            match self.gpus.destroy_gpu_instance(mig.parent_minor, gi) {
-                Ok(())
-                | Err(GpuError::Mig {
-                    failure: crate::gpu::MigFailure::NotFound,
-                    ..
-                }) => {}
-                Err(e) => return Err(e.into()),
-            }
+        self.release_mig_mode(minor)
+    }
+
+    /// Turns MIG mode off again on a dynamic GPU that can toggle it once nothing is carved, so the
+    /// whole GPU is usable (and behaves) as before.
+    fn release_mig_mode(&mut self, minor: u32) -> Result<(), PrepareError> {
+        if self.modes.get(&minor) != Some(&GpuMode::Dynamic) {
+            return Ok(());
+        }
+        let gpu = self.inventory.gpus.iter().find(|g| g.minor == minor);
+        if !gpu.is_some_and(|g| g.architecture.toggles_mig_without_reset()) {
+            return Ok(());
+        }
+        if self.gpus.gpu_instances(minor)?.is_empty() {
+            self.gpus.set_mig_mode(minor, false)?;
         }
         Ok(())
     }
 
-    /// A GPU instance without compute instance is no MIG device, so the inventory cannot show it;
-    /// only the control can. Used when a crash came between creating the GI and recording it.
-    fn find_gpu_instance(&self, mig: &MigRecord) -> Option<u32> {
-        self.gpus
-            .gpu_instance_at(mig.parent_minor, mig.profile_id, mig.placement)
+    /// A whole GPU of a dynamic GPU may be left in MIG mode (e.g. a crash after the last instance
+    /// was destroyed); switch it off before handing the GPU out whole.
+    fn ensure_whole(&mut self, minor: u32) -> Result<(), PrepareError> {
+        let mig_on = self
+            .inventory
+            .gpus
+            .iter()
+            .find(|g| g.minor == minor)
+            .and_then(|g| g.mig.as_ref())
+            .is_some_and(|m| m.mode.current);
+        if mig_on {
+            self.release_mig_mode(minor)?;
+            self.refresh_inventory()?;
+        }
+        Ok(())
+    }
+
+    /// Destroys MIG instances on dynamic GPUs that no prepared claim owns (left by a crash, or by
+    /// someone else under `--mig dynamic`). Returns "gpu<minor>/gi<id>" of each.
+    fn destroy_unowned(&mut self) -> Result<Vec<String>, PrepareError> {
+        let owned: BTreeSet<(u32, u32)> = self
+            .checkpoint
+            .claims
+            .values()
+            .flat_map(|c| c.devices.iter())
+            .filter_map(|d| d.mig.as_ref())
+            .filter_map(|m| Some((m.parent_minor, m.gpu_instance_id?)))
+            .collect();
+        let dynamic: Vec<u32> = self
+            .modes
+            .iter()
+            .filter(|(_, m)| **m == GpuMode::Dynamic)
+            .map(|(minor, _)| *minor)
+            .collect();
+        let mut destroyed = Vec::new();
+        for minor in dynamic {
+            for gi in self.gpus.gpu_instances(minor)? {
+                if owned.contains(&(minor, gi.id)) {
+                    continue;
+                }
+                for &ci in &gi.compute_instances {
+                    ignore_not_found(self.gpus.destroy_compute_instance(minor, gi.id, ci))?;
+                }
+                ignore_not_found(self.gpus.destroy_gpu_instance(minor, gi.id))?;
+                destroyed.push(format!("gpu{minor}/gi{}", gi.id));
+            }
+            self.release_mig_mode(minor)?;
+        }
+        self.refresh_inventory()?;
+        Ok(destroyed)
     }
 
     fn cdi_devices(&self, entry: &ClaimEntry) -> Vec<CdiDevice> {
@@ -689,6 +778,17 @@ impl DeviceState {
                 }
             })
             .collect()
+    }
+}
+
+fn ignore_not_found(result: Result<(), GpuError>) -> Result<(), PrepareError> {
+    match result {
+        Ok(())
+        | Err(GpuError::Mig {
+            failure: crate::gpu::MigFailure::NotFound,
+            ..
+        }) => Ok(()),
+        Err(e) => Err(e.into()),
     }
 }
 

@@ -31,6 +31,7 @@ impl Fixture {
         ));
         let config = DriverConfig {
             driver_name: "gpu.nvidia.com".into(),
+            mig_policy: crate::gpu::mig::MigPolicy::Auto,
             node_name: "n1".into(),
             cdi_root: dir.path().join("cdi"),
             state_dir: dir.path().join("state"),
@@ -389,4 +390,46 @@ fn restart_rolls_back_unfinished_claims_and_removes_orphan_specs() {
         state.checkpoint().claims.keys().collect::<Vec<_>>(),
         ["done"]
     );
+}
+
+#[test]
+fn dynamic_gpus_leave_mig_mode_when_empty_and_orphans_go_only_when_told() {
+    let f = Fixture::new("sim:1xH100-SXM5-80GB");
+    let mut state = f.open();
+    state
+        .prepare(
+            &claim_ref("m"),
+            &claim("m", vec![result("gpu-0-mig-2g20gb-14-2")], vec![]),
+        )
+        .expect("prepare");
+    state.unprepare("m").expect("unprepare");
+    let mig = f.sim.inventory().expect("inv").gpus[0]
+        .mig
+        .clone()
+        .expect("mig");
+    assert!(
+        !mig.mode.current,
+        "MIG mode is switched off once nothing is carved (Hopper)"
+    );
+    drop(state);
+
+    // Someone else's instance: kept (GPU static) under auto, destroyed under dynamic.
+    f.sim.set_mig_mode(0, true).expect("mode");
+    let gi = f
+        .sim
+        .create_gpu_instance(0, 5, Placement { start: 0, size: 4 })
+        .expect("gi");
+    f.sim.create_compute_instance(0, gi).expect("ci");
+    let state = f.open();
+    assert_eq!(state.modes()[&0], crate::gpu::mig::GpuMode::Static);
+    assert_eq!(f.instances(), 1);
+    drop(state);
+    let config = DriverConfig {
+        mig_policy: crate::gpu::mig::MigPolicy::Dynamic,
+        ..f.config.clone()
+    };
+    let (state, report) = DeviceState::open(config, f.sim.clone()).expect("open");
+    assert_eq!(state.modes()[&0], crate::gpu::mig::GpuMode::Dynamic);
+    assert_eq!(report.instances_destroyed, [format!("gpu0/gi{gi}")]);
+    assert_eq!(f.instances(), 0);
 }

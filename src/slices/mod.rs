@@ -1,20 +1,26 @@
 //! Device model → `resource.k8s.io/v1` ResourceSlices, with NVIDIA's names so existing
 //! DeviceClasses and claims match unchanged.
 //!
-//! One pool per node (pool name = node name). Devices keep a deterministic order (minor, then MIG
-//! placement) because the scheduler takes the first match. Everything is validated against the API
-//! server's limits before it leaves this module.
+//! One pool per node (pool name = node name). The scheduler sorts a pool's slices by name and
+//! takes the first matching device, so slice names carry a zero-padded index and device order is
+//! deliberate: whole GPUs and static MIG devices by minor, then dynamic MIG placements in the
+//! best-fit order of [`packing`]. Counter sets of dynamic GPUs live in their own slice (the
+//! Kubernetes 1.35+ layout). Everything is validated against the API server's limits before it
+//! leaves this module.
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::resource::v1::{
-    Device, DeviceAttribute, DeviceCapacity, ResourcePool, ResourceSlice, ResourceSliceSpec,
+    Counter, CounterSet, Device, DeviceAttribute, DeviceCapacity, ResourcePool, ResourceSlice,
+    ResourceSliceSpec,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::gpu::mig::{gpu_device_name, mig_device_name};
+use crate::gpu::mig::{GpuMode, MigPolicy, choose_modes, gpu_device_name, mig_device_name};
 use crate::gpu::{Gpu, MigInstance, NodeInventory};
 
+pub mod packing;
+pub mod partitions;
 pub mod publish;
 pub mod validate;
 
@@ -24,6 +30,8 @@ pub const DEFAULT_DRIVER_NAME: &str = "gpu.nvidia.com";
 pub const MAX_DEVICES_PER_SLICE: usize = 128;
 /// Most devices in one slice when any uses taints, counters or list attributes.
 pub const MAX_DEVICES_PER_SLICE_WITH_COUNTERS: usize = 64;
+/// Most counter sets in one slice.
+pub const MAX_COUNTER_SETS_PER_SLICE: usize = 8;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SliceError {
@@ -35,6 +43,16 @@ pub enum SliceError {
     },
 }
 
+/// Device order within the pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DeviceOrder {
+    /// Best-fit order for dynamic MIG placements (see [`packing`]).
+    #[default]
+    Packed,
+    /// Plain device-name order, as NVIDIA's driver publishes (for comparison).
+    Name,
+}
+
 /// What the slices are published as.
 #[derive(Debug, Clone)]
 pub struct SliceOptions {
@@ -42,6 +60,11 @@ pub struct SliceOptions {
     pub node_name: String,
     /// Pool generation to stamp (publication bumps it when content changes).
     pub generation: i64,
+    pub mig_policy: MigPolicy,
+    /// Per-GPU modes decided by the driver at start; `None` derives them from `mig_policy`,
+    /// taking existing MIG devices as someone else's.
+    pub modes: Option<BTreeMap<u32, GpuMode>>,
+    pub order: DeviceOrder,
 }
 
 impl SliceOptions {
@@ -50,52 +73,156 @@ impl SliceOptions {
             driver_name: driver_name.to_string(),
             node_name: node_name.to_string(),
             generation: 1,
+            mig_policy: MigPolicy::Auto,
+            modes: None,
+            order: DeviceOrder::Packed,
+        }
+    }
+
+    /// Each GPU's mode.
+    pub fn modes(&self, inventory: &NodeInventory) -> BTreeMap<u32, GpuMode> {
+        match &self.modes {
+            Some(modes) => modes.clone(),
+            None => choose_modes(&inventory.gpus, self.mig_policy, |minor| {
+                inventory
+                    .gpus
+                    .iter()
+                    .find(|g| g.minor == minor)
+                    .and_then(|g| g.mig.as_ref())
+                    .is_some_and(|m| !m.instances.is_empty())
+            }),
         }
     }
 }
 
-/// The devices of a node in publication order.
-pub fn devices(inventory: &NodeInventory) -> Vec<Device> {
-    let mut devices = Vec::new();
+/// The pool's content: counter sets and devices in publication order.
+#[derive(Debug, Clone, Default)]
+pub struct PoolContent {
+    pub counter_sets: Vec<CounterSet>,
+    pub devices: Vec<Device>,
+}
+
+/// The devices (and counter sets) of a node in publication order.
+pub fn content(inventory: &NodeInventory, options: &SliceOptions) -> PoolContent {
+    let modes = options.modes(inventory);
+    let mut pool = PoolContent::default();
+    let mut candidates = Vec::new();
     for gpu in &inventory.gpus {
         let mig_on = gpu.mig.as_ref().is_some_and(|m| m.mode.current);
-        // A GPU in MIG mode can only be used through its MIG devices.
-        if !mig_on {
-            devices.push(full_gpu_device(inventory, gpu));
-        }
-        if let Some(mig) = &gpu.mig {
-            let mut instances: Vec<&MigInstance> = mig.instances.iter().collect();
-            instances.sort_by_key(|i| (i.placement.start, i.placement.size, i.gpu_instance_id));
-            for instance in instances {
-                if let Some(device) = static_mig_device(inventory, gpu, instance) {
-                    devices.push(device);
+        match modes.get(&gpu.minor).copied().unwrap_or(GpuMode::Whole) {
+            GpuMode::Unusable => {}
+            GpuMode::Whole => {
+                if !mig_on {
+                    pool.devices.push(full_gpu_device(inventory, gpu));
                 }
+            }
+            GpuMode::Static => {
+                // A GPU in MIG mode can only be used through its MIG devices.
+                if !mig_on {
+                    pool.devices.push(full_gpu_device(inventory, gpu));
+                }
+                pool.devices.extend(static_mig_devices(inventory, gpu));
+            }
+            GpuMode::Dynamic => {
+                pool.counter_sets.push(partitions::counter_set(gpu));
+                // Ampere cannot leave MIG mode without a reset: no whole GPU while it is on.
+                if !mig_on || gpu.architecture.toggles_mig_without_reset() {
+                    pool.devices.push(partitions::whole_gpu(inventory, gpu));
+                }
+                candidates.extend(partitions::placements(gpu).into_iter().map(
+                    |(profile, placement)| packing::Candidate {
+                        gpu,
+                        profile,
+                        placement,
+                    },
+                ));
             }
         }
     }
-    devices
+    packing::order(&mut candidates, packing::Usage::of);
+    pool.devices.extend(
+        candidates
+            .into_iter()
+            .map(|c| partitions::placement_device(inventory, c.gpu, c.profile, c.placement)),
+    );
+    if options.order == DeviceOrder::Name {
+        pool.devices.sort_by(|a, b| a.name.cmp(&b.name));
+    }
+    pool
 }
 
-/// Builds and validates the node's slices: every device, split so no slice exceeds the limits.
+/// The devices of a node in publication order (see [`content`]).
+pub fn devices(inventory: &NodeInventory) -> Vec<Device> {
+    content(inventory, &SliceOptions::new(DEFAULT_DRIVER_NAME, "")).devices
+}
+
+fn static_mig_devices<'a>(
+    inventory: &'a NodeInventory,
+    gpu: &'a Gpu,
+) -> impl Iterator<Item = Device> + 'a {
+    let mut instances: Vec<&MigInstance> =
+        gpu.mig.iter().flat_map(|m| m.instances.iter()).collect();
+    instances.sort_by_key(|i| (i.placement.start, i.placement.size, i.gpu_instance_id));
+    instances
+        .into_iter()
+        .filter_map(move |instance| static_mig_device(inventory, gpu, instance))
+}
+
+/// Splits devices into slices: no slice over its limit (64 once a device uses counters), order
+/// kept.
+fn chunk_devices(devices: Vec<Device>) -> Vec<Vec<Device>> {
+    let mut chunks: Vec<Vec<Device>> = Vec::new();
+    let mut current: Vec<Device> = Vec::new();
+    let mut strict = false;
+    for device in devices {
+        let uses_counters = device
+            .consumes_counters
+            .as_ref()
+            .is_some_and(|c| !c.is_empty())
+            || device.taints.as_ref().is_some_and(|t| !t.is_empty());
+        let limit = if strict || uses_counters {
+            MAX_DEVICES_PER_SLICE_WITH_COUNTERS
+        } else {
+            MAX_DEVICES_PER_SLICE
+        };
+        if current.len() >= limit {
+            chunks.push(std::mem::take(&mut current));
+            strict = false;
+        }
+        strict |= uses_counters;
+        current.push(device);
+    }
+    if !current.is_empty() {
+        chunks.push(current);
+    }
+    chunks
+}
+
+/// Builds and validates the node's slices.
 pub fn build(
     inventory: &NodeInventory,
     options: &SliceOptions,
 ) -> Result<Vec<ResourceSlice>, SliceError> {
-    let devices = devices(inventory);
-    let chunks: Vec<Vec<Device>> = if devices.is_empty() {
+    let pool = content(inventory, options);
+    let mut specs: Vec<(Vec<CounterSet>, Vec<Device>)> = pool
+        .counter_sets
+        .chunks(MAX_COUNTER_SETS_PER_SLICE)
+        .map(|sets| (sets.to_vec(), vec![]))
+        .collect();
+    specs.extend(
+        chunk_devices(pool.devices)
+            .into_iter()
+            .map(|devices| (vec![], devices)),
+    );
+    if specs.is_empty() {
         // An empty pool is still published so the scheduler knows the node has none.
-        vec![vec![]]
-    } else {
-        devices
-            .chunks(MAX_DEVICES_PER_SLICE)
-            .map(<[Device]>::to_vec)
-            .collect()
-    };
-    let count = chunks.len() as i64;
-    let slices: Vec<ResourceSlice> = chunks
+        specs.push((vec![], vec![]));
+    }
+    let count = specs.len() as i64;
+    let slices: Vec<ResourceSlice> = specs
         .into_iter()
         .enumerate()
-        .map(|(index, devices)| ResourceSlice {
+        .map(|(index, (counter_sets, devices))| ResourceSlice {
             metadata: ObjectMeta {
                 name: Some(slice_name(options, index)),
                 ..ObjectMeta::default()
@@ -108,7 +235,8 @@ pub fn build(
                     generation: options.generation,
                     resource_slice_count: count,
                 },
-                devices: Some(devices),
+                devices: (!devices.is_empty() || counter_sets.is_empty()).then_some(devices),
+                shared_counters: (!counter_sets.is_empty()).then_some(counter_sets),
                 ..ResourceSliceSpec::default()
             },
         })
@@ -117,9 +245,10 @@ pub fn build(
     Ok(slices)
 }
 
-/// `<node>-<driver>-<index>`, shortened with a hash when the node name is very long.
+/// `<node>-<driver>-<index>` with a zero-padded index (the scheduler orders slices by name),
+/// shortened with a hash when the node name is very long.
 pub fn slice_name(options: &SliceOptions, index: usize) -> String {
-    let name = format!("{}-{}-{index}", options.node_name, options.driver_name);
+    let name = format!("{}-{}-{index:04}", options.node_name, options.driver_name);
     if name.len() <= validate::MAX_NAME_LENGTH {
         return name;
     }
@@ -152,6 +281,12 @@ fn int(value: i64) -> DeviceAttribute {
     DeviceAttribute {
         int: Some(value),
         ..DeviceAttribute::default()
+    }
+}
+
+fn counter(value: u64) -> Counter {
+    Counter {
+        value: Quantity(binary_si(value)),
     }
 }
 
@@ -334,11 +469,11 @@ mod tests {
 
     #[test]
     fn h100_node_has_eight_full_gpus_with_nvidia_attributes() {
-        let slices = build(
-            &inventory("sim:8xH100-SXM5-80GB"),
-            &SliceOptions::new(DEFAULT_DRIVER_NAME, "n1"),
-        )
-        .expect("valid");
+        let options = SliceOptions {
+            mig_policy: MigPolicy::Static,
+            ..SliceOptions::new(DEFAULT_DRIVER_NAME, "n1")
+        };
+        let slices = build(&inventory("sim:8xH100-SXM5-80GB"), &options).expect("valid");
         assert_eq!(slices.len(), 1);
         let spec = &slices[0].spec;
         assert_eq!(spec.driver, "gpu.nvidia.com");
@@ -500,5 +635,138 @@ mod tests {
             name,
             slice_name(&SliceOptions::new("gpu.nvidia.com", &node), 4)
         );
+    }
+
+    fn consumed(device: &Device) -> BTreeMap<String, String> {
+        device
+            .consumes_counters
+            .iter()
+            .flatten()
+            .flat_map(|c| {
+                c.counters
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.value.0.clone()))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn hopper_gpus_are_dynamic_by_default_with_counters_and_placements() {
+        let slices = build(
+            &inventory("sim:8xH100-SXM5-80GB"),
+            &SliceOptions::new(DEFAULT_DRIVER_NAME, "n1"),
+        )
+        .expect("valid");
+        // One counter slice, then 8 whole GPUs + 8 × 25 placements in slices of at most 64.
+        let shapes: Vec<(usize, usize)> = slices
+            .iter()
+            .map(|s| {
+                (
+                    s.spec.shared_counters.as_ref().map_or(0, Vec::len),
+                    s.spec.devices.as_ref().map_or(0, Vec::len),
+                )
+            })
+            .collect();
+        assert_eq!(shapes, [(8, 0), (0, 64), (0, 64), (0, 64), (0, 16)]);
+        let names: Vec<_> = slices
+            .iter()
+            .filter_map(|s| s.metadata.name.clone())
+            .collect();
+        let mut sorted = names.clone();
+        sorted.sort();
+        assert_eq!(names, sorted, "name order is publication order");
+        let set = &slices[0].spec.shared_counters.as_ref().expect("sets")[0];
+        assert_eq!(set.name, "gpu-0-counter-set");
+        let value = |k: &str| set.counters.get(k).map(|c| c.value.0.clone());
+        assert_eq!(value("multiprocessors").as_deref(), Some("132"));
+        assert_eq!(value("memory").as_deref(), Some("81152Mi"));
+        assert_eq!(value("memory-slice-7").as_deref(), Some("1"));
+        assert_eq!(set.counters.len(), 15);
+        let devices: Vec<&Device> = slices
+            .iter()
+            .flat_map(|s| s.spec.devices.iter().flatten())
+            .collect();
+        assert_eq!(devices.len(), 208);
+        assert_eq!(devices[0].name, "gpu-0");
+        assert_eq!(
+            consumed(devices[0]).len(),
+            14,
+            "the whole GPU consumes every non-zero counter"
+        );
+        let p = devices
+            .iter()
+            .find(|d| d.name == "gpu-3-mig-3g40gb-9-4")
+            .expect("placement device");
+        assert_eq!(attr(p, "type").string.as_deref(), Some("mig"));
+        assert_eq!(attr(p, "profile").string.as_deref(), Some("3g.40gb"));
+        assert!(
+            p.attributes
+                .as_ref()
+                .is_some_and(|a| !a.contains_key("uuid")),
+            "no UUID before it exists"
+        );
+        let c = consumed(p);
+        assert_eq!(c.get("multiprocessors").map(String::as_str), Some("60"));
+        assert_eq!(c.get("memory").map(String::as_str), Some("40448Mi"));
+        let slices_used: Vec<_> = c
+            .keys()
+            .filter(|k| k.starts_with("memory-slice-"))
+            .cloned()
+            .collect();
+        assert_eq!(
+            slices_used,
+            [
+                "memory-slice-4",
+                "memory-slice-5",
+                "memory-slice-6",
+                "memory-slice-7"
+            ]
+        );
+        assert_eq!(
+            p.consumes_counters.as_ref().expect("consumes")[0].counter_set,
+            "gpu-3-counter-set"
+        );
+    }
+
+    #[test]
+    fn modes_per_policy_and_architecture() {
+        // Ampere with MIG off cannot be partitioned without a reset: whole GPU only.
+        let a100 = inventory("sim:1xA100-SXM4-40GB");
+        assert_eq!(devices(&a100).len(), 1);
+        let off = SliceOptions {
+            mig_policy: MigPolicy::Off,
+            ..SliceOptions::new(DEFAULT_DRIVER_NAME, "n1")
+        };
+        let h100 = inventory("sim:1xH100-SXM5-80GB");
+        assert_eq!(content(&h100, &off).devices.len(), 1);
+        let name_order = SliceOptions {
+            order: DeviceOrder::Name,
+            ..SliceOptions::new(DEFAULT_DRIVER_NAME, "n1")
+        };
+        let names: Vec<String> = content(&h100, &name_order)
+            .devices
+            .into_iter()
+            .map(|d| d.name)
+            .collect();
+        let mut sorted = names.clone();
+        sorted.sort();
+        assert_eq!(names, sorted);
+        // Packed order puts a 1g at the top slot before the bottom ones.
+        let packed: Vec<String> = devices(&h100).into_iter().map(|d| d.name).collect();
+        let pos = |n: &str| packed.iter().position(|d| d == n).expect(n);
+        assert!(pos("gpu-0-mig-1g10gb-19-6") < pos("gpu-0-mig-1g10gb-19-0"));
+    }
+
+    #[test]
+    fn ampere_in_mig_mode_is_dynamic_without_the_whole_gpu() {
+        let node = SimNode::new("1xA100-SXM4-80GB".parse().expect("spec"), "n1", None);
+        node.set_mig_mode(0, true).expect("mode");
+        node.reset_gpu(0).expect("reset");
+        let names: Vec<String> = devices(&node.inventory().expect("inv"))
+            .into_iter()
+            .map(|d| d.name)
+            .collect();
+        assert!(!names.contains(&"gpu-0".to_string()));
+        assert_eq!(names.len(), 25);
     }
 }
