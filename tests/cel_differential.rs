@@ -324,6 +324,7 @@ fn gen_expr(rng: &mut Rng, driver: &str, depth: usize) -> String {
 fn uses_unimplemented_library(expr: &str) -> bool {
     const NAMES: &[&str] = &[
         "cidr(",
+        "ip.",
         "ip(",
         "url(",
         "isURL(",
