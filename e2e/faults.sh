@@ -7,12 +7,12 @@
 # Claims are allocated by writing status.allocation directly (the scheduler is not what is under
 # test here), so MIG placements can be used before they are published.
 #
-# Usage: e2e/faults.sh [ROUNDS]   (default 5 rounds over all steps: 60 runs)
+# Usage: e2e/faults.sh [ROUNDS]   (default 7 rounds: 84 runs, 56 of them carving MIG devices)
 set -euo pipefail
 NAME=faults-e2e
 NODE=fault-node-1
 GPUS=sim:8xH100-SXM5-80GB
-ROUNDS=${1:-5}
+ROUNDS=${1:-7}
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -23,6 +23,7 @@ FULL_GPU_STEPS=" prepare-cdi-written prepare-completed unprepare-started rollbac
 
 declare -A killed=()
 runs=0
+mig_runs=0
 
 allocate_claim() { # name device → prints the UID
     kubectl create -f - >/dev/null <<EOF
@@ -85,6 +86,7 @@ for round in $(seq "$ROUNDS"); do
                     *) device=gpu-$gpu-mig-7g80gb-0-0 ;;
                 esac
                 instances=1
+                mig_runs=$((mig_runs + 1))
             else
                 device=gpu-$gpu
                 instances=0
@@ -122,4 +124,5 @@ for step in "${PREPARE_STEPS[@]}" "${UNPREPARE_STEPS[@]}"; do
 done
 log "kills per step: $(for s in "${!killed[@]}"; do printf '%s=%s ' "$s" "${killed[$s]}"; done)"
 ((runs >= 50)) || fail "only $runs runs"
+((mig_runs >= 50)) || fail "only $mig_runs runs carved MIG devices"
 echo "$passed passed, 0 failed"
