@@ -41,6 +41,18 @@ fi
 # A private copy: a concurrent `cargo build` must not swap the binary between two runs.
 cp "$GPU_DRA" "$WORK/gpu-dra"
 GPU_DRA=$WORK/gpu-dra
+
+# DRIVER_BACKEND=nvml runs the driver's real NVML code path against the fake libnvidia-ml
+# (e2e/fakenvml) on the same simulated hardware; the default drives the simulator directly.
+DRIVER_BACKEND=${DRIVER_BACKEND:-sim}
+GPU_ARGS=(--gpus "$GPUS")
+if [[ $DRIVER_BACKEND == nvml ]]; then
+    FAKE_NVML=${FAKE_NVML:-$ROOT/target/debug/libnvidia_ml.so}
+    [[ -f $FAKE_NVML ]] || (cd "$ROOT" && cargo build -p fakenvml) >&2
+    cp "$FAKE_NVML" "$WORK/libnvidia-ml.so.1"
+    export FAKE_NVML_GPUS=$GPUS FAKE_NVML_NODE=$NODE FAKE_NVML_STATE=$WORK/hw.json
+    GPU_ARGS=(--gpus nvml --nvml-lib "$WORK/libnvidia-ml.so.1")
+fi
 BIN=${GPU_DRA_K8S_BIN:-$("$E2E/build-k8s.sh" | tail -n 1)}
 export PATH="$BIN:$PATH"
 
@@ -52,7 +64,7 @@ kubelet() { kubelet-sim --registration-socket "$WORK/registry/gpu.nvidia.com-reg
 # start_driver [ENV=VALUE ...]: runs `gpu-dra run` on the simulated node until its
 # registration socket exists. Extra arguments are environment settings (e.g. a failpoint).
 start_driver() {
-    env RUST_LOG="${RUST_LOG:-info}" "$@" "$GPU_DRA" run --node-name "$NODE" --gpus "$GPUS" \
+    env RUST_LOG="${RUST_LOG:-info}" "$@" "$GPU_DRA" run --node-name "$NODE" "${GPU_ARGS[@]}" \
         --sim-state "$WORK/hw.json" --kubeconfig "$KUBECONFIG" \
         --registrar-dir "$WORK/registry" --plugin-dir "$WORK/plugin" \
         --cdi-root "$WORK/cdi" --state-dir "$WORK/state" \

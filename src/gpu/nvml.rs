@@ -328,45 +328,179 @@ mod tests {
     }
 }
 
+impl NvmlBackend {
+    /// The handle of the GPU with `minor`.
+    fn handle_of(
+        &self,
+        minor: u32,
+        operation: &'static str,
+    ) -> Result<nvml_wrapper_sys::bindings::nvmlDevice_t, GpuError> {
+        let count = self
+            .nvml
+            .device_count()
+            .map_err(|e| nvml_err("device count", e))?;
+        for index in 0..count {
+            let device = self
+                .nvml
+                .device_by_index(index)
+                .map_err(|e| nvml_err("handle", e))?;
+            if device.minor_number().ok() == Some(minor) {
+                // SAFETY: the handle stays valid while `self.nvml` lives.
+                return Ok(unsafe { device.handle() });
+            }
+        }
+        Err(GpuError::Mig {
+            minor,
+            operation,
+            failure: super::MigFailure::NotFound,
+            detail: "no such GPU".into(),
+        })
+    }
+
+    fn profiles_of(&self, minor: u32) -> Result<Vec<GiProfile>, GpuError> {
+        let inventory = self.inventory()?;
+        Ok(inventory
+            .gpus
+            .into_iter()
+            .find(|g| g.minor == minor)
+            .and_then(|g| g.mig)
+            .map(|m| m.profiles)
+            .unwrap_or_default())
+    }
+}
+
+/// An NVML MIG call's failure, in the terms the simulator uses.
+fn mig_failure(minor: u32, operation: &'static str, e: RawError) -> GpuError {
+    let failure = match e.code {
+        2 => super::MigFailure::InvalidArgument,
+        3 => super::MigFailure::NotSupported,
+        6 => super::MigFailure::NotFound,
+        19 => super::MigFailure::InUse,
+        23 => super::MigFailure::InsufficientResources,
+        _ => return raw_err(&format!("GPU {minor}: {operation}"), e),
+    };
+    GpuError::Mig {
+        minor,
+        operation,
+        failure,
+        detail: e.to_string(),
+    }
+}
+
 impl super::GpuControl for NvmlBackend {
     fn inventory(&self) -> Result<NodeInventory, GpuError> {
         NvmlBackend::inventory(self)
     }
-    fn set_mig_mode(&self, minor: u32, _enabled: bool) -> Result<MigMode, GpuError> {
-        Err(unsupported(minor, "set MIG mode"))
+
+    fn set_mig_mode(&self, minor: u32, enabled: bool) -> Result<MigMode, GpuError> {
+        const OP: &str = "set MIG mode";
+        let handle = self.handle_of(minor, OP)?;
+        // SAFETY: `handle` belongs to `self.nvml`.
+        let device = unsafe { nvml_wrapper::Device::new(handle, &self.nvml) };
+        let status = device
+            .set_mig_mode(enabled)
+            .map_err(|e| nvml_err(&format!("GPU {minor}: {OP}"), e))?;
+        if status != 0 {
+            // The call returned, but the mode did not change (e.g. the GPU is in use).
+            return Err(mig_failure(
+                minor,
+                OP,
+                RawError {
+                    function: "nvmlDeviceSetMigMode",
+                    code: status,
+                },
+            ));
+        }
+        let mode = device
+            .mig_mode()
+            .map_err(|e| nvml_err(&format!("GPU {minor}: MIG mode"), e))?;
+        Ok(MigMode {
+            current: mode.current == 1,
+            pending: mode.pending == 1,
+        })
     }
+
     fn create_gpu_instance(
         &self,
         minor: u32,
-        _profile_id: u32,
-        _placement: Placement,
+        profile_id: u32,
+        placement: Placement,
     ) -> Result<u32, GpuError> {
-        Err(unsupported(minor, "create GPU instance"))
+        const OP: &str = "create GPU instance";
+        let handle = self.handle_of(minor, OP)?;
+        // SAFETY: `handle` belongs to `self.nvml`.
+        unsafe { nvml_raw::create_gpu_instance(&self.nvml, handle, profile_id, placement) }
+            .map_err(|e| mig_failure(minor, OP, e))
     }
+
     fn create_compute_instance(
         &self,
         minor: u32,
-        _gpu_instance_id: u32,
+        gpu_instance_id: u32,
     ) -> Result<(u32, String), GpuError> {
-        Err(unsupported(minor, "create compute instance"))
+        const OP: &str = "create compute instance";
+        let profiles = self.profiles_of(minor)?;
+        let slices = self
+            .gpu_instances(minor)?
+            .into_iter()
+            .find(|gi| gi.id == gpu_instance_id)
+            .and_then(|gi| profiles.iter().find(|p| p.id == gi.profile_id))
+            .map(|p| p.slice_count)
+            .ok_or_else(|| GpuError::Mig {
+                minor,
+                operation: OP,
+                failure: super::MigFailure::NotFound,
+                detail: format!("no GPU instance {gpu_instance_id}"),
+            })?;
+        let handle = self.handle_of(minor, OP)?;
+        let profile_enum = super::sim::full_compute_profile(slices);
+        // SAFETY: `handle` belongs to `self.nvml`.
+        unsafe {
+            nvml_raw::create_compute_instance(&self.nvml, handle, gpu_instance_id, profile_enum)
+        }
+        .map_err(|e| mig_failure(minor, OP, e))
     }
-    fn destroy_compute_instance(&self, minor: u32, _gi: u32, _ci: u32) -> Result<(), GpuError> {
-        Err(unsupported(minor, "destroy compute instance"))
-    }
-    fn destroy_gpu_instance(&self, minor: u32, _gi: u32) -> Result<(), GpuError> {
-        Err(unsupported(minor, "destroy GPU instance"))
-    }
-    fn gpu_instances(&self, minor: u32) -> Result<Vec<super::GpuInstanceInfo>, GpuError> {
-        Err(unsupported(minor, "list GPU instances"))
-    }
-}
 
-/// MIG changes through NVML arrive with dynamic MIG; until then the NVML backend is read-only.
-fn unsupported(minor: u32, operation: &'static str) -> GpuError {
-    GpuError::Mig {
-        minor,
-        operation,
-        failure: super::MigFailure::NotSupported,
-        detail: "MIG changes through NVML are not implemented yet".into(),
+    fn destroy_compute_instance(&self, minor: u32, gi: u32, ci: u32) -> Result<(), GpuError> {
+        const OP: &str = "destroy compute instance";
+        let handle = self.handle_of(minor, OP)?;
+        // SAFETY: `handle` belongs to `self.nvml`.
+        unsafe { nvml_raw::destroy_compute_instance(&self.nvml, handle, gi, ci) }
+            .map_err(|e| mig_failure(minor, OP, e))
+    }
+
+    fn destroy_gpu_instance(&self, minor: u32, gi: u32) -> Result<(), GpuError> {
+        const OP: &str = "destroy GPU instance";
+        let handle = self.handle_of(minor, OP)?;
+        // SAFETY: `handle` belongs to `self.nvml`.
+        unsafe { nvml_raw::destroy_gpu_instance(&self.nvml, handle, gi) }
+            .map_err(|e| mig_failure(minor, OP, e))
+    }
+
+    fn gpu_instances(&self, minor: u32) -> Result<Vec<super::GpuInstanceInfo>, GpuError> {
+        const OP: &str = "list GPU instances";
+        let profiles: Vec<(u32, u32)> = self
+            .profiles_of(minor)?
+            .iter()
+            .map(|p| (p.id, p.instance_count))
+            .collect();
+        let handle = self.handle_of(minor, OP)?;
+        // SAFETY: `handle` belongs to `self.nvml`.
+        match unsafe { nvml_raw::gpu_instances(&self.nvml, handle, &profiles) } {
+            Ok(found) => Ok(found
+                .into_iter()
+                .map(
+                    |(id, profile_id, placement, compute_instances)| super::GpuInstanceInfo {
+                        id,
+                        profile_id,
+                        placement,
+                        compute_instances,
+                    },
+                )
+                .collect()),
+            // MIG mode off: there are none.
+            Err(RawError { code: 3, .. }) => Ok(vec![]),
+            Err(e) => Err(mig_failure(minor, OP, e)),
+        }
     }
 }

@@ -130,3 +130,236 @@ pub unsafe fn gpu_instance_info(
         },
     ))
 }
+
+// ---- MIG lifecycle (dynamic MIG) -------------------------------------------------------------
+
+use nvml_wrapper_sys::bindings::{
+    nvmlComputeInstance_t, nvmlComputeInstanceInfo_t, nvmlComputeInstanceProfileInfo_t,
+};
+
+/// `NVML_COMPUTE_INSTANCE_PROFILE_COUNT`.
+const COMPUTE_INSTANCE_PROFILE_COUNT: u32 = 9;
+const NVML_ERROR_INSUFFICIENT_SIZE: u32 = 7;
+
+/// # Safety
+/// `device` must be a valid full-GPU handle obtained from `nvml`.
+unsafe fn gpu_instance_handle(
+    nvml: &Nvml,
+    device: nvmlDevice_t,
+    id: u32,
+) -> Result<nvmlGpuInstance_t, RawError> {
+    let by_id = symbol!(nvml, nvmlDeviceGetGpuInstanceById);
+    let mut gi: nvmlGpuInstance_t = std::ptr::null_mut();
+    // SAFETY: out-pointer to a live local.
+    check("nvmlDeviceGetGpuInstanceById", unsafe {
+        by_id(device, id, &mut gi)
+    })?;
+    Ok(gi)
+}
+
+/// # Safety
+/// `gi` must be a GPU instance handle from `nvml`.
+unsafe fn gpu_instance_placement(
+    nvml: &Nvml,
+    gi: nvmlGpuInstance_t,
+) -> Result<(u32, u32, Placement), RawError> {
+    let info_call = symbol!(nvml, nvmlGpuInstanceGetInfo);
+    let mut info = nvmlGpuInstanceInfo_t {
+        device: std::ptr::null_mut(),
+        id: 0,
+        profileId: 0,
+        placement: nvmlGpuInstancePlacement_t { start: 0, size: 0 },
+    };
+    // SAFETY: out-pointer to a live local.
+    check("nvmlGpuInstanceGetInfo", unsafe {
+        info_call(gi, &mut info)
+    })?;
+    Ok((
+        info.id,
+        info.profileId,
+        Placement {
+            start: info.placement.start,
+            size: info.placement.size,
+        },
+    ))
+}
+
+/// `nvmlDeviceCreateGpuInstanceWithPlacement`; returns the new GPU instance id.
+///
+/// # Safety
+/// `device` must be a valid full-GPU handle obtained from `nvml`.
+pub unsafe fn create_gpu_instance(
+    nvml: &Nvml,
+    device: nvmlDevice_t,
+    profile_id: u32,
+    placement: Placement,
+) -> Result<u32, RawError> {
+    let create = symbol!(nvml, nvmlDeviceCreateGpuInstanceWithPlacement);
+    let wanted = nvmlGpuInstancePlacement_t {
+        start: placement.start,
+        size: placement.size,
+    };
+    let mut gi: nvmlGpuInstance_t = std::ptr::null_mut();
+    // SAFETY: pointers to live locals.
+    check("nvmlDeviceCreateGpuInstanceWithPlacement", unsafe {
+        create(device, profile_id, &wanted, &mut gi)
+    })?;
+    // SAFETY: `gi` was just returned by NVML.
+    Ok(unsafe { gpu_instance_placement(nvml, gi) }?.0)
+}
+
+/// The per-GPU-instance id of compute profile `profile_enum` (`NVML_COMPUTE_INSTANCE_PROFILE_*`).
+unsafe fn compute_profile_id(
+    nvml: &Nvml,
+    gi: nvmlGpuInstance_t,
+    profile_enum: u32,
+) -> Result<u32, RawError> {
+    let info_call = symbol!(nvml, nvmlGpuInstanceGetComputeInstanceProfileInfo);
+    let mut info = nvmlComputeInstanceProfileInfo_t {
+        id: 0,
+        sliceCount: 0,
+        instanceCount: 0,
+        multiprocessorCount: 0,
+        sharedCopyEngineCount: 0,
+        sharedDecoderCount: 0,
+        sharedEncoderCount: 0,
+        sharedJpegCount: 0,
+        sharedOfaCount: 0,
+    };
+    // SAFETY: out-pointer to a live local; engine profile 0 is the only one (SHARED).
+    check("nvmlGpuInstanceGetComputeInstanceProfileInfo", unsafe {
+        info_call(gi, profile_enum, 0, &mut info)
+    })?;
+    Ok(info.id)
+}
+
+/// Creates a compute instance of `compute_profile_enum` in GPU instance `gi_id`; returns its id
+/// and the MIG device UUID (read through the compute instance's device handle, not by walking
+/// every MIG device).
+///
+/// # Safety
+/// `device` must be a valid full-GPU handle obtained from `nvml`.
+pub unsafe fn create_compute_instance(
+    nvml: &Nvml,
+    device: nvmlDevice_t,
+    gi_id: u32,
+    compute_profile_enum: u32,
+) -> Result<(u32, String), RawError> {
+    let create = symbol!(nvml, nvmlGpuInstanceCreateComputeInstance);
+    let info_call = symbol!(nvml, nvmlComputeInstanceGetInfo_v2);
+    let uuid_call = symbol!(nvml, nvmlDeviceGetUUID);
+    // SAFETY: handles from NVML, out-pointers to live locals, buffer sizes as declared.
+    unsafe {
+        let gi = gpu_instance_handle(nvml, device, gi_id)?;
+        let profile_id = compute_profile_id(nvml, gi, compute_profile_enum)?;
+        let mut ci: nvmlComputeInstance_t = std::ptr::null_mut();
+        check(
+            "nvmlGpuInstanceCreateComputeInstance",
+            create(gi, profile_id, &mut ci),
+        )?;
+        let mut info: nvmlComputeInstanceInfo_t = std::mem::zeroed();
+        check("nvmlComputeInstanceGetInfo_v2", info_call(ci, &mut info))?;
+        let mut buffer = [0 as std::os::raw::c_char; 96];
+        check(
+            "nvmlDeviceGetUUID",
+            uuid_call(info.device, buffer.as_mut_ptr(), buffer.len() as c_uint),
+        )?;
+        let uuid = std::ffi::CStr::from_ptr(buffer.as_ptr())
+            .to_string_lossy()
+            .into_owned();
+        Ok((info.id, uuid))
+    }
+}
+
+/// # Safety
+/// `device` must be a valid full-GPU handle obtained from `nvml`.
+pub unsafe fn destroy_compute_instance(
+    nvml: &Nvml,
+    device: nvmlDevice_t,
+    gi_id: u32,
+    ci_id: u32,
+) -> Result<(), RawError> {
+    let by_id = symbol!(nvml, nvmlGpuInstanceGetComputeInstanceById);
+    let destroy = symbol!(nvml, nvmlComputeInstanceDestroy);
+    // SAFETY: handles from NVML, out-pointer to a live local.
+    unsafe {
+        let gi = gpu_instance_handle(nvml, device, gi_id)?;
+        let mut ci: nvmlComputeInstance_t = std::ptr::null_mut();
+        check(
+            "nvmlGpuInstanceGetComputeInstanceById",
+            by_id(gi, ci_id, &mut ci),
+        )?;
+        check("nvmlComputeInstanceDestroy", destroy(ci))
+    }
+}
+
+/// # Safety
+/// `device` must be a valid full-GPU handle obtained from `nvml`.
+pub unsafe fn destroy_gpu_instance(
+    nvml: &Nvml,
+    device: nvmlDevice_t,
+    gi_id: u32,
+) -> Result<(), RawError> {
+    let destroy = symbol!(nvml, nvmlGpuInstanceDestroy);
+    // SAFETY: handle from NVML.
+    unsafe {
+        let gi = gpu_instance_handle(nvml, device, gi_id)?;
+        check("nvmlGpuInstanceDestroy", destroy(gi))
+    }
+}
+
+/// Every GPU instance of the given unique profile ids with their compute instance ids.
+///
+/// # Safety
+/// `device` must be a valid full-GPU handle obtained from `nvml`.
+pub unsafe fn gpu_instances(
+    nvml: &Nvml,
+    device: nvmlDevice_t,
+    profiles: &[(u32, u32)],
+) -> Result<Vec<(u32, u32, Placement, Vec<u32>)>, RawError> {
+    let list = symbol!(nvml, nvmlDeviceGetGpuInstances);
+    let list_cis = symbol!(nvml, nvmlGpuInstanceGetComputeInstances);
+    let ci_info = symbol!(nvml, nvmlComputeInstanceGetInfo_v2);
+    let mut found = Vec::new();
+    for &(profile_id, instance_count) in profiles {
+        let mut handles = vec![std::ptr::null_mut(); instance_count.max(1) as usize];
+        let mut count: c_uint = handles.len() as c_uint;
+        // SAFETY: the buffer holds `count` handles.
+        check("nvmlDeviceGetGpuInstances", unsafe {
+            list(device, profile_id, handles.as_mut_ptr(), &mut count)
+        })?;
+        for &gi in handles.iter().take(count as usize) {
+            // SAFETY: handles returned by NVML just now.
+            let (id, profile, placement) = unsafe { gpu_instance_placement(nvml, gi) }?;
+            let mut compute = Vec::new();
+            for ci_enum in 0..COMPUTE_INSTANCE_PROFILE_COUNT {
+                // A GPU instance offers only some compute profiles; the others answer errors.
+                let Ok(ci_profile) = (unsafe { compute_profile_id(nvml, gi, ci_enum) }) else {
+                    continue;
+                };
+                let mut cis = vec![std::ptr::null_mut(); 8];
+                let mut n: c_uint = cis.len() as c_uint;
+                // SAFETY: the buffer holds `n` handles.
+                let ret = unsafe { list_cis(gi, ci_profile, cis.as_mut_ptr(), &mut n) };
+                if ret == NVML_ERROR_INSUFFICIENT_SIZE {
+                    continue;
+                }
+                check("nvmlGpuInstanceGetComputeInstances", ret)?;
+                for &ci in cis.iter().take(n as usize) {
+                    // SAFETY: handle from NVML; zeroed plain-data struct as out-parameter.
+                    let mut info: nvmlComputeInstanceInfo_t = unsafe { std::mem::zeroed() };
+                    check("nvmlComputeInstanceGetInfo_v2", unsafe {
+                        ci_info(ci, &mut info)
+                    })?;
+                    if !compute.contains(&info.id) {
+                        compute.push(info.id);
+                    }
+                }
+            }
+            compute.sort_unstable();
+            found.push((id, profile, placement, compute));
+        }
+    }
+    found.sort_by_key(|(id, ..)| *id);
+    Ok(found)
+}

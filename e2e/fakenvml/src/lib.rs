@@ -19,9 +19,10 @@ use std::sync::{Mutex, MutexGuard};
 use gpu_dra::gpu::sim::{SimNode, SimState, full_compute_profile, sim_pci_location};
 use gpu_dra::gpu::{GpuError, NodeInventory, Placement, catalog};
 use nvml_wrapper_sys::bindings::{
-    nvmlComputeInstance_t, nvmlComputeInstanceInfo_t, nvmlComputeInstancePlacement_t, nvmlDevice_t,
-    nvmlGpuInstance_t, nvmlGpuInstanceInfo_t, nvmlGpuInstancePlacement_t,
-    nvmlGpuInstanceProfileInfo_t, nvmlMemory_t, nvmlMemory_v2_t, nvmlPciInfo_t, nvmlReturn_t,
+    nvmlComputeInstance_t, nvmlComputeInstanceInfo_t, nvmlComputeInstancePlacement_t,
+    nvmlComputeInstanceProfileInfo_t, nvmlDevice_t, nvmlGpuInstance_t, nvmlGpuInstanceInfo_t,
+    nvmlGpuInstancePlacement_t, nvmlGpuInstanceProfileInfo_t, nvmlMemory_t, nvmlMemory_v2_t,
+    nvmlPciInfo_t, nvmlReturn_t,
 };
 
 type Ret = nvmlReturn_t;
@@ -1104,5 +1105,82 @@ pub unsafe extern "C" fn nvmlComputeInstanceDestroy(
             Ok(()) => SUCCESS,
             Err(e) => gpu_error_code(&e),
         }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstanceProfileInfo(
+    gpu_instance: nvmlGpuInstance_t,
+    profile: c_uint,
+    eng_profile: c_uint,
+    info: *mut nvmlComputeInstanceProfileInfo_t,
+) -> Ret {
+    on_gi(gpu_instance, |fake, key| {
+        if eng_profile != 0 {
+            return INVALID_ARGUMENT;
+        }
+        let Some(gi_profile) = fake
+            .state
+            .gpus
+            .iter()
+            .find(|g| g.minor == key.minor)
+            .and_then(|g| g.gpu_instances.iter().find(|gi| gi.id == key.gi))
+            .and_then(|gi| {
+                fake.gpu(key.minor)?
+                    .mig
+                    .as_ref()?
+                    .profile_by_id(gi.profile_id)
+            })
+            .cloned()
+        else {
+            return NOT_FOUND;
+        };
+        // Only the full-size compute instance is simulated (its id equals its profile constant,
+        // as on real GPUs).
+        if profile != full_compute_profile(gi_profile.slice_count) {
+            return NOT_SUPPORTED;
+        }
+        out!(
+            info,
+            nvmlComputeInstanceProfileInfo_t {
+                id: profile,
+                sliceCount: gi_profile.slice_count,
+                instanceCount: 1,
+                multiprocessorCount: gi_profile.multiprocessors,
+                sharedCopyEngineCount: gi_profile.copy_engines,
+                sharedDecoderCount: gi_profile.decoders,
+                sharedEncoderCount: gi_profile.encoders,
+                sharedJpegCount: gi_profile.jpeg_engines,
+                sharedOfaCount: gi_profile.ofa_engines,
+            }
+        );
+        SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstanceById(
+    gpu_instance: nvmlGpuInstance_t,
+    id: c_uint,
+    compute_instance: *mut nvmlComputeInstance_t,
+) -> Ret {
+    on_gi(gpu_instance, |fake, key| {
+        let exists = fake
+            .state
+            .gpus
+            .iter()
+            .filter(|g| g.minor == key.minor)
+            .flat_map(|g| g.gpu_instances.iter().filter(|gi| gi.id == key.gi))
+            .any(|gi| gi.compute_instances.iter().any(|ci| ci.id == id));
+        if !exists {
+            return NOT_FOUND;
+        }
+        let handle = fake.ci_handle(CiKey {
+            minor: key.minor,
+            gi: key.gi,
+            ci: id,
+        });
+        out!(compute_instance, handle);
+        SUCCESS
     })
 }

@@ -118,3 +118,78 @@ fn missing_configuration_looks_like_no_driver() {
         .expect("init must fail");
     assert!(err.to_string().contains("initialise NVML"), "{err}");
 }
+
+/// The MIG lifecycle through NVML (raw calls) changes the simulated hardware exactly as the
+/// simulator's own API does, with the same errors.
+#[test]
+fn mig_lifecycle_through_nvml() {
+    use gpu_dra::gpu::{GpuControl, GpuError, MigFailure};
+    let _guard = ENV.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("s.json");
+    // SAFETY: serialised by ENV.
+    unsafe {
+        std::env::set_var("FAKE_NVML_GPUS", "sim:2xH100-SXM5-80GB");
+        std::env::set_var("FAKE_NVML_NODE", "n3");
+        std::env::set_var("FAKE_NVML_STATE", &state);
+    }
+    let nvml = NvmlBackend::open(Some(&fake_library()), "/nonexistent".into()).expect("NVML init");
+    let sim = SimNode::new(
+        "sim:2xH100-SXM5-80GB".parse().expect("spec"),
+        "n3",
+        Some(state.clone()),
+    );
+
+    assert!(nvml.set_mig_mode(1, true).expect("enable").current);
+    let gi = nvml
+        .create_gpu_instance(1, 9, Placement { start: 4, size: 4 })
+        .expect("3g@4");
+    let (ci, uuid) = nvml.create_compute_instance(1, gi).expect("ci");
+    assert!(uuid.starts_with("MIG-"));
+    let hw = sim.inventory().expect("sim");
+    let instance = &hw.gpus[1].mig.as_ref().expect("mig").instances[0];
+    assert_eq!(
+        (
+            instance.gpu_instance_id,
+            instance.compute_instance_id,
+            instance.uuid.as_str()
+        ),
+        (gi, ci, uuid.as_str())
+    );
+    let listed = nvml.gpu_instances(1).expect("list");
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].compute_instances, [ci]);
+
+    let err = nvml
+        .create_gpu_instance(1, 19, Placement { start: 5, size: 1 })
+        .expect_err("occupied");
+    assert!(
+        matches!(
+            err,
+            GpuError::Mig {
+                failure: MigFailure::InsufficientResources,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let err = nvml
+        .destroy_gpu_instance(1, gi)
+        .expect_err("CI still there");
+    assert!(
+        matches!(
+            err,
+            GpuError::Mig {
+                failure: MigFailure::InUse,
+                ..
+            }
+        ),
+        "{err}"
+    );
+
+    nvml.destroy_compute_instance(1, gi, ci).expect("ci");
+    nvml.destroy_gpu_instance(1, gi).expect("gi");
+    assert!(nvml.gpu_instances(1).expect("list").is_empty());
+    assert!(!nvml.set_mig_mode(1, false).expect("disable").current);
+    assert!(sim.state().expect("state").gpus[1].gpu_instances.is_empty());
+}
