@@ -8,6 +8,7 @@ pub mod fsutil;
 pub mod cli;
 pub mod config;
 pub mod gpu;
+pub mod metrics;
 pub mod node;
 pub mod plugin;
 pub mod prepare;

@@ -13,6 +13,7 @@ use k8s_openapi::api::resource::v1::ResourceSlice;
 use tokio::sync::watch;
 
 use crate::gpu::{self, DiscoveryConfig, GpuError, NodeInventory};
+use crate::metrics::{Metrics, MetricsError, MetricsServer, ObserverList};
 use crate::plugin::{PluginConfig, PluginError, PluginServer};
 use crate::prepare::claims::{ClaimSource, KubeClaims};
 use crate::prepare::driver::{Driver, DriverObserver};
@@ -30,6 +31,8 @@ pub enum NodeError {
     Prepare(#[from] PrepareError),
     #[error(transparent)]
     Plugin(#[from] PluginError),
+    #[error(transparent)]
+    Metrics(#[from] MetricsError),
     #[error("Kubernetes client: {0}")]
     Kube(String),
 }
@@ -49,6 +52,8 @@ pub struct NodeOptions {
     pub gc_interval: Duration,
     /// How often the pool is compared with the server even without events.
     pub resync_interval: Duration,
+    /// Where `/metrics`, `/healthz` and `/readyz` are served; off when `None`.
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 /// Builds a client from `--kubeconfig`, else in-cluster, else `KUBECONFIG`/`~/.kube/config`.
@@ -102,6 +107,7 @@ impl DriverObserver for SliceUpdater {
 pub struct NodeAgent {
     pub plugin: PluginServer,
     pub driver: Arc<Driver>,
+    pub metrics: Arc<Metrics>,
     shutdown: watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     pub started: Instant,
@@ -111,6 +117,12 @@ impl NodeAgent {
     /// Starts everything; returns once the plugin sockets are served.
     pub async fn start(options: NodeOptions) -> Result<Self, NodeError> {
         let started = Instant::now();
+        // Bound first: a taken port fails the start before anything is published or registered.
+        let metrics_server = match options.metrics_addr {
+            Some(addr) => Some(MetricsServer::bind(addr).await?),
+            None => None,
+        };
+        let metrics = Arc::new(Metrics::new());
         let node_name = options.discovery.node_name.clone();
         let mut slice_options = SliceOptions::new(&options.driver_name, &node_name);
         let control = gpu::open_control(&options.discovery)?;
@@ -131,16 +143,14 @@ impl NodeAgent {
             specs_removed = ?recovery.specs_removed,
             "recovered prepared state"
         );
+        metrics.state_changed(&state);
         let inventory = state.inventory().clone();
         slice_options.modes = Some(state.modes().clone());
         tracing::info!(modes = ?state.modes(), destroyed = ?recovery.instances_destroyed, "GPU modes");
         let desired_slices = slices::build(&inventory, &slice_options)?;
         tracing::info!(
             gpus = inventory.gpus.len(),
-            devices = desired_slices
-                .iter()
-                .map(|s| s.spec.devices.as_ref().map_or(0, Vec::len))
-                .sum::<usize>(),
+            devices = device_count(&desired_slices),
             "discovered GPUs"
         );
         let (desired_tx, desired_rx) = watch::channel(desired_slices);
@@ -153,7 +163,8 @@ impl NodeAgent {
             desired: desired_tx,
             inventory: std::sync::Mutex::new(inventory),
         });
-        let driver = Arc::new(Driver::new(state, claims).with_observer(updater));
+        let observers = ObserverList(vec![updater, metrics.clone()]);
+        let driver = Arc::new(Driver::new(state, claims).with_observer(Arc::new(observers)));
 
         let plugin = PluginServer::start(PluginConfig::new(
             options.driver_name.clone(),
@@ -171,11 +182,16 @@ impl NodeAgent {
 
         let (shutdown, shutdown_rx) = watch::channel(false);
         let publisher = Publisher::new(client, slice_options);
+        let sync_metrics = metrics.clone();
+        let synced_slices = desired_rx.clone();
         let publish_task = tokio::spawn(publisher.run(
             desired_rx,
             options.resync_interval,
             shutdown_rx.clone(),
-            |result: &Result<SyncReport, PublishError>| {
+            move |result: &Result<SyncReport, PublishError>| {
+                // The synced slices are the desired ones unless they changed meanwhile; then
+                // another sync follows at once and corrects the count.
+                sync_metrics.observe_slice_sync(result, device_count(&synced_slices.borrow()));
                 if let Ok(report) = result
                     && report.writes() == 0
                 {
@@ -183,6 +199,20 @@ impl NodeAgent {
                 }
             },
         ));
+        let mut tasks = vec![
+            publish_task,
+            metrics
+                .clone()
+                .follow_registration(plugin.registration(), shutdown_rx.clone()),
+        ];
+        if let Some(server) = metrics_server {
+            let (metrics, shutdown) = (metrics.clone(), shutdown_rx.clone());
+            tasks.push(tokio::spawn(async move {
+                if let Err(e) = server.serve(metrics, shutdown).await {
+                    tracing::error!(error = %e, "metrics endpoint stopped");
+                }
+            }));
+        }
         let gc_driver = driver.clone();
         let mut gc_shutdown = shutdown_rx;
         let gc_interval = options.gc_interval;
@@ -198,11 +228,13 @@ impl NodeAgent {
                 }
             }
         });
+        tasks.push(gc_task);
         Ok(Self {
             plugin,
             driver,
+            metrics,
             shutdown,
-            tasks: vec![publish_task, gc_task],
+            tasks,
             started,
         })
     }
@@ -217,4 +249,11 @@ impl NodeAgent {
         self.plugin.shutdown().await?;
         Ok(())
     }
+}
+
+fn device_count(slices: &[ResourceSlice]) -> usize {
+    slices
+        .iter()
+        .map(|s| s.spec.devices.as_ref().map_or(0, Vec::len))
+        .sum()
 }

@@ -69,6 +69,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode, CliError> {
         cdi_root: args.cdi_root.clone(),
         gc_interval: Duration::from_secs(args.gc_interval_seconds.max(1)),
         resync_interval: Duration::from_secs(args.resync_interval_seconds.max(1)),
+        metrics_addr: args.metrics_addr,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -1,0 +1,30 @@
+{{/* Name of cluster- and namespace-scoped objects: the release name, prefixed with the chart
+name unless it already contains it; 63 characters at most (DNS label). */}}
+{{- define "gpu-dra.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Chart.Name .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "gpu-dra.selectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "gpu-dra.labels" -}}
+{{ include "gpu-dra.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "gpu-dra.serviceAccountName" -}}
+{{- default (include "gpu-dra.fullname" .) .Values.serviceAccount.name -}}
+{{- end -}}
+
+{{/* The user name the API server gives the driver's service account tokens. */}}
+{{- define "gpu-dra.serviceAccountUser" -}}
+{{- printf "system:serviceaccount:%s:%s" .Release.Namespace (include "gpu-dra.serviceAccountName" .) -}}
+{{- end -}}

@@ -1,0 +1,201 @@
+#!/usr/bin/env bash
+# e2e: the Helm chart (deploy/helm/gpu-dra) on the real control plane, and the driver running
+# with nothing but the chart's permissions.
+#
+#   1. `helm lint` and `helm template` (Helm built from its Go module by e2e/build-helm.sh); the
+#      rendered objects pass `kubectl apply --dry-run=server`; the chart's DeviceClasses equal
+#      deviceclasses/; value switches (extended resources, driver name) render as documented;
+#   2. the ServiceAccount, RBAC, ValidatingAdmissionPolicy (+ binding) and DeviceClasses are
+#      applied for real;
+#   3. a token of the chart's ServiceAccount bound to the simulated Node carries the node name;
+#      it may not do what the driver never does; the policy rejects its ResourceSlice writes for
+#      another node and another driver;
+#   4. `gpu-dra run --log-format json --metrics-addr ...` with that token alone publishes the
+#      slices; /healthz and /readyz answer;
+#   5. a pod asking only for `nvidia.com/gpu: 1` is scheduled by kube-scheduler through the
+#      DeviceClass's extendedResourceName; kubelet-sim prepares the claim the scheduler made, the
+#      driver reports status.devices with the token; unprepare cleans up;
+#   6. /metrics shows the prepare/unprepare counters, latency buckets and published devices, and
+#      the driver logged no authorization error.
+#
+# Usage: e2e/helm.sh   (GPU_DRA=path/to/gpu-dra, default target/debug/gpu-dra, built if missing)
+set -euo pipefail
+NAME=helm-e2e
+NODE=e2e-helm-node
+GPUS=sim:8xH100-SXM5-80GB
+NAMESPACE=gpu-dra
+RELEASE=gpu-dra
+SA_USER=system:serviceaccount:$NAMESPACE:$RELEASE
+# Helm first: a cold build takes minutes and must not hold a running control plane.
+HELM_BIN=$("$(dirname "${BASH_SOURCE[0]}")/build-helm.sh" | tail -n 1)
+HELM=$HELM_BIN/helm
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+CHART=$ROOT/deploy/helm/gpu-dra
+
+# Objects of a multi-document YAML file as one JSON List (client-side, no server write).
+as_json() { kubectl create --dry-run=client -o json -f "$1" | jq -s '{items: [.[] | if .kind == "List" then .items[] else . end]}'; }
+render() { "$HELM" template "$RELEASE" "$CHART" --namespace "$NAMESPACE" "$@"; }
+sa_kubectl() { kubectl --kubeconfig "$WORK/driver.kubeconfig" "$@"; }
+
+# ---------------------------------------------------------------- 1. render, server dry run
+"$HELM" lint --strict "$CHART" >&2 || fail "helm lint"
+render --set metrics.service.enabled=true >"$WORK/chart.yaml" || fail "helm template"
+as_json "$WORK/chart.yaml" >"$WORK/chart.json" || fail "the rendered chart is not valid YAML for kubectl"
+kinds=$(jq -c '[.items[].kind] | sort' "$WORK/chart.json")
+want='["ClusterRole","ClusterRoleBinding","DaemonSet","DeviceClass","DeviceClass","Service","ServiceAccount","ValidatingAdmissionPolicy","ValidatingAdmissionPolicyBinding"]'
+[[ $kinds == "$want" ]] || fail "rendered kinds: $kinds"
+kubectl create namespace "$NAMESPACE" >&2
+out=$(kubectl apply --dry-run=server -f "$WORK/chart.yaml" 2>&1) || fail "server dry run rejected the chart: $out"
+ok "helm lint and template pass; the API server accepts all $(jq '.items | length' "$WORK/chart.json") rendered objects (dry run)"
+
+# Same classes as the repository's deviceclasses/ (Helm only adds labels).
+as_json "$ROOT/deviceclasses" | jq -S '[.items[] | {name: .metadata.name, spec}] | sort_by(.name)' >"$WORK/classes.repo.json"
+jq -S '[.items[] | select(.kind == "DeviceClass") | {name: .metadata.name, spec}] | sort_by(.name)' "$WORK/chart.json" >"$WORK/classes.chart.json"
+diff -u "$WORK/classes.repo.json" "$WORK/classes.chart.json" >&2 || fail "the chart's DeviceClasses differ from deviceclasses/"
+render --set extendedResources.enabled=false --set driverName=gpu.example.com >"$WORK/variant.yaml" || fail "helm template with options"
+as_json "$WORK/variant.yaml" | jq -e '
+    ([.items[] | select(.kind == "DeviceClass") | .spec.extendedResourceName] == [null, null])
+    and ([.items[] | select(.kind == "DeviceClass") | .spec.selectors[0].cel.expression
+          | contains("device.driver == '"'gpu.example.com'"'")] | all)
+    and (.items[] | select(.kind == "ClusterRole") | .rules[] | select(.resources == ["resourceclaims/driver"])
+         | .resourceNames == ["gpu.example.com"])
+    and (.items[] | select(.kind == "DaemonSet") | .spec.template.spec.containers[0].args
+         | index("--driver-name=gpu.example.com") != null)' >/dev/null \
+    || fail "extendedResources.enabled=false / driverName did not render as expected"
+ok "the chart's DeviceClasses equal deviceclasses/; extendedResources and driverName switch as documented"
+
+# ---------------------------------------------------------------- 2. apply RBAC, policy, classes
+jq '{apiVersion: "v1", kind: "List", items: [.items[] | select(.kind != "DaemonSet" and .kind != "Service")]}' \
+    "$WORK/chart.json" | kubectl apply -f - >&2 || fail "applying the chart's RBAC, policy and DeviceClasses"
+policy=$RELEASE-resourceslices
+# The policy's type-check status comes from kube-controller-manager, which this control plane
+# does not run; steps 3 and 4 show every expression compiles and evaluates (accepted and
+# rejected writes, each with its own message).
+ok "ServiceAccount, ClusterRole/Binding, ValidatingAdmissionPolicy/Binding and DeviceClasses applied"
+
+# ---------------------------------------------------------------- 3. the driver's identity
+token=$(kubectl -n "$NAMESPACE" create token "$RELEASE" --bound-object-kind Node --bound-object-name "$NODE" --duration 1h) \
+    || fail "cannot create a Node-bound token for the chart's ServiceAccount"
+server=$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.server}')
+ca=$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.certificate-authority}')
+{
+    kubectl config --kubeconfig "$WORK/driver.kubeconfig" set-cluster e2e --server "$server" --certificate-authority "$ca"
+    kubectl config --kubeconfig "$WORK/driver.kubeconfig" set-credentials driver --token "$token"
+    kubectl config --kubeconfig "$WORK/driver.kubeconfig" set-context e2e --cluster e2e --user driver
+    kubectl config --kubeconfig "$WORK/driver.kubeconfig" use-context e2e
+} >/dev/null
+whoami=$(sa_kubectl auth whoami -o json) || fail "the token does not authenticate: $whoami"
+jq -e --arg user "$SA_USER" --arg node "$NODE" '.status.userInfo.username == $user
+    and .status.userInfo.extra["authentication.kubernetes.io/node-name"] == [$node]' <<<"$whoami" >/dev/null \
+    || fail "the token lacks the node name: $whoami"
+for denied in "list secrets -A" "get pods" "list resourceclaims -A" "update nodes" "delete deviceclasses" "update resourceclaims/status"; do
+    # shellcheck disable=SC2086 # word splitting of the verb and resource is intended
+    [[ $(sa_kubectl auth can-i $denied 2>/dev/null) == no ]] || fail "the driver's service account may '$denied'"
+done
+ok "a token of the chart's ServiceAccount bound to Node $NODE carries its node name and no permission the driver does not use"
+
+slice() { # NAME NODE DRIVER
+    cat <<EOF
+apiVersion: resource.k8s.io/v1
+kind: ResourceSlice
+metadata: {name: $1}
+spec:
+  driver: $3
+  nodeName: $2
+  pool: {name: $2, generation: 1, resourceSliceCount: 1}
+  devices: [{name: gpu-0}]
+EOF
+}
+slice foreign-slice other-node gpu.nvidia.com >"$WORK/foreign.yaml"
+slice wrong-driver-slice "$NODE" other.example.com >"$WORK/wrong-driver.yaml"
+# The policy takes effect a moment after it is created; dry runs probe without writing.
+wait_for "policy enforced" 30 bash -c "! kubectl --kubeconfig $WORK/driver.kubeconfig create --dry-run=server -f $WORK/foreign.yaml"
+out=$(sa_kubectl create -f "$WORK/foreign.yaml" 2>&1) && fail "a ResourceSlice for another node was accepted: $out"
+[[ $out == *"ValidatingAdmissionPolicy '$policy'"* && $out == *"may only write ResourceSlices of that node, not of node other-node"* ]] \
+    || fail "rejected for the wrong reason: $out"
+out=$(sa_kubectl create -f "$WORK/wrong-driver.yaml" 2>&1) && fail "a ResourceSlice of another driver was accepted: $out"
+[[ $out == *"may only write ResourceSlices of driver gpu.nvidia.com"* ]] || fail "rejected for the wrong reason: $out"
+[[ $(kubectl get resourceslices -o name | wc -l) == 0 ]] || fail "a rejected slice exists"
+out=$(kubectl create -f "$WORK/foreign.yaml" 2>&1) || fail "the policy must not restrict other users: $out"
+kubectl delete -f "$WORK/foreign.yaml" >&2
+ok "the policy rejects the driver's ResourceSlice writes for another node and another driver (other users unaffected)"
+
+# ---------------------------------------------------------------- 4. the driver on the token alone
+# shellcheck disable=SC2119 # start_driver's arguments are optional environment settings
+KUBECONFIG=$WORK/driver.kubeconfig DRIVER_ARGS="--log-format json --metrics-addr 127.0.0.1:0" start_driver
+# Port 0: the kernel picks a free port; the driver logs the one it got.
+wait_for "metrics endpoint logged" 20 grep -q '"serving /metrics, /healthz and /readyz"' "$WORK/driver.log"
+jq -e . "$WORK/driver.log" >/dev/null || fail "--log-format json wrote a line that is not JSON"
+METRICS=http://$(jq -r 'select(.fields.message == "serving /metrics, /healthz and /readyz") | .fields.addr' "$WORK/driver.log" | head -n 1)
+# As many devices as `gpu-dra slices` shows for this node (whole GPUs and MIG placements).
+DEVICES=$("$GPU_DRA" slices "${GPU_ARGS[@]}" --sim-state "$WORK/hw.json" --node-name "$NODE" -o json | jq '[.items[].spec.devices[]?] | length')
+wait_for "$DEVICES devices published" 30 bash -c "[[ \$(kubectl get resourceslices -o json | jq '[.items[].spec.devices[]?] | length') == $DEVICES ]]"
+[[ $(slices_json | jq -r '[.items[].metadata.ownerReferences[0].kind] | unique | .[]') == Node ]] \
+    || fail "the slices are not owned by the Node"
+[[ $(curl -s -o /dev/null -w '%{http_code}' "$METRICS/healthz") == 200 ]] || fail "/healthz"
+wait_for "/readyz 200" 20 bash -c "[[ \$(curl -s -o /dev/null -w '%{http_code}' $METRICS/readyz) == 200 ]]"
+ok "gpu-dra run with only the chart's permissions published $DEVICES devices; JSON logs; /healthz and /readyz are 200 at $METRICS"
+
+# ---------------------------------------------------------------- 5. nvidia.com/gpu: 1, no claim
+kubectl apply -f - >&2 <<'EOF'
+apiVersion: v1
+kind: Pod
+metadata: {name: classic-gpu-pod, namespace: default}
+spec:
+  containers:
+  - name: cuda
+    image: registry.k8s.io/pause:3.10
+    resources:
+      limits: {nvidia.com/gpu: 1}
+EOF
+wait_for "pod bound" 60 bash -c "[[ \$(kubectl get pod classic-gpu-pod -o jsonpath='{.spec.nodeName}') == $NODE ]]"
+pod=$(kubectl get pod classic-gpu-pod -o json)
+claim_name=$(jq -r '.status.extendedResourceClaimStatus.resourceClaimName // empty' <<<"$pod")
+[[ -n $claim_name ]] || fail "the pod has no extendedResourceClaimStatus: $(jq -c .status <<<"$pod")"
+jq -e '.status.extendedResourceClaimStatus.requestMappings[0] | .containerName == "cuda" and .resourceName == "nvidia.com/gpu"' <<<"$pod" >/dev/null \
+    || fail "unexpected request mapping: $(jq -c .status.extendedResourceClaimStatus <<<"$pod")"
+claim=$(kubectl get resourceclaim "$claim_name" -o json)
+uid=$(jq -r .metadata.uid <<<"$claim")
+jq -e '.status.allocation.devices.results | length == 1 and .[0].driver == "gpu.nvidia.com"' <<<"$claim" >/dev/null \
+    || fail "the scheduler's claim is not allocated one GPU: $(jq -c .status <<<"$claim")"
+device=$(jq -r '.status.allocation.devices.results[0].device' <<<"$claim")
+[[ $device =~ ^gpu-[0-9]+$ ]] || fail "allocated $device, not a full GPU"
+ok "kube-scheduler scheduled the nvidia.com/gpu pod onto $NODE through the DeviceClass: claim $claim_name, $device"
+
+out=$(kubelet prepare --claim "default/$claim_name/$uid") || fail "prepare: $out"
+[[ $(jq -r '.claims[0].error' <<<"$out") == "" ]] || fail "prepare: $(jq -r '.claims[0].error' <<<"$out")"
+[[ $(jq -r '.claims[0].devices[0].cdi_device_ids[0]' <<<"$out") == "k8s.gpu.nvidia.com/claim=$uid-$device" ]] \
+    || fail "unexpected CDI id: $out"
+spec=$WORK/cdi/k8s.gpu.nvidia.com-claim_$uid.json
+[[ -f $spec ]] || fail "no CDI spec at $spec"
+wait_for "status.devices reported with the driver's token" 20 bash -c \
+    "kubectl get resourceclaim $claim_name -o json | jq -e '.status.devices[0].data.uuid | startswith(\"GPU-\")'"
+bad=$(kubelet prepare --claim "default/no-such-claim/0000")
+[[ $(jq -r '.claims[0].error' <<<"$bad") == *"not found"* ]] || fail "a missing claim must fail: $bad"
+out=$(kubelet unprepare --claim "default/$claim_name/$uid") || fail "unprepare: $out"
+[[ $(jq -r '.claims[0].error' <<<"$out") == "" ]] || fail "unprepare: $out"
+[[ ! -e $spec ]] || fail "CDI spec still there after unprepare"
+ok "kubelet-sim prepared the scheduler's claim (CDI spec, status.devices via associated-node:patch) and unprepared it"
+
+# ---------------------------------------------------------------- 6. metrics, no authorization errors
+metrics=$(curl -sf "$METRICS/metrics") || fail "GET /metrics"
+value() { awk -v s="$1" '$1 == s { print $2; found = 1 } END { if (!found) print "missing" }' <<<"$metrics"; }
+positive() { [[ $(value "$1") =~ ^[0-9.e+]+$ ]] && awk -v v="$(value "$1")" 'BEGIN { exit !(v > 0) }'; }
+for series in 'gpu_dra_prepare_requests_total{result="ok"}' 'gpu_dra_prepare_requests_total{result="error"}' \
+    gpu_dra_prepare_errors_total 'gpu_dra_unprepare_requests_total{result="ok"}' \
+    gpu_dra_prepare_duration_seconds_count 'gpu_dra_prepare_duration_seconds_bucket{le="+Inf"}' \
+    'gpu_dra_prepare_duration_seconds_bucket{le="32.768"}' gpu_dra_unprepare_duration_seconds_count \
+    'gpu_dra_slice_sync_writes_total{operation="create"}'; do
+    positive "$series" || fail "$series is $(value "$series"), expected > 0"
+done
+[[ $(value gpu_dra_published_devices) == "$DEVICES" ]] || fail "gpu_dra_published_devices is $(value gpu_dra_published_devices)"
+[[ $(value gpu_dra_prepared_claims) == 0 && $(value gpu_dra_prepared_devices) == 0 ]] || fail "prepared gauges not back to 0"
+[[ $(value gpu_dra_slice_sync_errors_total) == 0 ]] || fail "slice sync errors: $(value gpu_dra_slice_sync_errors_total)"
+if grep -qi forbidden "$WORK/driver.log"; then
+    grep -i forbidden "$WORK/driver.log" | head -n 5 >&2
+    fail "the driver hit an authorization error"
+fi
+ok "/metrics: prepare ok=$(value 'gpu_dra_prepare_requests_total{result="ok"}') error=$(value 'gpu_dra_prepare_requests_total{result="error"}'), latency buckets filled, $DEVICES published devices; no authorization error in the driver log"
+
+echo "$passed passed, 0 failed"

@@ -1,0 +1,335 @@
+//! Prometheus metrics and the HTTP probe endpoints of `gpu-dra run --metrics-addr`.
+//!
+//! [`Metrics`] is fed by the driver (as a [`DriverObserver`]), by the ResourceSlice publisher's
+//! sync results and by kubelet's registration verdicts; [`MetricsServer`] serves it as
+//! Prometheus text on `/metrics`, with `/healthz` (the process answers) and `/readyz`
+//! (registered with kubelet and the first slice sync done).
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::{Registry, Unit};
+use tokio::sync::watch;
+
+use crate::gpu::NodeInventory;
+use crate::plugin::KubeletRegistration;
+use crate::prepare::ClaimRef;
+use crate::prepare::checkpoint::Checkpoint;
+use crate::prepare::driver::DriverObserver;
+use crate::prepare::state::DeviceState;
+use crate::slices::publish::{PublishError, SyncReport};
+
+mod server;
+
+pub use server::{MetricsError, MetricsServer};
+
+#[cfg(test)]
+mod tests;
+
+/// Every metric name starts with this (`gpu_dra_prepare_requests_total`, ...).
+pub const METRIC_PREFIX: &str = "gpu_dra";
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabel {
+    result: &'static str,
+}
+
+impl ResultLabel {
+    fn of(ok: bool) -> Self {
+        Self {
+            result: if ok { "ok" } else { "error" },
+        }
+    }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OperationLabel {
+    operation: &'static str,
+}
+
+/// A request's latency histogram and its per-result and error counters.
+struct RequestMetrics {
+    requests: Family<ResultLabel, Counter>,
+    errors: Counter,
+    duration: Histogram,
+}
+
+impl RequestMetrics {
+    fn register(registry: &mut Registry, name: &str, what: &str) -> Self {
+        let metrics = Self {
+            requests: Family::default(),
+            errors: Counter::default(),
+            // 1 ms … ~33 s: a full GPU is prepared in milliseconds, MIG carving and API round
+            // trips take up to seconds.
+            duration: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
+        };
+        registry.register(
+            format!("{name}_requests"),
+            format!("Claims kubelet asked to {what}, by result"),
+            metrics.requests.clone(),
+        );
+        registry.register(
+            format!("{name}_errors"),
+            format!("Claims that failed to {what}"),
+            metrics.errors.clone(),
+        );
+        registry.register_with_unit(
+            format!("{name}_duration"),
+            format!("Time from the kubelet call until a claim was {what}d (or failed)"),
+            Unit::Seconds,
+            metrics.duration.clone(),
+        );
+        metrics
+    }
+
+    fn record(&self, ok: bool, seconds: f64) {
+        self.requests.get_or_create(&ResultLabel::of(ok)).inc();
+        if !ok {
+            self.errors.inc();
+        }
+        self.duration.observe(seconds);
+    }
+}
+
+/// Whether the node agent is ready to serve kubelet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Readiness {
+    pub registered: bool,
+    pub slices_synced: bool,
+}
+
+impl Readiness {
+    pub fn is_ready(&self) -> bool {
+        self.registered && self.slices_synced
+    }
+
+    /// What is still missing, for the `/readyz` body.
+    pub fn missing(&self) -> Vec<&'static str> {
+        let mut missing = Vec::new();
+        if !self.registered {
+            missing.push("not registered with kubelet");
+        }
+        if !self.slices_synced {
+            missing.push("ResourceSlices not published yet");
+        }
+        missing
+    }
+}
+
+/// The node agent's metrics and readiness.
+pub struct Metrics {
+    registry: Registry,
+    prepare: RequestMetrics,
+    unprepare: RequestMetrics,
+    prepared_claims: Gauge,
+    prepared_devices: Gauge,
+    published_devices: Gauge,
+    mig_instances: Gauge,
+    slice_writes: Family<OperationLabel, Counter>,
+    slice_sync_errors: Counter,
+    registered: AtomicBool,
+    slices_synced: AtomicBool,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix(METRIC_PREFIX);
+        let prepare = RequestMetrics::register(&mut registry, "prepare", "prepare");
+        let unprepare = RequestMetrics::register(&mut registry, "unprepare", "unprepare");
+        let gauge = |registry: &mut Registry, name: &str, help: &str| {
+            let gauge = Gauge::default();
+            registry.register(name, help, gauge.clone());
+            gauge
+        };
+        let prepared_claims = gauge(
+            &mut registry,
+            "prepared_claims",
+            "Claims prepared on this node (checkpointed as complete)",
+        );
+        let prepared_devices = gauge(
+            &mut registry,
+            "prepared_devices",
+            "Devices of the claims prepared on this node",
+        );
+        let published_devices = gauge(
+            &mut registry,
+            "published_devices",
+            "Devices in this node's ResourceSlices as last synced with the API server",
+        );
+        let mig_instances = gauge(
+            &mut registry,
+            "mig_instances",
+            "MIG devices (GPU instance + compute instance) that exist on this node's GPUs",
+        );
+        let slice_writes = Family::<OperationLabel, Counter>::default();
+        registry.register(
+            "slice_sync_writes",
+            "ResourceSlice writes to the API server, by operation (create, update, delete)",
+            slice_writes.clone(),
+        );
+        let slice_sync_errors = Counter::default();
+        registry.register(
+            "slice_sync_errors",
+            "ResourceSlice syncs that failed (retried with backoff)",
+            slice_sync_errors.clone(),
+        );
+        Self {
+            registry,
+            prepare,
+            unprepare,
+            prepared_claims,
+            prepared_devices,
+            published_devices,
+            mig_instances,
+            slice_writes,
+            slice_sync_errors,
+            registered: AtomicBool::new(false),
+            slices_synced: AtomicBool::new(false),
+        }
+    }
+
+    /// The Prometheus text exposition (format 0.0.4) of every metric.
+    pub fn encode(&self) -> Result<String, std::fmt::Error> {
+        let mut text = String::new();
+        prometheus_client::encoding::prometheus_text::encode(&mut text, &self.registry)?;
+        Ok(text)
+    }
+
+    /// Counts the MIG devices of an inventory (at start and after every state change).
+    pub fn observe_inventory(&self, inventory: &NodeInventory) {
+        let instances: usize = inventory
+            .gpus
+            .iter()
+            .filter_map(|gpu| gpu.mig.as_ref())
+            .map(|mig| mig.instances.len())
+            .sum();
+        self.mig_instances.set(to_gauge(instances));
+    }
+
+    /// Counts the prepared claims and their devices. Claims still being prepared (or rolled
+    /// back at the next start) do not count.
+    pub fn observe_checkpoint(&self, checkpoint: &Checkpoint) {
+        let completed = checkpoint
+            .claims
+            .values()
+            .filter(|claim| claim.is_completed());
+        let (claims, devices) = completed.fold((0, 0), |(claims, devices), claim| {
+            (claims + 1, devices + claim.devices.len())
+        });
+        self.prepared_claims.set(to_gauge(claims));
+        self.prepared_devices.set(to_gauge(devices));
+    }
+
+    /// Records one run of the ResourceSlice publisher; `published_devices` is the device count
+    /// of the slices it synced.
+    pub fn observe_slice_sync(
+        &self,
+        result: &Result<SyncReport, PublishError>,
+        published_devices: usize,
+    ) {
+        match result {
+            Ok(report) => {
+                for (operation, count) in [
+                    ("create", report.created),
+                    ("update", report.updated),
+                    ("delete", report.deleted),
+                ] {
+                    if count > 0 {
+                        self.slice_writes
+                            .get_or_create(&OperationLabel { operation })
+                            .inc_by(count as u64);
+                    }
+                }
+                self.published_devices.set(to_gauge(published_devices));
+                self.slices_synced.store(true, Ordering::Relaxed);
+            }
+            Err(_) => {
+                self.slice_sync_errors.inc();
+            }
+        }
+    }
+
+    /// Records kubelet's latest verdict on the plugin registration.
+    pub fn observe_registration(&self, registration: &KubeletRegistration) {
+        self.registered.store(
+            *registration == KubeletRegistration::Registered,
+            Ordering::Relaxed,
+        );
+    }
+
+    pub fn readiness(&self) -> Readiness {
+        Readiness {
+            registered: self.registered.load(Ordering::Relaxed),
+            slices_synced: self.slices_synced.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Follows kubelet's registration verdicts until `shutdown` fires (or the plugin is gone).
+    pub fn follow_registration(
+        self: Arc<Self>,
+        mut registration: watch::Receiver<KubeletRegistration>,
+        mut shutdown: watch::Receiver<bool>,
+    ) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(async move {
+            loop {
+                self.observe_registration(&registration.borrow_and_update());
+                tokio::select! {
+                    changed = registration.changed() => if changed.is_err() { break },
+                    _ = shutdown.changed() => break,
+                }
+            }
+        })
+    }
+}
+
+impl DriverObserver for Metrics {
+    fn prepared(&self, _claim: &ClaimRef, ok: bool, seconds: f64) {
+        self.prepare.record(ok, seconds);
+    }
+
+    fn unprepared(&self, _claim: &ClaimRef, ok: bool, seconds: f64) {
+        self.unprepare.record(ok, seconds);
+    }
+
+    fn state_changed(&self, state: &DeviceState) {
+        self.observe_checkpoint(state.checkpoint());
+        self.observe_inventory(state.inventory());
+    }
+}
+
+fn to_gauge(count: usize) -> i64 {
+    i64::try_from(count).unwrap_or(i64::MAX)
+}
+
+/// Hands every driver event to several observers (slice updates and metrics), in order.
+pub struct ObserverList(pub Vec<Arc<dyn DriverObserver>>);
+
+impl DriverObserver for ObserverList {
+    fn prepared(&self, claim: &ClaimRef, ok: bool, seconds: f64) {
+        for observer in &self.0 {
+            observer.prepared(claim, ok, seconds);
+        }
+    }
+
+    fn unprepared(&self, claim: &ClaimRef, ok: bool, seconds: f64) {
+        for observer in &self.0 {
+            observer.unprepared(claim, ok, seconds);
+        }
+    }
+
+    fn state_changed(&self, state: &DeviceState) {
+        for observer in &self.0 {
+            observer.state_changed(state);
+        }
+    }
+}

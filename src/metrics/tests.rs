@@ -1,0 +1,263 @@
+use std::sync::Arc;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+
+use super::{Metrics, MetricsServer, ObserverList};
+use crate::gpu::sim::SimNode;
+use crate::plugin::KubeletRegistration;
+use crate::prepare::ClaimRef;
+use crate::prepare::checkpoint::Checkpoint;
+use crate::prepare::driver::DriverObserver;
+use crate::slices::publish::{PublishError, SyncReport};
+
+fn claim() -> ClaimRef {
+    ClaimRef {
+        namespace: "default".into(),
+        name: "c".into(),
+        uid: "u".into(),
+    }
+}
+
+/// The value of the sample line that starts with `series` (name plus labels), if any.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// Asserts that every series has its value in the exposition.
+fn assert_samples(text: &str, expected: &[(&str, f64)]) {
+    for (series, value) in expected {
+        assert_eq!(sample(text, series), Some(*value), "{series} in\n{text}");
+    }
+}
+
+#[test]
+fn prepare_and_unprepare_are_counted_by_result_with_latency_buckets() {
+    let metrics = Metrics::new();
+    metrics.prepared(&claim(), true, 0.003);
+    metrics.prepared(&claim(), true, 0.5);
+    metrics.prepared(&claim(), false, 2.0);
+    metrics.unprepared(&claim(), true, 0.001);
+    let text = metrics.encode().expect("encodes");
+    assert_samples(
+        &text,
+        &[
+            (r#"gpu_dra_prepare_requests_total{result="ok"}"#, 2.0),
+            (r#"gpu_dra_prepare_requests_total{result="error"}"#, 1.0),
+            ("gpu_dra_prepare_errors_total", 1.0),
+            (r#"gpu_dra_unprepare_requests_total{result="ok"}"#, 1.0),
+            ("gpu_dra_unprepare_errors_total", 0.0),
+            ("gpu_dra_prepare_duration_seconds_count", 3.0),
+            ("gpu_dra_prepare_duration_seconds_sum", 2.503),
+            // Cumulative buckets: 3 ms falls in le=0.004, 0.5 s in le=0.512, 2 s in le=2.048.
+            (
+                r#"gpu_dra_prepare_duration_seconds_bucket{le="0.004"}"#,
+                1.0,
+            ),
+            (
+                r#"gpu_dra_prepare_duration_seconds_bucket{le="0.512"}"#,
+                2.0,
+            ),
+            (r#"gpu_dra_prepare_duration_seconds_bucket{le="+Inf"}"#, 3.0),
+        ],
+    );
+    assert!(text.contains("# TYPE gpu_dra_prepare_duration_seconds histogram"));
+}
+
+#[test]
+fn gauges_follow_the_checkpoint_and_the_mig_inventory() {
+    let metrics = Metrics::new();
+    let mut checkpoint = Checkpoint::new("boot");
+    for (uid, state, devices) in [
+        ("a", "PrepareCompleted", 2),
+        ("b", "PrepareCompleted", 1),
+        // Being prepared: not counted until complete.
+        ("c", "PrepareStarted", 4),
+    ] {
+        let devices: Vec<_> = (0..devices)
+            .map(|i| serde_json::json!({"requestNames": ["gpu"], "pool": "n1", "device": format!("gpu-{i}")}))
+            .collect();
+        let entry = serde_json::json!({
+            "namespace": "default", "name": uid, "uid": uid, "state": state, "devices": devices,
+        });
+        checkpoint.claims.insert(
+            uid.into(),
+            serde_json::from_value(entry).expect("claim entry"),
+        );
+    }
+    metrics.observe_checkpoint(&checkpoint);
+
+    let sim = SimNode::new("2xH100-SXM5-80GB".parse().expect("spec"), "n1", None);
+    sim.set_mig_mode(1, true).expect("MIG mode on");
+    let inventory = sim.inventory().expect("inventory");
+    let profile = &inventory.gpus[1]
+        .mig
+        .as_ref()
+        .expect("MIG-capable")
+        .profiles[0];
+    let gi = sim
+        .create_gpu_instance(1, profile.id, profile.placements[0])
+        .expect("GPU instance");
+    sim.create_compute_instance(1, gi)
+        .expect("compute instance");
+    metrics.observe_inventory(&sim.inventory().expect("inventory"));
+
+    assert_samples(
+        &metrics.encode().expect("encodes"),
+        &[
+            ("gpu_dra_prepared_claims", 2.0),
+            ("gpu_dra_prepared_devices", 3.0),
+            ("gpu_dra_mig_instances", 1.0),
+        ],
+    );
+}
+
+#[test]
+fn slice_syncs_count_writes_and_errors_and_set_published_devices() {
+    let metrics = Metrics::new();
+    assert!(!metrics.readiness().slices_synced);
+    let failed: Result<SyncReport, PublishError> = Err(PublishError::List {
+        node: "n1".into(),
+        reason: "connection refused".into(),
+    });
+    metrics.observe_slice_sync(&failed, 8);
+    assert!(
+        !metrics.readiness().slices_synced,
+        "a failed sync publishes nothing"
+    );
+    let report = SyncReport {
+        created: 2,
+        updated: 1,
+        deleted: 0,
+        generation: 1,
+    };
+    metrics.observe_slice_sync(&Ok(report), 8);
+    assert_samples(
+        &metrics.encode().expect("encodes"),
+        &[
+            ("gpu_dra_slice_sync_errors_total", 1.0),
+            (
+                r#"gpu_dra_slice_sync_writes_total{operation="create"}"#,
+                2.0,
+            ),
+            (
+                r#"gpu_dra_slice_sync_writes_total{operation="update"}"#,
+                1.0,
+            ),
+            ("gpu_dra_published_devices", 8.0),
+        ],
+    );
+    assert!(metrics.readiness().slices_synced);
+}
+
+#[test]
+fn observer_list_forwards_to_every_observer() {
+    let first = Arc::new(Metrics::new());
+    let second = Arc::new(Metrics::new());
+    let list = ObserverList(vec![first.clone(), second.clone()]);
+    list.prepared(&claim(), true, 0.01);
+    list.unprepared(&claim(), false, 0.01);
+    for metrics in [first, second] {
+        let text = metrics.encode().expect("encodes");
+        assert_eq!(
+            sample(&text, r#"gpu_dra_prepare_requests_total{result="ok"}"#),
+            Some(1.0)
+        );
+        assert_eq!(sample(&text, "gpu_dra_unprepare_errors_total"), Some(1.0));
+    }
+}
+
+/// One HTTP/1.1 GET; returns the status code and body.
+async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.expect("send");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.expect("read");
+    let status = response
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("no status line in {response:?}"));
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// Whether `path` answers `status` within a second (the registration follower runs async).
+async fn eventually(addr: std::net::SocketAddr, path: &str, status: u16) -> bool {
+    for _ in 0..50 {
+        if get(addr, path).await.0 == status {
+            return true;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    false
+}
+
+#[tokio::test]
+async fn server_serves_metrics_and_probes_until_shutdown() {
+    let metrics = Arc::new(Metrics::new());
+    let server = MetricsServer::bind("127.0.0.1:0".parse().expect("addr"))
+        .await
+        .expect("bind");
+    let addr = server.local_addr();
+    let (shutdown, shutdown_rx) = watch::channel(false);
+    let serving = tokio::spawn(server.serve(metrics.clone(), shutdown_rx.clone()));
+    let (registration, registration_rx) = watch::channel(KubeletRegistration::Pending);
+    let follower = metrics
+        .clone()
+        .follow_registration(registration_rx, shutdown_rx);
+
+    assert_eq!(get(addr, "/healthz").await.0, 200);
+    let (status, body) = get(addr, "/readyz").await;
+    assert_eq!(status, 503);
+    assert!(body.contains("not registered with kubelet"), "{body}");
+    assert!(body.contains("ResourceSlices not published yet"), "{body}");
+
+    registration.send_replace(KubeletRegistration::Registered);
+    metrics.observe_slice_sync(&Ok(SyncReport::default()), 8);
+    assert!(
+        eventually(addr, "/readyz", 200).await,
+        "ready once registered and synced"
+    );
+
+    metrics.prepared(&claim(), true, 0.02);
+    let (status, body) = get(addr, "/metrics").await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        sample(&body, r#"gpu_dra_prepare_requests_total{result="ok"}"#),
+        Some(1.0)
+    );
+    assert_eq!(get(addr, "/nope").await.0, 404);
+
+    // A rejected re-registration makes the node unready again.
+    registration.send_replace(KubeletRegistration::Rejected {
+        error: "version".into(),
+    });
+    assert!(eventually(addr, "/readyz", 503).await);
+
+    shutdown.send_replace(true);
+    serving.await.expect("joins").expect("clean shutdown");
+    follower.await.expect("joins");
+    assert!(TcpStream::connect(addr).await.is_err(), "listener closed");
+}
+
+#[tokio::test]
+async fn binding_a_taken_port_fails_with_the_address() {
+    let first = MetricsServer::bind("127.0.0.1:0".parse().expect("addr"))
+        .await
+        .expect("bind");
+    let Err(error) = MetricsServer::bind(first.local_addr()).await else {
+        panic!("second bind succeeded");
+    };
+    assert!(
+        error.to_string().contains(&first.local_addr().to_string()),
+        "{error}"
+    );
+}
