@@ -3,9 +3,14 @@ use std::fs::{self, File};
 use std::io::{self, Write};
 use std::path::Path;
 
-/// Replaces `path` with `bytes` so that a crash at any point leaves either the old or the new
-/// content: write a temp file in the same directory, fsync it, rename it over `path`, fsync the
-/// directory.
+/// Replaces `path` with `bytes` so that readers and a restarted process see either the old or the
+/// new content, never a mix: write a temp file in the same directory, flush its data to disk
+/// (`fdatasync`), rename it over `path`.
+///
+/// The directory is deliberately not synced: the rename is durable against a process crash (the
+/// case kill -9 tests exercise), and everything these files describe — prepared claims, MIG
+/// instances, CDI specs under `/var/run` — lives only until the next boot, which the boot ID
+/// catches. Skipping the second sync halves the fsync cost on the prepare path.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
@@ -22,9 +27,8 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let result = (|| {
         let mut file = File::create(&tmp)?;
         file.write_all(bytes)?;
-        file.sync_all()?;
-        fs::rename(&tmp, path)?;
-        File::open(dir)?.sync_all()
+        file.sync_data()?;
+        fs::rename(&tmp, path)
     })();
     if result.is_err() {
         let _ = fs::remove_file(&tmp);

@@ -35,6 +35,8 @@ fn prints_a_v1_list_of_one_pool() {
         "slices",
         "--gpus",
         "sim:8xH100-SXM5-80GB",
+        "--mig",
+        "static",
         "--node-name",
         "n1",
         "-o",
@@ -98,13 +100,21 @@ fn mig_instances_made_in_one_process_show_in_another() {
         "4",
     ]);
     sim(&["create", "--gpu", "1", "--profile", "1g.10gb"]);
-    let mut args = vec!["slices", "-o", "json"];
+    let mut args = vec!["slices", "-o", "json", "--mig", "static"];
     args.extend(common);
     let list = stdout(&gpu_dra(&args));
     assert_eq!(
         device_names(&list),
         ["gpu-0", "gpu-1-mig-1g10gb-19-0", "gpu-1-mig-3g40gb-9-4"]
     );
+    // Under the default policy GPU 0 is dynamic, while GPU 1 keeps the MIG devices someone
+    // else made (static): they are never offered for carving over.
+    let mut args = vec!["slices", "-o", "json"];
+    args.extend(common);
+    let names = device_names(&stdout(&gpu_dra(&args)));
+    assert_eq!(names.len(), 26 + 2);
+    assert!(names.contains(&"gpu-0-mig-7g80gb-0-0".to_string()));
+    assert!(!names.iter().any(|n| n.starts_with("gpu-1-mig-7g80gb")));
     // The occupied placement is refused by the "hardware" in a third process.
     let mut args = vec!["sim"];
     args.extend(common);

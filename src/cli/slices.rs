@@ -74,10 +74,11 @@ pub struct SlicesArgs {
 
 pub fn run(args: SlicesArgs) -> Result<ExitCode, CliError> {
     let inventory = gpu::discover(&args.gpu.discovery(&args.node_name))?;
-    let slices = slices::build(
-        &inventory,
-        &SliceOptions::new(&args.driver_name, &args.node_name),
-    )?;
+    let options = SliceOptions {
+        mig_policy: args.gpu.mig,
+        ..SliceOptions::new(&args.driver_name, &args.node_name)
+    };
+    let slices = slices::build(&inventory, &options)?;
     let items: Vec<serde_json::Value> = slices
         .iter()
         .map(|s| serde_json::to_value(s).map_err(|e| CliError::Encode(e.to_string())))

@@ -5,7 +5,7 @@
 //! best-fit-first avoids that:
 //!
 //! 1. placements that fit now before those that cannot;
-//! 2. partly used GPUs before empty ones, fuller first (keep whole GPUs whole);
+//! 2. partly used GPUs before empty ones, fuller first (keep whole GPUs whole), then by minor;
 //! 3. within a GPU, the placement that leaves the most room for other profiles (the number of
 //!    placements still possible afterwards, weighted by their size), then the lowest start.
 //!
@@ -121,8 +121,10 @@ pub fn order<'a>(candidates: &mut [Candidate<'a>], usage: impl Fn(&Gpu) -> Usage
                 !fits,
                 used == 0,
                 Reverse(used),
-                Reverse(room_after),
+                // One GPU's placements before the next one's: allocations made before the
+                // driver republishes (prepare lags allocation) still pack onto one GPU.
                 c.gpu.minor,
+                Reverse(room_after),
                 c.placement.start,
                 c.profile.id,
             );
