@@ -5,9 +5,10 @@
 //! best-fit-first avoids that:
 //!
 //! 1. placements that fit now before those that cannot;
-//! 2. partly used GPUs before empty ones, fuller first (keep whole GPUs whole), then by minor;
-//! 3. within a GPU, the placement that leaves the most room for other profiles (the number of
-//!    placements still possible afterwards, weighted by their size), then the lowest start.
+//! 2. partly used GPUs before empty ones (keep whole GPUs whole);
+//! 3. the placement that takes the least room from other profiles (room = every placement still
+//!    possible, weighted by its size), so small requests fill holes instead of splitting blocks;
+//! 4. fuller GPUs first, then by minor and lowest start.
 //!
 //! The driver republishes the order whenever MIG instances come and go.
 use std::cmp::Reverse;
@@ -112,6 +113,7 @@ pub fn order<'a>(candidates: &mut [Candidate<'a>], usage: impl Fn(&Gpu) -> Usage
             let used = current.used_slices();
             let mut after = current.clone();
             after.add(c.profile, c.placement);
+            let room_before = room(c.gpu, &limits, &current);
             let room_after = if fits {
                 room(c.gpu, &limits, &after)
             } else {
@@ -120,11 +122,13 @@ pub fn order<'a>(candidates: &mut [Candidate<'a>], usage: impl Fn(&Gpu) -> Usage
             let key = (
                 !fits,
                 used == 0,
+                // Fill holes: the placement that takes the least room from other profiles...
+                room_before.saturating_sub(room_after),
+                // ...on the fullest GPU...
                 Reverse(used),
-                // One GPU's placements before the next one's: allocations made before the
-                // driver republishes (prepare lags allocation) still pack onto one GPU.
+                // ...then one GPU's placements before the next one's, so allocations made before
+                // the driver republishes (prepare lags allocation) still pack onto one GPU.
                 c.gpu.minor,
-                Reverse(room_after),
                 c.placement.start,
                 c.profile.id,
             );
