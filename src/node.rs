@@ -192,10 +192,16 @@ impl NodeAgent {
                 // The synced slices are the desired ones unless they changed meanwhile; then
                 // another sync follows at once and corrects the count.
                 sync_metrics.observe_slice_sync(result, device_count(&synced_slices.borrow()));
-                if let Ok(report) = result
-                    && report.writes() == 0
-                {
-                    tracing::debug!(generation = report.generation, "ResourceSlices up to date");
+                match result {
+                    Ok(report) if report.writes() == 0 => {
+                        tracing::debug!(
+                            generation = report.generation,
+                            "ResourceSlices up to date"
+                        );
+                    }
+                    // Building and sending slices allocates a few MiB once; give them back.
+                    Ok(_) => release_free_memory(),
+                    Err(_) => {}
                 }
             },
         ));
@@ -256,4 +262,14 @@ fn device_count(slices: &[ResourceSlice]) -> usize {
         .iter()
         .map(|s| s.spec.devices.as_ref().map_or(0, Vec::len))
         .sum()
+}
+
+/// Returns freed heap pages to the kernel (glibc keeps them otherwise), so the resident set
+/// reflects what the driver holds, not its peak.
+fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks the allocator's own free lists.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }

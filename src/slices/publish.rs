@@ -13,7 +13,6 @@ use k8s_openapi::api::resource::v1::ResourceSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
 use kube::runtime::watcher;
-use serde_json::Value;
 use tokio::sync::{Mutex, Notify, watch};
 
 use super::SliceOptions;
@@ -54,7 +53,8 @@ pub struct Publisher {
     node_uid: Mutex<Option<String>>,
     /// Spec we last sent → spec the server stored, per slice name. The server drops fields of
     /// disabled feature gates; comparing against what it kept avoids an endless update loop.
-    written: Mutex<BTreeMap<String, (Value, Value)>>,
+    /// Fingerprints only: full copies of a large pool would cost megabytes of resident memory.
+    written: Mutex<BTreeMap<String, (u64, u64)>>,
     wake: Notify,
 }
 
@@ -139,7 +139,7 @@ impl Publisher {
                     return false;
                 };
                 let want_spec = spec_json(want, current_generation, desired.len());
-                let have_spec = serde_json::to_value(&have.spec).unwrap_or(Value::Null);
+                let have_spec = fingerprint(&have.spec);
                 let owned = have
                     .metadata
                     .owner_references
@@ -195,7 +195,7 @@ impl Publisher {
             slice.spec.pool.generation = generation;
             slice.spec.pool.resource_slice_count = desired.len() as i64;
             slice.metadata.owner_references = Some(vec![owner.clone()]);
-            let sent = serde_json::to_value(&slice.spec).unwrap_or(Value::Null);
+            let sent = fingerprint(&slice.spec);
             let result = match by_name.get(&name) {
                 Some(have) => {
                     slice.metadata.resource_version = have.metadata.resource_version.clone();
@@ -214,13 +214,7 @@ impl Publisher {
                         .map_err(|e| slice_err(&name, "create", e))
                 }
             }?;
-            stored.insert(
-                name,
-                (
-                    sent,
-                    serde_json::to_value(&result.spec).unwrap_or(Value::Null),
-                ),
-            );
+            stored.insert(name, (sent, fingerprint(&result.spec)));
         }
         *self.written.lock().await = stored;
         Ok(report)
@@ -304,11 +298,21 @@ impl Publisher {
     }
 }
 
-fn spec_json(slice: &ResourceSlice, generation: i64, count: usize) -> Value {
+fn spec_json(slice: &ResourceSlice, generation: i64, count: usize) -> u64 {
     let mut spec = slice.spec.clone();
     spec.pool.generation = generation;
     spec.pool.resource_slice_count = count as i64;
-    serde_json::to_value(&spec).unwrap_or(Value::Null)
+    fingerprint(&spec)
+}
+
+/// A hash of the spec's JSON form (maps in it are ordered, so equal specs hash equal).
+fn fingerprint(spec: &k8s_openapi::api::resource::v1::ResourceSliceSpec) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    serde_json::to_string(spec)
+        .unwrap_or_default()
+        .hash(&mut hasher);
+    hasher.finish()
 }
 
 fn slice_err(name: &str, operation: &'static str, e: kube::Error) -> PublishError {
