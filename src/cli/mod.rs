@@ -4,6 +4,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 pub mod cel;
+pub mod claims;
 pub mod run;
 pub mod sim;
 pub mod slices;
@@ -57,6 +58,10 @@ pub enum Command {
     /// Evaluate DRA CEL selectors exactly as Kubernetes does.
     #[command(subcommand)]
     Cel(cel::CelCommand),
+    /// Allocate a ResourceClaim offline as kube-scheduler would; print it with status.allocation.
+    Match(claims::MatchArgs),
+    /// Explain, device by device, how kube-scheduler would allocate a ResourceClaim (or not).
+    Explain(claims::ExplainArgs),
 }
 
 /// Errors a subcommand reports; `main` prints them with their causes.
@@ -83,5 +88,7 @@ pub fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Slices(args) => slices::run(args),
         Command::Sim(args) => sim::run(args),
         Command::Cel(cmd) => cel::run(cmd),
+        Command::Match(args) => claims::run_match(args),
+        Command::Explain(args) => claims::run_explain(args),
     }
 }

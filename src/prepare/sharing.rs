@@ -10,14 +10,14 @@ use crate::config::{DeviceConfig, GpuConfig, MigDeviceConfig};
 
 pub fn apply(record: &DeviceRecord) -> Result<(), PrepareError> {
     if let Some(strategy) = strategy(record) {
-        tracing::info!(device = %record.device, uuid = %record.uuid, strategy, "sharing configured");
+        tracing::debug!(device = %record.device, uuid = %record.uuid, strategy, "sharing configured");
     }
     Ok(())
 }
 
 pub fn revert(record: &DeviceRecord) -> Result<(), PrepareError> {
     if let Some(strategy) = strategy(record) {
-        tracing::info!(device = %record.device, uuid = %record.uuid, strategy, "sharing reverted");
+        tracing::debug!(device = %record.device, uuid = %record.uuid, strategy, "sharing reverted");
     }
     Ok(())
 }

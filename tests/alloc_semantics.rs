@@ -1,0 +1,407 @@
+//! The allocator's decisions on small hand-made nodes. The expected answers are
+//! kube-scheduler 1.37's (single-claim cases cross-checked with the Go `alloc-oracle`; the
+//! differential suite covers the same rules on generated inputs).
+use gpu_dra::allocator::{AllocatedState, Allocator, Features, NodeInfo, Outcome};
+use k8s_openapi::api::resource::v1::{AllocationResult, DeviceClass, ResourceClaim, ResourceSlice};
+use serde_json::{Value, json};
+
+const NODE: &str = "node-a";
+
+fn gpu(name: &str, memory: &str, numa: i64) -> Value {
+    json!({
+        "name": name,
+        "attributes": {"type": {"string": "gpu"}, "resource.kubernetes.io/numaNode": {"int": numa}},
+        "capacity": {"memory": {"value": memory}},
+    })
+}
+
+fn slice(name: &str, pool: &str, devices: Vec<Value>) -> Value {
+    json!({
+        "metadata": {"name": name},
+        "spec": {
+            "driver": "gpu.nvidia.com", "nodeName": NODE,
+            "pool": {"name": pool, "generation": 1, "resourceSliceCount": 1},
+            "devices": devices,
+        }
+    })
+}
+
+fn classes() -> Vec<DeviceClass> {
+    serde_json::from_value(json!([
+        {"metadata": {"name": "gpu"}, "spec": {
+            "selectors": [{"cel": {"expression": "device.attributes['gpu.nvidia.com'].type == 'gpu'"}}],
+            "config": [{"opaque": {"driver": "gpu.nvidia.com", "parameters": {"kind": "GpuConfig"}}}]}},
+        {"metadata": {"name": "mig"}, "spec": {
+            "selectors": [{"cel": {"expression": "device.attributes['gpu.nvidia.com'].type == 'mig'"}}]}},
+        {"metadata": {"name": "any"}, "spec": {}},
+    ]))
+    .expect("classes")
+}
+
+fn claim(name: &str, devices: Value) -> ResourceClaim {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"devices": devices},
+    }))
+    .expect("claim")
+}
+
+fn allocator(slices: Vec<Value>) -> Allocator {
+    let slices: Vec<ResourceSlice> = serde_json::from_value(Value::Array(slices)).expect("slices");
+    Allocator::new(Features::default(), slices, classes())
+}
+
+fn allocate(alloc: &Allocator, claims: &[ResourceClaim], state: &AllocatedState) -> Outcome {
+    alloc
+        .allocate(&NodeInfo::named(NODE), claims, state)
+        .expect("no fatal error")
+}
+
+/// "request=device,..." of one allocation.
+fn picked(result: &AllocationResult) -> String {
+    result
+        .devices
+        .as_ref()
+        .and_then(|d| d.results.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|r| format!("{}={}", r.request, r.device))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn only(outcome: Outcome) -> AllocationResult {
+    match outcome {
+        Outcome::Allocated(mut r) => r.remove(0),
+        other => panic!("not allocated: {other:?}"),
+    }
+}
+
+fn exact(name: &str, class: &str, extra: Value) -> Value {
+    let mut body = json!({"deviceClassName": class});
+    for (k, v) in extra.as_object().into_iter().flatten() {
+        body[k] = v.clone();
+    }
+    json!({"name": name, "exactly": body})
+}
+
+#[test]
+fn backtracks_to_satisfy_a_numa_constraint() {
+    let alloc = allocator(vec![slice(
+        "s",
+        NODE,
+        vec![
+            gpu("gpu-0", "40Gi", 0),
+            gpu("gpu-1", "80Gi", 1),
+            gpu("gpu-2", "80Gi", 1),
+        ],
+    )]);
+    let c = claim(
+        "pair",
+        json!({
+            "requests": [exact("a", "gpu", json!({})), exact("b", "gpu", json!({}))],
+            "constraints": [{"requests": ["a", "b"], "matchAttribute": "resource.kubernetes.io/numaNode"}],
+        }),
+    );
+    let result = only(allocate(&alloc, &[c], &AllocatedState::new()));
+    assert_eq!(picked(&result), "a=gpu-1,b=gpu-2");
+}
+
+#[test]
+fn pools_are_searched_by_name_and_in_use_devices_skipped() {
+    let alloc = allocator(vec![
+        slice("z", "zzz-pool", vec![gpu("gpu-0", "80Gi", 0)]),
+        slice(
+            "a",
+            "aaa-pool",
+            vec![gpu("gpu-0", "80Gi", 0), gpu("gpu-1", "80Gi", 0)],
+        ),
+    ]);
+    let features = Features::default();
+    let mut state = AllocatedState::new();
+    let mut order = Vec::new();
+    for i in 0..4 {
+        let c = claim(
+            &format!("c{i}"),
+            json!({"requests": [exact("r", "gpu", json!({}))]}),
+        );
+        match allocate(&alloc, &[c], &state) {
+            Outcome::Allocated(results) => {
+                let r = &results[0];
+                let d = &r.devices.as_ref().unwrap().results.as_ref().unwrap()[0];
+                order.push(format!("{}/{}", d.pool, d.device));
+                state.mark("c", r, &features).unwrap();
+            }
+            Outcome::Unsatisfiable { reason } => {
+                assert_eq!(reason, None);
+                order.push("-".into());
+            }
+        }
+    }
+    assert_eq!(
+        order,
+        ["aaa-pool/gpu-0", "aaa-pool/gpu-1", "zzz-pool/gpu-0", "-"]
+    );
+}
+
+#[test]
+fn first_available_falls_back_and_names_the_subrequest() {
+    let alloc = allocator(vec![slice("s", NODE, vec![gpu("gpu-0", "40Gi", 0)])]);
+    let c = claim(
+        "fa",
+        json!({
+            "requests": [{"name": "r", "firstAvailable": [
+                {"name": "big", "deviceClassName": "gpu", "count": 2},
+                {"name": "small", "deviceClassName": "gpu"},
+            ]}],
+            "config": [{"requests": ["r/small"], "opaque": {"driver": "gpu.nvidia.com", "parameters": {"x": 1}}}],
+        }),
+    );
+    let result = only(allocate(&alloc, &[c], &AllocatedState::new()));
+    assert_eq!(picked(&result), "r/small=gpu-0");
+    let config = serde_json::to_value(&result.devices.as_ref().unwrap().config).unwrap();
+    // The class config names the chosen subrequest; both configs cover every request.
+    assert_eq!(
+        config,
+        json!([
+            {"source": "FromClass", "opaque": {"driver": "gpu.nvidia.com", "parameters": {"kind": "GpuConfig"}}},
+            {"source": "FromClaim", "opaque": {"driver": "gpu.nvidia.com", "parameters": {"x": 1}}},
+        ])
+    );
+}
+
+/// MIG placements of one GPU share its counters: once the whole GPU is taken no
+/// placement fits, and two overlapping placements cannot both be taken.
+#[test]
+fn shared_counters_block_overlapping_partitions() {
+    let counters = |slices: &[usize]| {
+        let mut m = serde_json::Map::new();
+        for s in slices {
+            m.insert(format!("slice-{s}"), json!({"value": "1"}));
+        }
+        json!([{"counterSet": "gpu-0", "counters": m}])
+    };
+    let mut whole = gpu("gpu-0", "80Gi", 0);
+    whole["consumesCounters"] = counters(&[0, 1]);
+    let mut low = gpu("gpu-0-mig-0", "40Gi", 0);
+    low["attributes"]["type"] = json!({"string": "mig"});
+    low["consumesCounters"] = counters(&[0]);
+    let mut high = low.clone();
+    high["name"] = json!("gpu-0-mig-1");
+    high["consumesCounters"] = counters(&[1]);
+    let mut counter_slice = slice("counters", NODE, vec![]);
+    counter_slice["spec"]
+        .as_object_mut()
+        .unwrap()
+        .remove("devices");
+    counter_slice["spec"]["sharedCounters"] = json!([{"name": "gpu-0", "counters": {
+        "slice-0": {"value": "1"}, "slice-1": {"value": "1"}}}]);
+    counter_slice["spec"]["pool"]["resourceSliceCount"] = json!(2);
+    let mut devices = slice("devices", NODE, vec![whole, low, high]);
+    devices["spec"]["pool"]["resourceSliceCount"] = json!(2);
+    let alloc = allocator(vec![counter_slice, devices]);
+
+    let two_migs = claim(
+        "two",
+        json!({"requests": [exact("m", "mig", json!({"count": 2}))]}),
+    );
+    assert_eq!(
+        picked(&only(allocate(&alloc, &[two_migs], &AllocatedState::new()))),
+        "m=gpu-0-mig-0,m=gpu-0-mig-1"
+    );
+
+    let mut state = AllocatedState::new();
+    let whole_gpu = claim("whole", json!({"requests": [exact("g", "gpu", json!({}))]}));
+    let result = only(allocate(&alloc, &[whole_gpu], &state));
+    state.mark("whole", &result, &Features::default()).unwrap();
+    let one_mig = claim("one", json!({"requests": [exact("m", "mig", json!({}))]}));
+    assert_eq!(
+        allocate(&alloc, &[one_mig], &state),
+        Outcome::Unsatisfiable { reason: None }
+    );
+}
+
+#[test]
+fn taints_need_tolerations_and_admin_access_ignores_use() {
+    let mut tainted = gpu("gpu-0", "80Gi", 0);
+    tainted["taints"] = json!([{"key": "maintenance", "value": "true", "effect": "NoSchedule"}]);
+    let alloc = allocator(vec![slice("s", NODE, vec![tainted])]);
+    let plain = claim("plain", json!({"requests": [exact("r", "gpu", json!({}))]}));
+    assert_eq!(
+        allocate(&alloc, &[plain], &AllocatedState::new()),
+        Outcome::Unsatisfiable { reason: None }
+    );
+
+    let tolerant = claim(
+        "tolerant",
+        json!({"requests": [exact("r", "gpu", json!({
+        "tolerations": [{"key": "maintenance", "operator": "Exists"}]}))]}),
+    );
+    let result = only(allocate(
+        &alloc,
+        std::slice::from_ref(&tolerant),
+        &AllocatedState::new(),
+    ));
+    let r = &result.devices.as_ref().unwrap().results.as_ref().unwrap()[0];
+    assert_eq!(
+        serde_json::to_value(&r.tolerations).unwrap(),
+        json!([{"key": "maintenance", "operator": "Exists"}])
+    );
+
+    let mut state = AllocatedState::new();
+    state
+        .mark("tolerant", &result, &Features::default())
+        .unwrap();
+    let admin = claim(
+        "admin",
+        json!({"requests": [exact("r", "gpu", json!({
+        "adminAccess": true, "tolerations": [{"operator": "Exists"}]}))]}),
+    );
+    let result = only(allocate(&alloc, &[admin], &state));
+    let r = &result.devices.as_ref().unwrap().results.as_ref().unwrap()[0];
+    assert_eq!((r.device.as_str(), r.admin_access), ("gpu-0", Some(true)));
+}
+
+#[test]
+fn shares_of_a_device_consume_its_capacity() {
+    let shared = json!({
+        "name": "shared-0",
+        "allowMultipleAllocations": true,
+        "attributes": {"type": {"string": "gpu"}},
+        "capacity": {"memory": {"value": "80Gi", "requestPolicy": {
+            "default": "10Gi", "validRange": {"min": "10Gi", "step": "10Gi"}}}},
+    });
+    let alloc = allocator(vec![slice("s", NODE, vec![shared])]);
+    let features = Features::default();
+    let mut state = AllocatedState::new();
+    let mut consumed = Vec::new();
+    for i in 0..4 {
+        let c = claim(
+            &format!("c{i}"),
+            json!({"requests": [exact("r", "gpu", json!({
+            "capacity": {"requests": {"memory": "25Gi"}}}))]}),
+        );
+        match allocate(&alloc, &[c], &state) {
+            Outcome::Allocated(results) => {
+                let r = &results[0]
+                    .devices
+                    .as_ref()
+                    .unwrap()
+                    .results
+                    .as_ref()
+                    .unwrap()[0];
+                assert!(r.share_id.is_some());
+                consumed.push(r.consumed_capacity.as_ref().unwrap()["memory"].0.clone());
+                state.mark("c", &results[0], &features).unwrap();
+            }
+            Outcome::Unsatisfiable { .. } => consumed.push("-".into()),
+        }
+    }
+    // 25Gi rounds up to the 10Gi step: 30Gi each, two fit into 80Gi.
+    assert_eq!(consumed, ["30Gi", "30Gi", "-", "-"]);
+}
+
+#[test]
+fn all_mode_takes_every_match_and_fails_on_incomplete_pools() {
+    let alloc = allocator(vec![slice(
+        "s",
+        NODE,
+        vec![gpu("gpu-0", "80Gi", 0), gpu("gpu-1", "40Gi", 0)],
+    )]);
+    let all = claim(
+        "all",
+        json!({"requests": [exact("r", "gpu", json!({"allocationMode": "All"}))]}),
+    );
+    assert_eq!(
+        picked(&only(allocate(
+            &alloc,
+            std::slice::from_ref(&all),
+            &AllocatedState::new()
+        ))),
+        "r=gpu-0,r=gpu-1"
+    );
+
+    let mut partial = slice("half", "half", vec![gpu("h-0", "80Gi", 0)]);
+    partial["spec"]["pool"]["resourceSliceCount"] = json!(2);
+    let alloc = allocator(vec![
+        slice("s", NODE, vec![gpu("gpu-0", "80Gi", 0)]),
+        partial,
+    ]);
+    let err = alloc
+        .allocate(&NodeInfo::named(NODE), &[all], &AllocatedState::new())
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "claim default/all, request r: asks for all devices, but resource pool gpu.nvidia.com/half is currently being updated"
+    );
+}
+
+#[test]
+fn invalid_pools_are_reported_when_nothing_fits() {
+    let alloc = allocator(vec![slice("a", "dup", vec![gpu("same", "80Gi", 0)]), {
+        let mut s = slice("b", "dup", vec![gpu("same", "80Gi", 0)]);
+        s["spec"]["pool"]["resourceSliceCount"] = json!(2);
+        s
+    }]);
+    // Both slices must announce two slices for the pool to be complete (and then invalid).
+    let c = claim("c", json!({"requests": [exact("r", "gpu", json!({}))]}));
+    let outcome = allocate(&alloc, &[c], &AllocatedState::new());
+    assert!(
+        matches!(outcome, Outcome::Unsatisfiable { .. }),
+        "{outcome:?}"
+    );
+}
+
+#[test]
+fn cel_errors_abort_with_the_schedulers_text() {
+    let alloc = allocator(vec![slice("s", NODE, vec![gpu("gpu-0", "80Gi", 0)])]);
+    let c = claim(
+        "bad",
+        json!({"requests": [exact("r", "any", json!({
+        "selectors": [{"cel": {"expression": "device.attributes['gpu.nvidia.com'].profile == '1g.10gb'"}}]}))]}),
+    );
+    let err = alloc
+        .allocate(&NodeInfo::named(NODE), &[c], &AllocatedState::new())
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "claim default/bad: selector #0 on device gpu.nvidia.com/node-a/gpu-0: CEL runtime error: \
+         no such key: profile. consider using CEL optional chaining (.? followed by orValue()) or \
+         guarding the check with has() for optional fields"
+    );
+    let missing = claim(
+        "missing",
+        json!({"requests": [exact("r", "nope", json!({}))]}),
+    );
+    let err = alloc
+        .allocate(&NodeInfo::named(NODE), &[missing], &AllocatedState::new())
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "claim default/missing, request r: could not retrieve device class nope: deviceclasses.resource.k8s.io \"nope\" not found"
+    );
+}
+
+/// Several claims of one pod are allocated together: the second claim's constraint forces
+/// the first claim off the first device.
+#[test]
+fn claims_of_one_pod_are_allocated_together() {
+    let alloc = allocator(vec![slice(
+        "s",
+        NODE,
+        vec![gpu("gpu-0", "80Gi", 0), gpu("gpu-1", "80Gi", 1)],
+    )]);
+    let first = claim("first", json!({"requests": [exact("r", "gpu", json!({}))]}));
+    let second = claim(
+        "second",
+        json!({"requests": [exact("r", "gpu", json!({
+        "selectors": [{"cel": {"expression": "device.attributes['resource.kubernetes.io'].numaNode == 0"}}]}))]}),
+    );
+    match allocate(&alloc, &[first, second], &AllocatedState::new()) {
+        Outcome::Allocated(results) => {
+            assert_eq!(picked(&results[0]), "r=gpu-1");
+            assert_eq!(picked(&results[1]), "r=gpu-0");
+        }
+        other => panic!("{other:?}"),
+    }
+}
