@@ -5,6 +5,8 @@ use clap::{Parser, Subcommand};
 
 pub mod cel;
 pub mod claims;
+pub mod demo;
+pub mod packing_study;
 pub mod run;
 pub mod sim;
 pub mod slices;
@@ -49,12 +51,17 @@ pub fn init_logging(format: LogFormat) {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Walk through the whole driver on a simulated node: discover, publish, allocate, prepare,
+    /// unprepare. No GPU or cluster needed.
+    Demo(demo::DemoArgs),
     /// Run the node driver: publish slices and serve kubelet's prepare/unprepare calls.
     Run(run::RunArgs),
     /// Print the ResourceSlices this node would publish, as a v1 List.
     Slices(slices::SlicesArgs),
     /// Operate simulated GPU hardware (MIG mode, instances) in a state file.
     Sim(sim::SimArgs),
+    /// Replay a random MIG workload: failed placements with our device order vs name order.
+    PackingStudy(packing_study::PackingStudyArgs),
     /// Evaluate DRA CEL selectors exactly as Kubernetes does.
     #[command(subcommand)]
     Cel(cel::CelCommand),
@@ -84,10 +91,12 @@ pub enum CliError {
 /// Runs a parsed command line.
 pub fn run(cli: Cli) -> Result<ExitCode, CliError> {
     match cli.command {
+        Command::Demo(args) => demo::run(args),
         Command::Run(args) => run::run(args),
         Command::Slices(args) => slices::run(args),
         Command::Sim(args) => sim::run(args),
         Command::Cel(cmd) => cel::run(cmd),
+        Command::PackingStudy(args) => packing_study::run(args),
         Command::Match(args) => claims::run_match(args),
         Command::Explain(args) => claims::run_explain(args),
     }
