@@ -408,6 +408,15 @@ impl<'a> Checker<'a> {
         if !sel.test {
             if let Some(q) = qualified_name(e) {
                 let root = q.split('.').next().unwrap_or_default();
+                // The IP/CIDR libraries declare their types under qualified names.
+                if matches!(q.as_str(), "net.IP" | "net.CIDR") && self.lookup_local(root).is_none()
+                {
+                    let t = if q == "net.IP" { Type::Ip } else { Type::Cidr };
+                    return (
+                        Node::Const(Value::Type(Arc::from(q.as_str()))),
+                        Type::TypeOf(Arc::new(t)),
+                    );
+                }
                 if root != "device"
                     && self.lookup_local(root).is_none()
                     && type_value(root).is_none()
@@ -561,7 +570,7 @@ impl<'a> Checker<'a> {
         let sort_by = name == "sortBy" && args.len() == 2;
         let two_var = matches!(name, "all" | "exists" | "existsOne" | "exists_one")
             && args.len() == 3
-            || matches!(name, "transformList" | "transformMap")
+            || matches!(name, "transformList" | "transformMap" | "transformMapEntry")
                 && (args.len() == 3 || args.len() == 4);
         if !sort_by && !two_var {
             return None;
@@ -657,7 +666,18 @@ impl<'a> Checker<'a> {
                 let mut parts: Vec<(Node, Type)> = bodies.collect();
                 let (expr, expr_type) = parts.pop()?;
                 let filter = parts.pop().map(|(n, _)| n);
-                let (init, add, ty) = if name == "transformList" {
+                let (init, add, ty) = if name == "transformMapEntry" {
+                    let add = Node::Call {
+                        func: Func::MapMerge,
+                        args: vec![Node::Local(accu_slot), expr],
+                    };
+                    let empty = Value::Map(Arc::new(super::value::MapValue::default()));
+                    let ty = match expr_type {
+                        Type::Map(..) => expr_type,
+                        _ => Type::map(Type::Dyn, Type::Dyn),
+                    };
+                    (Node::Const(empty), add, ty)
+                } else if name == "transformList" {
                     let add = Node::Call {
                         func: Func::Add,
                         args: vec![
@@ -853,7 +873,8 @@ impl<'a> Checker<'a> {
             if super::regex::compile(p).is_err() {
                 let arg = if member { args.first() } else { args.get(1) };
                 if let Some(arg) = arg {
-                    self.error(arg.id, "invalid matches argument".into());
+                    // An AST validator: reported only when type checking found nothing.
+                    self.defer(arg.id, "invalid matches argument".into());
                 }
             }
         }

@@ -93,6 +93,27 @@ pub enum Func {
     OptionalUnwrap,
     /// Internal: insert into a map (two-variable `transformMap`).
     MapInsert,
+    /// Internal: merge a map into the accumulator (`transformMapEntry`).
+    MapMerge,
+    Ip,
+    IsIp,
+    IpIsCanonical,
+    Family,
+    IsUnspecified,
+    IsLoopback,
+    IsLinkLocalMulticast,
+    IsLinkLocalUnicast,
+    IsGlobalUnicast,
+    Cidr,
+    IsCidr,
+    ContainsIp,
+    ContainsCidr,
+    PrefixLength,
+    Masked,
+    /// `format.<name>()`, by index into `format::NAMES`.
+    FormatConst(u8),
+    FormatNamed,
+    FormatValidate,
 }
 
 pub struct Sig {
@@ -289,6 +310,8 @@ fn build() -> HashMap<&'static str, FuncDecl> {
             g(&[Double], Str),
             g(&[Bool], Str),
             g(&[Bytes], Str),
+            g(&[Type::Ip], Str),
+            g(&[Type::Cidr], Str),
         ],
     );
     add(
@@ -450,6 +473,62 @@ fn build() -> HashMap<&'static str, FuncDecl> {
         "sets.intersects",
         Func::SetsIntersects,
         vec![g(&[list(A), list(A)], Bool)],
+    );
+
+    // Kubernetes IP and CIDR libraries.
+    let (ip, cidr) = (Type::Ip, Type::Cidr);
+    add(
+        "ip",
+        Func::Ip,
+        vec![g(&[Str], ip.clone()), m(&[cidr.clone()], ip.clone())],
+    );
+    add("isIP", Func::IsIp, vec![g(&[Str], Bool)]);
+    add("ip.isCanonical", Func::IpIsCanonical, vec![g(&[Str], Bool)]);
+    add("family", Func::Family, vec![m(&[ip.clone()], Int)]);
+    for (name, func) in [
+        ("isUnspecified", Func::IsUnspecified),
+        ("isLoopback", Func::IsLoopback),
+        ("isLinkLocalMulticast", Func::IsLinkLocalMulticast),
+        ("isLinkLocalUnicast", Func::IsLinkLocalUnicast),
+        ("isGlobalUnicast", Func::IsGlobalUnicast),
+    ] {
+        add(name, func, vec![m(&[ip.clone()], Bool)]);
+    }
+    add("cidr", Func::Cidr, vec![g(&[Str], cidr.clone())]);
+    add("isCIDR", Func::IsCidr, vec![g(&[Str], Bool)]);
+    add(
+        "containsIP",
+        Func::ContainsIp,
+        vec![m(&[cidr.clone(), Str], Bool), m(&[cidr.clone(), ip], Bool)],
+    );
+    add(
+        "containsCIDR",
+        Func::ContainsCidr,
+        vec![
+            m(&[cidr.clone(), Str], Bool),
+            m(&[cidr.clone(), cidr.clone()], Bool),
+        ],
+    );
+    add(
+        "prefixLength",
+        Func::PrefixLength,
+        vec![m(&[cidr.clone()], Int)],
+    );
+    add("masked", Func::Masked, vec![m(&[cidr.clone()], cidr)]);
+
+    // Kubernetes format library.
+    for (i, name) in super::format::QUALIFIED.iter().enumerate() {
+        add(name, Func::FormatConst(i as u8), vec![g(&[], Type::Format)]);
+    }
+    add(
+        "format.named",
+        Func::FormatNamed,
+        vec![g(&[Str], Type::optional(Type::Format))],
+    );
+    add(
+        "validate",
+        Func::FormatValidate,
+        vec![m(&[Type::Format, Str], Type::optional(list(Str)))],
     );
 
     // Optional types.

@@ -9,6 +9,7 @@ use super::device::DeviceView;
 use super::quantity::Quantity;
 use super::semver::Semver;
 use super::value::{DomainsOf, Equality, MapValue, Value, numeric_cmp};
+use super::{format, net};
 
 /// A runtime error. `abort` errors (cost limit) are never absorbed by `&&`, `||` or macros.
 #[derive(Debug, Clone, PartialEq)]
@@ -67,7 +68,17 @@ fn actual_size(v: &Value) -> u64 {
         Value::Bytes(b) => b.len() as u64,
         Value::List(l) => l.len() as u64,
         Value::Map(m) => m.entries.len() as u64,
+        // IP and CIDR values report their address length in bytes (`Size()`).
+        Value::Ip(a) => addr_len(a),
+        Value::Cidr(c) => addr_len(&c.addr),
         _ => 1,
+    }
+}
+
+fn addr_len(a: &net::Addr) -> u64 {
+    match a {
+        net::Addr::V4(_) => 4,
+        net::Addr::V6(..) => 16,
     }
 }
 
@@ -108,6 +119,30 @@ fn call_cost(func: Func, args: &[Value], result: &Value) -> u64 {
         Func::Replace | Func::Split => ((size(0) as f64) * 2.0 * 0.1).ceil() as u64,
         Func::Join => ((actual_size(result) as f64) * 2.0 * 0.1).ceil() as u64,
         Func::Quantity | Func::IsQuantity | Func::Semver | Func::IsSemver => ceil_tenth(size(0)),
+        Func::Cidr | Func::IsIp | Func::IsCidr => ceil_tenth(size(0)),
+        Func::Ip => match args.first() {
+            Some(Value::Cidr(_)) => 1,
+            _ => ceil_tenth(size(0)),
+        },
+        Func::IpIsCanonical => ((size(0) as f64) * 2.0 * 0.1).ceil() as u64,
+        Func::ContainsIp | Func::ContainsCidr => {
+            let mut cost = ceil_tenth(size(0) * 2);
+            if func == Func::ContainsCidr {
+                cost += ceil_tenth(size(0)) + 1;
+            }
+            if matches!(args.get(1), Some(Value::String(_))) {
+                cost += ceil_tenth(size(1));
+            }
+            cost
+        }
+        Func::FormatValidate => match args.first() {
+            Some(Value::Format(f)) => {
+                let str_cost = ((1.0 + size(1) as f64) * 0.1).ceil() as u64;
+                let regex_cost = ((format::max_regex_size(*f) as f64) * 0.25).ceil() as u64;
+                str_cost * regex_cost
+            }
+            _ => 1,
+        },
         Func::ToString | Func::ToBytes | Func::Quote => match args.first() {
             Some(Value::Bytes(_) | Value::String(_)) => ceil_tenth(size(0)),
             _ => 1,
@@ -526,6 +561,8 @@ pub fn convert(func: Func, v: &Value) -> R {
                 Ok(s) => Ok(Value::string(s)),
                 Err(_) => err("invalid UTF-8 in bytes, cannot convert to string"),
             },
+            Ip(a) => Ok(Value::string(&a.to_string())),
+            Cidr(c) => Ok(Value::string(&c.to_string())),
             _ => bad(),
         },
         Func::ToBool => match v {
@@ -1227,6 +1264,109 @@ pub fn call(func: Func, args: &[Value], device: &DeviceView) -> R {
             }
             _ => no_such_overload(),
         },
+        Func::MapMerge => match (a0, a1) {
+            (Map(m), Map(update)) => {
+                let mut entries = m.entries.clone();
+                for (k, v) in &update.entries {
+                    if m.contains(k) {
+                        return err(format!("insert failed: key {} already exists", key_text(k)));
+                    }
+                    entries.push((k.clone(), v.clone()));
+                }
+                Ok(Map(Arc::new(MapValue { entries })))
+            }
+            _ => no_such_overload(),
+        },
+        Func::Ip => match a0 {
+            String(s) => net::k8s_ip(s)
+                .map(|a| Ip(Arc::new(a)))
+                .map_err(EvalError::new),
+            Cidr(c) => Ok(Ip(Arc::new(c.addr.clone()))),
+            _ => overload_error("ip", args),
+        },
+        Func::IsIp => Ok(Bool(net::k8s_ip(str_arg("isIP", args, 0)?).is_ok())),
+        Func::IpIsCanonical => {
+            let s = str_arg("ip.isCanonical", args, 0)?;
+            let addr = net::k8s_ip(s).map_err(EvalError::new)?;
+            Ok(Bool(addr.to_string() == s))
+        }
+        Func::Family
+        | Func::IsUnspecified
+        | Func::IsLoopback
+        | Func::IsLinkLocalMulticast
+        | Func::IsLinkLocalUnicast
+        | Func::IsGlobalUnicast => {
+            let Ip(a) = a0 else {
+                return no_such_overload();
+            };
+            Ok(match func {
+                Func::Family => Int(a.family()),
+                Func::IsUnspecified => Bool(a.is_unspecified()),
+                Func::IsLoopback => Bool(a.is_loopback()),
+                Func::IsLinkLocalMulticast => Bool(a.is_link_local_multicast()),
+                Func::IsLinkLocalUnicast => Bool(a.is_link_local_unicast()),
+                _ => Bool(a.is_global_unicast()),
+            })
+        }
+        Func::Cidr => net::k8s_cidr(str_arg("cidr", args, 0)?)
+            .map(|p| Cidr(Arc::new(p)))
+            .map_err(EvalError::new),
+        Func::IsCidr => Ok(Bool(net::k8s_cidr(str_arg("isCIDR", args, 0)?).is_ok())),
+        Func::ContainsIp => {
+            let Cidr(c) = a0 else {
+                return no_such_overload();
+            };
+            match a1 {
+                Ip(a) => Ok(Bool(c.contains(a))),
+                // A parse failure reaches cidrContainsIP as an error value, which it reports
+                // as a missing overload.
+                String(s) => match net::k8s_ip(s) {
+                    Ok(a) => Ok(Bool(c.contains(&a))),
+                    Err(_) => no_such_overload(),
+                },
+                _ => no_such_overload(),
+            }
+        }
+        Func::ContainsCidr => {
+            let Cidr(c) = a0 else {
+                return no_such_overload();
+            };
+            match a1 {
+                Cidr(o) => Ok(Bool(c.contains_prefix(o))),
+                String(s) => {
+                    let o = net::k8s_cidr(s).map_err(EvalError::new)?;
+                    Ok(Bool(c.contains_prefix(&o)))
+                }
+                _ => no_such_overload(),
+            }
+        }
+        Func::PrefixLength => match a0 {
+            Cidr(c) => Ok(Int(i64::from(c.bits))),
+            _ => no_such_overload(),
+        },
+        Func::Masked => match a0 {
+            Cidr(c) => Ok(Cidr(Arc::new(c.masked()))),
+            _ => no_such_overload(),
+        },
+        Func::FormatConst(i) => Ok(Format(i)),
+        Func::FormatNamed => {
+            let name = str_arg("format.named", args, 0)?;
+            Ok(Optional(
+                format::index_of(name).map(|i| Arc::new(Format(i))),
+            ))
+        }
+        Func::FormatValidate => {
+            let Format(f) = a0 else {
+                return no_such_overload();
+            };
+            let s = str_arg("validate", args, 1)?;
+            let errors = format::validate(*f, s);
+            if errors.is_empty() {
+                Ok(Optional(None))
+            } else {
+                Ok(Optional(Some(Arc::new(string_list(errors)))))
+            }
+        }
         Func::OptIndex => match a0 {
             Optional(None) => Ok(Optional(None)),
             Optional(Some(inner)) => opt_index(inner, a1, device),

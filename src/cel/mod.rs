@@ -10,6 +10,8 @@ mod check;
 mod decls;
 pub mod device;
 mod eval;
+mod format;
+mod net;
 pub mod quantity;
 mod regex;
 pub mod semver;
@@ -381,6 +383,9 @@ fn not_bool_message(v: &Value) -> String {
         Value::Null => "type conversion error from 'null_type' to 'bool'".to_string(),
         Value::Quantity(_) => "type conversion error from 'Quantity' to 'bool'".to_string(),
         Value::Semver(_) => "type conversion error from 'Semver' to 'bool'".to_string(),
+        Value::Ip(_) => "type conversion error from 'IP' to 'bool'".to_string(),
+        Value::Cidr(_) => "type conversion error from 'CIDR' to 'bool'".to_string(),
+        Value::Format(_) => "type conversion error from 'Format' to 'bool'".to_string(),
         Value::Optional(None) => "optional.none() dereference".to_string(),
         Value::Optional(Some(_)) => "type conversion error from optional to 'bool'".to_string(),
         Value::Type(_) => "type conversion not supported for 'type'".to_string(),

@@ -51,7 +51,7 @@ fn parse_uint(s: &str) -> Result<u64, SemverError> {
     })
 }
 
-/// Go's `%q` for the ASCII-ish strings that reach these messages.
+/// Go's `%q` (`strconv.Quote`) for the ASCII-ish strings that reach error messages.
 pub(crate) fn go_quote(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
     out.push('"');
@@ -62,6 +62,10 @@ pub(crate) fn go_quote(s: &str) -> String {
             '\n' => out.push_str("\\n"),
             '\t' => out.push_str("\\t"),
             '\r' => out.push_str("\\r"),
+            '\x07' => out.push_str("\\a"),
+            '\x08' => out.push_str("\\b"),
+            '\x0c' => out.push_str("\\f"),
+            '\x0b' => out.push_str("\\v"),
             c if (c as u32) < 0x20 || c as u32 == 0x7f => {
                 out.push_str(&format!("\\x{:02x}", c as u32));
             }

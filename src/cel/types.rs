@@ -23,6 +23,9 @@ pub enum Type {
     TypeOf(Arc<Type>),
     Quantity,
     Semver,
+    Ip,
+    Cidr,
+    Format,
     Device,
     /// A type parameter in an overload signature (A, B, ...).
     Param(u8),
@@ -63,6 +66,9 @@ impl fmt::Display for Type {
             Type::TypeOf(t) => write!(f, "type({t})"),
             Type::Quantity => f.write_str("kubernetes.Quantity"),
             Type::Semver => f.write_str("kubernetes.Semver"),
+            Type::Ip => f.write_str("net.IP"),
+            Type::Cidr => f.write_str("net.CIDR"),
+            Type::Format => f.write_str("kubernetes.NamedFormat"),
             Type::Device => f.write_str("kubernetes.DRADevice"),
             Type::Param(p) => write!(f, "{}", (b'A' + p) as char),
         }

@@ -25,6 +25,10 @@ pub enum Value {
     Map(Arc<MapValue>),
     Quantity(Arc<Quantity>),
     Semver(Arc<Semver>),
+    Ip(Arc<super::net::Addr>),
+    Cidr(Arc<super::net::Prefix>),
+    /// A named format (`format.dns1123Label()`), by index into `format::NAMES`.
+    Format(u8),
     Optional(Option<Arc<Value>>),
     /// A type value (`type(x)`, `int`): its CEL type name.
     Type(Arc<str>),
@@ -150,6 +154,9 @@ impl Value {
             Value::Map(_) | Value::Domains(_) => "map",
             Value::Quantity(_) => "kubernetes.Quantity",
             Value::Semver(_) => "kubernetes.Semver",
+            Value::Ip(_) => "net.IP",
+            Value::Cidr(_) => "net.CIDR",
+            Value::Format(_) => "kubernetes.NamedFormat",
             Value::Optional(_) => "optional_type",
             Value::Type(_) => "type",
             Value::Device => "map",
@@ -176,6 +183,9 @@ impl Value {
                 }
             }
             Value::Semver(_) => "cel.Semver",
+            Value::Ip(_) => "cel.IP",
+            Value::Cidr(_) => "cel.CIDR",
+            Value::Format(_) => "cel.Format",
             Value::Optional(_) => "*types.Optional",
             Value::Type(_) => "*types.Type",
         }
@@ -200,6 +210,10 @@ impl Value {
             (Quantity(_), _) => return Equality::NoSuchOverload,
             (Semver(a), Semver(b)) => a.compare(b) == Ordering::Equal,
             (Semver(_), _) => return Equality::NoSuchOverload,
+            (Ip(a), Ip(b)) => a == b,
+            (Cidr(a), Cidr(b)) => a == b,
+            (Format(a), Format(b)) => a == b,
+            (Ip(_) | Cidr(_) | Format(_), _) => return Equality::NoSuchOverload,
             (Bool(a), Bool(b)) => a == b,
             (String(a), String(b)) => a == b,
             (Bytes(a), Bytes(b)) => a == b,
