@@ -36,15 +36,15 @@ timed_start() {
     done
     t1=$(now_ms)
     kubelet register >/dev/null || fail "registration failed"
-    echo $((t1 - t0))
+    START_MS=$((t1 - t0))
 }
 measure() { # label
-    local ms rss
-    ms=$(timed_start)
+    local rss
+    timed_start
     wait_for "slices published" 30 bash -c "[[ \$(kubectl get resourceslices -o json | jq '[.items[].spec.devices[]?] | length') == 208 ]]"
     sleep 3
     rss=$(awk '/VmRSS/ {print $2}' "/proc/$DRIVER_PID/status")
-    printf '%-12s exec to registration socket %4d ms   idle RSS %6.1f MiB\n' "$1" "$ms" "$(echo "$rss / 1024" | bc -l)"
+    printf '%-12s exec to registration socket %4d ms   idle RSS %6.1f MiB\n' "$1" "$START_MS" "$(echo "$rss / 1024" | bc -l)"
     stop_driver
 }
 measure "first start"
