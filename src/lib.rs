@@ -1,12 +1,14 @@
 //! gpu-dra: a Kubernetes Dynamic Resource Allocation driver for NVIDIA GPUs.
 //!
 //! Data flows one way: NVML (or the simulator) → [`gpu`] device model → [`slices`]
-//! ResourceSlices → API server; claims are matched with [`cel`] selectors.
+//! ResourceSlices → API server; claim → allocation ([`allocator`], [`cel`] selectors) → kubelet
+//! ([`plugin`]) → [`prepare`] (MIG carving, [`config`], CDI specs, checkpoint). [`node`] runs it
+//! all as `gpu-dra run`; [`cli`] holds the commands.
 pub mod allocator;
 pub mod cel;
-pub mod fsutil;
 pub mod cli;
 pub mod config;
+pub mod fsutil;
 pub mod gpu;
 pub mod metrics;
 pub mod node;
