@@ -127,14 +127,7 @@ impl DeviceState {
         state.recover(&mut report)?;
         state.refresh_inventory()?;
         // MIG devices no prepared claim owns are someone else's, unless we were told to take over.
-        let owned: BTreeSet<(u32, u32)> = state
-            .checkpoint
-            .claims
-            .values()
-            .flat_map(|c| c.devices.iter())
-            .filter_map(|d| d.mig.as_ref())
-            .filter_map(|m| Some((m.parent_minor, m.gpu_instance_id?)))
-            .collect();
+        let owned = state.owned_gpu_instances();
         let inventory = &state.inventory;
         state.modes = choose_modes(&inventory.gpus, state.config.mig_policy, |minor| {
             inventory
@@ -716,17 +709,21 @@ impl DeviceState {
         Ok(())
     }
 
-    /// Destroys MIG instances on dynamic GPUs that no prepared claim owns (left by a crash, or by
-    /// someone else under `--mig dynamic`). Returns "gpu<minor>/gi<id>" of each.
-    fn destroy_unowned(&mut self) -> Result<Vec<String>, PrepareError> {
-        let owned: BTreeSet<(u32, u32)> = self
-            .checkpoint
+    /// (GPU minor, GPU instance id) of every MIG instance a recorded claim holds.
+    fn owned_gpu_instances(&self) -> BTreeSet<(u32, u32)> {
+        self.checkpoint
             .claims
             .values()
             .flat_map(|c| c.devices.iter())
             .filter_map(|d| d.mig.as_ref())
             .filter_map(|m| Some((m.parent_minor, m.gpu_instance_id?)))
-            .collect();
+            .collect()
+    }
+
+    /// Destroys MIG instances on dynamic GPUs that no prepared claim owns (left by a crash, or by
+    /// someone else under `--mig dynamic`). Returns "gpu<minor>/gi<id>" of each.
+    fn destroy_unowned(&mut self) -> Result<Vec<String>, PrepareError> {
+        let owned = self.owned_gpu_instances();
         let dynamic: Vec<u32> = self
             .modes
             .iter()
