@@ -119,6 +119,24 @@ impl Fake {
             .map(|k| **k)
     }
 
+    fn gpu_instance(&self, key: GiKey) -> Option<&gpu_dra::gpu::sim::SimGpuInstance> {
+        self.state
+            .gpus
+            .iter()
+            .find(|g| g.minor == key.minor)
+            .and_then(|g| g.gpu_instances.iter().find(|gi| gi.id == key.gi))
+    }
+
+    /// The profile of a GPU instance.
+    fn gpu_instance_profile(&self, key: GiKey) -> Option<gpu_dra::gpu::GiProfile> {
+        let gi = self.gpu_instance(key)?;
+        self.gpu(key.minor)?
+            .mig
+            .as_ref()?
+            .profile_by_id(gi.profile_id)
+            .cloned()
+    }
+
     fn gpu(&self, minor: u32) -> Option<&gpu_dra::gpu::Gpu> {
         self.inventory.gpus.iter().find(|g| g.minor == minor)
     }
@@ -882,11 +900,10 @@ pub unsafe extern "C" fn nvmlGpuInstanceGetInfo(
 ) -> Ret {
     on_gi(gpu_instance, |fake, key| {
         let Some(gi) = fake
-            .state
-            .gpus
-            .iter()
-            .find(|g| g.minor == key.minor)
-            .and_then(|g| g.gpu_instances.iter().find(|gi| gi.id == key.gi))
+            .gpu_instance(GiKey {
+                minor: key.minor,
+                gi: key.gi,
+            })
             .cloned()
         else {
             return NOT_FOUND;
@@ -966,19 +983,7 @@ pub unsafe extern "C" fn nvmlGpuInstanceCreateComputeInstance(
     on_gi(gpu_instance, |fake, key| {
         // Only the full-size compute instance is simulated; anything else is refused like an
         // unsupported profile.
-        let slices = fake
-            .state
-            .gpus
-            .iter()
-            .find(|g| g.minor == key.minor)
-            .and_then(|g| g.gpu_instances.iter().find(|gi| gi.id == key.gi))
-            .and_then(|gi| {
-                fake.gpu(key.minor)?
-                    .mig
-                    .as_ref()?
-                    .profile_by_id(gi.profile_id)
-            })
-            .map(|p| p.slice_count);
+        let slices = fake.gpu_instance_profile(key).map(|p| p.slice_count);
         let Some(slices) = slices else {
             return NOT_FOUND;
         };
@@ -1057,11 +1062,10 @@ pub unsafe extern "C" fn nvmlComputeInstanceGetInfo_v2(
 ) -> Ret {
     on_ci(compute_instance, |fake, key| {
         let Some(ci) = fake
-            .state
-            .gpus
-            .iter()
-            .find(|g| g.minor == key.minor)
-            .and_then(|g| g.gpu_instances.iter().find(|gi| gi.id == key.gi))
+            .gpu_instance(GiKey {
+                minor: key.minor,
+                gi: key.gi,
+            })
             .and_then(|gi| gi.compute_instances.iter().find(|ci| ci.id == key.ci))
             .cloned()
         else {
@@ -1119,20 +1123,7 @@ pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstanceProfileInfo(
         if eng_profile != 0 {
             return INVALID_ARGUMENT;
         }
-        let Some(gi_profile) = fake
-            .state
-            .gpus
-            .iter()
-            .find(|g| g.minor == key.minor)
-            .and_then(|g| g.gpu_instances.iter().find(|gi| gi.id == key.gi))
-            .and_then(|gi| {
-                fake.gpu(key.minor)?
-                    .mig
-                    .as_ref()?
-                    .profile_by_id(gi.profile_id)
-            })
-            .cloned()
-        else {
+        let Some(gi_profile) = fake.gpu_instance_profile(key) else {
             return NOT_FOUND;
         };
         // Only the full-size compute instance is simulated (its id equals its profile constant,
