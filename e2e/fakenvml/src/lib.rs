@@ -119,6 +119,14 @@ impl Fake {
             .map(|k| **k)
     }
 
+    /// Applies a change to the simulated hardware and refreshes the cached view; the error is the
+    /// NVML return code to answer with.
+    fn change<T>(&mut self, op: impl FnOnce(&SimNode) -> Result<T, GpuError>) -> Result<T, Ret> {
+        let result = op(&self.node);
+        self.refresh().map_err(|_| UNKNOWN)?;
+        result.map_err(|e| gpu_error_code(&e))
+    }
+
     fn gpu_instance(&self, key: GiKey) -> Option<&gpu_dra::gpu::sim::SimGpuInstance> {
         self.state
             .gpus
@@ -625,13 +633,11 @@ pub unsafe extern "C" fn nvmlDeviceSetMigMode(
         if mode > 1 {
             return INVALID_ARGUMENT;
         }
-        let status = match fake.node.set_mig_mode(minor, mode == 1) {
+        let status = match fake.change(|node| node.set_mig_mode(minor, mode == 1)) {
             Ok(_) => SUCCESS,
-            Err(e) => gpu_error_code(&e),
+            Err(UNKNOWN) => return UNKNOWN,
+            Err(code) => code,
         };
-        if fake.refresh().is_err() {
-            return UNKNOWN;
-        }
         if !activation_status.is_null() {
             // SAFETY: non-null out-pointer.
             unsafe { *activation_status = status };
@@ -938,24 +944,17 @@ pub unsafe extern "C" fn nvmlDeviceCreateGpuInstanceWithPlacement(
     // SAFETY: non-null, caller-owned.
     let placement = unsafe { *placement };
     on_gpu(device, false, |fake, _, minor| {
-        let result = fake.node.create_gpu_instance(
-            minor,
-            profile_id,
-            Placement {
-                start: placement.start,
-                size: placement.size,
-            },
-        );
-        if fake.refresh().is_err() {
-            return UNKNOWN;
-        }
-        match result {
+        let wanted = Placement {
+            start: placement.start,
+            size: placement.size,
+        };
+        match fake.change(|node| node.create_gpu_instance(minor, profile_id, wanted)) {
             Ok(id) => {
                 let handle = fake.gi_handle(GiKey { minor, gi: id });
                 out!(gpu_instance, handle);
                 SUCCESS
             }
-            Err(e) => gpu_error_code(&e),
+            Err(code) => code,
         }
     })
 }
@@ -963,13 +962,9 @@ pub unsafe extern "C" fn nvmlDeviceCreateGpuInstanceWithPlacement(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlGpuInstanceDestroy(gpu_instance: nvmlGpuInstance_t) -> Ret {
     on_gi(gpu_instance, |fake, key| {
-        let result = fake.node.destroy_gpu_instance(key.minor, key.gi);
-        if fake.refresh().is_err() {
-            return UNKNOWN;
-        }
-        match result {
+        match fake.change(|node| node.destroy_gpu_instance(key.minor, key.gi)) {
             Ok(()) => SUCCESS,
-            Err(e) => gpu_error_code(&e),
+            Err(code) => code,
         }
     })
 }
@@ -990,11 +985,7 @@ pub unsafe extern "C" fn nvmlGpuInstanceCreateComputeInstance(
         if profile_id != full_compute_profile(slices) {
             return NOT_SUPPORTED;
         }
-        let result = fake.node.create_compute_instance(key.minor, key.gi);
-        if fake.refresh().is_err() {
-            return UNKNOWN;
-        }
-        match result {
+        match fake.change(|node| node.create_compute_instance(key.minor, key.gi)) {
             Ok((ci, _)) => {
                 let handle = fake.ci_handle(CiKey {
                     minor: key.minor,
@@ -1004,7 +995,7 @@ pub unsafe extern "C" fn nvmlGpuInstanceCreateComputeInstance(
                 out!(compute_instance, handle);
                 SUCCESS
             }
-            Err(e) => gpu_error_code(&e),
+            Err(code) => code,
         }
     })
 }
@@ -1099,15 +1090,9 @@ pub unsafe extern "C" fn nvmlComputeInstanceDestroy(
     compute_instance: nvmlComputeInstance_t,
 ) -> Ret {
     on_ci(compute_instance, |fake, key| {
-        let result = fake
-            .node
-            .destroy_compute_instance(key.minor, key.gi, key.ci);
-        if fake.refresh().is_err() {
-            return UNKNOWN;
-        }
-        match result {
+        match fake.change(|node| node.destroy_compute_instance(key.minor, key.gi, key.ci)) {
             Ok(()) => SUCCESS,
-            Err(e) => gpu_error_code(&e),
+            Err(code) => code,
         }
     })
 }
