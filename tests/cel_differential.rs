@@ -7,9 +7,8 @@
 //! line is compared (cel-go may list several), and Go regexp parse errors compare only their
 //! `error parsing regexp:` prefix (Go's and Rust's regex parsers word errors differently).
 //!
-//! Known gap: the URL and timestamp/duration libraries and `<string>.format` are not
-//! implemented yet; upstream expressions using them are counted and reported as skipped, not
-//! compared.
+//! Known gap: the timestamp/duration libraries and `<string>.format` are not implemented yet;
+//! upstream expressions using them are counted and reported as skipped, not compared.
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 
@@ -197,6 +196,45 @@ const FORMAT_ARGS: &[&str] = &[
     "http://host/%zz",
     "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
 ];
+const URLS: &[&str] = &[
+    "https://example.com",
+    "https://example.com:8443/a/b?c=d&c=e#frag",
+    "http://[::1]:80/a",
+    "http://[fe80::1%25eth0]:8080/",
+    "http://[1.2.3.4]/",
+    "http://[::1",
+    "http://[::1]x/",
+    "http://a:b:c/",
+    "foo://a:1:2/",
+    "http://host:/",
+    "http://u:p@host/p",
+    "http://us er@host/",
+    "http://exa%41mple.com/",
+    "http://ex%C3%A4mple/",
+    "/",
+    "/a%2Fb%20c",
+    "/a b",
+    "/a?x=1&x=2&y=",
+    "/a?x=1;y=2",
+    "/a?%zz=1&b=%41+c",
+    "/a?",
+    "*",
+    "",
+    "example.com",
+    "mailto:a@b",
+    ":a",
+    "//host/p",
+    "///p",
+    "HTTP://EXAMPLE.COM/A",
+    "http://host/%zz",
+    "/a#%zz",
+    "/a?b#%zz",
+    "/a#f%20g",
+    "http://[]/",
+    "http://h:8o/",
+    "s:/a:b",
+    "/a[b]",
+];
 const CMP: &[&str] = &["==", "!=", "<", "<=", ">", ">="];
 const NAMES: &[&str] = &[
     "productName",
@@ -298,6 +336,35 @@ fn atom(rng: &mut Rng, driver: &str) -> String {
     let cidr2 = rng.pick(CIDRS);
     let fmt = rng.pick(FORMATS);
     let farg = rng.pick(FORMAT_ARGS);
+    let url = rng.pick(URLS);
+    let url2 = rng.pick(URLS);
+    if rng.chance(5) {
+        let part = rng.pick(&[
+            "''",
+            "'example.com'",
+            "'8443'",
+            "'80'",
+            "'::1'",
+            "'/'",
+            "'https'",
+        ]);
+        return match rng.below(12) {
+            0 => format!("isURL('{url}')"),
+            1 => format!("url('{url}').getScheme() == {part}"),
+            2 => format!("url('{url}').getHost() == {part}"),
+            3 => format!("url('{url}').getHostname() == {part}"),
+            4 => format!("url('{url}').getPort() == {part}"),
+            5 => format!("url('{url}').getEscapedPath() == {part}"),
+            6 => format!("url('{url}').getQuery() == {{'x': ['1', '2'], 'y': ['']}}"),
+            7 => format!(
+                "url('{url}').getQuery().exists(k, k.size() {cmp} {n} && url('{url}').getQuery()[k].size() == 1)"
+            ),
+            8 => format!("url('{url}') == url('{url2}')"),
+            9 => format!("isURL({a}.productName) || url({a}.productName).getPort() == '{s}'"),
+            10 => format!("[url('{url}').getHost(), url('{url}').getPort()] == ['{s}', {part}]"),
+            _ => format!("type(url('{url}')) == type(url('{url2}'))"),
+        };
+    }
     if rng.chance(12) {
         return match rng.below(20) {
             0 => format!("isIP('{ip}')"),
@@ -461,14 +528,7 @@ fn gen_expr(rng: &mut Rng, driver: &str, depth: usize) -> String {
 
 /// Upstream expressions that need a library we do not implement yet (see the module docs).
 fn uses_unimplemented_library(expr: &str) -> bool {
-    const NAMES: &[&str] = &[
-        "url(",
-        "isURL(",
-        ".format(",
-        "duration(",
-        "timestamp(",
-        "getFullYear(",
-    ];
+    const NAMES: &[&str] = &[".format(", "duration(", "timestamp(", "getFullYear("];
     NAMES.iter().any(|n| expr.contains(n))
 }
 

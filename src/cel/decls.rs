@@ -114,6 +114,14 @@ pub enum Func {
     FormatConst(u8),
     FormatNamed,
     FormatValidate,
+    Url,
+    IsUrl,
+    GetScheme,
+    GetHost,
+    GetHostname,
+    GetPort,
+    GetEscapedPath,
+    GetQuery,
 }
 
 pub struct Sig {
@@ -515,6 +523,24 @@ fn build() -> HashMap<&'static str, FuncDecl> {
         vec![m(&[cidr.clone()], Int)],
     );
     add("masked", Func::Masked, vec![m(&[cidr.clone()], cidr)]);
+
+    // Kubernetes URL library.
+    add("url", Func::Url, vec![g(&[Str], Type::Url)]);
+    add("isURL", Func::IsUrl, vec![g(&[Str], Bool)]);
+    for (name, func) in [
+        ("getScheme", Func::GetScheme),
+        ("getHost", Func::GetHost),
+        ("getHostname", Func::GetHostname),
+        ("getPort", Func::GetPort),
+        ("getEscapedPath", Func::GetEscapedPath),
+    ] {
+        add(name, func, vec![m(&[Type::Url], Str)]);
+    }
+    add(
+        "getQuery",
+        Func::GetQuery,
+        vec![m(&[Type::Url], Type::map(Str, list(Str)))],
+    );
 
     // Kubernetes format library.
     for (i, name) in super::format::QUALIFIED.iter().enumerate() {

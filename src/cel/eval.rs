@@ -9,7 +9,7 @@ use super::device::DeviceView;
 use super::quantity::Quantity;
 use super::semver::Semver;
 use super::value::{DomainsOf, Equality, MapValue, Value, numeric_cmp};
-use super::{format, net};
+use super::{format, net, url};
 
 /// A runtime error. `abort` errors (cost limit) are never absorbed by `&&`, `||` or macros.
 #[derive(Debug, Clone, PartialEq)]
@@ -119,7 +119,7 @@ fn call_cost(func: Func, args: &[Value], result: &Value) -> u64 {
         Func::Replace | Func::Split => ((size(0) as f64) * 2.0 * 0.1).ceil() as u64,
         Func::Join => ((actual_size(result) as f64) * 2.0 * 0.1).ceil() as u64,
         Func::Quantity | Func::IsQuantity | Func::Semver | Func::IsSemver => ceil_tenth(size(0)),
-        Func::Cidr | Func::IsIp | Func::IsCidr => ceil_tenth(size(0)),
+        Func::Cidr | Func::IsIp | Func::IsCidr | Func::Url => ceil_tenth(size(0)),
         Func::Ip => match args.first() {
             Some(Value::Cidr(_)) => 1,
             _ => ceil_tenth(size(0)),
@@ -1306,6 +1306,38 @@ pub fn call(func: Func, args: &[Value], device: &DeviceView) -> R {
                 Func::IsLinkLocalMulticast => Bool(a.is_link_local_multicast()),
                 Func::IsLinkLocalUnicast => Bool(a.is_link_local_unicast()),
                 _ => Bool(a.is_global_unicast()),
+            })
+        }
+        Func::Url => url::k8s_url(str_arg("url", args, 0)?)
+            .map(|u| Url(Arc::new(u)))
+            .map_err(EvalError::new),
+        Func::IsUrl => Ok(Bool(url::is_url(str_arg("isURL", args, 0)?))),
+        Func::GetScheme
+        | Func::GetHost
+        | Func::GetHostname
+        | Func::GetPort
+        | Func::GetEscapedPath
+        | Func::GetQuery => {
+            let Url(u) = a0 else {
+                return no_such_overload();
+            };
+            Ok(match func {
+                Func::GetScheme => Value::string(&u.scheme()),
+                Func::GetHost => Value::string(&u.host()),
+                Func::GetHostname => Value::string(&u.hostname()),
+                Func::GetPort => Value::string(&u.port()),
+                Func::GetEscapedPath => Value::string(&u.escaped_path()),
+                _ => {
+                    let entries = u
+                        .query()
+                        .into_iter()
+                        .map(|(k, vs)| {
+                            let vs = vs.iter().map(|v| Value::string(v)).collect();
+                            (Value::string(&k), List(Arc::new(vs)))
+                        })
+                        .collect();
+                    Map(Arc::new(MapValue { entries }))
+                }
             })
         }
         Func::Cidr => net::k8s_cidr(str_arg("cidr", args, 0)?)

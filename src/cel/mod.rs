@@ -16,6 +16,7 @@ pub mod quantity;
 mod regex;
 pub mod semver;
 mod types;
+mod url;
 mod value;
 
 use std::collections::HashMap;
@@ -386,6 +387,7 @@ fn not_bool_message(v: &Value) -> String {
         Value::Ip(_) => "type conversion error from 'IP' to 'bool'".to_string(),
         Value::Cidr(_) => "type conversion error from 'CIDR' to 'bool'".to_string(),
         Value::Format(_) => "type conversion error from 'Format' to 'bool'".to_string(),
+        Value::Url(_) => "type conversion error from 'URL' to 'bool'".to_string(),
         Value::Optional(None) => "optional.none() dereference".to_string(),
         Value::Optional(Some(_)) => "type conversion error from optional to 'bool'".to_string(),
         Value::Type(_) => "type conversion not supported for 'type'".to_string(),

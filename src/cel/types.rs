@@ -26,6 +26,7 @@ pub enum Type {
     Ip,
     Cidr,
     Format,
+    Url,
     Device,
     /// A type parameter in an overload signature (A, B, ...).
     Param(u8),
@@ -69,6 +70,7 @@ impl fmt::Display for Type {
             Type::Ip => f.write_str("net.IP"),
             Type::Cidr => f.write_str("net.CIDR"),
             Type::Format => f.write_str("kubernetes.NamedFormat"),
+            Type::Url => f.write_str("kubernetes.URL"),
             Type::Device => f.write_str("kubernetes.DRADevice"),
             Type::Param(p) => write!(f, "{}", (b'A' + p) as char),
         }

@@ -27,6 +27,7 @@ pub enum Value {
     Semver(Arc<Semver>),
     Ip(Arc<super::net::Addr>),
     Cidr(Arc<super::net::Prefix>),
+    Url(Arc<super::url::Url>),
     /// A named format (`format.dns1123Label()`), by index into `format::NAMES`.
     Format(u8),
     Optional(Option<Arc<Value>>),
@@ -157,6 +158,7 @@ impl Value {
             Value::Ip(_) => "net.IP",
             Value::Cidr(_) => "net.CIDR",
             Value::Format(_) => "kubernetes.NamedFormat",
+            Value::Url(_) => "kubernetes.URL",
             Value::Optional(_) => "optional_type",
             Value::Type(_) => "type",
             Value::Device => "map",
@@ -186,6 +188,7 @@ impl Value {
             Value::Ip(_) => "cel.IP",
             Value::Cidr(_) => "cel.CIDR",
             Value::Format(_) => "cel.Format",
+            Value::Url(_) => "cel.URL",
             Value::Optional(_) => "*types.Optional",
             Value::Type(_) => "*types.Type",
         }
@@ -213,7 +216,9 @@ impl Value {
             (Ip(a), Ip(b)) => a == b,
             (Cidr(a), Cidr(b)) => a == b,
             (Format(a), Format(b)) => a == b,
-            (Ip(_) | Cidr(_) | Format(_), _) => return Equality::NoSuchOverload,
+            // Kubernetes compares URLs by their Go `String()` form.
+            (Url(a), Url(b)) => a.to_go_string() == b.to_go_string(),
+            (Ip(_) | Cidr(_) | Format(_) | Url(_), _) => return Equality::NoSuchOverload,
             (Bool(a), Bool(b)) => a == b,
             (String(a), String(b)) => a == b,
             (Bytes(a), Bytes(b)) => a == b,
