@@ -81,7 +81,7 @@ pub async fn kube_client(kubeconfig: Option<&std::path::Path>) -> Result<kube::C
 /// Pushes new desired slices when prepare changed the inventory (e.g. MIG instances).
 struct SliceUpdater {
     options: SliceOptions,
-    desired: watch::Sender<Vec<ResourceSlice>>,
+    desired: watch::Sender<Arc<Vec<ResourceSlice>>>,
     inventory: std::sync::Mutex<NodeInventory>,
 }
 
@@ -94,7 +94,7 @@ impl DriverObserver for SliceUpdater {
         *last = state.inventory().clone();
         match slices::build(&last, &self.options) {
             Ok(slices) => {
-                self.desired.send_replace(slices);
+                self.desired.send_replace(Arc::new(slices));
             }
             Err(e) => {
                 tracing::error!(error = %e, "the changed inventory gives invalid slices; keeping the published ones")
@@ -153,7 +153,7 @@ impl NodeAgent {
             devices = device_count(&desired_slices),
             "discovered GPUs"
         );
-        let (desired_tx, desired_rx) = watch::channel(desired_slices);
+        let (desired_tx, desired_rx) = watch::channel(Arc::new(desired_slices));
 
         let client = kube_client(options.kubeconfig.as_deref()).await?;
         let claims: Arc<dyn ClaimSource> =
@@ -192,17 +192,14 @@ impl NodeAgent {
                 // The synced slices are the desired ones unless they changed meanwhile; then
                 // another sync follows at once and corrects the count.
                 sync_metrics.observe_slice_sync(result, device_count(&synced_slices.borrow()));
-                match result {
-                    Ok(report) if report.writes() == 0 => {
-                        tracing::debug!(
-                            generation = report.generation,
-                            "ResourceSlices up to date"
-                        );
-                    }
-                    // Building and sending slices allocates a few MiB once; give them back.
-                    Ok(_) => release_free_memory(),
-                    Err(_) => {}
+                if let Ok(report) = result
+                    && report.writes() == 0
+                {
+                    tracing::debug!(generation = report.generation, "ResourceSlices up to date");
                 }
+                // A sync compares and encodes the whole pool (a few MiB for 8 GPUs with MIG
+                // placements) and then idles for a long time: give the memory back.
+                release_free_memory();
             },
         ));
         let mut tasks = vec![

@@ -230,7 +230,7 @@ impl Publisher {
     /// (the API server may be away for a while).
     pub async fn run(
         self: Arc<Self>,
-        desired: watch::Receiver<Vec<ResourceSlice>>,
+        desired: watch::Receiver<Arc<Vec<ResourceSlice>>>,
         resync: Duration,
         mut shutdown: watch::Receiver<bool>,
         on_sync: impl Fn(&Result<SyncReport, PublishError>) + Send + Sync + 'static,
@@ -258,7 +258,8 @@ impl Publisher {
         });
         let mut backoff = Duration::from_millis(250);
         loop {
-            let slices = desired.borrow().clone();
+            // A cheap handle: the pool itself is not copied for each sync.
+            let slices = Arc::clone(&desired.borrow());
             let result = self.sync(&slices).await;
             on_sync(&result);
             let wait = match &result {
