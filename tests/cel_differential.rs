@@ -7,7 +7,7 @@
 //! line is compared (cel-go may list several), and Go regexp parse errors compare only their
 //! `error parsing regexp:` prefix (Go's and Rust's regex parsers word errors differently).
 //!
-//! Known gap: the timestamp/duration libraries and `<string>.format` are not implemented yet;
+//! Known gap: the timestamp/duration libraries are not implemented yet;
 //! upstream expressions using them are counted and reported as skipped, not compared.
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
@@ -235,6 +235,10 @@ const URLS: &[&str] = &[
     "s:/a:b",
     "/a[b]",
 ];
+const FORMAT_STRINGS: &[&str] = &[
+    "%s", "%d", "%f", "%.2f", "%.0f", "%e", "%.3e", "%b", "%x", "%X", "%o", "%s %s", "%%%s", "%.f",
+    "%q", "%", "%.2", "a%sb", "%s-%d", "%.12f",
+];
 const CMP: &[&str] = &["==", "!=", "<", "<=", ">", ">="];
 const NAMES: &[&str] = &[
     "productName",
@@ -363,6 +367,22 @@ fn atom(rng: &mut Rng, driver: &str) -> String {
             9 => format!("isURL({a}.productName) || url({a}.productName).getPort() == '{s}'"),
             10 => format!("[url('{url}').getHost(), url('{url}').getPort()] == ['{s}', {part}]"),
             _ => format!("type(url('{url}')) == type(url('{url2}'))"),
+        };
+    }
+    if rng.chance(5) {
+        let f = rng.pick(FORMAT_STRINGS);
+        let len = rng.below(120);
+        return match rng.below(10) {
+            0 => format!("'{f}'.format([{a}.{name}]) == '{s}'"),
+            1 => format!("'{f}'.format([{a}.{name}]).size() {cmp} {len}"),
+            2 => format!("'{f}'.format([{lit}]) == '{s}'"),
+            3 => format!("'{f}'.format([{a}.{name}, {lit}]).startsWith('{s}')"),
+            4 => format!("'%s'.format([[{a}.{name}, {lit}]]).size() {cmp} {len}"),
+            5 => format!("'%s'.format([{{'k': {a}.{name}, 'a': {lit}}}]).size() {cmp} {len}"),
+            6 => format!("{a}.productName.format([{a}.index]) == '{s}'"),
+            7 => format!("'{f}'.format({a}.ids) == '{s}'"),
+            8 => format!("'%s'.format([{a}]).size() {cmp} {len}"),
+            _ => format!("'{f}'.format([double({a}.index) / {n}.0, {i}]).size() {cmp} {len}"),
         };
     }
     if rng.chance(12) {

@@ -1,5 +1,6 @@
 //! The checker: turns the `cel` crate's parsed AST into a typed program tree (`Node`) for the
 //! DRA environment, reporting compile errors with cel-go's texts and positions.
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use cel::common::ast::{EntryExpr, Expr, IdedExpr, LiteralValue};
@@ -96,6 +97,11 @@ pub struct Checker<'a> {
     pub issues: Vec<CheckIssue>,
     /// Issues of cel-go's AST validators, reported only when checking found nothing else.
     pub deferred: Vec<CheckIssue>,
+    /// How many calls named `format` enclose the expression being checked: the string-format
+    /// validator exempts their literals from the homogeneous-literal check.
+    in_format: usize,
+    /// Checked type of each expression, for validators that look at subexpressions.
+    types: HashMap<u64, Type>,
 }
 
 fn type_value(name: &str) -> Option<Type> {
@@ -159,6 +165,8 @@ impl<'a> Checker<'a> {
             slots: 0,
             issues: Vec::new(),
             deferred: Vec::new(),
+            in_format: 0,
+            types: HashMap::new(),
         }
     }
 
@@ -211,11 +219,23 @@ impl<'a> Checker<'a> {
     }
 
     pub fn check(&mut self, e: &IdedExpr) -> (Node, Type) {
+        let (node, ty) = self.check_expr(e);
+        self.types.insert(e.id, ty.clone());
+        (node, ty)
+    }
+
+    fn check_expr(&mut self, e: &IdedExpr) -> (Node, Type) {
         match &e.expr {
             Expr::Unspecified => self.error(e.id, "unspecified expression".into()),
             Expr::Literal(lit) => literal(lit),
             Expr::Ident(name) => self.check_ident(e.id, name),
             Expr::Select(sel) => self.check_select(e, sel),
+            Expr::Call(call) if call.func_name == "format" => {
+                self.in_format += 1;
+                let checked = self.check_call(e, call);
+                self.in_format -= 1;
+                checked
+            }
             Expr::Call(call) => self.check_call(e, call),
             Expr::List(list) => {
                 let mut elems = Vec::with_capacity(list.elements.len());
@@ -239,7 +259,10 @@ impl<'a> Checker<'a> {
                     match &first_type {
                         None => first_type = Some(ty.clone()),
                         Some(first)
-                            if !strict_reported && *first != ty && !matches!(ty, Type::Error) =>
+                            if !strict_reported
+                                && self.in_format == 0
+                                && *first != ty
+                                && !matches!(ty, Type::Error) =>
                         {
                             strict_reported = true;
                             self.defer(el.id, format!("expected type '{first}' but found '{ty}'"));
@@ -270,6 +293,7 @@ impl<'a> Checker<'a> {
                             }
                             match &first {
                                 None => first = Some((ktype.clone(), vtype.clone())),
+                                Some(_) if self.in_format > 0 => {}
                                 Some((fk, fv)) => {
                                     let (fk, fv) = (fk.clone(), fv.clone());
                                     if fk != ktype {
@@ -389,6 +413,8 @@ impl<'a> Checker<'a> {
                 Type::List(_) => "list".to_string(),
                 Type::Map(..) => "map".to_string(),
                 Type::TypeOf(_) => "type".to_string(),
+                // The type value's name is `null_type` (the checker prints the type as `null`).
+                Type::Null => "null_type".to_string(),
                 other => other.to_string(),
             };
             return (
@@ -826,6 +852,11 @@ impl<'a> Checker<'a> {
         if name == "matches" {
             self.validate_regex_literal(&nodes, args, member);
         }
+        if name == "format" {
+            if let (Some(target), [list]) = (target, args) {
+                self.validate_format_call(id, target, list);
+            }
+        }
         let node = match name {
             "_&&_" | "_||_" => {
                 let mut it = nodes.into_iter();
@@ -864,6 +895,44 @@ impl<'a> Checker<'a> {
             result
         };
         (node, result)
+    }
+
+    /// cel-go's string-format validator: a literal format string applied to a list literal must
+    /// parse, use every argument, and only apply clauses to arguments of suitable types.
+    fn validate_format_call(&mut self, id: u64, target: &IdedExpr, list: &IdedExpr) {
+        let Expr::Literal(LiteralValue::String(format)) = &target.expr else {
+            return;
+        };
+        let Expr::List(_) = &list.expr else {
+            return;
+        };
+        let args = self.format_arg_children(list).unwrap_or_default();
+        if let Err(e) = super::strfmt::validate(format.inner(), &args) {
+            self.defer(e.at.unwrap_or(id), e.message);
+        }
+    }
+
+    /// The element (or key and value) expressions of a list or map literal.
+    fn format_arg_children(&self, e: &IdedExpr) -> Option<Vec<super::strfmt::ArgInfo>> {
+        let info = |c: &IdedExpr| super::strfmt::ArgInfo {
+            id: c.id,
+            ty: self.types.get(&c.id).cloned().unwrap_or(Type::Dyn),
+            children: self.format_arg_children(c),
+        };
+        match &e.expr {
+            Expr::List(l) => Some(l.elements.iter().map(info).collect()),
+            Expr::Map(m) => Some(
+                m.entries
+                    .iter()
+                    .filter_map(|entry| match &entry.expr {
+                        EntryExpr::MapEntry(me) => Some([info(&me.key), info(&me.value)]),
+                        EntryExpr::StructField(_) => None,
+                    })
+                    .flatten()
+                    .collect(),
+            ),
+            _ => None,
+        }
     }
 
     /// cel-go's regex literal validator: a constant pattern must compile.

@@ -122,6 +122,7 @@ pub enum Func {
     GetPort,
     GetEscapedPath,
     GetQuery,
+    StringFormat,
 }
 
 pub struct Sig {
@@ -523,6 +524,12 @@ fn build() -> HashMap<&'static str, FuncDecl> {
         vec![m(&[cidr.clone()], Int)],
     );
     add("masked", Func::Masked, vec![m(&[cidr.clone()], cidr)]);
+
+    add(
+        "format",
+        Func::StringFormat,
+        vec![m(&[Str, list(Dyn)], Str)],
+    );
 
     // Kubernetes URL library.
     add("url", Func::Url, vec![g(&[Str], Type::Url)]);

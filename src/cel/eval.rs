@@ -9,7 +9,7 @@ use super::device::DeviceView;
 use super::quantity::Quantity;
 use super::semver::Semver;
 use super::value::{DomainsOf, Equality, MapValue, Value, numeric_cmp};
-use super::{format, net, url};
+use super::{format, net, strfmt, url};
 
 /// A runtime error. `abort` errors (cost limit) are never absorbed by `&&`, `||` or macros.
 #[derive(Debug, Clone, PartialEq)]
@@ -198,8 +198,18 @@ fn key_text(v: &Value) -> String {
     }
 }
 
-/// Go's `strconv.FormatFloat(d, 'g', -1, 64)` as cel-go's `string(double)` prints it.
+/// Go's `%v` of a float64 (shortest digits, exponent form outside 1e-4..1e21), as error
+/// messages print doubles.
 pub fn format_double(d: f64) -> String {
+    format_shortest(d, 21)
+}
+
+/// Go's `%g` of a float64 (exponent form from 1e6), as cel-go's `string(double)` prints it.
+pub fn format_double_g(d: f64) -> String {
+    format_shortest(d, 6)
+}
+
+fn format_shortest(d: f64, exp_limit: i32) -> String {
     if d.is_nan() {
         return "NaN".into();
     }
@@ -217,10 +227,13 @@ pub fn format_double(d: f64) -> String {
             "0".into()
         };
     }
-    let exp = d.abs().log10().floor() as i32;
-    if (-4..21).contains(&exp) {
-        let s = format!("{d}");
-        s
+    // The decimal exponent of the shortest representation (log10 can be off by one).
+    let exp = format!("{:e}", d.abs())
+        .split_once('e')
+        .and_then(|(_, e)| e.parse::<i32>().ok())
+        .unwrap_or(0);
+    if (-4..exp_limit).contains(&exp) {
+        format!("{d}")
     } else {
         let s = format!("{d:e}");
         // Rust prints `1e21`; Go prints `1e+21`.
@@ -555,7 +568,7 @@ pub fn convert(func: Func, v: &Value) -> R {
             String(s) => Ok(String(s.clone())),
             Int(i) => Ok(Value::string(&i.to_string())),
             Uint(u) => Ok(Value::string(&u.to_string())),
-            Double(d) => Ok(Value::string(&format_double(*d))),
+            Double(d) => Ok(Value::string(&format_double_g(*d))),
             Bool(b) => Ok(Value::string(if *b { "true" } else { "false" })),
             Bytes(b) => match std::str::from_utf8(b) {
                 Ok(s) => Ok(Value::string(s)),
@@ -1308,6 +1321,15 @@ pub fn call(func: Func, args: &[Value], device: &DeviceView) -> R {
                 _ => Bool(a.is_global_unicast()),
             })
         }
+        Func::StringFormat => match (a0, a1) {
+            (String(f), List(items)) => {
+                let items: Vec<Value> = items.iter().map(|v| materialize(v, device)).collect();
+                strfmt::format(f, &items)
+                    .map(|s| Value::string(&s))
+                    .map_err(EvalError::new)
+            }
+            _ => no_such_overload(),
+        },
         Func::Url => url::k8s_url(str_arg("url", args, 0)?)
             .map(|u| Url(Arc::new(u)))
             .map_err(EvalError::new),

@@ -15,6 +15,7 @@ mod net;
 pub mod quantity;
 mod regex;
 pub mod semver;
+mod strfmt;
 mod types;
 mod url;
 mod value;

@@ -2,6 +2,7 @@
 //! plus the library's `normalize` mode). Equality and ordering ignore build metadata.
 use std::cmp::Ordering;
 use std::fmt;
+use std::fmt::Write as _;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum PreRelease {
@@ -51,7 +52,38 @@ fn parse_uint(s: &str) -> Result<u64, SemverError> {
     })
 }
 
-/// Go's `%q` (`strconv.Quote`) for the ASCII-ish strings that reach error messages.
+/// Go's `unicode.IsPrint`, approximated: controls, separators other than the ASCII space,
+/// format characters, private use and noncharacters are not printable (unassigned code points
+/// are treated as printable).
+fn go_printable(c: char) -> bool {
+    let u = c as u32;
+    !(c.is_control()
+        || matches!(
+            u,
+            0xA0 | 0xAD
+                | 0x600..=0x605
+                | 0x61C
+                | 0x6DD
+                | 0x70F
+                | 0x1680
+                | 0x180E
+                | 0x2000..=0x200F
+                | 0x2028..=0x202F
+                | 0x205F..=0x2064
+                | 0x2066..=0x206F
+                | 0x3000
+                | 0xD800..=0xF8FF
+                | 0xFEFF
+                | 0xFFF9..=0xFFFB
+                | 0xFFFE..=0xFFFF
+                | 0x110BD
+                | 0x1D173..=0x1D17A
+                | 0xE0001..=0xE007F
+                | 0xF0000..
+        ))
+}
+
+/// Go's `strconv.Quote` (`%q`).
 pub(crate) fn go_quote(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
     out.push('"');
@@ -59,17 +91,23 @@ pub(crate) fn go_quote(s: &str) -> String {
         match c {
             '"' => out.push_str("\\\""),
             '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\t' => out.push_str("\\t"),
-            '\r' => out.push_str("\\r"),
             '\x07' => out.push_str("\\a"),
             '\x08' => out.push_str("\\b"),
             '\x0c' => out.push_str("\\f"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
             '\x0b' => out.push_str("\\v"),
-            c if (c as u32) < 0x20 || c as u32 == 0x7f => {
-                out.push_str(&format!("\\x{:02x}", c as u32));
+            c if go_printable(c) => out.push(c),
+            c if (c as u32) < 0x80 => {
+                let _ = write!(out, "\\x{:02x}", c as u32);
             }
-            c => out.push(c),
+            c if (c as u32) < 0x10000 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => {
+                let _ = write!(out, "\\U{:08x}", c as u32);
+            }
         }
     }
     out.push('"');
