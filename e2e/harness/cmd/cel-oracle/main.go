@@ -23,6 +23,13 @@
 // as a co-process answering one line at a time.
 //
 // Flags: --feature-gates (kube-scheduler syntax; default: the 1.37 defaults).
+//
+// --estimate-cost compiles as kube-apiserver's validation does (validateCELExpression in
+// k8s.io/kubernetes/pkg/apis/resource/validation: NewExpressions environment, worst-case cost
+// estimation on) instead of evaluating; "device" may then be omitted and each answer is
+//
+//	{"cost": <estimated maximum cost>}  (validation rejects it when above 1,000,000)
+//	{"error": {"kind": "compile", "message": "..."}}
 package main
 
 import (
@@ -37,6 +44,7 @@ import (
 	"os"
 
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apiserver/pkg/cel/environment"
 	"k8s.io/dynamic-resource-allocation/cel"
 
 	"gpu-dra/e2e/harness/internal/draconfig"
@@ -66,6 +74,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("cel-oracle", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	gates := fs.String("feature-gates", "", "feature gates, kube-scheduler syntax (default: 1.37 defaults)")
+	estimateCost := fs.Bool("estimate-cost", false, "compile as the API server validates (NewExpressions, cost estimation) and print the estimated cost")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -73,7 +82,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "cel-oracle: --feature-gates: %v\n", err)
 		return 2
 	}
-	if err := evalStream(context.Background(), cel.GetCompiler(draconfig.CELFeatures()), stdin, stdout); err != nil {
+	if err := evalStream(context.Background(), cel.GetCompiler(draconfig.CELFeatures()), *estimateCost, stdin, stdout); err != nil {
 		fmt.Fprintf(stderr, "cel-oracle: %v\n", err)
 		return 1
 	}
@@ -85,7 +94,7 @@ type compiler interface {
 	CompileCELExpression(expression string, options cel.Options) cel.CompilationResult
 }
 
-func evalStream(ctx context.Context, c compiler, stdin io.Reader, stdout io.Writer) error {
+func evalStream(ctx context.Context, c compiler, estimateCost bool, stdin io.Reader, stdout io.Writer) error {
 	in := bufio.NewReaderSize(stdin, 1<<20)
 	out := bufio.NewWriter(stdout)
 	enc := json.NewEncoder(out) // Encode appends '\n': one line per answer
@@ -95,7 +104,11 @@ func evalStream(ctx context.Context, c compiler, stdin io.Reader, stdout io.Writ
 	for {
 		line, readErr := in.ReadBytes('\n')
 		if len(bytes.TrimSpace(line)) > 0 {
-			if err := enc.Encode(evalLine(ctx, c, compiled, line)); err != nil {
+			answer := func() any { return evalLine(ctx, c, compiled, line) }
+			if estimateCost {
+				answer = func() any { return estimateLine(c, line) }
+			}
+			if err := enc.Encode(answer()); err != nil {
 				return err
 			}
 		}
@@ -140,6 +153,25 @@ func evalLine(ctx context.Context, c compiler, compiled map[string]cel.Compilati
 		return errorf("runtime", "%s", cel.EnhanceRuntimeError(err).Error())
 	}
 	return output{Result: &matches}
+}
+
+type costOutput struct {
+	Cost uint64 `json:"cost"`
+}
+
+// estimateLine compiles like validateCELExpression: the length limit is the caller's business
+// (the API server rejects longer expressions without compiling them).
+func estimateLine(c compiler, line []byte) any {
+	var req input
+	if err := json.Unmarshal(line, &req); err != nil {
+		return errorf("input", "invalid input line: %v", err)
+	}
+	envType := environment.NewExpressions
+	res := c.CompileCELExpression(req.Expression, cel.Options{EnvType: &envType})
+	if res.Error != nil {
+		return errorf("compile", "%s", res.Error.Detail)
+	}
+	return costOutput{Cost: res.MaxCost}
 }
 
 func errorf(kind, format string, args ...any) output {
