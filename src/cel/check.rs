@@ -101,7 +101,7 @@ pub struct Checker<'a> {
     /// validator exempts their literals from the homogeneous-literal check.
     in_format: usize,
     /// Checked type of each expression, for validators that look at subexpressions.
-    types: HashMap<u64, Type>,
+    pub(crate) types: HashMap<u64, Type>,
 }
 
 fn type_value(name: &str) -> Option<Type> {

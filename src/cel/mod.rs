@@ -7,6 +7,7 @@
 //! accounting. The crate's own interpreter is not used: it has no cost tracking and is several
 //! times slower than evaluating a pre-resolved tree against a pre-built device view.
 mod check;
+mod cost;
 mod decls;
 pub mod device;
 mod eval;
@@ -26,6 +27,7 @@ use std::sync::{Arc, Mutex};
 use cel::common::ast::{Expr, IdedExpr, SourceInfo};
 
 use check::{Checker, Node};
+pub use cost::estimate_cost;
 pub use device::{DeviceError, DeviceView};
 use eval::Ctx;
 use value::Value;
@@ -78,10 +80,17 @@ pub fn compile(expression: &str) -> Result<Selector, CelError> {
         )));
     }
     let source = expression.to_string();
+    on_compile_thread(move || compile_on_this_thread(&source))
+}
+
+/// Runs a compiler pass on its own thread with [`COMPILE_STACK_BYTES`] of stack.
+fn on_compile_thread<T: Send + 'static>(
+    pass: impl FnOnce() -> Result<T, CelError> + Send + 'static,
+) -> Result<T, CelError> {
     let worker = std::thread::Builder::new()
         .name("cel-compile".into())
         .stack_size(COMPILE_STACK_BYTES)
-        .spawn(move || compile_on_this_thread(&source));
+        .spawn(pass);
     match worker {
         Ok(handle) => handle.join().unwrap_or_else(|_| {
             Err(CelError::Compile(
