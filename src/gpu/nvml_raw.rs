@@ -105,30 +105,12 @@ pub unsafe fn gpu_instance_info(
     device: nvmlDevice_t,
     gpu_instance_id: u32,
 ) -> Result<(u32, Placement), RawError> {
-    let by_id = symbol!(nvml, nvmlDeviceGetGpuInstanceById);
-    let info_call = symbol!(nvml, nvmlGpuInstanceGetInfo);
-    let mut gi: nvmlGpuInstance_t = std::ptr::null_mut();
-    // SAFETY: out-pointer to a live local.
-    check("nvmlDeviceGetGpuInstanceById", unsafe {
-        by_id(device, gpu_instance_id, &mut gi)
-    })?;
-    let mut info = nvmlGpuInstanceInfo_t {
-        device: std::ptr::null_mut(),
-        id: 0,
-        profileId: 0,
-        placement: nvmlGpuInstancePlacement_t { start: 0, size: 0 },
+    // SAFETY: the caller vouches for `device`; the handle comes from NVML.
+    let (_, profile_id, placement) = unsafe {
+        let gi = gpu_instance_handle(nvml, device, gpu_instance_id)?;
+        gpu_instance_placement(nvml, gi)?
     };
-    // SAFETY: `gi` came from NVML; out-pointer to a live local.
-    check("nvmlGpuInstanceGetInfo", unsafe {
-        info_call(gi, &mut info)
-    })?;
-    Ok((
-        info.profileId,
-        Placement {
-            start: info.placement.start,
-            size: info.placement.size,
-        },
-    ))
+    Ok((profile_id, placement))
 }
 
 // ---- MIG lifecycle (dynamic MIG) -------------------------------------------------------------
