@@ -6,6 +6,7 @@
 //! - `<plugin-dir>/dra.sock`: DRA v1 and v1beta1 (calls into a [`NodeDriver`](crate::prepare::NodeDriver)),
 //!   device health v1 and v1alpha1 (fed through [`HealthReporter`]) and `grpc.health.v1` for probes.
 
+pub mod authority;
 mod dra;
 mod error;
 mod health;

@@ -9,10 +9,12 @@ use tokio::net::UnixListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
+use tokio_stream::StreamExt;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::Server;
 use tonic::transport::server::Router;
 
+use super::authority::NormalizeAuthority;
 use super::dra::{DraV1Service, DraV1beta1Service};
 use super::error::PluginError;
 use super::health::{HealthReporter, HealthV1Service, HealthV1alpha1Service};
@@ -41,6 +43,10 @@ pub struct PluginConfig {
     pub advertise_health: bool,
     /// How long [`PluginServer::shutdown`] lets in-flight calls finish before aborting them.
     pub shutdown_grace: Duration,
+    /// Rolling update: this instance's id (the pod UID). Kubelet accepts several registrations of
+    /// one driver from different sockets and uses the newest, so each instance gets sockets of
+    /// its own and old and new can overlap.
+    pub instance: Option<String>,
 }
 
 impl PluginConfig {
@@ -57,19 +63,49 @@ impl PluginConfig {
             driver,
             advertise_health: false,
             shutdown_grace: Duration::from_secs(5),
+            instance: None,
         }
     }
 
-    /// `<registrar-dir>/<driver>-reg.sock`.
+    /// `<registrar-dir>/<driver>-reg.sock`; with an instance id `<driver>-<id>-reg.sock`, or a
+    /// shorter name derived from the id where that would not fit a unix socket address.
     pub fn registration_socket_path(&self) -> PathBuf {
-        self.registrar_dir
-            .join(format!("{}-reg.sock", self.driver_name))
+        let Some(instance) = &self.instance else {
+            return self
+                .registrar_dir
+                .join(format!("{}-reg.sock", self.driver_name));
+        };
+        let digest = short_digest(&self.driver_name, instance);
+        [
+            format!("{}-{instance}-reg.sock", self.driver_name),
+            format!("{}-{}-reg.sock", self.driver_name, &digest[..8]),
+            format!("dra-{digest}-reg.sock"),
+        ]
+        .into_iter()
+        .map(|name| self.registrar_dir.join(name))
+        .find(|path| path.as_os_str().len() < MAX_SOCKET_PATH)
+        .unwrap_or_else(|| self.registrar_dir.join(format!("dra-{digest}-reg.sock")))
     }
 
-    /// `<plugin-dir>/dra.sock`.
+    /// `<plugin-dir>/dra.sock`; with an instance id `<plugin-dir>/dra-<id>.sock`.
     pub fn dra_socket_path(&self) -> PathBuf {
-        self.plugin_dir.join(DRA_SOCKET_NAME)
+        match &self.instance {
+            None => self.plugin_dir.join(DRA_SOCKET_NAME),
+            Some(instance) => self.plugin_dir.join(format!("dra-{instance}.sock")),
+        }
     }
+}
+
+/// `sockaddr_un.sun_path` holds 108 bytes with the terminating NUL.
+const MAX_SOCKET_PATH: usize = 108;
+
+/// 16 hex digits that name an instance of a driver (a name-based UUID of both).
+fn short_digest(driver: &str, instance: &str) -> String {
+    let id = uuid::Uuid::new_v5(
+        &uuid::Uuid::NAMESPACE_OID,
+        format!("{driver}\0{instance}").as_bytes(),
+    );
+    id.simple().to_string()[..16].to_string()
 }
 
 /// A gRPC server on one socket.
@@ -90,18 +126,33 @@ pub struct PluginServer {
     shutdown_grace: Duration,
 }
 
-fn validate_driver_name(name: &str) -> Result<(), PluginError> {
-    let reason = if name.is_empty() {
-        "empty"
+/// Why `name` cannot be part of a socket file name, if it cannot.
+fn socket_name_problem(name: &str) -> Option<&'static str> {
+    if name.is_empty() {
+        Some("empty")
     } else if name.contains(['/', '\0']) {
-        "contains '/' or NUL, so it cannot name a socket file"
+        Some("contains '/' or NUL, so it cannot name a socket file")
     } else {
-        return Ok(());
-    };
-    Err(PluginError::InvalidDriverName {
-        name: name.to_string(),
-        reason,
-    })
+        None
+    }
+}
+
+fn validate_names(config: &PluginConfig) -> Result<(), PluginError> {
+    if let Some(reason) = socket_name_problem(&config.driver_name) {
+        return Err(PluginError::InvalidDriverName {
+            name: config.driver_name.clone(),
+            reason,
+        });
+    }
+    if let Some(id) = &config.instance
+        && let Some(reason) = socket_name_problem(id)
+    {
+        return Err(PluginError::InvalidInstance {
+            id: id.clone(),
+            reason,
+        });
+    }
+    Ok(())
 }
 
 /// Kubelet needs the absolute DRA socket path in `PluginInfo.endpoint`.
@@ -112,15 +163,52 @@ fn absolute(path: &Path) -> Result<PathBuf, PluginError> {
     })
 }
 
+/// How connections on a socket reach its gRPC server.
+#[derive(Clone, Copy)]
+enum Connections {
+    AsAccepted,
+    /// Through [`NormalizeAuthority`]: for the socket kubelet's plugin watcher dials.
+    NormalizeAuthority,
+}
+
 fn serve(
     router: Router,
     listener: UnixListener,
     socket: OwnedSocket,
     shutdown: ShutdownSignal,
+    connections: Connections,
 ) -> ServedSocket {
     let path = socket.path().to_path_buf();
     let incoming = UnixListenerStream::new(listener);
-    let task = tokio::spawn(async move {
+    let task = match connections {
+        Connections::AsAccepted => spawn_server(router, incoming, path, shutdown),
+        Connections::NormalizeAuthority => spawn_server(
+            router,
+            incoming.map(|accepted| accepted.map(NormalizeAuthority::new)),
+            path,
+            shutdown,
+        ),
+    };
+    ServedSocket { socket, task }
+}
+
+fn spawn_server<I, IO>(
+    router: Router,
+    incoming: I,
+    path: PathBuf,
+    shutdown: ShutdownSignal,
+) -> JoinHandle<Result<(), tonic::transport::Error>>
+where
+    I: tokio_stream::Stream<Item = std::io::Result<IO>> + Send + 'static,
+    IO: tokio::io::AsyncRead
+        + tokio::io::AsyncWrite
+        + tonic::transport::server::Connected
+        + Unpin
+        + Send
+        + 'static,
+    IO::ConnectInfo: Clone + Send + Sync + 'static,
+{
+    tokio::spawn(async move {
         let result = router
             .serve_with_incoming_shutdown(incoming, shutdown.triggered())
             .await;
@@ -128,15 +216,14 @@ fn serve(
             tracing::error!(path = %path.display(), %error, "gRPC server stopped with an error");
         }
         result
-    });
-    ServedSocket { socket, task }
+    })
 }
 
 impl PluginServer {
     /// Creates the directories and sockets and starts serving: the DRA socket first, then the
     /// registration socket, because kubelet dials the DRA endpoint as soon as it has registered us.
     pub async fn start(config: PluginConfig) -> Result<Self, PluginError> {
-        validate_driver_name(&config.driver_name)?;
+        validate_names(&config)?;
         let config = PluginConfig {
             registrar_dir: absolute(&config.registrar_dir)?,
             plugin_dir: absolute(&config.plugin_dir)?,
@@ -180,7 +267,13 @@ impl PluginServer {
             .add_service(probe_service);
         let dra_path = config.dra_socket_path();
         let (listener, socket) = bind_private_socket(&dra_path)?;
-        let dra = serve(dra_router, listener, socket, shutdown_signal.clone());
+        let dra = serve(
+            dra_router,
+            listener,
+            socket,
+            shutdown_signal.clone(),
+            Connections::AsAccepted,
+        );
 
         let registration_service =
             RegistrationService::new(&config.driver_name, dra_path, config.advertise_health);
@@ -190,7 +283,13 @@ impl PluginServer {
         );
         // If this fails, `dra` is dropped on return: its socket is removed and its server stopped.
         let (listener, socket) = bind_private_socket(&config.registration_socket_path())?;
-        let registration = serve(registration_router, listener, socket, shutdown_signal);
+        let registration = serve(
+            registration_router,
+            listener,
+            socket,
+            shutdown_signal,
+            Connections::NormalizeAuthority,
+        );
 
         tracing::info!(
             driver = %config.driver_name,

@@ -38,6 +38,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"slices"
 	"strings"
@@ -181,16 +182,35 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-func dialUnix(path string) (*grpc.ClientConn, error) {
-	// The kubelet dials "unix:<endpoint>" with insecure credentials.
+// dialDRA dials a DRA or health endpoint as the kubelet's DRA plugin manager does
+// (pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go): target "unix:<endpoint>", so gRPC sends
+// ":authority: localhost".
+func dialDRA(path string) (*grpc.ClientConn, error) {
 	return grpc.NewClient("unix:"+path, grpc.WithTransportCredentials(insecure.NewCredentials()))
+}
+
+// dialRegistration dials the registration socket exactly as the kubelet's plugin watcher does
+// (pkg/kubelet/pluginmanager/operationexecutor/operation_generator.go, func dial): the bare
+// socket path as the target with a unix context dialer. gRPC then sends the percent-encoded
+// path ("%2Fvar%2Flib%2F...") as ":authority", which a server must accept.
+func dialRegistration(ctx context.Context, path string, timeout time.Duration) (*grpc.ClientConn, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	//nolint:staticcheck // DialContext with WithBlock is what the kubelet calls.
+	return grpc.DialContext(ctx, path,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithBlock(),
+		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", addr)
+		}),
+	)
 }
 
 func execute(rep *report, regSocket, expectName string, timeout time.Duration, op string, claims []claimRef, api string, notify bool) error {
 	if err := checkSocket(regSocket); err != nil {
 		return fmt.Errorf("registration socket: %w", err)
 	}
-	conn, err := dialUnix(regSocket)
+	conn, err := dialRegistration(context.Background(), regSocket, timeout)
 	if err != nil {
 		return fmt.Errorf("dial registration socket %s: %w", regSocket, err)
 	}
@@ -238,7 +258,7 @@ func execute(rep *report, regSocket, expectName string, timeout time.Duration, o
 		api = strings.TrimSuffix(rep.Version, ".DRAPlugin")
 	}
 	rep.API = api
-	draConn, err := dialUnix(rep.Endpoint)
+	draConn, err := dialDRA(rep.Endpoint)
 	if err != nil {
 		return fmt.Errorf("dial DRA endpoint %s: %w", rep.Endpoint, err)
 	}

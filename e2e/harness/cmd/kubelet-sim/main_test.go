@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
 
 	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
 	drav1beta1 "k8s.io/kubelet/pkg/apis/dra/v1beta1"
@@ -29,9 +30,22 @@ type testPlugin struct {
 	statuses []*registerapi.RegistrationStatus
 	prepared []string // "v1:<uid>" / "v1beta1:<uid>"
 	regSock  string
+	// :authority of each call, by method ("GetInfo", "NodePrepareResources").
+	authorities map[string]string
 }
 
-func (p *testPlugin) GetInfo(context.Context, *registerapi.InfoRequest) (*registerapi.PluginInfo, error) {
+func (p *testPlugin) recordAuthority(ctx context.Context, method string) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.authorities == nil {
+		p.authorities = map[string]string{}
+	}
+	p.authorities[method] = strings.Join(md.Get(":authority"), ",")
+}
+
+func (p *testPlugin) GetInfo(ctx context.Context, _ *registerapi.InfoRequest) (*registerapi.PluginInfo, error) {
+	p.recordAuthority(ctx, "GetInfo")
 	return p.info, nil
 }
 
@@ -42,7 +56,8 @@ func (p *testPlugin) NotifyRegistrationStatus(_ context.Context, s *registerapi.
 	return &registerapi.RegistrationStatusResponse{}, nil
 }
 
-func (p *testPlugin) NodePrepareResources(_ context.Context, req *drav1.NodePrepareResourcesRequest) (*drav1.NodePrepareResourcesResponse, error) {
+func (p *testPlugin) NodePrepareResources(ctx context.Context, req *drav1.NodePrepareResourcesRequest) (*drav1.NodePrepareResourcesResponse, error) {
+	p.recordAuthority(ctx, "NodePrepareResources")
 	resp := &drav1.NodePrepareResourcesResponse{Claims: map[string]*drav1.NodePrepareResourceResponse{}}
 	for _, c := range req.Claims {
 		p.record("v1:" + c.Uid)
@@ -156,6 +171,24 @@ func TestRegister(t *testing.T) {
 	}
 	if len(p.statuses) != 1 || !p.statuses[0].PluginRegistered {
 		t.Errorf("plugin should have been told it is registered, got %v", p.statuses)
+	}
+}
+
+// The kubelet's plugin watcher dials the bare socket path, so the registration server sees the
+// percent-encoded path as :authority (what h2-based servers used to reject); the DRA manager
+// dials "unix:<path>", which gives "localhost".
+func TestDialsLikeTheKubelet(t *testing.T) {
+	p := startPlugin(t, nil)
+	code, _, stderr := runSim(t, "--registration-socket", p.regSock, "prepare", "--claim", "default/c/uid-1")
+	if code != 0 {
+		t.Fatalf("prepare failed: %s", stderr)
+	}
+	wantReg := strings.ReplaceAll(p.regSock, "/", "%2F")
+	if got := p.authorities["GetInfo"]; got != wantReg {
+		t.Errorf("registration :authority = %q, want the percent-encoded socket path %q", got, wantReg)
+	}
+	if got := p.authorities["NodePrepareResources"]; got != "localhost" {
+		t.Errorf("DRA :authority = %q, want localhost", got)
 	}
 }
 
