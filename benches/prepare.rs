@@ -80,6 +80,7 @@ fn main() {
         node_name: "bench-node".into(),
         cdi_root: dir.path().join("cdi"),
         state_dir: dir.path().join("state"),
+        dev_root: None,
     };
     let (state, _) = DeviceState::open(config, sim).expect("open");
     let claims = Arc::new(MemoryClaims::default());

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Builds the e2e control plane (kube-apiserver, kube-scheduler, kubectl, etcd) from the Go
+# Builds the e2e control plane (kube-apiserver, kube-scheduler, kubectl, etcd) and the real
+# node (kubelet, kube-controller-manager, containerd, ctr, containerd-shim-runc-v2) from the Go
 # modules pinned in e2e/versions.env, plus our Go test tools (kubelet-sim, cel-oracle,
 # alloc-oracle), into a cache directory outside the repo:
 #
 #   ${GPU_DRA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-dra}/k8s-${K8S_VERSION}/bin
 #
-# Usage: e2e/build-k8s.sh [NAME...]     (default: all seven binaries)
+# Usage: e2e/build-k8s.sh [NAME...]     (default: all twelve binaries)
 # A binary is skipped when it exists and its stamp matches (pin + Go version for the upstream
 # components; additionally a hash of the harness sources for our tools). Progress goes to
 # stderr; the LAST line of stdout is the bin dir, so callers can do BIN=$(e2e/build-k8s.sh | tail -1).
@@ -29,6 +30,7 @@ die() { log "ERROR: $*"; exit 1; }
 
 HARNESS=$E2E_DIR/harness
 ETCD_MOD=$E2E_DIR/etcd
+CONTAINERD_MOD=$E2E_DIR/containerd
 GOVERSION=$("$GO" env GOVERSION)
 
 # The go.mod files are what the build really uses; refuse to build when they disagree with
@@ -41,6 +43,8 @@ check_pins() {
     [[ -z $bad ]] || die "staging replaces not at $K8S_STAGING_VERSION in e2e/harness/go.mod:"$'\n'"$bad"
     grep -qE "^\s*go\.etcd\.io/etcd/server/v3 ${ETCD_VERSION}( |$)" "$ETCD_MOD/go.mod" \
         || die "e2e/etcd/go.mod does not require go.etcd.io/etcd/server/v3 $ETCD_VERSION (versions.env)"
+    grep -qE "^\s*github\.com/containerd/containerd/v2 ${CONTAINERD_VERSION}( |$)" "$CONTAINERD_MOD/go.mod" \
+        || die "e2e/containerd/go.mod does not require github.com/containerd/containerd/v2 $CONTAINERD_VERSION (versions.env)"
 }
 check_pins
 
@@ -61,8 +65,9 @@ tools_hash() {
 
 stamp_for() {
     case $1 in
-        kube-apiserver | kube-scheduler | kubectl) echo "$K8S_VERSION $GOVERSION $K8S_LDFLAGS" ;;
+        kube-apiserver | kube-scheduler | kubectl | kubelet | kube-controller-manager) echo "$K8S_VERSION $GOVERSION $K8S_LDFLAGS" ;;
         etcd) echo "$ETCD_VERSION $GOVERSION" ;;
+        containerd | containerd-shim-runc-v2 | ctr) echo "$CONTAINERD_VERSION $GOVERSION" ;;
         kubelet-sim | cel-oracle | alloc-oracle) echo "$K8S_VERSION $GOVERSION $(tools_hash)" ;;
         *) die "unknown binary '$1'" ;;
     esac
@@ -74,12 +79,13 @@ up_to_date() { [[ -x $BIN/$1 && -f $BIN/.$1.stamp && "$(cat "$BIN/.$1.stamp")" =
 exec 9>"$BIN/.lock"
 flock 9
 
-ALL=(kube-apiserver kube-scheduler kubectl etcd kubelet-sim cel-oracle alloc-oracle)
+ALL=(kube-apiserver kube-scheduler kubectl etcd kubelet-sim cel-oracle alloc-oracle
+    kubelet kube-controller-manager containerd containerd-shim-runc-v2 ctr)
 WANT=("$@")
 [[ ${#WANT[@]} -gt 0 ]] || WANT=("${ALL[@]}")
 
 declare -A STAMP
-k8s_pkgs=() tool_pkgs=() need_etcd=
+k8s_pkgs=() tool_pkgs=() containerd_pkgs=() need_etcd=
 for name in "${WANT[@]}"; do
     STAMP[$name]=$(stamp_for "$name")
     if up_to_date "$name" "${STAMP[$name]}"; then
@@ -87,8 +93,9 @@ for name in "${WANT[@]}"; do
         continue
     fi
     case $name in
-        kube-apiserver | kube-scheduler | kubectl) k8s_pkgs+=("k8s.io/kubernetes/cmd/$name") ;;
+        kube-apiserver | kube-scheduler | kubectl | kubelet | kube-controller-manager) k8s_pkgs+=("k8s.io/kubernetes/cmd/$name") ;;
         etcd) need_etcd=1 ;;
+        containerd | containerd-shim-runc-v2 | ctr) containerd_pkgs+=("github.com/containerd/containerd/v2/cmd/$name") ;;
         *) tool_pkgs+=("./cmd/$name") ;;
     esac
 done
@@ -122,6 +129,15 @@ if [[ -n $need_etcd ]]; then
     log "building etcd $ETCD_VERSION"
     (cd "$ETCD_MOD" && timed "$GO" build -trimpath -buildvcs=false -ldflags "-s -w" -o "$TMP/etcd" go.etcd.io/etcd/server/v3)
     install_bins etcd
+fi
+
+if [[ ${#containerd_pkgs[@]} -gt 0 ]]; then
+    log "building ${containerd_pkgs[*]##*/} $CONTAINERD_VERSION"
+    # Static, as containerd's release builds are; the shim must not depend on the host's libc.
+    (cd "$CONTAINERD_MOD" && CGO_ENABLED=0 timed "$GO" build -trimpath -buildvcs=false \
+        -ldflags "-s -w -X github.com/containerd/containerd/v2/version.Version=$CONTAINERD_VERSION" \
+        -o "$TMP/" "${containerd_pkgs[@]}")
+    install_bins "${containerd_pkgs[@]##*/}"
 fi
 
 if [[ ${#tool_pkgs[@]} -gt 0 ]]; then

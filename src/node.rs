@@ -5,7 +5,8 @@
 //! published (never an empty pool by accident), the checkpoint is recovered before kubelet can
 //! call, and the plugin registers before the first API round trip so a slow or absent API server
 //! does not delay registration.
-use std::path::PathBuf;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -17,6 +18,7 @@ use crate::metrics::{Metrics, MetricsError, MetricsServer, ObserverList};
 use crate::plugin::{PluginConfig, PluginError, PluginServer};
 use crate::prepare::claims::{ClaimSource, KubeClaims};
 use crate::prepare::driver::{Driver, DriverObserver};
+use crate::prepare::lock::{self, NodeLock};
 use crate::prepare::state::{DeviceState, DriverConfig, PrepareError};
 use crate::slices::publish::{PublishError, Publisher, SyncReport};
 use crate::slices::{self, SliceError, SliceOptions};
@@ -35,6 +37,22 @@ pub enum NodeError {
     Metrics(#[from] MetricsError),
     #[error("Kubernetes client: {0}")]
     Kube(String),
+    #[error("node lock {path}: {source}")]
+    Lock {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// Opens a lock file in the plugin directory (created 0700 if missing, like the sockets' dir).
+fn open_node_lock(plugin_dir: &Path, name: &str) -> Result<NodeLock, NodeError> {
+    let path = plugin_dir.join(name);
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(plugin_dir)
+        .and_then(|()| NodeLock::open(&path))
+        .map_err(|source| NodeError::Lock { path, source })
 }
 
 /// Everything `gpu-dra run` is configured with.
@@ -48,6 +66,10 @@ pub struct NodeOptions {
     pub plugin_dir: PathBuf,
     pub cdi_root: PathBuf,
     pub state_dir: PathBuf,
+    /// Where the host's `/dev` is, when not at `/`.
+    pub dev_root: Option<PathBuf>,
+    /// Set during a rolling update: this instance's id (pod UID).
+    pub rolling_update_uid: Option<String>,
     /// How often prepared claims are checked against the API server.
     pub gc_interval: Duration,
     /// How often the pool is compared with the server even without events.
@@ -126,6 +148,19 @@ impl NodeAgent {
         let node_name = options.discovery.node_name.clone();
         let mut slice_options = SliceOptions::new(&options.driver_name, &node_name);
         let control = gpu::open_control(&options.discovery)?;
+        // In a rolling update the other instance may be preparing right now: recover under the
+        // node lock, from what it last wrote.
+        let node_lock = match &options.rolling_update_uid {
+            Some(_) => Some(open_node_lock(&options.plugin_dir, lock::SERIALIZE_LOCK)?),
+            None => None,
+        };
+        let recovery_guard = match &node_lock {
+            Some(lock) => Some(lock.acquire().await.map_err(|source| NodeError::Lock {
+                path: lock.path().to_path_buf(),
+                source,
+            })?),
+            None => None,
+        };
         let (state, recovery) = DeviceState::open(
             DriverConfig {
                 driver_name: options.driver_name.clone(),
@@ -133,9 +168,11 @@ impl NodeAgent {
                 node_name: node_name.clone(),
                 cdi_root: options.cdi_root.clone(),
                 state_dir: options.state_dir.clone(),
+                dev_root: options.dev_root.clone(),
             },
             control,
         )?;
+        drop(recovery_guard);
         tracing::info!(
             checkpoint = recovery.checkpoint.as_deref().unwrap_or(""),
             rolled_back = ?recovery.rolled_back,
@@ -164,14 +201,21 @@ impl NodeAgent {
             inventory: std::sync::Mutex::new(inventory),
         });
         let observers = ObserverList(vec![updater, metrics.clone()]);
-        let driver = Arc::new(Driver::new(state, claims).with_observer(Arc::new(observers)));
+        let mut driver = Driver::new(state, claims).with_observer(Arc::new(observers));
+        if let Some(lock) = node_lock {
+            driver = driver.with_node_lock(lock);
+        }
+        let driver = Arc::new(driver);
 
-        let plugin = PluginServer::start(PluginConfig::new(
-            options.driver_name.clone(),
-            options.registrar_dir.clone(),
-            options.plugin_dir.clone(),
-            driver.clone(),
-        ))
+        let plugin = PluginServer::start(PluginConfig {
+            instance: options.rolling_update_uid.clone(),
+            ..PluginConfig::new(
+                options.driver_name.clone(),
+                options.registrar_dir.clone(),
+                options.plugin_dir.clone(),
+                driver.clone(),
+            )
+        })
         .await?;
         tracing::info!(
             registration = %plugin.registration_socket_path().display(),
@@ -184,7 +228,13 @@ impl NodeAgent {
         let publisher = Publisher::new(client, slice_options);
         let sync_metrics = metrics.clone();
         let synced_slices = desired_rx.clone();
-        let publish_task = tokio::spawn(publisher.run(
+        // One publisher per node: during a rolling update the new instance takes over once the
+        // old one has exited, so the two never fight over the pool.
+        let publisher_lock = match &options.rolling_update_uid {
+            Some(_) => Some(open_node_lock(&options.plugin_dir, lock::PUBLISHER_LOCK)?),
+            None => None,
+        };
+        let publication = publisher.run(
             desired_rx,
             options.resync_interval,
             shutdown_rx.clone(),
@@ -201,7 +251,26 @@ impl NodeAgent {
                 // placements) and then idles for a long time: give the memory back.
                 release_free_memory();
             },
-        ));
+        );
+        let mut publisher_shutdown = shutdown_rx.clone();
+        let publish_task = tokio::spawn(async move {
+            let Some(lock) = publisher_lock else {
+                return publication.await;
+            };
+            let held = tokio::select! {
+                held = lock.acquire() => held,
+                _ = publisher_shutdown.changed() => return,
+            };
+            match held {
+                Ok(_guard) => {
+                    tracing::info!(lock = %lock.path().display(), "publishing ResourceSlices for this node");
+                    publication.await
+                }
+                Err(error) => {
+                    tracing::error!(lock = %lock.path().display(), %error, "cannot take the publisher lock; not publishing")
+                }
+            }
+        });
         let mut tasks = vec![
             publish_task,
             metrics

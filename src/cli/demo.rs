@@ -121,6 +121,7 @@ pub fn run(args: DemoArgs) -> Result<ExitCode, CliError> {
             node_name: NODE.into(),
             cdi_root: dir.join("cdi"),
             state_dir: dir.join("state"),
+            dev_root: None,
         },
         sim.clone(),
     )

@@ -39,6 +39,17 @@ pub struct RunArgs {
     /// Where CDI specs are written.
     #[arg(long, env = "GPU_DRA_CDI_ROOT", default_value = "/var/run/cdi")]
     pub cdi_root: PathBuf,
+    /// Where the host's device nodes are, if not under `/` (e.g. `/run/nvidia/driver` with a
+    /// containerized driver): CDI device nodes keep their `/dev/...` path in the container and
+    /// get `hostPath: <dev-root>/dev/...`.
+    #[arg(long, env = "GPU_DRA_DEV_ROOT")]
+    pub dev_root: Option<PathBuf>,
+    /// Run beside another instance during a DaemonSet rolling update (maxSurge), as the kubelet
+    /// plugin library's RollingUpdate mode does: the pod UID names this instance's own
+    /// registration and DRA sockets, node state changes are serialized with a lock in the plugin
+    /// directory, and one instance at a time publishes ResourceSlices.
+    #[arg(long, env = "GPU_DRA_ROLLING_UPDATE_UID")]
+    pub rolling_update_uid: Option<String>,
     /// Where the checkpoint is kept (default: the plugin directory).
     #[arg(long, env = "GPU_DRA_STATE_DIR")]
     pub state_dir: Option<PathBuf>,
@@ -67,6 +78,8 @@ pub fn run(args: RunArgs) -> Result<ExitCode, CliError> {
         state_dir: args.state_dir.clone().unwrap_or_else(|| plugin_dir.clone()),
         plugin_dir,
         cdi_root: args.cdi_root.clone(),
+        dev_root: args.dev_root.clone(),
+        rolling_update_uid: args.rolling_update_uid.clone(),
         gc_interval: Duration::from_secs(args.gc_interval_seconds.max(1)),
         resync_interval: Duration::from_secs(args.resync_interval_seconds.max(1)),
         metrics_addr: args.metrics_addr,

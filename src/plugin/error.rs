@@ -8,6 +8,8 @@ use std::time::Duration;
 pub enum PluginError {
     #[error("invalid driver name {name:?}: {reason}")]
     InvalidDriverName { name: String, reason: &'static str },
+    #[error("invalid rolling-update instance id {id:?}: {reason}")]
+    InvalidInstance { id: String, reason: &'static str },
     #[error("resolve absolute path of {path}: {source}")]
     AbsolutePath { path: PathBuf, source: io::Error },
     #[error("create directory {path}: {source}")]

@@ -526,3 +526,88 @@ async fn an_unusable_driver_name_is_refused() {
         "{error}"
     );
 }
+
+#[tokio::test]
+async fn rolling_update_instances_serve_side_by_side_on_their_own_sockets() {
+    let h = harness();
+    let instance = |id: &str| PluginConfig {
+        instance: Some(id.into()),
+        ..h.config.clone()
+    };
+    let (old, new) = (instance("pod-uid-old"), instance("pod-uid-new"));
+    assert_eq!(
+        old.registration_socket_path(),
+        h.config
+            .registrar_dir
+            .join(format!("{DRIVER}-pod-uid-old-reg.sock"))
+    );
+    assert_eq!(
+        new.dra_socket_path(),
+        h.config.plugin_dir.join("dra-pod-uid-new.sock")
+    );
+    let old_server = PluginServer::start(old.clone()).await.unwrap();
+    let new_server = PluginServer::start(new.clone()).await.unwrap();
+    for config in [&old, &new] {
+        let mut client = registration::registration_client::RegistrationClient::new(
+            connect(&config.registration_socket_path()).await,
+        );
+        let info = client
+            .get_info(registration::InfoRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(Path::new(&info.endpoint), config.dra_socket_path());
+    }
+    // The old instance leaves; the new one keeps serving.
+    old_server.shutdown().await.unwrap();
+    assert!(!old.registration_socket_path().exists());
+    assert!(!old.dra_socket_path().exists());
+    let mut client =
+        dra_v1::dra_plugin_client::DraPluginClient::new(connect(&new.dra_socket_path()).await);
+    let response = client
+        .node_unprepare_resources(dra_v1::NodeUnprepareResourcesRequest {
+            claims: vec![v1_claim("c", "uid-1")],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(response.claims["uid-1"].error, "");
+    new_server.shutdown().await.unwrap();
+}
+
+#[test]
+fn rolling_update_socket_names_fit_a_unix_socket_address() {
+    let driver = Arc::new(FakeDriver::default());
+    let long_dir = format!("/{}", "d".repeat(60));
+    let config = |instance: &str| PluginConfig {
+        instance: Some(instance.into()),
+        ..PluginConfig::new(DRIVER, &long_dir, "/plugins", driver.clone())
+    };
+    let uid = "0b3c1a52-5c43-4a8c-9b25-2b1b7b0a7c10";
+    let path = config(uid).registration_socket_path();
+    assert!(path.as_os_str().len() < 108, "{path:?}");
+    let name = path.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(
+        name.starts_with(&format!("{DRIVER}-")) && name.ends_with("-reg.sock"),
+        "{name}"
+    );
+    // Distinct instances never share a socket, and the name is stable for one instance.
+    assert_ne!(
+        path,
+        config("another-uid-0000-0000-000000000000").registration_socket_path()
+    );
+    assert_eq!(path, config(uid).registration_socket_path());
+}
+
+#[tokio::test]
+async fn an_unusable_instance_id_is_refused() {
+    let h = harness();
+    let config = PluginConfig {
+        instance: Some("a/b".into()),
+        ..h.config.clone()
+    };
+    assert!(matches!(
+        PluginServer::start(config).await,
+        Err(PluginError::InvalidInstance { .. })
+    ));
+}

@@ -55,6 +55,9 @@ impl ContainerEdits {
 #[serde(rename_all = "camelCase")]
 pub struct DeviceNode {
     pub path: String,
+    /// Where the node is on the host, when not at `path` (a `--dev-root`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_path: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none", rename = "type")]
     pub kind: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -63,15 +66,6 @@ pub struct DeviceNode {
     pub minor: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub file_mode: Option<u32>,
-}
-
-impl DeviceNode {
-    fn path(path: String) -> Self {
-        Self {
-            path,
-            ..Self::default()
-        }
-    }
 }
 
 /// What a device contributes to a claim's spec.
@@ -111,6 +105,8 @@ pub struct CdiStore {
     root: PathBuf,
     /// Major number of `nvidia-caps` devices, when the host has them (`/proc/devices`).
     caps_major: Option<u32>,
+    /// The host's device root when it is not `/`.
+    dev_root: Option<PathBuf>,
 }
 
 impl CdiStore {
@@ -118,7 +114,35 @@ impl CdiStore {
         Self {
             root: root.to_path_buf(),
             caps_major: nvidia_caps_major(Path::new("/proc/devices")),
+            dev_root: None,
         }
+    }
+
+    /// Device nodes live under `dev_root` on the host (`<dev_root>/dev/nvidia0`); containers
+    /// still see them at `/dev/...`. `None` or `/` means the host's own `/dev`.
+    pub fn with_dev_root(mut self, dev_root: Option<&Path>) -> Self {
+        self.dev_root = dev_root
+            .filter(|root| *root != Path::new("/"))
+            .map(Path::to_path_buf);
+        self
+    }
+
+    /// The spec's device node for `path`, with its host path under the dev root.
+    fn node(&self, path: String) -> DeviceNode {
+        DeviceNode {
+            host_path: self.host_path(&path),
+            path,
+            ..DeviceNode::default()
+        }
+    }
+
+    fn host_path(&self, path: &str) -> Option<String> {
+        let root = self.dev_root.as_ref()?;
+        Some(
+            root.join(path.trim_start_matches('/'))
+                .to_string_lossy()
+                .into_owned(),
+        )
     }
 
     pub fn root(&self) -> &Path {
@@ -149,7 +173,7 @@ impl CdiStore {
                 let mut nodes = vec![];
                 match device {
                     CdiDevice::Gpu { minor, .. } => {
-                        nodes.push(DeviceNode::path(format!("/dev/nvidia{minor}")))
+                        nodes.push(self.node(format!("/dev/nvidia{minor}")))
                     }
                     CdiDevice::Mig {
                         parent_minor,
@@ -157,7 +181,7 @@ impl CdiStore {
                         compute_instance_id,
                         ..
                     } => {
-                        nodes.push(DeviceNode::path(format!("/dev/nvidia{parent_minor}")));
+                        nodes.push(self.node(format!("/dev/nvidia{parent_minor}")));
                         for cap in [
                             gi_access_cap_minor(*parent_minor, *gpu_instance_id),
                             ci_access_cap_minor(
@@ -168,8 +192,10 @@ impl CdiStore {
                         ] {
                             // The capability nodes need not exist on the host, so the spec carries
                             // their numbers (0o400 as the driver's capability files say).
+                            let path = format!("/dev/nvidia-caps/nvidia-cap{cap}");
                             nodes.push(DeviceNode {
-                                path: format!("/dev/nvidia-caps/nvidia-cap{cap}"),
+                                host_path: self.host_path(&path),
+                                path,
                                 kind: Some("c".into()),
                                 major: self.caps_major,
                                 minor: Some(cap),
@@ -195,7 +221,7 @@ impl CdiStore {
                 env: vec![],
                 device_nodes: ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
                     .into_iter()
-                    .map(|p| DeviceNode::path(p.to_string()))
+                    .map(|p| self.node(p.to_string()))
                     .collect(),
             },
         }
@@ -275,11 +301,51 @@ mod tests {
     use super::*;
 
     #[test]
+    fn dev_root_sets_host_paths_and_keeps_container_paths() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let devices = [CdiDevice::Mig {
+            name: "gpu-0-mig-1g10gb-19-0".into(),
+            parent_minor: 0,
+            gpu_instance_id: 1,
+            compute_instance_id: 0,
+            uuid: "MIG-a".into(),
+        }];
+        let store = CdiStore::new(dir.path()).with_dev_root(Some(Path::new("/run/nvidia/driver")));
+        let spec = store.spec("uid-1", &devices);
+        let nodes = spec.devices[0]
+            .container_edits
+            .device_nodes
+            .iter()
+            .chain(&spec.container_edits.device_nodes);
+        for node in nodes {
+            assert!(node.path.starts_with("/dev/"), "{node:?}");
+            assert_eq!(
+                node.host_path.as_deref(),
+                Some(format!("/run/nvidia/driver{}", node.path).as_str())
+            );
+        }
+        let json = serde_json::to_value(&spec).expect("json");
+        assert_eq!(
+            json["containerEdits"]["deviceNodes"][0]["hostPath"],
+            "/run/nvidia/driver/dev/nvidiactl"
+        );
+        // The host's own /dev: no hostPath at all.
+        let plain = CdiStore::new(dir.path()).with_dev_root(Some(Path::new("/")));
+        let json = serde_json::to_value(plain.spec("uid-1", &devices)).expect("json");
+        assert!(
+            json["containerEdits"]["deviceNodes"][0]
+                .get("hostPath")
+                .is_none()
+        );
+    }
+
+    #[test]
     fn full_gpu_and_mig_specs() {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = CdiStore {
             root: dir.path().to_path_buf(),
             caps_major: Some(238),
+            dev_root: None,
         };
         let devices = [
             CdiDevice::Gpu {

@@ -200,6 +200,25 @@ impl CheckpointStore {
         Ok((checkpoint, LoadOutcome::Loaded))
     }
 
+    /// Reads the checkpoint another driver instance may have written meanwhile. Unlike
+    /// [`CheckpointStore::load`], a document that cannot be parsed is an error and stays where
+    /// it is: a running driver must not start over.
+    pub fn read(&self, boot_id: &str) -> Result<Checkpoint, CheckpointError> {
+        let bytes = match std::fs::read(&self.path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(Checkpoint::new(boot_id));
+            }
+            Err(e) => return Err(self.io_err(format!("cannot read: {e}"))),
+        };
+        let mut checkpoint: Checkpoint = serde_json::from_slice(&bytes)
+            .map_err(|e| self.io_err(format!("cannot parse: {e}")))?;
+        if checkpoint.node_boot_id.is_empty() {
+            checkpoint.node_boot_id = boot_id.to_string();
+        }
+        Ok(checkpoint)
+    }
+
     pub fn save(&self, checkpoint: &Checkpoint) -> Result<(), CheckpointError> {
         let bytes = serde_json::to_vec_pretty(checkpoint)
             .map_err(|e| self.io_err(format!("cannot encode: {e}")))?;

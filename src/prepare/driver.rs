@@ -1,12 +1,14 @@
 //! The [`NodeDriver`] kubelet talks to: fetches claims, runs [`DeviceState`] under one lock, and
 //! reports prepared devices in the claims' status.
+use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 use std::time::Instant;
 
 use futures::future::join_all;
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, MutexGuard};
 
 use super::claims::ClaimSource;
+use super::lock::{NodeLock, NodeLockGuard};
 use super::state::DeviceState;
 use super::{ClaimRef, NodeDriver, PrepareResult, UnprepareResult};
 
@@ -24,6 +26,27 @@ pub struct Driver {
     state: Mutex<DeviceState>,
     claims: Arc<dyn ClaimSource>,
     observer: Arc<dyn DriverObserver>,
+    /// Set when another instance may share the node (rolling update).
+    node_lock: Option<NodeLock>,
+}
+
+/// The device state, locked in this process and, in a rolling update, on the node.
+struct LockedState<'a> {
+    state: MutexGuard<'a, DeviceState>,
+    _node: Option<NodeLockGuard<'a>>,
+}
+
+impl Deref for LockedState<'_> {
+    type Target = DeviceState;
+    fn deref(&self) -> &DeviceState {
+        &self.state
+    }
+}
+
+impl DerefMut for LockedState<'_> {
+    fn deref_mut(&mut self) -> &mut DeviceState {
+        &mut self.state
+    }
 }
 
 impl Driver {
@@ -32,7 +55,34 @@ impl Driver {
             state: Mutex::new(state),
             claims,
             observer: Arc::new(NoObserver),
+            node_lock: None,
         }
+    }
+
+    /// Shares the node with other instances: every state change takes `lock` and starts from the
+    /// checkpoint on disk.
+    pub fn with_node_lock(mut self, lock: NodeLock) -> Self {
+        self.node_lock = Some(lock);
+        self
+    }
+
+    async fn lock_state(&self) -> Result<LockedState<'_>, String> {
+        let mut state = self.state.lock().await;
+        let Some(lock) = &self.node_lock else {
+            return Ok(LockedState { state, _node: None });
+        };
+        let node = lock
+            .acquire()
+            .await
+            .map_err(|e| format!("cannot lock {}: {e}", lock.path().display()))?;
+        if state.sync_with_disk().map_err(|e| e.to_string())? {
+            tracing::debug!("adopted the checkpoint another driver instance wrote");
+            self.observer.state_changed(&state);
+        }
+        Ok(LockedState {
+            state,
+            _node: Some(node),
+        })
     }
 
     pub fn with_observer(mut self, observer: Arc<dyn DriverObserver>) -> Self {
@@ -49,7 +99,13 @@ impl Driver {
     /// were prepared here, e.g. while the plugin was down (NVIDIA driver #1278). Claims whose
     /// lookup fails are left for the next round.
     pub async fn collect_garbage(&self) -> Vec<ClaimRef> {
-        let recorded = self.state.lock().await.claims();
+        let recorded = match self.lock_state().await {
+            Ok(state) => state.claims(),
+            Err(e) => {
+                tracing::error!(error = %e, "garbage collection: cannot read the node's state");
+                return vec![];
+            }
+        };
         let lookups = join_all(
             recorded
                 .iter()
@@ -67,7 +123,13 @@ impl Driver {
                 }
             };
             if gone {
-                let mut state = self.state.lock().await;
+                let mut state = match self.lock_state().await {
+                    Ok(state) => state,
+                    Err(e) => {
+                        tracing::error!(error = %e, "garbage collection: cannot read the node's state");
+                        break;
+                    }
+                };
                 match state.unprepare(&claim.uid) {
                     Ok(()) => {
                         tracing::info!(claim = %claim.name, namespace = %claim.namespace, uid = %claim.uid, "unprepared a claim that no longer exists");
@@ -99,7 +161,13 @@ impl NodeDriver for Driver {
         let mut results = Vec::with_capacity(claims.len());
         let mut statuses = Vec::new();
         {
-            let mut state = self.state.lock().await;
+            let mut state = match self.lock_state().await {
+                Ok(state) => state,
+                Err(e) => {
+                    tracing::error!(error = %e, "prepare: cannot read the node's state");
+                    return claims.into_iter().map(|c| (c, Err(e.clone()))).collect();
+                }
+            };
             for (claim, fetched) in claims.into_iter().zip(fetched) {
                 let result = match fetched {
                     Ok(Some(object)) => state.prepare(&claim, &object).map_err(|e| e.to_string()),
@@ -138,7 +206,13 @@ impl NodeDriver for Driver {
     async fn unprepare(&self, claims: Vec<ClaimRef>) -> Vec<(ClaimRef, UnprepareResult)> {
         let started = Instant::now();
         let mut results = Vec::with_capacity(claims.len());
-        let mut state = self.state.lock().await;
+        let mut state = match self.lock_state().await {
+            Ok(state) => state,
+            Err(e) => {
+                tracing::error!(error = %e, "unprepare: cannot read the node's state");
+                return claims.into_iter().map(|c| (c, Err(e.clone()))).collect();
+            }
+        };
         for claim in claims {
             let result = state.unprepare(&claim.uid).map_err(|e| e.to_string());
             self.observer

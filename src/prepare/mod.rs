@@ -45,6 +45,7 @@ pub mod checkpoint;
 pub mod claims;
 pub mod driver;
 pub mod failpoint;
+pub mod lock;
 pub mod sharing;
 pub mod state;
 

@@ -55,6 +55,8 @@ pub struct DriverConfig {
     pub node_name: String,
     pub cdi_root: PathBuf,
     pub state_dir: PathBuf,
+    /// Where the host's `/dev` is, when not at `/` (CDI `hostPath`s are resolved under it).
+    pub dev_root: Option<PathBuf>,
 }
 
 /// What recovery at start did.
@@ -110,7 +112,7 @@ impl DeviceState {
         let store = CheckpointStore::new(&config.state_dir);
         let (checkpoint, outcome) = store.load(&crate::gpu::boot_id())?;
         let inventory = gpus.inventory()?;
-        let cdi = CdiStore::new(&config.cdi_root);
+        let cdi = CdiStore::new(&config.cdi_root).with_dev_root(config.dev_root.as_deref());
         let mut state = Self {
             config,
             gpus,
@@ -330,6 +332,19 @@ impl DeviceState {
                 ..Default::default()
             })
             .collect()
+    }
+
+    /// Adopts the checkpoint on disk, and the hardware it describes, when another driver instance
+    /// on this node (a rolling update) changed it since this one last wrote it. Call it with the
+    /// node lock held.
+    pub fn sync_with_disk(&mut self) -> Result<bool, PrepareError> {
+        let current = self.store.read(&self.checkpoint.node_boot_id)?;
+        if current == self.checkpoint {
+            return Ok(false);
+        }
+        self.checkpoint = current;
+        self.refresh_inventory()?;
+        Ok(true)
     }
 
     fn refresh_inventory(&mut self) -> Result<(), PrepareError> {

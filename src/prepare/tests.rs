@@ -35,6 +35,7 @@ impl Fixture {
             node_name: "n1".into(),
             cdi_root: dir.path().join("cdi"),
             state_dir: dir.path().join("state"),
+            dev_root: None,
         };
         Self {
             _dir: dir,
@@ -432,4 +433,38 @@ fn dynamic_gpus_leave_mig_mode_when_empty_and_orphans_go_only_when_told() {
     assert_eq!(state.modes()[&0], crate::gpu::mig::GpuMode::Dynamic);
     assert_eq!(report.instances_destroyed, [format!("gpu0/gi{gi}")]);
     assert_eq!(f.instances(), 0);
+}
+
+/// Rolling update: two driver instances on one node, each with its own in-memory state. What one
+/// prepared, the other sees (and can unprepare) once it syncs with the checkpoint on disk.
+#[test]
+fn a_second_instance_adopts_the_first_ones_claims() {
+    let f = Fixture::new("sim:1xH100-SXM5-80GB");
+    let mut old = f.open();
+    let mut new = f.open();
+    let c = claim("m1", vec![result("gpu-0-mig-3g40gb-9-4")], vec![]);
+    old.prepare(&claim_ref("m1"), &c)
+        .expect("prepare on the old instance");
+    assert_eq!(f.instances(), 1);
+
+    assert!(
+        new.sync_with_disk().expect("sync"),
+        "the checkpoint changed"
+    );
+    assert!(
+        !new.sync_with_disk().expect("sync"),
+        "and now it is current"
+    );
+    assert_eq!(new.claims(), [claim_ref("m1")]);
+    // Its view of the hardware followed: the carved placement is taken.
+    let e = new
+        .prepare(&claim_ref("w"), &claim("w", vec![result("gpu-0")], vec![]))
+        .expect_err("whole GPU");
+    assert!(e.to_string().contains("has MIG devices"), "{e}");
+    new.unprepare("m1").expect("unprepare on the new instance");
+    assert_eq!(f.instances(), 0);
+    assert!(f.cdi_files().is_empty());
+
+    assert!(old.sync_with_disk().expect("sync"));
+    assert!(old.claims().is_empty());
 }
