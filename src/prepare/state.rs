@@ -224,6 +224,7 @@ impl DeviceState {
             .filter(|e| e.is_completed())
         {
             // Idempotent, but make sure the spec a container needs is really there.
+            tracing::debug!(claim = %claim_label(claim_ref), claimUID = %uid, "claim already prepared");
             if !self.cdi.spec_path(&uid).exists() {
                 let devices = self.cdi_devices(entry);
                 self.cdi.write(&uid, &devices)?;
@@ -268,6 +269,8 @@ impl DeviceState {
         failpoint("prepare-cdi-written");
         entry.state = ClaimState::PrepareCompleted;
         let devices = prepared_devices(&entry);
+        let names: Vec<&str> = entry.devices.iter().map(|d| d.device.as_str()).collect();
+        tracing::info!(claim = %claim_label(claim_ref), claimUID = %uid, devices = ?names, "prepared claim");
         self.checkpoint.claims.insert(uid, entry);
         self.store.save(&self.checkpoint)?;
         failpoint("prepare-completed");
@@ -279,12 +282,15 @@ impl DeviceState {
         let Some(entry) = self.checkpoint.claims.get_mut(uid) else {
             return Ok(());
         };
+        let label = format!("{}/{}", entry.namespace, entry.name);
         if entry.is_completed() {
             entry.state = ClaimState::PrepareStarted;
             self.store.save(&self.checkpoint)?;
             failpoint("unprepare-started");
         }
-        self.roll_back(uid)
+        self.roll_back(uid)?;
+        tracing::info!(claim = %label, claimUID = %uid, "unprepared claim");
+        Ok(())
     }
 
     /// Undoes whatever is recorded for a claim and forgets it.
@@ -840,4 +846,9 @@ fn describe(outcome: &LoadOutcome) -> String {
             )
         }
     }
+}
+
+/// `namespace/name`, as claims are named in logs.
+fn claim_label(claim: &ClaimRef) -> String {
+    format!("{}/{}", claim.namespace, claim.name)
 }

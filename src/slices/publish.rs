@@ -220,17 +220,12 @@ impl Publisher {
         Ok(report)
     }
 
-    /// Asks the running loop to sync now (e.g. after the device inventory changed).
-    pub fn trigger(&self) {
-        self.wake.notify_one();
-    }
-
     /// Keeps the pool as `desired` says until `shutdown` fires: syncs at start, whenever our slices
-    /// change on the server, when triggered, and every `resync`; retries failures with backoff
+    /// change on the server, as soon as `desired` changes, and every `resync`; retries failures with backoff
     /// (the API server may be away for a while).
     pub async fn run(
         self: Arc<Self>,
-        desired: watch::Receiver<Arc<Vec<ResourceSlice>>>,
+        mut desired: watch::Receiver<Arc<Vec<ResourceSlice>>>,
         resync: Duration,
         mut shutdown: watch::Receiver<bool>,
         on_sync: impl Fn(&Result<SyncReport, PublishError>) + Send + Sync + 'static,
@@ -257,9 +252,10 @@ impl Publisher {
             }
         });
         let mut backoff = Duration::from_millis(250);
+        let mut desired_open = true;
         loop {
             // A cheap handle: the pool itself is not copied for each sync.
-            let slices = Arc::clone(&desired.borrow());
+            let slices = Arc::clone(&desired.borrow_and_update());
             let result = self.sync(&slices).await;
             on_sync(&result);
             let wait = match &result {
@@ -289,6 +285,9 @@ impl Publisher {
                     // Let a burst of events (our own writes included) settle into one sync.
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 }
+                // New devices or a new order (a MIG instance came or went): publish now, so the
+                // scheduler does not allocate from a stale pool.
+                changed = desired.changed(), if desired_open => desired_open = changed.is_ok(),
                 _ = shutdown.changed() => break,
             }
             if *shutdown.borrow() {
