@@ -246,7 +246,15 @@ impl CdiStore {
         let path = self.spec_path(claim_uid);
         match std::fs::remove_file(&path) {
             Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            // No spec there: none was written, or the root is not even a directory.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
+                ) =>
+            {
+                Ok(())
+            }
             Err(e) => Err(CdiError {
                 path,
                 reason: format!("cannot remove: {e}"),

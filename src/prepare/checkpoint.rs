@@ -126,6 +126,25 @@ impl Checkpoint {
                     .any(|d| d.pool == pool && d.device == device && !d.admin_access)
             })
     }
+
+    /// A claim (other than `except_uid`) holding any device of `pool` that `uses_gpu` says lives
+    /// on the GPU in question, with that device's name.
+    pub fn holder_on_gpu(
+        &self,
+        pool: &str,
+        except_uid: &str,
+        uses_gpu: impl Fn(&DeviceRecord) -> bool,
+    ) -> Option<(&ClaimEntry, &str)> {
+        self.claims
+            .values()
+            .filter(|c| c.uid != except_uid)
+            .find_map(|c| {
+                c.devices
+                    .iter()
+                    .find(|d| d.pool == pool && !d.admin_access && uses_gpu(d))
+                    .map(|d| (c, d.device.as_str()))
+            })
+    }
 }
 
 /// Where the checkpoint lives.

@@ -99,8 +99,12 @@ impl Driver {
     /// were prepared here, e.g. while the plugin was down (NVIDIA driver #1278). Claims whose
     /// lookup fails are left for the next round.
     pub async fn collect_garbage(&self) -> Vec<ClaimRef> {
-        let recorded = match self.lock_state().await {
-            Ok(state) => state.claims(),
+        let (recorded, driver_name, pool) = match self.lock_state().await {
+            Ok(state) => (
+                state.claims(),
+                state.config().driver_name.clone(),
+                state.config().node_name.clone(),
+            ),
             Err(e) => {
                 tracing::error!(error = %e, "garbage collection: cannot read the node's state");
                 return vec![];
@@ -116,7 +120,12 @@ impl Driver {
         for (claim, lookup) in recorded.into_iter().zip(lookups) {
             let gone = match lookup {
                 Ok(None) => true,
-                Ok(Some(current)) => current.metadata.uid.as_deref() != Some(claim.uid.as_str()),
+                // Re-created under a new UID, deallocated, or now allocated elsewhere: its devices
+                // may go to someone else, so they must not stay prepared here.
+                Ok(Some(current)) => {
+                    current.metadata.uid.as_deref() != Some(claim.uid.as_str())
+                        || !allocated_here(&current, &driver_name, &pool)
+                }
                 Err(e) => {
                     tracing::warn!(claim = %claim.name, namespace = %claim.namespace, error = %e, "garbage collection: cannot look the claim up");
                     false
@@ -225,4 +234,23 @@ impl NodeDriver for Driver {
         self.observer.state_changed(&state);
         results
     }
+}
+
+/// Whether the claim's allocation still names a device of this driver in this node's pool.
+fn allocated_here(
+    claim: &k8s_openapi::api::resource::v1::ResourceClaim,
+    driver_name: &str,
+    pool: &str,
+) -> bool {
+    claim
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+        .and_then(|d| d.results.as_ref())
+        .is_some_and(|results| {
+            results
+                .iter()
+                .any(|r| r.driver == driver_name && r.pool == pool)
+        })
 }

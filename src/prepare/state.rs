@@ -235,6 +235,23 @@ impl DeviceState {
             self.roll_back(&uid)?;
         }
         let plan = self.plan(claim_ref, claim)?;
+        let result = self.apply_plan(claim_ref, plan);
+        if result.is_err() && self.checkpoint.claims.contains_key(&uid) {
+            // Undo at once what was carved, rather than leaving it to a retry or a restart.
+            if let Err(error) = self.roll_back(&uid) {
+                tracing::error!(claim = %claim_label(claim_ref), claimUID = %uid, %error, "cannot roll back a failed prepare; retried at the next prepare or restart");
+            }
+        }
+        result
+    }
+
+    /// Carries out a checked plan: intent on disk, carving, sharing, CDI spec, completion.
+    fn apply_plan(
+        &mut self,
+        claim_ref: &ClaimRef,
+        plan: Vec<(DeviceRequestAllocationResult, Target, Option<DeviceConfig>)>,
+    ) -> Result<Vec<PreparedDevice>, PrepareError> {
+        let uid = claim_ref.uid.clone();
         let creates_hardware_state = plan
             .iter()
             .any(|(_, t, _)| matches!(t, Target::Placement { .. }));
@@ -409,6 +426,21 @@ impl DeviceState {
             {
                 return Err(bad(format!(
                     "{at}: device {:?} is already prepared for ResourceClaim {}/{}",
+                    result.device, holder.namespace, holder.name
+                )));
+            }
+            // Stale slices can still offer a placement of a GPU another claim holds whole (or the
+            // whole GPU while another claim holds one of its MIG devices): never share a GPU
+            // that way, and never switch a GPU that is in use into MIG mode.
+            if !admin
+                && let Some((holder, device)) =
+                    self.checkpoint
+                        .holder_on_gpu(&result.pool, &claim_ref.uid, |held| {
+                            conflicts_on_gpu(&target, held)
+                        })
+            {
+                return Err(bad(format!(
+                    "{at}: device {:?} shares its GPU with {device:?}, which is prepared for ResourceClaim {}/{}",
                     result.device, holder.namespace, holder.name
                 )));
             }
@@ -851,4 +883,20 @@ fn describe(outcome: &LoadOutcome) -> String {
 /// `namespace/name`, as claims are named in logs.
 fn claim_label(claim: &ClaimRef) -> String {
     format!("{}/{}", claim.namespace, claim.name)
+}
+
+/// Whether `held` (another claim's device) and `target` cannot both be in use: a whole GPU and any
+/// MIG device of that GPU.
+fn conflicts_on_gpu(target: &Target, held: &DeviceRecord) -> bool {
+    let held_mig_parent = held
+        .mig
+        .as_ref()
+        .map(|m| m.parent_minor)
+        .or_else(|| parse_mig_device_name(&held.device).map(|parsed| parsed.parent_minor));
+    match target {
+        Target::Gpu { minor, .. } => held_mig_parent == Some(*minor),
+        Target::StaticMig { parent_minor, .. } | Target::Placement { parent_minor, .. } => {
+            held_mig_parent.is_none() && held.device == gpu_device_name(*parent_minor)
+        }
+    }
 }

@@ -468,3 +468,104 @@ fn a_second_instance_adopts_the_first_ones_claims() {
     assert!(old.sync_with_disk().expect("sync"));
     assert!(old.claims().is_empty());
 }
+
+/// Stale slices can offer a MIG placement of a GPU another claim holds whole: refused before any
+/// hardware changes (no MIG mode switch under a running workload).
+#[test]
+fn a_gpu_held_whole_is_never_carved() {
+    let f = Fixture::new("sim:1xH100-SXM5-80GB");
+    let mut state = f.open();
+    state
+        .prepare(&claim_ref("w"), &claim("w", vec![result("gpu-0")], vec![]))
+        .expect("whole GPU");
+    let e = state
+        .prepare(
+            &claim_ref("m"),
+            &claim("m", vec![result("gpu-0-mig-1g10gb-19-0")], vec![]),
+        )
+        .expect_err("placement on a GPU held whole");
+    assert!(
+        e.to_string().contains("shares its GPU with \"gpu-0\"")
+            && e.to_string().contains("default/claim-w"),
+        "{e}"
+    );
+    assert_eq!(f.instances(), 0);
+    let hw = f.sim.inventory().expect("inventory");
+    assert!(
+        !hw.gpus[0].mig.as_ref().expect("mig").mode.current,
+        "MIG mode untouched"
+    );
+    assert_eq!(state.claims(), [claim_ref("w")]);
+}
+
+/// A prepare that fails after carving gives the MIG instance back at once.
+#[test]
+fn a_failed_prepare_rolls_back_its_carved_instances() {
+    let f = Fixture::new("sim:1xH100-SXM5-80GB");
+    let mut state = f.open();
+    // CDI specs cannot be written: the root is a file.
+    std::fs::write(&f.config.cdi_root, b"not a directory").expect("write");
+    let e = state
+        .prepare(
+            &claim_ref("m"),
+            &claim("m", vec![result("gpu-0-mig-1g10gb-19-0")], vec![]),
+        )
+        .expect_err("CDI write fails");
+    assert!(e.to_string().contains("cdi"), "{e}");
+    assert_eq!(f.instances(), 0, "the carved instance was destroyed");
+    assert!(state.claims().is_empty(), "nothing left in the checkpoint");
+}
+
+/// Garbage collection unprepares claims that were deleted, deallocated, or allocated elsewhere;
+/// a claim still allocated here stays.
+#[tokio::test]
+async fn garbage_collection_drops_claims_no_longer_allocated_here() {
+    use super::NodeDriver;
+    use super::claims::MemoryClaims;
+    use super::driver::Driver;
+
+    let f = Fixture::new("sim:1xH100-SXM5-80GB,2xT4");
+    let claims = Arc::new(MemoryClaims::default());
+    let keep = claim("keep", vec![result("gpu-1")], vec![]);
+    let deallocated = claim("dealloc", vec![result("gpu-2")], vec![]);
+    let moved = claim("moved", vec![result("gpu-0-mig-1g10gb-19-0")], vec![]);
+    for c in [&keep, &deallocated, &moved] {
+        claims.insert(c.clone());
+    }
+    let driver = Driver::new(f.open(), claims.clone());
+    let prepared = driver
+        .prepare(vec![
+            claim_ref("keep"),
+            claim_ref("dealloc"),
+            claim_ref("moved"),
+        ])
+        .await;
+    assert!(prepared.iter().all(|(_, r)| r.is_ok()), "{prepared:?}");
+    assert_eq!(f.instances(), 1);
+
+    let mut now_deallocated = deallocated.clone();
+    if let Some(status) = now_deallocated.status.as_mut() {
+        status.allocation = None;
+    }
+    claims.insert(now_deallocated);
+    let mut elsewhere = moved.clone();
+    if let Some(result) = elsewhere
+        .status
+        .as_mut()
+        .and_then(|s| s.allocation.as_mut())
+        .and_then(|a| a.devices.as_mut())
+        .and_then(|d| d.results.as_mut())
+        .and_then(|r| r.first_mut())
+    {
+        result.pool = "another-node".into();
+    }
+    claims.insert(elsewhere);
+
+    let mut collected = driver.collect_garbage().await;
+    collected.sort();
+    assert_eq!(collected, [claim_ref("dealloc"), claim_ref("moved")]);
+    assert_eq!(f.instances(), 0, "the MIG instance went with its claim");
+    driver
+        .with_state(|state| assert_eq!(state.claims(), [claim_ref("keep")]))
+        .await;
+}
