@@ -72,6 +72,8 @@ pub enum GpuError {
     },
     #[error("NVML: {operation}: {reason}")]
     Nvml { operation: String, reason: String },
+    #[error("node boot ID: {reason}")]
+    BootId { reason: String },
 }
 
 fn detail_suffix(detail: &str) -> String {
@@ -141,15 +143,31 @@ pub fn discover(config: &DiscoveryConfig) -> Result<NodeInventory, GpuError> {
     }
 }
 
-/// The node's boot ID: `GPU_DRA_BOOT_ID` when set (tests simulate reboots with it), else the
-/// kernel's. State that must not outlive a reboot is keyed by it.
-pub fn boot_id() -> String {
-    if let Ok(id) = std::env::var("GPU_DRA_BOOT_ID") {
-        return id;
+/// Overrides the boot ID in test (debug) builds, to simulate reboots.
+pub const BOOT_ID_OVERRIDE: &str = "GPU_DRA_BOOT_ID";
+const KERNEL_BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
+
+/// The node's boot ID, the kernel's. State that must not outlive a reboot (prepared claims, MIG
+/// instances) is keyed by it, so a boot ID that cannot be read is an error: guessing would either
+/// forget running claims or keep a previous boot's.
+pub fn boot_id() -> Result<String, GpuError> {
+    if let Some(id) = std::env::var_os(BOOT_ID_OVERRIDE) {
+        if cfg!(debug_assertions) {
+            return Ok(id.to_string_lossy().into_owned());
+        }
+        return Err(GpuError::BootId {
+            reason: format!("{BOOT_ID_OVERRIDE} is for tests only (debug builds); unset it"),
+        });
     }
-    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default()
+    let id = std::fs::read_to_string(KERNEL_BOOT_ID).map_err(|e| GpuError::BootId {
+        reason: format!("cannot read {KERNEL_BOOT_ID}: {e}"),
+    })?;
+    match id.trim() {
+        "" => Err(GpuError::BootId {
+            reason: format!("{KERNEL_BOOT_ID} is empty"),
+        }),
+        id => Ok(id.to_string()),
+    }
 }
 
 /// What preparing devices needs from the GPUs: a fresh view and the MIG lifecycle. The simulator

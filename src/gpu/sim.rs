@@ -456,7 +456,8 @@ impl SimNode {
             schema: SCHEMA,
             node_name: self.node_name.clone(),
             spec: self.spec.to_string(),
-            boot_id: super::boot_id(),
+            // Simulated hardware follows the host's boots when it can tell them apart.
+            boot_id: super::boot_id().unwrap_or_default(),
             uuid_serial: 0,
             gpus: (0..self.spec.gpu_count())
                 .map(|minor| SimGpuState {
@@ -481,7 +482,7 @@ impl SimNode {
                 ),
             });
         }
-        let boot = super::boot_id();
+        let boot = super::boot_id().unwrap_or_default();
         if state.boot_id != boot {
             // GPU and compute instances do not survive a reboot; MIG mode does.
             for gpu in &mut state.gpus {

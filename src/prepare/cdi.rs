@@ -1,16 +1,18 @@
 //! CDI specs: one transient spec per claim, as NVIDIA's driver writes them
-//! (kind `k8s.gpu.nvidia.com/claim`, device `<claimUID>-<device>`), so container runtimes inject
-//! exactly the claim's device nodes.
+//! (kind `k8s.<driver name>/claim`, e.g. `k8s.gpu.nvidia.com/claim`, device
+//! `<claimUID>-<device>`), so container runtimes inject exactly the claim's device nodes.
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
 use crate::gpu::mig::{ci_access_cap_minor, gi_access_cap_minor};
 
-pub const VENDOR: &str = "k8s.gpu.nvidia.com";
 pub const CLASS: &str = "claim";
-/// Enough for device nodes and env; loaders accept newer specs only if they need newer fields.
-pub const CDI_VERSION: &str = "0.5.0";
+/// Spec annotations (0.6.0) mark the specs this driver wrote; nothing else is ever swept.
+pub const CDI_VERSION: &str = "0.6.0";
+/// Names the driver that wrote a spec.
+pub const WRITTEN_BY: &str = "gpu-dra.io/driver";
 
 #[derive(Debug, thiserror::Error)]
 #[error("CDI spec {path}: {reason}")]
@@ -24,6 +26,8 @@ pub struct CdiError {
 pub struct Spec {
     pub cdi_version: String,
     pub kind: String,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
     pub devices: Vec<SpecDevice>,
     #[serde(default, skip_serializing_if = "ContainerEdits::is_empty")]
     pub container_edits: ContainerEdits,
@@ -103,6 +107,9 @@ impl CdiDevice {
 #[derive(Debug, Clone)]
 pub struct CdiStore {
     root: PathBuf,
+    driver_name: String,
+    /// `k8s.<driver name>`, the CDI vendor of our specs.
+    vendor: String,
     /// Major number of `nvidia-caps` devices, when the host has them (`/proc/devices`).
     caps_major: Option<u32>,
     /// The host's device root when it is not `/`.
@@ -110,9 +117,11 @@ pub struct CdiStore {
 }
 
 impl CdiStore {
-    pub fn new(root: &Path) -> Self {
+    pub fn new(root: &Path, driver_name: &str) -> Self {
         Self {
             root: root.to_path_buf(),
+            driver_name: driver_name.to_string(),
+            vendor: format!("k8s.{driver_name}"),
             caps_major: nvidia_caps_major(Path::new("/proc/devices")),
             dev_root: None,
         }
@@ -150,12 +159,13 @@ impl CdiStore {
     }
 
     pub fn spec_path(&self, claim_uid: &str) -> PathBuf {
-        self.root.join(format!("{VENDOR}-{CLASS}_{claim_uid}.json"))
+        self.root
+            .join(format!("{}-{CLASS}_{claim_uid}.json", self.vendor))
     }
 
     /// `k8s.gpu.nvidia.com/claim=<uid>-<device>`.
-    pub fn device_id(claim_uid: &str, device: &str) -> String {
-        format!("{VENDOR}/{CLASS}={claim_uid}-{device}")
+    pub fn device_id(&self, claim_uid: &str, device: &str) -> String {
+        format!("{}/{CLASS}={claim_uid}-{device}", self.vendor)
     }
 
     /// The spec a claim's devices get.
@@ -215,7 +225,8 @@ impl CdiStore {
             .collect();
         Spec {
             cdi_version: CDI_VERSION.into(),
-            kind: format!("{VENDOR}/{CLASS}"),
+            kind: format!("{}/{CLASS}", self.vendor),
+            annotations: BTreeMap::from([(WRITTEN_BY.to_string(), self.driver_name.clone())]),
             devices,
             container_edits: ContainerEdits {
                 env: vec![],
@@ -264,7 +275,7 @@ impl CdiStore {
 
     /// UIDs of the claims that have a spec in the root (ours only), plus leftover temp files.
     pub fn claim_uids(&self) -> Result<Vec<String>, CdiError> {
-        let prefix = format!("{VENDOR}-{CLASS}_");
+        let prefix = format!("{}-{CLASS}_", self.vendor);
         let entries = match std::fs::read_dir(&self.root) {
             Ok(entries) => entries,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(vec![]),
@@ -282,7 +293,11 @@ impl CdiStore {
                 .strip_prefix(&prefix)
                 .and_then(|rest| rest.strip_suffix(".json"))
             {
-                uids.push(uid.to_string());
+                if self.wrote(&entry.path()) {
+                    uids.push(uid.to_string());
+                } else {
+                    tracing::debug!(path = %entry.path().display(), "leaving a CDI spec this driver did not write");
+                }
             } else if name.starts_with(&format!(".{prefix}")) && name.contains(".tmp-") {
                 // A crash mid-write leaves a temp file; it never became a spec.
                 let _ = std::fs::remove_file(entry.path());
@@ -291,6 +306,30 @@ impl CdiStore {
         uids.sort();
         Ok(uids)
     }
+
+    /// Whether the spec at `path` is one of ours: annotated with our driver name, or (written by
+    /// an earlier gpu-dra, before the annotation) of our kind with no annotations at all.
+    fn wrote(&self, path: &Path) -> bool {
+        let Ok(bytes) = std::fs::read(path) else {
+            return false;
+        };
+        let Ok(spec) = serde_json::from_slice::<SpecHeader>(&bytes) else {
+            return false;
+        };
+        match spec.annotations.get(WRITTEN_BY) {
+            Some(driver) => *driver == self.driver_name,
+            None => spec.annotations.is_empty() && spec.kind == format!("{}/{CLASS}", self.vendor),
+        }
+    }
+}
+
+/// The part of a spec that says who wrote it.
+#[derive(Deserialize)]
+struct SpecHeader {
+    #[serde(default)]
+    kind: String,
+    #[serde(default)]
+    annotations: BTreeMap<String, String>,
 }
 
 /// The `nvidia-caps` character-device major from `/proc/devices`.
@@ -318,7 +357,8 @@ mod tests {
             compute_instance_id: 0,
             uuid: "MIG-a".into(),
         }];
-        let store = CdiStore::new(dir.path()).with_dev_root(Some(Path::new("/run/nvidia/driver")));
+        let store = CdiStore::new(dir.path(), "gpu.nvidia.com")
+            .with_dev_root(Some(Path::new("/run/nvidia/driver")));
         let spec = store.spec("uid-1", &devices);
         let nodes = spec.devices[0]
             .container_edits
@@ -338,7 +378,7 @@ mod tests {
             "/run/nvidia/driver/dev/nvidiactl"
         );
         // The host's own /dev: no hostPath at all.
-        let plain = CdiStore::new(dir.path()).with_dev_root(Some(Path::new("/")));
+        let plain = CdiStore::new(dir.path(), "gpu.nvidia.com").with_dev_root(Some(Path::new("/")));
         let json = serde_json::to_value(plain.spec("uid-1", &devices)).expect("json");
         assert!(
             json["containerEdits"]["deviceNodes"][0]
@@ -351,9 +391,8 @@ mod tests {
     fn full_gpu_and_mig_specs() {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = CdiStore {
-            root: dir.path().to_path_buf(),
             caps_major: Some(238),
-            dev_root: None,
+            ..CdiStore::new(dir.path(), "gpu.nvidia.com")
         };
         let devices = [
             CdiDevice::Gpu {
@@ -415,7 +454,7 @@ mod tests {
             ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
         );
         assert_eq!(
-            CdiStore::device_id("uid-1", "gpu-1"),
+            store.device_id("uid-1", "gpu-1"),
             "k8s.gpu.nvidia.com/claim=uid-1-gpu-1"
         );
         assert_eq!(store.claim_uids().expect("list"), ["uid-1"]);

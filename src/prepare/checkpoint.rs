@@ -238,6 +238,12 @@ impl CheckpointStore {
         Ok(checkpoint)
     }
 
+    /// Removes what a crash in the middle of [`CheckpointStore::save`] left behind.
+    pub fn sweep_temp_files(&self) -> Result<Vec<PathBuf>, CheckpointError> {
+        crate::fsutil::sweep_temp_files(&self.path)
+            .map_err(|e| self.io_err(format!("cannot remove leftover temp files: {e}")))
+    }
+
     pub fn save(&self, checkpoint: &Checkpoint) -> Result<(), CheckpointError> {
         let bytes = serde_json::to_vec_pretty(checkpoint)
             .map_err(|e| self.io_err(format!("cannot encode: {e}")))?;

@@ -110,9 +110,13 @@ impl DeviceState {
         gpus: Arc<dyn GpuControl>,
     ) -> Result<(Self, RecoveryReport), PrepareError> {
         let store = CheckpointStore::new(&config.state_dir);
-        let (checkpoint, outcome) = store.load(&crate::gpu::boot_id())?;
+        for leftover in store.sweep_temp_files()? {
+            tracing::info!(path = %leftover.display(), "removed a checkpoint temp file a crash left behind");
+        }
+        let (checkpoint, outcome) = store.load(&crate::gpu::boot_id()?)?;
         let inventory = gpus.inventory()?;
-        let cdi = CdiStore::new(&config.cdi_root).with_dev_root(config.dev_root.as_deref());
+        let cdi = CdiStore::new(&config.cdi_root, &config.driver_name)
+            .with_dev_root(config.dev_root.as_deref());
         let mut state = Self {
             config,
             gpus,
@@ -632,7 +636,7 @@ impl DeviceState {
             request_names: vec![result.request.clone()],
             pool: result.pool.clone(),
             device: result.device.clone(),
-            cdi_device_ids: vec![CdiStore::device_id(uid, &result.device)],
+            cdi_device_ids: vec![self.cdi.device_id(uid, &result.device)],
             share_id: result.share_id.clone(),
             admin_access: result.admin_access == Some(true),
             uuid,

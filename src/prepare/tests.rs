@@ -367,7 +367,7 @@ fn restart_rolls_back_unfinished_claims_and_removes_orphan_specs() {
         f.config
             .cdi_root
             .join("k8s.gpu.nvidia.com-claim_orphan.json"),
-        "{}",
+        r#"{"cdiVersion":"0.6.0","kind":"k8s.gpu.nvidia.com/claim","annotations":{"gpu-dra.io/driver":"gpu.nvidia.com"},"devices":[]}"#,
     )
     .expect("spec");
     std::fs::remove_file(f.config.cdi_root.join("k8s.gpu.nvidia.com-claim_done.json"))
@@ -568,4 +568,33 @@ async fn garbage_collection_drops_claims_no_longer_allocated_here() {
     driver
         .with_state(|state| assert_eq!(state.claims(), [claim_ref("keep")]))
         .await;
+}
+
+/// The start-up sweep removes only orphan specs this driver wrote (today's, annotated, or an
+/// earlier gpu-dra's), never another writer's spec under the same name pattern; crash leftovers
+/// of the checkpoint go too.
+#[test]
+fn the_startup_sweep_removes_only_our_orphans() {
+    let f = Fixture::new("sim:1xT4");
+    drop(f.open());
+    let cdi = &f.config.cdi_root;
+    std::fs::create_dir_all(cdi).expect("mkdir");
+    let foreign = cdi.join("k8s.gpu.nvidia.com-claim_foreign.json");
+    std::fs::write(
+        &foreign,
+        r#"{"cdiVersion":"0.6.0","kind":"k8s.gpu.nvidia.com/claim","annotations":{"gpu-dra.io/driver":"someone-else"},"devices":[]}"#,
+    )
+    .expect("write");
+    let earlier = cdi.join("k8s.gpu.nvidia.com-claim_earlier.json");
+    std::fs::write(
+        &earlier,
+        r#"{"cdiVersion":"0.5.0","kind":"k8s.gpu.nvidia.com/claim","devices":[]}"#,
+    )
+    .expect("write");
+    let temp = f.config.state_dir.join(".checkpoint.json.tmp-99999");
+    std::fs::write(&temp, b"{").expect("write");
+
+    let (_state, report) = DeviceState::open(f.config.clone(), f.sim.clone()).expect("open");
+    assert_eq!(report.specs_removed, ["earlier"]);
+    assert!(foreign.exists() && !earlier.exists() && !temp.exists());
 }
