@@ -16,10 +16,12 @@ use tokio::sync::watch;
 use crate::gpu::{self, DiscoveryConfig, GpuError, NodeInventory};
 use crate::metrics::{Metrics, MetricsError, MetricsServer, ObserverList};
 use crate::plugin::{PluginConfig, PluginError, PluginServer};
+use crate::prepare::checkpoint::CheckpointError;
 use crate::prepare::claims::{ClaimSource, KubeClaims};
 use crate::prepare::driver::{Driver, DriverObserver};
 use crate::prepare::lock::{self, NodeLock};
 use crate::prepare::state::{DeviceState, DriverConfig, PrepareError};
+use crate::prepare::{ClaimRef, NodeDriver, PrepareResult, UnprepareResult};
 use crate::slices::publish::{PublishError, Publisher, SyncReport};
 use crate::slices::{self, SliceError, SliceOptions};
 
@@ -128,7 +130,8 @@ impl DriverObserver for SliceUpdater {
 /// A running node agent.
 pub struct NodeAgent {
     pub plugin: PluginServer,
-    pub driver: Arc<Driver>,
+    /// `None` while the agent refuses to act on the node (an unusable checkpoint).
+    pub driver: Option<Arc<Driver>>,
     pub metrics: Arc<Metrics>,
     shutdown: watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
@@ -161,7 +164,7 @@ impl NodeAgent {
             })?),
             None => None,
         };
-        let (state, recovery) = DeviceState::open(
+        let opened = DeviceState::open(
             DriverConfig {
                 driver_name: options.driver_name.clone(),
                 mig_policy: options.mig_policy,
@@ -171,8 +174,16 @@ impl NodeAgent {
                 dev_root: options.dev_root.clone(),
             },
             control,
-        )?;
+        );
         drop(recovery_guard);
+        let (state, recovery) = match opened {
+            Ok(opened) => opened,
+            Err(PrepareError::Checkpoint(error @ CheckpointError::Unusable { .. })) => {
+                return Self::start_refusing(options, metrics, metrics_server, error, started)
+                    .await;
+            }
+            Err(error) => return Err(error.into()),
+        };
         tracing::info!(
             checkpoint = recovery.checkpoint.as_deref().unwrap_or(""),
             rolled_back = ?recovery.rolled_back,
@@ -303,7 +314,60 @@ impl NodeAgent {
         tasks.push(gc_task);
         Ok(Self {
             plugin,
-            driver,
+            driver: Some(driver),
+            metrics,
+            shutdown,
+            tasks,
+            started,
+        })
+    }
+
+    /// Fail closed: the checkpoint cannot be trusted, so nothing on the node is touched (no
+    /// recovery, sweep, MIG destruction, publication or garbage collection). Kubelet still
+    /// reaches the plugin and gets the reason with every call; an event on the Node and the
+    /// `checkpoint_unusable` metric tell the operator, and readiness stays false.
+    async fn start_refusing(
+        options: NodeOptions,
+        metrics: Arc<Metrics>,
+        metrics_server: Option<MetricsServer>,
+        error: CheckpointError,
+        started: Instant,
+    ) -> Result<Self, NodeError> {
+        let reason = error.to_string();
+        tracing::error!(error = %reason, "refusing to prepare or unprepare any claim");
+        metrics.observe_checkpoint_unusable();
+        let client = kube_client(options.kubeconfig.as_deref()).await?;
+        let node_name = options.discovery.node_name.clone();
+        if let Err(e) = report_on_node(&client, &node_name, &options.driver_name, &reason).await {
+            tracing::warn!(error = %e, node = %node_name, "cannot record the refusal as a Node event");
+        }
+        let plugin = PluginServer::start(PluginConfig {
+            instance: options.rolling_update_uid.clone(),
+            ..PluginConfig::new(
+                options.driver_name.clone(),
+                options.registrar_dir.clone(),
+                options.plugin_dir.clone(),
+                Arc::new(RefusingDriver { reason }),
+            )
+        })
+        .await?;
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let mut tasks = vec![
+            metrics
+                .clone()
+                .follow_registration(plugin.registration(), shutdown_rx.clone()),
+        ];
+        if let Some(server) = metrics_server {
+            let metrics = metrics.clone();
+            tasks.push(tokio::spawn(async move {
+                if let Err(e) = server.serve(metrics, shutdown_rx).await {
+                    tracing::error!(error = %e, "metrics endpoint stopped");
+                }
+            }));
+        }
+        Ok(Self {
+            plugin,
+            driver: None,
             metrics,
             shutdown,
             tasks,
@@ -338,4 +402,62 @@ fn release_free_memory() {
     unsafe {
         libc::malloc_trim(0);
     }
+}
+
+/// Answers kubelet while the node's state cannot be trusted: every call fails with the reason.
+struct RefusingDriver {
+    reason: String,
+}
+
+#[tonic::async_trait]
+impl NodeDriver for RefusingDriver {
+    async fn prepare(&self, claims: Vec<ClaimRef>) -> Vec<(ClaimRef, PrepareResult)> {
+        claims
+            .into_iter()
+            .map(|claim| (claim, Err(self.reason.clone())))
+            .collect()
+    }
+
+    async fn unprepare(&self, claims: Vec<ClaimRef>) -> Vec<(ClaimRef, UnprepareResult)> {
+        claims
+            .into_iter()
+            .map(|claim| (claim, Err(self.reason.clone())))
+            .collect()
+    }
+}
+
+/// A Warning event on this node's Node object (`kubectl describe node` shows it).
+async fn report_on_node(
+    client: &kube::Client,
+    node_name: &str,
+    driver_name: &str,
+    note: &str,
+) -> Result<(), kube::Error> {
+    use k8s_openapi::api::core::v1::ObjectReference;
+    use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: driver_name.to_string(),
+            instance: Some(node_name.to_string()),
+        },
+    );
+    let node = ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Node".into()),
+        name: Some(node_name.to_string()),
+        ..Default::default()
+    };
+    recorder
+        .publish(
+            &Event {
+                type_: EventType::Warning,
+                reason: "CheckpointUnusable".into(),
+                note: Some(note.chars().take(1024).collect()),
+                action: "Recover".into(),
+                secondary: None,
+            },
+            &node,
+        )
+        .await
 }

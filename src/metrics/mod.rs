@@ -129,6 +129,7 @@ pub struct Metrics {
     prepared_devices: Gauge,
     published_devices: Gauge,
     mig_instances: Gauge,
+    checkpoint_unusable: Gauge,
     slice_writes: Family<OperationLabel, Counter>,
     slice_sync_errors: Counter,
     registered: AtomicBool,
@@ -171,6 +172,11 @@ impl Metrics {
             "mig_instances",
             "MIG devices (GPU instance + compute instance) that exist on this node's GPUs",
         );
+        let checkpoint_unusable = gauge(
+            &mut registry,
+            "checkpoint_unusable",
+            "1 while the checkpoint cannot be used (corrupt or from a newer version) and the driver refuses to prepare or unprepare",
+        );
         let slice_writes = Family::<OperationLabel, Counter>::default();
         registry.register(
             "slice_sync_writes",
@@ -191,6 +197,7 @@ impl Metrics {
             prepared_devices,
             published_devices,
             mig_instances,
+            checkpoint_unusable,
             slice_writes,
             slice_sync_errors,
             registered: AtomicBool::new(false),
@@ -206,6 +213,11 @@ impl Metrics {
     }
 
     /// Counts the MIG devices of an inventory (at start and after every state change).
+    /// The driver refuses all node operations because its checkpoint cannot be used.
+    pub fn observe_checkpoint_unusable(&self) {
+        self.checkpoint_unusable.set(1);
+    }
+
     pub fn observe_inventory(&self, inventory: &NodeInventory) {
         let instances: usize = inventory
             .gpus

@@ -20,6 +20,12 @@ pub const FILE_NAME: &str = "checkpoint.json";
 pub enum CheckpointError {
     #[error("checkpoint {path}: {reason}")]
     Io { path: PathBuf, reason: String },
+    /// The file exists but this version cannot trust it (corrupt, or written by a newer
+    /// gpu-dra): the driver must not act on the node at all until an operator looks.
+    #[error(
+        "checkpoint {path} cannot be used: {reason}; the driver prepares and unprepares nothing until it is repaired or removed (running containers keep their devices)"
+    )]
+    Unusable { path: PathBuf, reason: String },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -163,11 +169,6 @@ pub enum LoadOutcome {
     PreviousBoot {
         dropped: usize,
     },
-    /// Unreadable; moved aside to the given path and started fresh.
-    Unreadable {
-        moved_to: PathBuf,
-        reason: String,
-    },
 }
 
 impl CheckpointStore {
@@ -181,8 +182,10 @@ impl CheckpointStore {
         &self.path
     }
 
-    /// Loads the checkpoint for this boot. Never fails on content: a document that cannot be
-    /// parsed at all is kept aside for inspection and replaced by an empty one.
+    /// Loads the checkpoint for this boot. A file that cannot be parsed, or that a newer gpu-dra
+    /// wrote, is [`CheckpointError::Unusable`] and stays untouched: starting empty would make
+    /// recovery delete the CDI specs and MIG devices of running pods (a downgrade, a corrupt
+    /// disk).
     pub fn load(&self, boot_id: &str) -> Result<(Checkpoint, LoadOutcome), CheckpointError> {
         let bytes = match std::fs::read(&self.path) {
             Ok(bytes) => bytes,
@@ -191,23 +194,7 @@ impl CheckpointStore {
             }
             Err(e) => return Err(self.io_err(format!("cannot read: {e}"))),
         };
-        let mut checkpoint: Checkpoint = match serde_json::from_slice(&bytes) {
-            Ok(c) => c,
-            Err(e) => {
-                let mut aside = self.path.as_os_str().to_owned();
-                aside.push(format!(".unreadable-{}", std::process::id()));
-                let aside = PathBuf::from(aside);
-                std::fs::rename(&self.path, &aside)
-                    .map_err(|e| self.io_err(format!("cannot move aside: {e}")))?;
-                return Ok((
-                    Checkpoint::new(boot_id),
-                    LoadOutcome::Unreadable {
-                        moved_to: aside,
-                        reason: e.to_string(),
-                    },
-                ));
-            }
-        };
+        let mut checkpoint = self.parse(&bytes)?;
         // A checkpoint from before boot IDs were recorded is taken as this boot's.
         if !checkpoint.node_boot_id.is_empty() && checkpoint.node_boot_id != boot_id {
             let dropped = checkpoint.claims.len();
@@ -230,8 +217,7 @@ impl CheckpointStore {
             }
             Err(e) => return Err(self.io_err(format!("cannot read: {e}"))),
         };
-        let mut checkpoint: Checkpoint = serde_json::from_slice(&bytes)
-            .map_err(|e| self.io_err(format!("cannot parse: {e}")))?;
+        let mut checkpoint = self.parse(&bytes)?;
         if checkpoint.node_boot_id.is_empty() {
             checkpoint.node_boot_id = boot_id.to_string();
         }
@@ -249,6 +235,31 @@ impl CheckpointStore {
             .map_err(|e| self.io_err(format!("cannot encode: {e}")))?;
         crate::fsutil::write_atomically(&self.path, &bytes)
             .map_err(|e| self.io_err(format!("cannot write: {e}")))
+    }
+
+    /// Parses a checkpoint of this schema or an earlier one (migrated to this one).
+    fn parse(&self, bytes: &[u8]) -> Result<Checkpoint, CheckpointError> {
+        let unusable = |reason: String| CheckpointError::Unusable {
+            path: self.path.clone(),
+            reason,
+        };
+        let document: serde_json::Value = serde_json::from_slice(bytes)
+            .map_err(|e| unusable(format!("not a JSON document ({e})")))?;
+        let version = document
+            .get("schemaVersion")
+            .and_then(serde_json::Value::as_u64)
+            .ok_or_else(|| unusable("no schemaVersion".into()))?;
+        if version > u64::from(SCHEMA_VERSION) {
+            return Err(unusable(format!(
+                "schema version {version} was written by a newer gpu-dra (this one reads up to {SCHEMA_VERSION}); upgrade again, or drain the node before downgrading"
+            )));
+        }
+        // Version 1 is the first schema: there is nothing older to migrate yet. A later schema
+        // converts `document` from each earlier version here, step by step.
+        let mut checkpoint: Checkpoint = serde_json::from_value(document)
+            .map_err(|e| unusable(format!("schema version {version}: {e}")))?;
+        checkpoint.schema_version = SCHEMA_VERSION;
+        Ok(checkpoint)
     }
 
     fn io_err(&self, reason: String) -> CheckpointError {
@@ -330,15 +341,47 @@ mod tests {
     }
 
     #[test]
-    fn garbage_is_moved_aside_not_fatal() {
+    fn garbage_and_newer_schemas_are_unusable_and_left_alone() {
+        for (content, expected) in [
+            ("{not json", "not a JSON document"),
+            (r#"{"claims": {}}"#, "no schemaVersion"),
+            (
+                r#"{"schemaVersion": 2, "claims": {}}"#,
+                "written by a newer gpu-dra",
+            ),
+            (r#"{"schemaVersion": 1, "claims": 7}"#, "schema version 1"),
+        ] {
+            let (_dir, store) = store();
+            std::fs::write(store.path(), content).expect("write");
+            let error = store.load("b").expect_err(content).to_string();
+            assert!(error.contains(expected), "{content}: {error}");
+            assert!(matches!(
+                store.read("b"),
+                Err(CheckpointError::Unusable { .. })
+            ));
+            assert_eq!(
+                std::fs::read_to_string(store.path()).expect("kept"),
+                content
+            );
+        }
+    }
+
+    /// What the previous release (schema 1) wrote loads, keeps every field this version does not
+    /// know, and saves as schema 1 again, so a downgrade back to it reads it too.
+    #[test]
+    fn previous_release_checkpoint_upgrades_and_downgrades() {
         let (_dir, store) = store();
-        std::fs::write(store.path(), "{not json").expect("write");
-        let (cp, outcome) = store.load("b").expect("load");
-        assert!(cp.claims.is_empty());
-        let LoadOutcome::Unreadable { moved_to, .. } = outcome else {
-            panic!("{outcome:?}")
-        };
-        assert!(moved_to.exists());
-        assert!(!store.path().exists());
+        let fixture = include_str!("testdata/checkpoint-v1.json");
+        std::fs::write(store.path(), fixture).expect("write");
+        let (cp, outcome) = store
+            .load("7f4c2d36-1f8e-4c36-9f0b-6d0f1b2f3c4d")
+            .expect("load");
+        assert_eq!(outcome, LoadOutcome::Loaded);
+        assert_eq!(cp.claims.len(), 2);
+        store.save(&cp).expect("save");
+        let before: serde_json::Value = serde_json::from_str(fixture).expect("fixture");
+        let after: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(store.path()).expect("read")).expect("json");
+        assert_eq!(after, before, "nothing lost or changed in a round trip");
     }
 }

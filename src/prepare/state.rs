@@ -110,10 +110,11 @@ impl DeviceState {
         gpus: Arc<dyn GpuControl>,
     ) -> Result<(Self, RecoveryReport), PrepareError> {
         let store = CheckpointStore::new(&config.state_dir);
+        // First of all: an unusable checkpoint stops here, before anything is swept or destroyed.
+        let (checkpoint, outcome) = store.load(&crate::gpu::boot_id()?)?;
         for leftover in store.sweep_temp_files()? {
             tracing::info!(path = %leftover.display(), "removed a checkpoint temp file a crash left behind");
         }
-        let (checkpoint, outcome) = store.load(&crate::gpu::boot_id()?)?;
         let inventory = gpus.inventory()?;
         let cdi = CdiStore::new(&config.cdi_root, &config.driver_name)
             .with_dev_root(config.dev_root.as_deref());
@@ -873,12 +874,6 @@ fn describe(outcome: &LoadOutcome) -> String {
         LoadOutcome::PreviousBoot { dropped } => {
             format!(
                 "checkpoint from a previous boot: {dropped} claims dropped (they are prepared again on demand)"
-            )
-        }
-        LoadOutcome::Unreadable { moved_to, reason } => {
-            format!(
-                "checkpoint unreadable ({reason}); kept at {} and started fresh",
-                moved_to.display()
             )
         }
     }
