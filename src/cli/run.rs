@@ -84,11 +84,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode, CliError> {
         resync_interval: Duration::from_secs(args.resync_interval_seconds.max(1)),
         metrics_addr: args.metrics_addr,
     };
-    // One thread serves kubelet, the API server and metrics easily; fewer threads keep the
-    // resident set small on every GPU node.
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    let runtime = crate::node::runtime()?;
     runtime.block_on(async move {
         let agent = NodeAgent::start(options)
             .await

@@ -75,7 +75,7 @@ impl Driver {
             .acquire()
             .await
             .map_err(|e| format!("cannot lock {}: {e}", lock.path().display()))?;
-        if state.sync_with_disk().map_err(|e| e.to_string())? {
+        if blocking(|| state.sync_with_disk()).map_err(|e| e.to_string())? {
             tracing::debug!("adopted the checkpoint another driver instance wrote");
             self.observer.state_changed(&state);
         }
@@ -139,7 +139,7 @@ impl Driver {
                         break;
                     }
                 };
-                match state.unprepare(&claim.uid) {
+                match blocking(|| state.unprepare(&claim.uid)) {
                     Ok(()) => {
                         tracing::info!(claim = %claim.name, namespace = %claim.namespace, uid = %claim.uid, "unprepared a claim that no longer exists");
                         self.observer.state_changed(&state);
@@ -179,7 +179,9 @@ impl NodeDriver for Driver {
             };
             for (claim, fetched) in claims.into_iter().zip(fetched) {
                 let result = match fetched {
-                    Ok(Some(object)) => state.prepare(&claim, &object).map_err(|e| e.to_string()),
+                    Ok(Some(object)) => {
+                        blocking(|| state.prepare(&claim, &object)).map_err(|e| e.to_string())
+                    }
                     Ok(None) => Err(format!(
                         "ResourceClaim {}/{} not found",
                         claim.namespace, claim.name
@@ -223,7 +225,7 @@ impl NodeDriver for Driver {
             }
         };
         for claim in claims {
-            let result = state.unprepare(&claim.uid).map_err(|e| e.to_string());
+            let result = blocking(|| state.unprepare(&claim.uid)).map_err(|e| e.to_string());
             self.observer
                 .unprepared(&claim, result.is_ok(), started.elapsed().as_secs_f64());
             if let Err(e) = &result {
@@ -253,4 +255,15 @@ fn allocated_here(
                 .iter()
                 .any(|r| r.driver == driver_name && r.pool == pool)
         })
+}
+
+/// Runs hardware and disk work (MIG changes through NVML take up to seconds; every checkpoint
+/// write is an fsync) without stalling the async workers: on the multi-thread runtime the worker
+/// first hands its other tasks (kubelet's registration and health streams, probes, slice
+/// publication) to another thread. Elsewhere (tests, the demo) it simply runs.
+fn blocking<R>(work: impl FnOnce() -> R) -> R {
+    match tokio::runtime::Handle::try_current().map(|handle| handle.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(work),
+        _ => work(),
+    }
 }
