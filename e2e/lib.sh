@@ -68,7 +68,7 @@ start_driver() {
         --sim-state "$WORK/hw.json" --kubeconfig "$KUBECONFIG" \
         --registrar-dir "$WORK/registry" --plugin-dir "$WORK/plugin" \
         --cdi-root "$WORK/cdi" --state-dir "$WORK/state" \
-        --gc-interval-seconds 2 --resync-interval-seconds 5 ${DRIVER_ARGS:-} >>"$WORK/driver.log" 2>&1 &
+        --gc-interval-seconds 2 --gc-grace-seconds 2 --resync-interval-seconds 5 ${DRIVER_ARGS:-} >>"$WORK/driver.log" 2>&1 &
     DRIVER_PID=$!
     # A killed predecessor leaves its socket file behind; ready means registration answers.
     for _ in $(seq 100); do

@@ -87,6 +87,8 @@ pub struct NodeOptions {
     pub rolling_update_uid: Option<String>,
     /// How often prepared claims are checked against the API server.
     pub gc_interval: Duration,
+    /// How long a claim must stay gone before garbage collection unprepares it.
+    pub gc_grace: Duration,
     /// How often the pool is compared with the server even without events.
     pub resync_interval: Duration,
     /// Where `/metrics`, `/healthz` and `/readyz` are served; off when `None`.
@@ -225,7 +227,9 @@ impl NodeAgent {
             inventory: std::sync::Mutex::new(inventory),
         });
         let observers = ObserverList(vec![updater, metrics.clone()]);
-        let mut driver = Driver::new(state, claims).with_observer(Arc::new(observers));
+        let mut driver = Driver::new(state, claims)
+            .with_observer(Arc::new(observers))
+            .with_gc_grace(options.gc_grace);
         if let Some(lock) = node_lock {
             driver = driver.with_node_lock(lock);
         }

@@ -59,6 +59,10 @@ pub struct RunArgs {
     /// Seconds between checks that prepared claims still exist.
     #[arg(long, env = "GPU_DRA_GC_INTERVAL", default_value_t = 60)]
     pub gc_interval_seconds: u64,
+    /// Seconds a prepared claim must stay deleted (or deallocated) before garbage collection
+    /// unprepares it: kubelet normally does so itself once the pod's containers are gone.
+    #[arg(long, env = "GPU_DRA_GC_GRACE", default_value_t = 30)]
+    pub gc_grace_seconds: u64,
     /// Seconds between full comparisons of the published slices with the desired ones.
     #[arg(long, env = "GPU_DRA_RESYNC_INTERVAL", default_value_t = 60)]
     pub resync_interval_seconds: u64,
@@ -81,6 +85,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode, CliError> {
         dev_root: args.dev_root.clone(),
         rolling_update_uid: args.rolling_update_uid.clone(),
         gc_interval: Duration::from_secs(args.gc_interval_seconds.max(1)),
+        gc_grace: Duration::from_secs(args.gc_grace_seconds),
         resync_interval: Duration::from_secs(args.resync_interval_seconds.max(1)),
         metrics_addr: args.metrics_addr,
     };

@@ -83,7 +83,7 @@ impl PluginConfig {
         ]
         .into_iter()
         .map(|name| self.registrar_dir.join(name))
-        .find(|path| path.as_os_str().len() < MAX_SOCKET_PATH)
+        .find(|path| path.as_os_str().len() + STAGING_EXTRA < MAX_SOCKET_PATH)
         .unwrap_or_else(|| self.registrar_dir.join(format!("dra-{digest}-reg.sock")))
     }
 
@@ -98,6 +98,8 @@ impl PluginConfig {
 
 /// `sockaddr_un.sun_path` holds 108 bytes with the terminating NUL.
 const MAX_SOCKET_PATH: usize = 108;
+/// A socket is bound as `.<name>.tmp` first (see `bind_private_socket`).
+const STAGING_EXTRA: usize = ".".len() + ".tmp".len();
 
 /// 16 hex digits that name an instance of a driver (a name-based UUID of both).
 fn short_digest(driver: &str, instance: &str) -> String {

@@ -1,8 +1,9 @@
 //! The [`NodeDriver`] kubelet talks to: fetches claims, runs [`DeviceState`] under one lock, and
 //! reports prepared devices in the claims' status.
+use std::collections::HashMap;
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 use tokio::sync::{Mutex, MutexGuard};
@@ -28,7 +29,16 @@ pub struct Driver {
     observer: Arc<dyn DriverObserver>,
     /// Set when another instance may share the node (rolling update).
     node_lock: Option<NodeLock>,
+    /// How long a prepared claim must stay gone before garbage collection unprepares it.
+    gc_grace: Duration,
+    /// When each prepared claim was first seen gone (by UID).
+    gone_since: std::sync::Mutex<HashMap<String, Instant>>,
 }
+
+/// Kubelet unprepares a deleted pod's claims itself once its containers are dead, which can be
+/// after the claim object is gone (a pod deleted with a short grace period): garbage collection
+/// only takes over when kubelet has clearly not (it was down, or the driver was).
+pub const DEFAULT_GC_GRACE: Duration = Duration::from_secs(30);
 
 /// The device state, locked in this process and, in a rolling update, on the node.
 struct LockedState<'a> {
@@ -56,7 +66,15 @@ impl Driver {
             claims,
             observer: Arc::new(NoObserver),
             node_lock: None,
+            gc_grace: DEFAULT_GC_GRACE,
+            gone_since: std::sync::Mutex::new(HashMap::new()),
         }
+    }
+
+    /// How long a claim must stay gone before garbage collection unprepares it.
+    pub fn with_gc_grace(mut self, grace: Duration) -> Self {
+        self.gc_grace = grace;
+        self
     }
 
     /// Shares the node with other instances: every state change takes `lock` and starts from the
@@ -110,6 +128,10 @@ impl Driver {
                 return vec![];
             }
         };
+        {
+            let mut since = self.gone_since.lock().unwrap_or_else(|p| p.into_inner());
+            since.retain(|uid, _| recorded.iter().any(|c| c.uid == *uid));
+        }
         let lookups = join_all(
             recorded
                 .iter()
@@ -131,7 +153,10 @@ impl Driver {
                     false
                 }
             };
-            if gone {
+            if !self.gone_long_enough(&claim.uid, gone) {
+                continue;
+            }
+            {
                 let mut state = match self.lock_state().await {
                     Ok(state) => state,
                     Err(e) => {
@@ -152,6 +177,22 @@ impl Driver {
             }
         }
         collected
+    }
+
+    /// Whether a claim seen `gone` now has been gone for the grace period; forgets claims that
+    /// are back (or were never gone).
+    fn gone_long_enough(&self, uid: &str, gone: bool) -> bool {
+        let mut since = self.gone_since.lock().unwrap_or_else(|p| p.into_inner());
+        if !gone {
+            since.remove(uid);
+            return false;
+        }
+        let first_seen = *since.entry(uid.to_string()).or_insert_with(Instant::now);
+        if first_seen.elapsed() < self.gc_grace {
+            return false;
+        }
+        since.remove(uid);
+        true
     }
 }
 

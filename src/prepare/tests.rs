@@ -532,7 +532,7 @@ async fn garbage_collection_drops_claims_no_longer_allocated_here() {
     for c in [&keep, &deallocated, &moved] {
         claims.insert(c.clone());
     }
-    let driver = Driver::new(f.open(), claims.clone());
+    let driver = Driver::new(f.open(), claims.clone()).with_gc_grace(std::time::Duration::ZERO);
     let prepared = driver
         .prepare(vec![
             claim_ref("keep"),
@@ -597,4 +597,27 @@ fn the_startup_sweep_removes_only_our_orphans() {
     let (_state, report) = DeviceState::open(f.config.clone(), f.sim.clone()).expect("open");
     assert_eq!(report.specs_removed, ["earlier"]);
     assert!(foreign.exists() && !earlier.exists() && !temp.exists());
+}
+
+/// Kubelet unprepares a deleted pod's claims itself, possibly after the claim object is gone:
+/// garbage collection waits for the grace period before it steps in.
+#[tokio::test]
+async fn garbage_collection_waits_for_the_grace_period() {
+    use super::NodeDriver;
+    use super::claims::MemoryClaims;
+    use super::driver::Driver;
+
+    let f = Fixture::new("sim:1xT4");
+    let claims = Arc::new(MemoryClaims::default());
+    claims.insert(claim("c", vec![result("gpu-0")], vec![]));
+    let driver =
+        Driver::new(f.open(), claims.clone()).with_gc_grace(std::time::Duration::from_millis(300));
+    driver.prepare(vec![claim_ref("c")]).await;
+    claims.remove("default", "claim-c");
+    assert!(
+        driver.collect_garbage().await.is_empty(),
+        "just gone: kubelet may still unprepare it"
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(350)).await;
+    assert_eq!(driver.collect_garbage().await, [claim_ref("c")]);
 }

@@ -1,0 +1,453 @@
+#!/usr/bin/env bash
+# e2e: the user scenarios NVIDIA documents for its DRA driver, on a real node (kubelet,
+# containerd, runc) with gpu-dra on simulated GPUs (2×H100 dynamic MIG + 1×T4). Manifests are in
+# e2e/pods/, written as a user would write them (only the image is filled in).
+#
+#   1. two pods from one ResourceClaimTemplate, each with its own GPU;
+#   2. one pod, two containers sharing one claim;
+#   3. one ResourceClaim shared by two pods;
+#   4. a Deployment whose pod gets four 1g.10gb MIG devices of one GPU (matchAttribute);
+#   5. a Job (claim deleted after the pod finishes);
+#   6. a pod asking for `nvidia.com/gpu: 1` only (extended resource backed by DRA);
+#   7. kubelet restart while a MIG pod runs;
+#   8. driver restart while pods run;
+#   9. a crash-looping container with a MIG claim (prepared once; runs alongside 1-3, 5, 6).
+# After every workload is deleted: the driver unprepared (CDI spec removed, MIG instances
+# destroyed) and the controller deleted the generated claims. At the end: every claim was
+# prepared exactly once and unprepared exactly once (driver log).
+set -euo pipefail
+E2E=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(dirname "$E2E")
+cd "$ROOT"
+NAME=pods-e2e
+WORK=$(mktemp -d /tmp/gpu-dra-pods.XXXXXX)
+export GPU_DRA_CLUSTER_DIR=$WORK/cluster
+passed=0
+T0=$SECONDS
+
+log() { echo "$NAME: $*" >&2; }
+ok() { passed=$((passed + 1)); log "ok - $* ($((SECONDS - T0))s)"; }
+fail() {
+    log "FAIL: $*"
+    if [[ -n ${KUBECONFIG:-} ]]; then
+        log "pods and claims:"
+        kubectl get pods,resourceclaims -o wide 2>&1 | sed 's/^/    /' >&2 || true
+    fi
+    local c
+    for c in gpu-dra kubelet; do
+        [[ -f $GPU_DRA_CLUSTER_DIR/logs/$c.log ]] || continue
+        log "$c log (tail):"
+        grep -v '^\s' "$GPU_DRA_CLUSTER_DIR/logs/$c.log" | tail -n 25 | cut -c1-400 | sed 's/^/    /' >&2
+    done
+    if [[ -d $GPU_DRA_CLUSTER_DIR/logs ]]; then
+        local keep=${TMPDIR:-/tmp}/gpu-dra-pods-logs.$$
+        cp -r "$GPU_DRA_CLUSTER_DIR/logs" "$keep" && log "all component logs kept in $keep"
+        cp "$WORK"/claims.watch* "$keep/" 2>/dev/null || true
+    fi
+    echo "$passed passed, 1 failed"
+    exit 1
+}
+WATCH_PID=
+cleanup() {
+    [[ -z $WATCH_PID ]] || kill "$WATCH_PID" 2>/dev/null || true
+    "$E2E/cluster" down >/dev/null 2>&1 || true
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+# Loud on anything unexpected, not only on the checks' own fail calls.
+set -E
+trap 'fail "line $LINENO: unexpected failure of: $BASH_COMMAND"' ERR
+
+export GPU_DRA=${GPU_DRA:-$ROOT/target/debug/gpu-dra}
+[[ -x $GPU_DRA ]] || (cd "$ROOT" && cargo build --bin gpu-dra) >&2
+BIN=${GPU_DRA_K8S_BIN:-$("$E2E/build-k8s.sh" | tail -n 1)}
+export GPU_DRA_K8S_BIN=$BIN PATH="$BIN:$PATH"
+
+# Only one real node per machine: wait (a while) for another cluster's node to go away.
+up_log=$WORK/up.log
+for attempt in 1 2 3 4 5 6; do
+    if "$E2E/cluster" up --real-node >"$up_log" 2>&1; then break; fi
+    if ((attempt < 6)) && grep -q 'gpu-dra-real-node.lock' "$up_log" && ! grep -q "$GPU_DRA_CLUSTER_DIR" "$up_log"; then
+        log "another real node is running; retrying in 30s"
+        "$E2E/cluster" down >/dev/null 2>&1 || true
+        sleep 30
+        continue
+    fi
+    sed 's/^/    /' "$up_log" >&2
+    fail "the cluster with a real node did not start"
+done
+eval "$("$E2E/cluster" env)"
+LOGS=$GPU_DRA_CLUSTER_DIR/logs
+log "cluster up ($((SECONDS - T0))s)"
+# Every claim that ever exists (some live only a second, e.g. a Job's): name -> UID.
+kubectl get resourceclaims -A --watch --output-watch-events -o json >"$WORK/claims.watch" 2>"$WORK/claims.watch.err" &
+WATCH_PID=$!
+
+# ---------------------------------------------------------------- helpers
+wait_for() { # description, timeout seconds, command...
+    local what=$1 timeout=$2 deadline=$((SECONDS + $2))
+    shift 2
+    until "$@" >/dev/null 2>&1; do
+        ((SECONDS < deadline)) || fail "timed out after ${timeout}s waiting for: $what"
+        sleep 0.3
+    done
+}
+# apply FILE [POD_NAME]: the manifest with the local image (and ${NAME}) filled in.
+apply() {
+    sed -e "s|\${E2E_IMAGE}|$E2E_IMAGE|g" -e "s|\${NAME}|${2:-}|g" "$E2E/pods/$1" | kubectl apply -f - >&2
+}
+phase() { [[ $(kubectl get pod "$1" -o jsonpath='{.status.phase}') == "$2" ]]; }
+pod_running() { # every container running and ready
+    [[ $(kubectl get pod "$1" -o json | jq '.status.phase == "Running" and ([.status.containerStatuses[]?.ready] | length > 0 and all)') == true ]]
+}
+# The kubelet fetches a pod's claims as soon as it sees the pod bound; the API server's node
+# authorizer may not know the pod yet ("forbidden ... no relationship found between node ..."),
+# and the kubelet then retries only at its next periodic sync (up to a minute later). Any update
+# of the pod makes it sync again at once: an annotation. Counted and reported at the end.
+NUDGES=0
+nudge_if_forbidden() { # pod
+    local n
+    n=$(kubectl get events -o json --field-selector "involvedObject.name=$1,reason=FailedPrepareDynamicResources" |
+        jq '[.items[] | select(.message | contains("no relationship found between node"))] | length')
+    ((n > 0)) || return 0
+    [[ $(kubectl get pod "$1" -o jsonpath='{.metadata.annotations.e2e-nudged}') == "$n" ]] && return 0
+    log "pod $1: the kubelet's claim lookup was refused by the node authorizer ($n x); nudging the kubelet"
+    kubectl annotate pod "$1" --overwrite "e2e-nudged=$n" >/dev/null
+    NUDGES=$((NUDGES + 1))
+}
+wait_started() { # pod phase-predicate...: polls, nudging the kubelet if needed
+    local pod=$1 deadline=$((SECONDS + 60))
+    shift
+    until "$@" "$pod" >/dev/null 2>&1; do
+        ((SECONDS < deadline)) || fail "timed out after 60s waiting for pod $pod to start"
+        nudge_if_forbidden "$pod"
+        sleep 0.3
+    done
+}
+wait_running() { local p; for p in "$@"; do wait_started "$p" pod_running; done; }
+pod_done() { phase "$1" Succeeded; }
+delete_pods() { kubectl delete pod "$@" --timeout=60s >&2 || fail "deleting pods $*"; }
+gone() { ! kubectl get "$@" >/dev/null 2>&1; }
+# The log file of a container's first run (kubectl logs needs node addresses).
+ctr_log() { # pod container [restart]
+    local uid
+    uid=$(kubectl get pod "$1" -o jsonpath='{.metadata.uid}')
+    echo "$E2E_POD_LOGS/default_$1_$uid/$2/${3:-0}.log"
+}
+# What a container printed (CRI log lines without timestamp/stream/tag), once it printed "ready".
+ctr_out() { # pod container
+    local f
+    f=$(ctr_log "$1" "$2")
+    wait_for "$1/$2 printed ready" 30 grep -q ' ready$' "$f"
+    cut -d' ' -f4- "$f"
+}
+claim_of() { # pod [podClaimName]: the ResourceClaim's name
+    local n
+    # a template's claim is named in the status, a claim named by the pod only in its spec
+    n=$(kubectl get pod "$1" -o json | jq -r --arg c "${2:-gpu}" '
+        ([.status.resourceClaimStatuses[]? | select(.name == $c) | .resourceClaimName]
+         + [.spec.resourceClaims[]? | select(.name == $c) | .resourceClaimName // empty])[0] // empty')
+    [[ -n $n ]] || fail "pod $1 has no claim ${2:-gpu} in its status"
+    echo "$n"
+}
+claim_json() { kubectl get resourceclaim "$1" -o json; }
+claim_uid() { kubectl get resourceclaim "$1" -o jsonpath='{.metadata.uid}'; }
+allocated() { claim_json "$1" | jq -r '.status.allocation.devices.results[].device'; }
+spec_of() { echo "$GPU_DRA_CDI_ROOT/k8s.gpu.nvidia.com-claim_$1.json"; }
+slices() { kubectl get resourceslices -o json --field-selector "spec.nodeName=$E2E_NODE"; }
+attr() { # device attribute
+    slices | jq -r --arg d "$1" --arg a "$2" '.items[].spec.devices[]? | select(.name == $d) | .attributes[$a] | .string // .int // .bool // .version'
+}
+hw() { "$E2E_GPU_DRA" sim --gpus "$E2E_GPUS" --node-name "$E2E_NODE" --sim-state "$GPU_DRA_SIM_STATE" show; }
+mig_instances() { hw | jq '[.gpus[].gpu_instances[]] | length'; }
+# gpu instances as "minor:gi:placement" lines, to see they were not recreated
+mig_layout() { hw | jq -r '.gpus[] | .minor as $m | .gpu_instances[] | "\($m):\(.id):\(.placement.start):\(.compute_instances[0].uuid)"' | sort; }
+count_mig() { [[ $(mig_instances) == "$1" ]]; }
+file_id() { stat -c '%i:%Y.%y' "$1"; }
+n_prepared() { grep -c "INFO gpu_dra::prepare::state: prepared claim .*claimUID=$1" "$LOGS/gpu-dra.log" || true; }
+n_unprepared() { grep -c "INFO gpu_dra::prepare::state: unprepared claim .*claimUID=$1" "$LOGS/gpu-dra.log" || true; }
+registrations() { grep -c 'Registered DRA plugin.*gpu.nvidia.com' "$LOGS/kubelet.log" || true; }
+watched_uid() { jq -r --arg n "$1" 'select(.object.metadata.name == $n) | .object.metadata.uid' "$WORK/claims.watch" | head -n 1; }
+# Claims that were ever allocated (kube-controller-manager sometimes creates a claim for a Job's
+# finished pod and deletes it at once, unallocated: no driver ever sees those).
+watched_uids() { jq -r 'select(.object.status.allocation != null) | .object.metadata.uid' "$WORK/claims.watch" | sort -u; }
+watched_name() { jq -r --arg u "$1" 'select(.object.metadata.uid == $u) | .object.metadata.name' "$WORK/claims.watch" | head -n 1; }
+
+# check_gpu POD CONTAINER CLAIM: the container sees exactly the claim's one whole GPU: one
+# /dev/nvidia<minor> (the allocated gpu-<minor>), its UUID in NVIDIA_VISIBLE_DEVICES and in the
+# claim's status.devices. Prints the minor.
+check_gpu() {
+    local pod=$1 ctr=$2 claim=$3 out dev minor nodes uuid vis status_uuid
+    out=$(ctr_out "$pod" "$ctr")
+    dev=$(allocated "$claim")
+    [[ $dev =~ ^gpu-([0-9]+)$ ]] || fail "$pod: claim $claim allocated '$dev', not one whole GPU"
+    minor=${BASH_REMATCH[1]}
+    nodes=$(grep -E '^dev=nvidia[0-9]+$' <<<"$out" | sed 's/^dev=//' | tr '\n' ' ')
+    [[ $nodes == "nvidia$minor " ]] || fail "$pod/$ctr: GPU device nodes '$nodes', want only nvidia$minor"
+    grep -q '^dev=nvidiactl$' <<<"$out" || fail "$pod/$ctr: no /dev/nvidiactl"
+    uuid=$(attr "$dev" uuid)
+    vis=$(sed -n 's/^NVIDIA_VISIBLE_DEVICES=//p' <<<"$out")
+    [[ $vis == GPU-* && $vis == "$uuid" ]] || fail "$pod/$ctr: NVIDIA_VISIBLE_DEVICES='$vis', want $dev's $uuid"
+    status_uuid=$(claim_json "$claim" | jq -r --arg d "$dev" '.status.devices[]? | select(.device == $d) | .data.uuid')
+    [[ $status_uuid == "$uuid" ]] || fail "claim $claim status.devices reports '$status_uuid' for $dev, want $uuid"
+    echo "$minor"
+}
+# unprepared UID...: the CDI specs are gone (the driver unprepared)
+unprepared() { local u; for u in "$@"; do [[ ! -e $(spec_of "$u") ]] || return 1; done; }
+wait_unprepared() { wait_for "CDI specs of claims $* removed" 30 unprepared "$@"; }
+claims_gone() { local c; for c in "$@"; do gone resourceclaim "$c" || return 1; done; }
+wait_claims_gone() { wait_for "claims $* deleted by the controller" 30 claims_gone "$@"; }
+
+[[ $(mig_instances) == 0 ]] || fail "MIG instances exist before any claim"
+
+# ---------------------------------------------------------------- 9a. crash loop, started first
+# (the kubelet's back-off makes restarts slow: it runs while scenarios 1-3, 6 and 5 do)
+apply crash-loop.yaml
+wait_for "crash-loop claim prepared" 60 bash -c "[[ -n \$(kubectl get pod crash-loop -o json | jq -r '.status.resourceClaimStatuses[]?.resourceClaimName') ]]"
+crash_claim=$(claim_of crash-loop mig)
+crash_uid=$(claim_uid "$crash_claim")
+crash_spec=$(spec_of "$crash_uid")
+exited_once() { kubectl get pod "$1" -o json | jq -e '.status.containerStatuses[0] | .restartCount > 0 or .state.terminated != null' >/dev/null; }
+wait_started crash-loop exited_once
+[[ -f $crash_spec ]] || fail "crash-loop: no CDI spec $crash_spec"
+crash_spec_id=$(file_id "$crash_spec")
+crash_layout=$(mig_layout)
+[[ $(wc -l <<<"$crash_layout") == 1 ]] || fail "crash-loop: want 1 MIG instance, have: $crash_layout"
+ok "crash-loop pod: MIG claim $(allocated "$crash_claim") prepared, container exits 1 (checked again later)"
+BASE=1 # MIG instances while crash-loop lives
+
+# ---------------------------------------------------------------- 1. a GPU per pod
+apply gpu-per-pod.yaml
+wait_running pod-a pod-b
+ca=$(claim_of pod-a)
+cb=$(claim_of pod-b)
+[[ $ca != "$cb" ]] || fail "pod-a and pod-b share claim $ca"
+ma=$(check_gpu pod-a ctr "$ca")
+mb=$(check_gpu pod-b ctr "$cb")
+[[ $ma != "$mb" ]] || fail "pod-a and pod-b both see /dev/nvidia$ma"
+ua=$(claim_uid "$ca")
+ub=$(claim_uid "$cb")
+[[ -f $(spec_of "$ua") && -f $(spec_of "$ub") ]] || fail "CDI specs missing for $ca/$cb"
+ok "1. two pods from one template: each Running with its own GPU (nvidia$ma, nvidia$mb), UUIDs match the claims"
+delete_pods pod-a pod-b
+wait_unprepared "$ua" "$ub"
+wait_claims_gone "$ca" "$cb"
+count_mig "$BASE" || fail "MIG instances changed by whole-GPU pods: $(mig_layout)"
+ok "1. pods deleted: CDI specs removed, generated claims deleted"
+
+# ---------------------------------------------------------------- 2. two containers, one claim
+apply two-containers.yaml
+wait_running two-containers
+c2=$(claim_of two-containers shared-gpu)
+m0=$(check_gpu two-containers ctr0 "$c2")
+m1=$(check_gpu two-containers ctr1 "$c2")
+[[ $m0 == "$m1" ]] || fail "the two containers see different GPUs: nvidia$m0, nvidia$m1"
+u2=$(claim_uid "$c2")
+ok "2. two containers sharing one claim both see GPU nvidia$m0"
+delete_pods two-containers
+wait_unprepared "$u2"
+wait_claims_gone "$c2"
+ok "2. pod deleted: CDI spec removed, claim deleted"
+
+# ---------------------------------------------------------------- 3. one ResourceClaim, two pods
+apply shared-claim.yaml
+wait_running shared-1 shared-2
+[[ $(claim_of shared-1) == shared-gpu && $(claim_of shared-2) == shared-gpu ]] || fail "pods do not use claim shared-gpu"
+s1=$(check_gpu shared-1 ctr shared-gpu)
+s2=$(check_gpu shared-2 ctr shared-gpu)
+[[ $s1 == "$s2" ]] || fail "shared claim: pods see nvidia$s1 and nvidia$s2"
+reserved=$(claim_json shared-gpu | jq -r '[.status.reservedFor[]?.name] | sort | join(",")')
+[[ $reserved == shared-1,shared-2 ]] || fail "shared-gpu reservedFor: '$reserved'"
+u3=$(claim_uid shared-gpu)
+ok "3. one ResourceClaim shared by two pods: both Running on nvidia$s1, reservedFor lists both"
+delete_pods shared-1
+sleep 1 # the claim must stay prepared while shared-2 uses it
+[[ -f $(spec_of "$u3") ]] || fail "shared claim unprepared while shared-2 still runs"
+pod_running shared-2 || fail "shared-2 stopped when shared-1 was deleted"
+wait_for "reservedFor lists only shared-2" 30 bash -c "[[ \$(kubectl get resourceclaim shared-gpu -o json | jq -r '[.status.reservedFor[]?.name] | join(\",\")') == shared-2 ]]"
+delete_pods shared-2
+wait_unprepared "$u3"
+# Kubernetes' resourceclaim controller: a claim without consumers is no longer reserved and,
+# not being generated from a template, stays; its allocation is removed (deallocated), and
+# then its finalizer.
+wait_for "shared-gpu not reserved and deallocated" 30 bash -c "kubectl get resourceclaim shared-gpu -o json | jq -e '(.status.reservedFor // []) == [] and .status.allocation == null' "
+gone resourceclaim shared-gpu && fail "the standalone claim was deleted"
+ok "3. both pods deleted: CDI spec removed; the claim stays, reservedFor empty, deallocated"
+kubectl delete resourceclaim shared-gpu --timeout=30s >&2
+
+# ---------------------------------------------------------------- 6. extended resource nvidia.com/gpu
+apply extended-resource.yaml
+wait_running ext-gpu
+c6=$(kubectl get pod ext-gpu -o jsonpath='{.status.extendedResourceClaimStatus.resourceClaimName}')
+[[ -n $c6 ]] || fail "ext-gpu: no extendedResourceClaimStatus: $(kubectl get pod ext-gpu -o json | jq -c .status)"
+m6=$(check_gpu ext-gpu ctr "$c6")
+u6=$(claim_uid "$c6")
+ok "6. nvidia.com/gpu: 1 without a claim: Running with nvidia$m6 (claim $c6 made by the scheduler)"
+delete_pods ext-gpu
+wait_unprepared "$u6"
+wait_claims_gone "$c6"
+ok "6. pod deleted: CDI spec removed, its claim deleted"
+
+# ---------------------------------------------------------------- 5. a Job
+apply job.yaml
+wait_for "job gpu-job pod" 60 bash -c "[[ -n \$(kubectl get pods -l batch.kubernetes.io/job-name=gpu-job -o name) ]]"
+jp=$(kubectl get pods -l batch.kubernetes.io/job-name=gpu-job -o jsonpath='{.items[0].metadata.name}')
+wait_started "$jp" pod_done
+wait_for "job gpu-job complete" 60 bash -c "[[ \$(kubectl get job gpu-job -o jsonpath='{.status.succeeded}') == 1 ]]"
+phase "$jp" Succeeded || fail "job pod $jp not Succeeded"
+c5=$(claim_of "$jp")
+out=$(ctr_out "$jp" ctr)
+[[ $(grep -cE '^dev=nvidia[0-9]+$' <<<"$out") == 1 ]] || fail "job: GPU device nodes: $(grep '^dev=nvidia' <<<"$out")"
+[[ $(sed -n 's/^NVIDIA_VISIBLE_DEVICES=//p' <<<"$out") == GPU-* ]] || fail "job: no GPU in NVIDIA_VISIBLE_DEVICES"
+# The claim goes while the finished pod still exists.
+wait_claims_gone "$c5"
+gone pod "$jp" && fail "job pod $jp went away"
+u5=$(watched_uid "$c5")
+[[ -n $u5 ]] || fail "job claim $c5 never seen"
+wait_unprepared "$u5"
+[[ -z $(ls "$GPU_DRA_CDI_ROOT" | grep -v "$crash_uid") ]] || fail "CDI specs left: $(ls "$GPU_DRA_CDI_ROOT")"
+ok "5. Job completed with one GPU; its claim deleted by the controller while the pod remains; CDI spec removed"
+kubectl delete job gpu-job --cascade=foreground --timeout=60s >&2
+
+# ---------------------------------------------------------------- 9b. the crash loop
+wait_for "crash-loop restartCount >= 2" 90 bash -c "[[ \$(kubectl get pod crash-loop -o jsonpath='{.status.containerStatuses[0].restartCount}') -ge 2 ]]"
+restarts=$(kubectl get pod crash-loop -o jsonpath='{.status.containerStatuses[0].restartCount}')
+[[ $(mig_layout) == "$crash_layout" ]] || fail "crash-loop: MIG instances changed: was $crash_layout, now $(mig_layout)"
+[[ $(file_id "$crash_spec") == "$crash_spec_id" ]] || fail "crash-loop: CDI spec rewritten ($crash_spec_id -> $(file_id "$crash_spec"))"
+[[ $(n_prepared "$crash_uid") == 1 ]] || fail "crash-loop: claim prepared $(n_prepared "$crash_uid") times"
+[[ $(n_unprepared "$crash_uid") == 0 ]] || fail "crash-loop: claim unprepared while the pod lives"
+ok "9. crash loop: after $restarts restarts the claim was prepared once (1 prepare log line, same GPU instance, CDI spec untouched)"
+delete_pods crash-loop
+wait_unprepared "$crash_uid"
+wait_claims_gone "$crash_claim"
+wait_for "MIG instance destroyed" 30 count_mig 0
+ok "9. crash-loop pod deleted: MIG instance destroyed, CDI spec removed, claim deleted"
+BASE=0
+
+# ---------------------------------------------------------------- 4. Deployment with 4 MIG devices
+apply mig-deployment.yaml
+wait_for "mig-deployment pod" 60 bash -c "[[ -n \$(kubectl get pods -l app=mig-deployment -o name) ]]"
+dp=$(kubectl get pods -l app=mig-deployment -o jsonpath='{.items[0].metadata.name}')
+wait_running "$dp"
+c4=$(claim_of "$dp" mig)
+u4=$(claim_uid "$c4")
+mapfile -t devs < <(allocated "$c4")
+[[ ${#devs[@]} == 4 ]] || fail "mig-deployment: ${#devs[@]} devices allocated: ${devs[*]}"
+parents=$(for d in "${devs[@]}"; do
+    [[ $d == gpu-*-mig-1g10gb-* ]] || fail "mig-deployment: unexpected device $d"
+    attr "$d" parentUUID
+done | sort -u)
+[[ $(wc -l <<<"$parents") == 1 && $parents == GPU-* ]] || fail "mig-deployment: parents '$parents'"
+out=$(ctr_out "$dp" ctr)
+vis=$(sed -n 's/^NVIDIA_VISIBLE_DEVICES=//p' <<<"$out")
+mapfile -t migs < <(tr ',' '\n' <<<"$vis" | sort)
+[[ ${#migs[@]} == 4 && $(printf '%s\n' "${migs[@]}" | grep -c '^MIG-') == 4 ]] || fail "mig-deployment: NVIDIA_VISIBLE_DEVICES=$vis"
+caps=$(sed -n 's/^cap=//p' <<<"$out" | sort | tr '\n' ' ')
+spec_caps=$(jq -r '.devices[].containerEdits.deviceNodes[]?.path | select(startswith("/dev/nvidia-caps/")) | sub("/dev/nvidia-caps/"; "")' "$(spec_of "$u4")" | sort -u | tr '\n' ' ')
+[[ -n $caps && $caps == "$spec_caps" ]] || fail "mig-deployment: /dev/nvidia-caps has '$caps', CDI spec '$spec_caps'"
+[[ $(grep -cE '^dev=nvidia[0-9]+$' <<<"$out") == 1 ]] || fail "mig-deployment: parent GPU nodes: $(grep '^dev=nvidia' <<<"$out")"
+layout=$(mig_layout)
+[[ $(wc -l <<<"$layout") == 4 ]] || fail "simulator: want 4 MIG instances, have: $layout"
+[[ $(cut -d: -f1 <<<"$layout" | sort -u | wc -l) == 1 ]] || fail "simulator: MIG instances on several GPUs: $layout"
+minor=$(cut -d: -f1 <<<"$layout" | head -n 1)
+[[ $(attr "gpu-$minor" uuid) == "$parents" ]] || fail "simulator: instances on gpu-$minor, claim's parent $parents"
+[[ $(cut -d: -f4 <<<"$layout" | sort) == "$(printf '%s\n' "${migs[@]}")" ]] || fail "container's MIG UUIDs ($vis) are not the simulator's: $layout"
+grep -q "^dev=nvidia$minor$" <<<"$out" || fail "mig-deployment: no /dev/nvidia$minor for the parent GPU"
+ok "4. Deployment: 4 × 1g.10gb on gpu-$minor ($(echo "${devs[@]}")); container sees the 4 MIG UUIDs and ${caps// /,} caps"
+kubectl delete deployment mig-deployment --timeout=60s >&2
+wait_for "deployment pod gone" 60 gone pod "$dp"
+wait_unprepared "$u4"
+wait_claims_gone "$c4"
+wait_for "MIG instances destroyed" 30 count_mig 0
+ok "4. Deployment deleted: 4 MIG instances destroyed, CDI spec removed, claim deleted"
+
+# ---------------------------------------------------------------- 7. kubelet restart
+apply mig-pod.yaml survivor
+wait_running survivor
+c7=$(claim_of survivor mig)
+u7=$(claim_uid "$c7")
+ctr_out survivor ctr >/dev/null
+spec7=$(file_id "$(spec_of "$u7")")
+layout7=$(mig_layout)
+dev7=$(allocated "$c7")
+cid7=$(kubectl get pod survivor -o jsonpath='{.status.containerStatuses[0].containerID}')
+regs=$(registrations)
+"$E2E/cluster" stop kubelet >&2
+"$E2E/cluster" start kubelet >&2 || fail "the kubelet did not restart"
+wait_for "kubelet re-registered the plugin" 30 bash -c "(( \$(grep -c 'Registered DRA plugin.*gpu.nvidia.com' '$LOGS/kubelet.log') > $regs ))"
+# A new pod proves preparing still works, and gives the kubelet time to resync survivor.
+apply mig-pod.yaml after-kubelet
+wait_running after-kubelet
+c7b=$(claim_of after-kubelet mig)
+u7b=$(claim_uid "$c7b")
+ctr_out after-kubelet ctr | grep -q '^NVIDIA_VISIBLE_DEVICES=MIG-' || fail "after-kubelet: no MIG device"
+pod_running survivor || fail "survivor not running after the kubelet restart"
+[[ $(kubectl get pod survivor -o jsonpath='{.status.containerStatuses[0].containerID}') == "$cid7" ]] || fail "survivor's container was recreated"
+[[ $(kubectl get pod survivor -o jsonpath='{.status.containerStatuses[0].restartCount}') == 0 ]] || fail "survivor restarted"
+[[ $(file_id "$(spec_of "$u7")") == "$spec7" ]] || fail "survivor's CDI spec was rewritten"
+[[ $(allocated "$c7") == "$dev7" ]] || fail "survivor's claim changed device"
+[[ $(mig_layout | grep -Fx -f <(echo "$layout7") | wc -l) == 1 && $(mig_instances) == 2 ]] ||
+    fail "MIG instances: before $layout7, now $(mig_layout) (want the same one + one for after-kubelet)"
+[[ $(n_prepared "$u7") == 1 ]] || fail "survivor's claim prepared $(n_prepared "$u7") times"
+ok "7. kubelet restart: plugin re-registered, survivor kept running on $dev7 (same container, CDI spec, GPU instance, 1 prepare); a new pod was prepared"
+delete_pods survivor after-kubelet
+wait_unprepared "$u7" "$u7b"
+wait_claims_gone "$c7" "$c7b"
+wait_for "MIG instances destroyed" 30 count_mig 0
+ok "7. pods deleted: MIG instances destroyed, CDI specs removed, claims deleted"
+
+# ---------------------------------------------------------------- 8. driver restart
+apply mig-pod.yaml drv-mig
+apply gpu-pod.yaml drv-gpu
+wait_running drv-mig drv-gpu
+c8m=$(claim_of drv-mig mig)
+c8g=$(claim_of drv-gpu)
+u8m=$(claim_uid "$c8m")
+u8g=$(claim_uid "$c8g")
+check_gpu drv-gpu ctr "$c8g" >/dev/null
+layout8=$(mig_layout)
+regs=$(registrations)
+"$E2E/cluster" stop gpu-dra >&2
+pod_running drv-mig && pod_running drv-gpu || fail "pods stopped with the driver"
+[[ -f $(spec_of "$u8m") && -f $(spec_of "$u8g") ]] || fail "CDI specs removed when the driver stopped"
+"$E2E/cluster" start gpu-dra >&2 || fail "the driver did not restart"
+wait_for "kubelet re-registered the plugin" 30 bash -c "(( \$(grep -c 'Registered DRA plugin.*gpu.nvidia.com' '$LOGS/kubelet.log') > $regs ))"
+grep 'recovered prepared state' "$LOGS/gpu-dra.log" | tail -n 1 | grep -q 'checkpoint loaded' || fail "the driver did not load its checkpoint"
+pod_running drv-mig && pod_running drv-gpu || fail "pods stopped after the driver restart"
+[[ -f $(spec_of "$u8m") && -f $(spec_of "$u8g") ]] || fail "CDI specs removed after the driver restart"
+[[ $(mig_layout) == "$layout8" ]] || fail "MIG instances changed across the restart: $layout8 -> $(mig_layout)"
+ok "8. driver restart: pods kept running, CDI specs and GPU instance kept, checkpoint loaded"
+delete_pods drv-mig drv-gpu
+wait_unprepared "$u8m" "$u8g"
+wait_claims_gone "$c8m" "$c8g"
+wait_for "MIG instance destroyed" 30 count_mig 0
+ok "8. pods deleted after the restart: unprepared (MIG instance destroyed, CDI specs removed)"
+apply gpu-pod.yaml after-driver
+wait_running after-driver
+c8n=$(claim_of after-driver)
+check_gpu after-driver ctr "$c8n" >/dev/null
+u8n=$(claim_uid "$c8n")
+delete_pods after-driver
+wait_unprepared "$u8n"
+ok "8. a new pod after the driver restart was prepared (and unprepared)"
+
+# ---------------------------------------------------------------- every claim: once each way
+kill "$WATCH_PID" 2>/dev/null || true
+wait "$WATCH_PID" 2>/dev/null || true
+WATCH_PID=
+mapfile -t all_claims < <(watched_uids)
+((${#all_claims[@]} >= 10)) || fail "only ${#all_claims[@]} allocated claims seen by the watch: $(cat "$WORK/claims.watch.err")"
+bad=()
+for u in "${all_claims[@]}"; do
+    p=$(n_prepared "$u")
+    n=$(n_unprepared "$u")
+    [[ $p == 1 && $n == 1 ]] || bad+=("$(watched_name "$u") ($u): prepared $p, unprepared $n;")
+done
+((${#bad[@]} == 0)) || fail "claims not prepared/unprepared exactly once: ${bad[*]}"
+[[ -z $(ls "$GPU_DRA_CDI_ROOT") ]] || fail "CDI specs left: $(ls "$GPU_DRA_CDI_ROOT")"
+[[ -z $(kubectl get resourceclaims -o name) ]] || fail "claims left: $(kubectl get resourceclaims -o name)"
+gc=$(grep -c 'unprepared a claim that no longer exists' "$LOGS/gpu-dra.log" || true)
+ok "all ${#all_claims[@]} claims prepared once and unprepared once ($gc by the driver's garbage collection, the rest by the kubelet); no spec, claim or MIG instance left"
+
+log "total $((SECONDS - T0))s; kubelet nudged after a node-authorizer refusal: $NUDGES time(s)"
+echo "$passed passed, 0 failed"
