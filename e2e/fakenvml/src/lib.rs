@@ -205,21 +205,31 @@ fn with_gpu(
     }
 }
 
+/// Runs `f` on the record `key_of` finds for a handle (`INVALID_ARGUMENT` if none), logging the
+/// call against its GPU.
+fn on_key<K: Copy>(
+    name: &'static str,
+    key_of: impl Fn(&Fake) -> Option<K>,
+    minor_of: impl Fn(K) -> u32,
+    f: impl FnOnce(&mut Fake, K) -> Ret,
+) -> Ret {
+    with_gpu(
+        name,
+        |fake| key_of(fake).map(&minor_of),
+        |fake| match key_of(fake) {
+            Some(key) => f(fake, key),
+            None => INVALID_ARGUMENT,
+        },
+    )
+}
+
 /// Runs `f` on the device (full GPU or MIG device) behind `device`.
 fn on_handle(
     name: &'static str,
     device: nvmlDevice_t,
     f: impl FnOnce(&mut Fake, DeviceKey) -> Ret,
 ) -> Ret {
-    let key_of = |fake: &Fake| fake.device_key(device);
-    with_gpu(
-        name,
-        |fake| key_of(fake).map(DeviceKey::minor),
-        |fake| match key_of(fake) {
-            Some(key) => f(fake, key),
-            None => INVALID_ARGUMENT,
-        },
-    )
+    on_key(name, |fake| fake.device_key(device), DeviceKey::minor, f)
 }
 
 fn gpu_error_code(e: &GpuError) -> Ret {
@@ -1020,14 +1030,7 @@ fn on_gi(
     handle: nvmlGpuInstance_t,
     f: impl FnOnce(&mut Fake, GiKey) -> Ret,
 ) -> Ret {
-    with_gpu(
-        name,
-        |fake| fake.gi_key(handle).map(|k| k.minor),
-        |fake| match fake.gi_key(handle) {
-            Some(key) => f(fake, key),
-            None => INVALID_ARGUMENT,
-        },
-    )
+    on_key(name, |fake| fake.gi_key(handle), |k| k.minor, f)
 }
 
 #[unsafe(no_mangle)]
@@ -1190,14 +1193,7 @@ fn on_ci(
     handle: nvmlComputeInstance_t,
     f: impl FnOnce(&mut Fake, CiKey) -> Ret,
 ) -> Ret {
-    with_gpu(
-        name,
-        |fake| fake.ci_key(handle).map(|k| k.minor),
-        |fake| match fake.ci_key(handle) {
-            Some(key) => f(fake, key),
-            None => INVALID_ARGUMENT,
-        },
-    )
+    on_key(name, |fake| fake.ci_key(handle), |k| k.minor, f)
 }
 
 #[unsafe(no_mangle)]
