@@ -174,6 +174,9 @@ pub fn boot_id() -> Result<String, GpuError> {
 /// implements it directly; the NVML backend through NVML's MIG calls.
 pub trait GpuControl: Send + Sync {
     fn inventory(&self) -> Result<NodeInventory, GpuError>;
+    /// Someone else (another driver instance on the node) may have changed the GPUs: the next
+    /// inventory must read all of their MIG state again. Backends that cache need this.
+    fn invalidate(&self) {}
     fn set_mig_mode(&self, minor: u32, enabled: bool) -> Result<MigMode, GpuError>;
     fn create_gpu_instance(
         &self,

@@ -1,11 +1,13 @@
 //! Discovery through NVML (nvml-wrapper; raw calls in `nvml_raw` where the wrapper stops).
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use nvml_wrapper::Nvml;
 use nvml_wrapper::enum_wrappers::device::Brand;
 use nvml_wrapper::enums::device::DeviceArchitecture;
 use nvml_wrapper::error::NvmlError;
+use nvml_wrapper_sys::bindings::nvmlDevice_t;
 
 use super::mig::{self, GPU_INSTANCE_PROFILE_COUNT};
 use super::model::*;
@@ -13,11 +15,46 @@ use super::nvml_raw::{self, RawError};
 use super::sim::cuda_version;
 use super::{GpuError, catalog};
 
-/// An initialised NVML library.
+/// An initialised NVML library, and what it said about the GPUs.
 pub struct NvmlBackend {
     nvml: Nvml,
     sysfs_root: PathBuf,
+    /// The node as last read; `None` until first needed (or after a panic while it was held).
+    cache: Mutex<Option<Cache>>,
 }
+
+/// Everything NVML answered, so MIG operations and inventories ask again only what can change:
+/// each GPU's MIG mode and instances, and those only for a GPU marked stale (a MIG call on it, or
+/// [`GpuControl::invalidate`](super::GpuControl::invalidate)). Names, UUIDs, memory, PCI and MIG
+/// profiles are read once.
+struct Cache {
+    driver_version: String,
+    cuda_driver_version: Version2,
+    /// Ordered by minor number.
+    gpus: Vec<CachedGpu>,
+}
+
+struct CachedGpu {
+    handle: Handle,
+    /// The GPU as last read; only `mig.mode` and `mig.instances` change afterwards.
+    gpu: Gpu,
+    /// MIG profiles (with placements) and memory slices as read with MIG mode off (`[0]`) and on
+    /// (`[1]`): real drivers answer placement queries only in MIG mode, so each mode keeps its own
+    /// answer and a mode change re-reads them once, exactly as a full discovery would.
+    profiles: [Option<(Vec<GiProfile>, u32)>; 2],
+    /// MIG mode and instances must be re-read before they are used.
+    stale: bool,
+}
+
+/// An NVML device handle.
+#[derive(Clone, Copy)]
+struct Handle(nvmlDevice_t);
+
+// SAFETY: an NVML device handle is an opaque token that stays valid while the library is
+// initialised (as long as the `Nvml` it came from), and NVML is thread-safe.
+unsafe impl Send for Handle {}
+// SAFETY: as for `Send`; the token itself is never written through.
+unsafe impl Sync for Handle {}
 
 impl NvmlBackend {
     /// Loads `library` (default: `libnvidia-ml.so.1` through the dynamic linker) and initialises it.
@@ -29,15 +66,82 @@ impl NvmlBackend {
             builder.lib_path(OsStr::new("libnvidia-ml.so.1"));
         }
         let nvml = builder.init().map_err(|e| nvml_err("initialise NVML", e))?;
-        Ok(Self { nvml, sysfs_root })
+        Ok(Self {
+            nvml,
+            sysfs_root,
+            cache: Mutex::new(None),
+        })
     }
 
     pub fn nvml(&self) -> &Nvml {
         &self.nvml
     }
 
-    /// Reads every full GPU, its MIG profiles and placements and the MIG devices that exist.
+    /// Every full GPU, its MIG profiles and placements and the MIG devices that exist. The first
+    /// call reads everything; later ones re-read the MIG state of stale GPUs only.
     pub fn inventory(&self) -> Result<NodeInventory, GpuError> {
+        self.with_cache(|cache| {
+            for gpu in &mut cache.gpus {
+                self.refresh(gpu)?;
+            }
+            Ok(NodeInventory {
+                driver_version: cache.driver_version.clone(),
+                cuda_driver_version: cache.cuda_driver_version,
+                gpus: cache.gpus.iter().map(|g| g.gpu.clone()).collect(),
+            })
+        })
+    }
+
+    /// Marks every GPU stale: someone else (another driver instance) may have changed them.
+    pub fn invalidate(&self) {
+        let mut guard = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        for gpu in guard.iter_mut().flat_map(|c| c.gpus.iter_mut()) {
+            gpu.stale = true;
+        }
+    }
+
+    /// Runs `f` on the cache, reading the node first if nothing is cached yet.
+    fn with_cache<T>(
+        &self,
+        f: impl FnOnce(&mut Cache) -> Result<T, GpuError>,
+    ) -> Result<T, GpuError> {
+        let mut guard = self.cache.lock().unwrap_or_else(|poisoned| {
+            // A panic mid-update may have left it half-written: start over from NVML.
+            let mut guard = poisoned.into_inner();
+            *guard = None;
+            guard
+        });
+        let cache = match &mut *guard {
+            Some(cache) => cache,
+            empty => empty.insert(self.read_node()?),
+        };
+        f(cache)
+    }
+
+    /// Runs `f` on the cached GPU with `minor`.
+    fn with_gpu<T>(
+        &self,
+        minor: u32,
+        operation: &'static str,
+        f: impl FnOnce(&mut CachedGpu) -> Result<T, GpuError>,
+    ) -> Result<T, GpuError> {
+        self.with_cache(|cache| {
+            let gpu = cache
+                .gpus
+                .iter_mut()
+                .find(|g| g.gpu.minor == minor)
+                .ok_or_else(|| GpuError::Mig {
+                    minor,
+                    operation,
+                    failure: super::MigFailure::NotFound,
+                    detail: "no such GPU".into(),
+                })?;
+            f(gpu)
+        })
+    }
+
+    /// Reads the whole node.
+    fn read_node(&self) -> Result<Cache, GpuError> {
         let driver_version = self
             .nvml
             .sys_driver_version()
@@ -52,22 +156,24 @@ impl NvmlBackend {
             .map_err(|e| nvml_err("device count", e))?;
         let mut gpus = Vec::with_capacity(count as usize);
         for index in 0..count {
-            gpus.push(self.gpu(index)?);
+            gpus.push(self.read_gpu(index)?);
         }
-        gpus.sort_by_key(|g| g.minor);
-        Ok(NodeInventory {
+        gpus.sort_by_key(|g| g.gpu.minor);
+        Ok(Cache {
             driver_version,
             cuda_driver_version: cuda_version(cuda),
             gpus,
         })
     }
 
-    fn gpu(&self, index: u32) -> Result<Gpu, GpuError> {
+    fn read_gpu(&self, index: u32) -> Result<CachedGpu, GpuError> {
         let at = |what: &str| format!("GPU {index}: {what}");
         let device = self
             .nvml
             .device_by_index(index)
             .map_err(|e| nvml_err(&at("handle"), e))?;
+        // SAFETY: the handle belongs to `self.nvml`, which outlives the cache holding it.
+        let handle = Handle(unsafe { device.handle() });
         let minor = device
             .minor_number()
             .map_err(|e| nvml_err(&at("minor number"), e))?;
@@ -91,12 +197,35 @@ impl NvmlBackend {
             ) => None,
             Err(e) => return Err(nvml_err(&at("NUMA node"), e)),
         };
-        let mig = match device.mig_mode() {
-            Ok(mode) => {
-                // SAFETY: the handle belongs to `self.nvml`, which outlives this call.
-                let handle = unsafe { device.handle() };
-                Some(self.mig_info(index, handle, &device, mode, memory_bytes)?)
-            }
+        let mut cached = CachedGpu {
+            handle,
+            gpu: Gpu {
+                index,
+                minor,
+                uuid: device.uuid().map_err(|e| nvml_err(&at("UUID"), e))?,
+                product_name: device.name().map_err(|e| nvml_err(&at("name"), e))?,
+                brand: brand_name(device.brand().map_err(|e| nvml_err(&at("brand"), e))?)
+                    .to_string(),
+                architecture: architecture(
+                    device
+                        .architecture()
+                        .map_err(|e| nvml_err(&at("architecture"), e))?,
+                ),
+                cuda_compute_capability: Version2::new(
+                    cc.major.max(0) as u32,
+                    cc.minor.max(0) as u32,
+                ),
+                memory_bytes,
+                pcie_root: pcie_root(&self.sysfs_root, &pci_bus_id),
+                pci_bus_id,
+                numa_node,
+                mig: None,
+            },
+            profiles: [None, None],
+            stale: false,
+        };
+        cached.gpu.mig = match device.mig_mode() {
+            Ok(mode) => Some(self.read_mig(&mut cached, mode)?),
             Err(
                 NvmlError::NotSupported
                 | NvmlError::FunctionNotFound
@@ -104,35 +233,67 @@ impl NvmlBackend {
             ) => None,
             Err(e) => return Err(nvml_err(&at("MIG mode"), e)),
         };
-        Ok(Gpu {
-            index,
-            minor,
-            uuid: device.uuid().map_err(|e| nvml_err(&at("UUID"), e))?,
-            product_name: device.name().map_err(|e| nvml_err(&at("name"), e))?,
-            brand: brand_name(device.brand().map_err(|e| nvml_err(&at("brand"), e))?).to_string(),
-            architecture: architecture(
-                device
-                    .architecture()
-                    .map_err(|e| nvml_err(&at("architecture"), e))?,
-            ),
-            cuda_compute_capability: Version2::new(cc.major.max(0) as u32, cc.minor.max(0) as u32),
-            memory_bytes,
-            pcie_root: pcie_root(&self.sysfs_root, &pci_bus_id),
-            pci_bus_id,
-            numa_node,
-            mig,
+        Ok(cached)
+    }
+
+    /// Re-reads a stale GPU's MIG mode and instances (profiles only on a mode not seen before).
+    /// A GPU without MIG stays without it.
+    fn refresh(&self, gpu: &mut CachedGpu) -> Result<(), GpuError> {
+        if !gpu.stale {
+            return Ok(());
+        }
+        if gpu.gpu.mig.is_some() {
+            let minor = gpu.gpu.minor;
+            // SAFETY: the handle belongs to `self.nvml`.
+            let device = unsafe { nvml_wrapper::Device::new(gpu.handle.0, &self.nvml) };
+            let mode = device
+                .mig_mode()
+                .map_err(|e| nvml_err(&format!("GPU {minor}: MIG mode"), e))?;
+            gpu.gpu.mig = Some(self.read_mig(gpu, mode)?);
+        }
+        gpu.stale = false;
+        Ok(())
+    }
+
+    /// MIG state in `mode`: the profiles cached for that mode (read on first sight) and the
+    /// instances that exist now.
+    fn read_mig(
+        &self,
+        gpu: &mut CachedGpu,
+        mode: nvml_wrapper::structs::device::MigMode,
+    ) -> Result<MigInfo, GpuError> {
+        let current = mode.current == 1;
+        let (profiles, memory_slices) = match &gpu.profiles[usize::from(current)] {
+            Some(known) => known.clone(),
+            None => {
+                let read = self.read_profiles(gpu)?;
+                gpu.profiles[usize::from(current)] = Some(read.clone());
+                read
+            }
+        };
+        let instances = if current {
+            self.mig_instances(gpu)?
+        } else {
+            vec![]
+        };
+        Ok(MigInfo {
+            mode: MigMode {
+                current,
+                pending: mode.pending == 1,
+            },
+            memory_slices,
+            profiles,
+            instances,
         })
     }
 
-    fn mig_info(
-        &self,
-        index: u32,
-        handle: nvml_wrapper_sys::bindings::nvmlDevice_t,
-        device: &nvml_wrapper::Device<'_>,
-        mode: nvml_wrapper::structs::device::MigMode,
-        memory_bytes: u64,
-    ) -> Result<MigInfo, GpuError> {
+    /// The GPU instance profiles NVML offers now, with their placements, and the memory slices
+    /// those span.
+    fn read_profiles(&self, gpu: &CachedGpu) -> Result<(Vec<GiProfile>, u32), GpuError> {
+        let index = gpu.gpu.index;
         let at = |what: &str| format!("GPU {index}: {what}");
+        // SAFETY: the handle belongs to `self.nvml`.
+        let device = unsafe { nvml_wrapper::Device::new(gpu.handle.0, &self.nvml) };
         let mut profiles = Vec::new();
         for profile_enum in 0..GPU_INSTANCE_PROFILE_COUNT {
             let info = match device.profile_info(profile_enum) {
@@ -146,13 +307,15 @@ impl NvmlBackend {
                     ));
                 }
             };
-            let Some(name) = mig::profile_name(profile_enum, info.memory_size_mb, memory_bytes)
+            let Some(name) =
+                mig::profile_name(profile_enum, info.memory_size_mb, gpu.gpu.memory_bytes)
             else {
                 continue;
             };
-            // SAFETY: `handle` is a live full-GPU handle of `self.nvml`.
-            let placements = unsafe { nvml_raw::possible_placements(&self.nvml, handle, info.id) }
-                .map_err(|e| raw_err(&at("placements"), e))?;
+            // SAFETY: a live full-GPU handle of `self.nvml`.
+            let placements =
+                unsafe { nvml_raw::possible_placements(&self.nvml, gpu.handle.0, info.id) }
+                    .map_err(|e| raw_err(&at("placements"), e))?;
             profiles.push(GiProfile {
                 name,
                 profile_enum,
@@ -175,30 +338,16 @@ impl NvmlBackend {
             .flat_map(|p| p.placements.iter().map(|pl| pl.end()))
             .max()
             .unwrap_or(0);
-        let instances = if mode.current == 1 {
-            self.mig_instances(index, handle, device)?
-        } else {
-            vec![]
-        };
-        Ok(MigInfo {
-            mode: MigMode {
-                current: mode.current == 1,
-                pending: mode.pending == 1,
-            },
-            memory_slices,
-            profiles,
-            instances,
-        })
+        Ok((profiles, memory_slices))
     }
 
     /// Walks the MIG device handles; each is one (GI, CI) pair.
-    fn mig_instances(
-        &self,
-        index: u32,
-        handle: nvml_wrapper_sys::bindings::nvmlDevice_t,
-        device: &nvml_wrapper::Device<'_>,
-    ) -> Result<Vec<MigInstance>, GpuError> {
+    fn mig_instances(&self, gpu: &CachedGpu) -> Result<Vec<MigInstance>, GpuError> {
+        let index = gpu.gpu.index;
+        let handle = gpu.handle.0;
         let at = |what: &str| format!("GPU {index}: {what}");
+        // SAFETY: the handle belongs to `self.nvml`.
+        let device = unsafe { nvml_wrapper::Device::new(handle, &self.nvml) };
         let max = device
             .mig_device_count()
             .map_err(|e| nvml_err(&at("max MIG devices"), e))?;
@@ -228,6 +377,19 @@ impl NvmlBackend {
         }
         instances.sort_by_key(|i| (i.gpu_instance_id, i.compute_instance_id));
         Ok(instances)
+    }
+
+    /// The profiles to look GPU instances up by: those of MIG mode when known (GPU instances exist
+    /// only there), else those of the mode the GPU is in now, as a full discovery would list.
+    fn gi_profiles<'a>(&self, gpu: &'a mut CachedGpu) -> Result<&'a [GiProfile], GpuError> {
+        if gpu.profiles[1].is_none() {
+            self.refresh(gpu)?;
+        }
+        Ok(match (&gpu.profiles[1], &gpu.gpu.mig) {
+            (Some((profiles, _)), _) => profiles,
+            (None, Some(mig)) => &mig.profiles,
+            (None, None) => &[],
+        })
     }
 }
 
@@ -328,47 +490,6 @@ mod tests {
     }
 }
 
-impl NvmlBackend {
-    /// The handle of the GPU with `minor`.
-    fn handle_of(
-        &self,
-        minor: u32,
-        operation: &'static str,
-    ) -> Result<nvml_wrapper_sys::bindings::nvmlDevice_t, GpuError> {
-        let count = self
-            .nvml
-            .device_count()
-            .map_err(|e| nvml_err("device count", e))?;
-        for index in 0..count {
-            let device = self
-                .nvml
-                .device_by_index(index)
-                .map_err(|e| nvml_err("handle", e))?;
-            if device.minor_number().ok() == Some(minor) {
-                // SAFETY: the handle stays valid while `self.nvml` lives.
-                return Ok(unsafe { device.handle() });
-            }
-        }
-        Err(GpuError::Mig {
-            minor,
-            operation,
-            failure: super::MigFailure::NotFound,
-            detail: "no such GPU".into(),
-        })
-    }
-
-    fn profiles_of(&self, minor: u32) -> Result<Vec<GiProfile>, GpuError> {
-        let inventory = self.inventory()?;
-        Ok(inventory
-            .gpus
-            .into_iter()
-            .find(|g| g.minor == minor)
-            .and_then(|g| g.mig)
-            .map(|m| m.profiles)
-            .unwrap_or_default())
-    }
-}
-
 /// An NVML MIG call's failure, in the terms the simulator uses.
 fn mig_failure(minor: u32, operation: &'static str, e: RawError) -> GpuError {
     let failure = match e.code {
@@ -392,31 +513,38 @@ impl super::GpuControl for NvmlBackend {
         NvmlBackend::inventory(self)
     }
 
+    fn invalidate(&self) {
+        NvmlBackend::invalidate(self)
+    }
+
     fn set_mig_mode(&self, minor: u32, enabled: bool) -> Result<MigMode, GpuError> {
         const OP: &str = "set MIG mode";
-        let handle = self.handle_of(minor, OP)?;
-        // SAFETY: `handle` belongs to `self.nvml`.
-        let device = unsafe { nvml_wrapper::Device::new(handle, &self.nvml) };
-        let status = device
-            .set_mig_mode(enabled)
-            .map_err(|e| nvml_err(&format!("GPU {minor}: {OP}"), e))?;
-        if status != 0 {
-            // The call returned, but the mode did not change (e.g. the GPU is in use).
-            return Err(mig_failure(
-                minor,
-                OP,
-                RawError {
-                    function: "nvmlDeviceSetMigMode",
-                    code: status,
-                },
-            ));
-        }
-        let mode = device
-            .mig_mode()
-            .map_err(|e| nvml_err(&format!("GPU {minor}: MIG mode"), e))?;
-        Ok(MigMode {
-            current: mode.current == 1,
-            pending: mode.pending == 1,
+        self.with_gpu(minor, OP, |gpu| {
+            // Even a refused call may have changed something; read it again when next needed.
+            gpu.stale = true;
+            // SAFETY: the handle belongs to `self.nvml`.
+            let device = unsafe { nvml_wrapper::Device::new(gpu.handle.0, &self.nvml) };
+            let status = device
+                .set_mig_mode(enabled)
+                .map_err(|e| nvml_err(&format!("GPU {minor}: {OP}"), e))?;
+            if status != 0 {
+                // The call returned, but the mode did not change (e.g. the GPU is in use).
+                return Err(mig_failure(
+                    minor,
+                    OP,
+                    RawError {
+                        function: "nvmlDeviceSetMigMode",
+                        code: status,
+                    },
+                ));
+            }
+            let mode = device
+                .mig_mode()
+                .map_err(|e| nvml_err(&format!("GPU {minor}: MIG mode"), e))?;
+            Ok(MigMode {
+                current: mode.current == 1,
+                pending: mode.pending == 1,
+            })
         })
     }
 
@@ -427,10 +555,14 @@ impl super::GpuControl for NvmlBackend {
         placement: Placement,
     ) -> Result<u32, GpuError> {
         const OP: &str = "create GPU instance";
-        let handle = self.handle_of(minor, OP)?;
-        // SAFETY: `handle` belongs to `self.nvml`.
-        unsafe { nvml_raw::create_gpu_instance(&self.nvml, handle, profile_id, placement) }
+        self.with_gpu(minor, OP, |gpu| {
+            gpu.stale = true;
+            // SAFETY: the handle belongs to `self.nvml`.
+            unsafe {
+                nvml_raw::create_gpu_instance(&self.nvml, gpu.handle.0, profile_id, placement)
+            }
             .map_err(|e| mig_failure(minor, OP, e))
+        })
     }
 
     fn create_compute_instance(
@@ -439,68 +571,85 @@ impl super::GpuControl for NvmlBackend {
         gpu_instance_id: u32,
     ) -> Result<(u32, String), GpuError> {
         const OP: &str = "create compute instance";
-        let profiles = self.profiles_of(minor)?;
-        let slices = self
-            .gpu_instances(minor)?
-            .into_iter()
-            .find(|gi| gi.id == gpu_instance_id)
-            .and_then(|gi| profiles.iter().find(|p| p.id == gi.profile_id))
-            .map(|p| p.slice_count)
-            .ok_or_else(|| GpuError::Mig {
-                minor,
-                operation: OP,
-                failure: super::MigFailure::NotFound,
-                detail: format!("no GPU instance {gpu_instance_id}"),
-            })?;
-        let handle = self.handle_of(minor, OP)?;
-        let profile_enum = super::sim::full_compute_profile(slices);
-        // SAFETY: `handle` belongs to `self.nvml`.
-        unsafe {
-            nvml_raw::create_compute_instance(&self.nvml, handle, gpu_instance_id, profile_enum)
-        }
-        .map_err(|e| mig_failure(minor, OP, e))
+        let not_found = || GpuError::Mig {
+            minor,
+            operation: OP,
+            failure: super::MigFailure::NotFound,
+            detail: format!("no GPU instance {gpu_instance_id}"),
+        };
+        self.with_gpu(minor, OP, |gpu| {
+            let handle = gpu.handle.0;
+            // Only this GPU instance's profile is asked, not every instance of the GPU.
+            // SAFETY: the handle belongs to `self.nvml`.
+            let profile_id =
+                match unsafe { nvml_raw::gpu_instance_info(&self.nvml, handle, gpu_instance_id) } {
+                    Ok((profile_id, _)) => profile_id,
+                    // No such instance, or MIG mode off (then there is none).
+                    Err(RawError { code: 3 | 6, .. }) => return Err(not_found()),
+                    Err(e) => return Err(mig_failure(minor, OP, e)),
+                };
+            let slices = self
+                .gi_profiles(gpu)?
+                .iter()
+                .find(|p| p.id == profile_id)
+                .map(|p| p.slice_count)
+                .ok_or_else(not_found)?;
+            gpu.stale = true;
+            let profile_enum = super::sim::full_compute_profile(slices);
+            // SAFETY: the handle belongs to `self.nvml`.
+            unsafe {
+                nvml_raw::create_compute_instance(&self.nvml, handle, gpu_instance_id, profile_enum)
+            }
+            .map_err(|e| mig_failure(minor, OP, e))
+        })
     }
 
     fn destroy_compute_instance(&self, minor: u32, gi: u32, ci: u32) -> Result<(), GpuError> {
         const OP: &str = "destroy compute instance";
-        let handle = self.handle_of(minor, OP)?;
-        // SAFETY: `handle` belongs to `self.nvml`.
-        unsafe { nvml_raw::destroy_compute_instance(&self.nvml, handle, gi, ci) }
-            .map_err(|e| mig_failure(minor, OP, e))
+        self.with_gpu(minor, OP, |gpu| {
+            gpu.stale = true;
+            // SAFETY: the handle belongs to `self.nvml`.
+            unsafe { nvml_raw::destroy_compute_instance(&self.nvml, gpu.handle.0, gi, ci) }
+                .map_err(|e| mig_failure(minor, OP, e))
+        })
     }
 
     fn destroy_gpu_instance(&self, minor: u32, gi: u32) -> Result<(), GpuError> {
         const OP: &str = "destroy GPU instance";
-        let handle = self.handle_of(minor, OP)?;
-        // SAFETY: `handle` belongs to `self.nvml`.
-        unsafe { nvml_raw::destroy_gpu_instance(&self.nvml, handle, gi) }
-            .map_err(|e| mig_failure(minor, OP, e))
+        self.with_gpu(minor, OP, |gpu| {
+            gpu.stale = true;
+            // SAFETY: the handle belongs to `self.nvml`.
+            unsafe { nvml_raw::destroy_gpu_instance(&self.nvml, gpu.handle.0, gi) }
+                .map_err(|e| mig_failure(minor, OP, e))
+        })
     }
 
     fn gpu_instances(&self, minor: u32) -> Result<Vec<super::GpuInstanceInfo>, GpuError> {
         const OP: &str = "list GPU instances";
-        let profiles: Vec<(u32, u32)> = self
-            .profiles_of(minor)?
-            .iter()
-            .map(|p| (p.id, p.instance_count))
-            .collect();
-        let handle = self.handle_of(minor, OP)?;
-        // SAFETY: `handle` belongs to `self.nvml`.
-        match unsafe { nvml_raw::gpu_instances(&self.nvml, handle, &profiles) } {
-            Ok(found) => Ok(found
-                .into_iter()
-                .map(
-                    |(id, profile_id, placement, compute_instances)| super::GpuInstanceInfo {
-                        id,
-                        profile_id,
-                        placement,
-                        compute_instances,
-                    },
-                )
-                .collect()),
-            // MIG mode off: there are none.
-            Err(RawError { code: 3, .. }) => Ok(vec![]),
-            Err(e) => Err(mig_failure(minor, OP, e)),
-        }
+        self.with_gpu(minor, OP, |gpu| {
+            let handle = gpu.handle.0;
+            let profiles: Vec<(u32, u32)> = self
+                .gi_profiles(gpu)?
+                .iter()
+                .map(|p| (p.id, p.instance_count))
+                .collect();
+            // SAFETY: the handle belongs to `self.nvml`.
+            match unsafe { nvml_raw::gpu_instances(&self.nvml, handle, &profiles) } {
+                Ok(found) => Ok(found
+                    .into_iter()
+                    .map(
+                        |(id, profile_id, placement, compute_instances)| super::GpuInstanceInfo {
+                            id,
+                            profile_id,
+                            placement,
+                            compute_instances,
+                        },
+                    )
+                    .collect()),
+                // MIG mode off: there are none.
+                Err(RawError { code: 3, .. }) => Ok(vec![]),
+                Err(e) => Err(mig_failure(minor, OP, e)),
+            }
+        })
     }
 }

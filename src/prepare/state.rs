@@ -371,6 +371,8 @@ impl DeviceState {
             return Ok(false);
         }
         self.checkpoint = current;
+        // The other instance changed the hardware behind this one's back.
+        self.gpus.invalidate();
         self.refresh_inventory()?;
         Ok(true)
     }

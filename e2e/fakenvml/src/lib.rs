@@ -6,7 +6,9 @@
 //!   `NVML_ERROR_DRIVER_NOT_LOADED`, like a node without the kernel driver);
 //! - `FAKE_NVML_NODE`: node name the GPU UUIDs derive from (default `fake-node`);
 //! - `FAKE_NVML_STATE`: the simulator's state file, shared with `gpu-dra --sim-state` (default: in
-//!   memory).
+//!   memory);
+//! - `FAKE_NVML_CALL_LOG`: a file each call of an initialised library is appended to as
+//!   `<function> <GPU minor or ->`, so tests can count what the NVML backend asks.
 //!
 //! Handles are pointers to leaked, interned records, so the same GPU or instance always has the
 //! same handle. Every exported function checks its pointers and returns NVML's error codes.
@@ -14,6 +16,8 @@
 
 use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_int, c_uint, c_ulonglong};
+use std::io::Write;
+use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 
 use gpu_dra::gpu::sim::{SimNode, SimState, full_compute_profile, sim_pci_location};
@@ -44,6 +48,14 @@ enum DeviceKey {
     Mig { minor: u32, gi: u32, ci: u32 },
 }
 
+impl DeviceKey {
+    fn minor(self) -> u32 {
+        match self {
+            Self::Gpu(minor) | Self::Mig { minor, .. } => minor,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct GiKey {
     minor: u32,
@@ -65,9 +77,26 @@ struct Fake {
     gpu_instances: HashMap<GiKey, &'static GiKey>,
     compute_instances: HashMap<CiKey, &'static CiKey>,
     init_count: u32,
+    /// `FAKE_NVML_CALL_LOG`: where each call is appended.
+    call_log: Option<PathBuf>,
 }
 
 impl Fake {
+    /// Appends `<function> <minor>` (`-` when no GPU is involved) to the call log, if any. The file
+    /// is opened per call so a test may truncate it between phases.
+    fn log_call(&self, name: &str, minor: Option<u32>) {
+        let Some(path) = &self.call_log else { return };
+        let gpu = minor.map_or_else(|| "-".to_string(), |m| m.to_string());
+        // A test hook: losing a line only makes a count assertion fail, so errors are dropped.
+        if let Ok(mut file) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
+            let _ = writeln!(file, "{name} {gpu}");
+        }
+    }
+
     fn refresh(&mut self) -> Result<(), GpuError> {
         self.inventory = self.node.inventory()?;
         self.state = self.node.state()?;
@@ -156,12 +185,51 @@ fn lock() -> MutexGuard<'static, Option<Fake>> {
     FAKE.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Runs `f` with the initialised fake, or returns `UNINITIALIZED`.
-fn with(f: impl FnOnce(&mut Fake) -> Ret) -> Ret {
+/// Runs `f` for NVML function `name` with the initialised fake, or returns `UNINITIALIZED`.
+fn with(name: &'static str, f: impl FnOnce(&mut Fake) -> Ret) -> Ret {
+    with_gpu(name, |_| None, f)
+}
+
+/// `with`, logging the call against the GPU `gpu_of` names (see `FAKE_NVML_CALL_LOG`).
+fn with_gpu(
+    name: &'static str,
+    gpu_of: impl FnOnce(&Fake) -> Option<u32>,
+    f: impl FnOnce(&mut Fake) -> Ret,
+) -> Ret {
     match lock().as_mut() {
-        Some(fake) if fake.init_count > 0 => f(fake),
+        Some(fake) if fake.init_count > 0 => {
+            fake.log_call(name, gpu_of(fake));
+            f(fake)
+        }
         _ => UNINITIALIZED,
     }
+}
+
+/// Runs `f` on the record `key_of` finds for a handle (`INVALID_ARGUMENT` if none), logging the
+/// call against its GPU.
+fn on_key<K: Copy>(
+    name: &'static str,
+    key_of: impl Fn(&Fake) -> Option<K>,
+    minor_of: impl Fn(K) -> u32,
+    f: impl FnOnce(&mut Fake, K) -> Ret,
+) -> Ret {
+    with_gpu(
+        name,
+        |fake| key_of(fake).map(&minor_of),
+        |fake| match key_of(fake) {
+            Some(key) => f(fake, key),
+            None => INVALID_ARGUMENT,
+        },
+    )
+}
+
+/// Runs `f` on the device (full GPU or MIG device) behind `device`.
+fn on_handle(
+    name: &'static str,
+    device: nvmlDevice_t,
+    f: impl FnOnce(&mut Fake, DeviceKey) -> Ret,
+) -> Ret {
+    on_key(name, |fake| fake.device_key(device), DeviceKey::minor, f)
 }
 
 fn gpu_error_code(e: &GpuError) -> Ret {
@@ -230,6 +298,7 @@ pub extern "C" fn nvmlInit_v2() -> Ret {
         gpu_instances: HashMap::new(),
         compute_instances: HashMap::new(),
         init_count: 1,
+        call_log: std::env::var_os("FAKE_NVML_CALL_LOG").map(Into::into),
     });
     SUCCESS
 }
@@ -246,7 +315,7 @@ pub extern "C" fn nvmlInitWithFlags(_flags: c_uint) -> Ret {
 
 #[unsafe(no_mangle)]
 pub extern "C" fn nvmlShutdown() -> Ret {
-    with(|fake| {
+    with("nvmlShutdown", |fake| {
         fake.init_count -= 1;
         SUCCESS
     })
@@ -274,12 +343,14 @@ pub extern "C" fn nvmlErrorString(result: Ret) -> *const c_char {
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlSystemGetDriverVersion(version: *mut c_char, length: c_uint) -> Ret {
-    with(|fake| unsafe { write_str(&fake.inventory.driver_version, version, length) })
+    with("nvmlSystemGetDriverVersion", |fake| unsafe {
+        write_str(&fake.inventory.driver_version, version, length)
+    })
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlSystemGetNVMLVersion(version: *mut c_char, length: c_uint) -> Ret {
-    with(|fake| unsafe {
+    with("nvmlSystemGetNVMLVersion", |fake| unsafe {
         write_str(
             &format!("13.{}", fake.inventory.driver_version),
             version,
@@ -290,7 +361,7 @@ pub unsafe extern "C" fn nvmlSystemGetNVMLVersion(version: *mut c_char, length: 
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion_v2(version: *mut c_int) -> Ret {
-    with(|_| {
+    with("nvmlSystemGetCudaDriverVersion_v2", |_| {
         out!(version, catalog::SIM_CUDA_DRIVER_VERSION);
         SUCCESS
     })
@@ -305,7 +376,7 @@ pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion(version: *mut c_int) -> 
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> Ret {
-    with(|fake| {
+    with("nvmlDeviceGetCount_v2", |fake| {
         out!(count, fake.inventory.gpus.len() as c_uint);
         SUCCESS
     })
@@ -316,7 +387,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
     index: c_uint,
     device: *mut nvmlDevice_t,
 ) -> Ret {
-    with(|fake| {
+    with("nvmlDeviceGetHandleByIndex_v2", |fake| {
         let Some(minor) = fake
             .inventory
             .gpus
@@ -344,7 +415,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
     let wanted = unsafe { CStr::from_ptr(uuid) }
         .to_string_lossy()
         .into_owned();
-    with(|fake| {
+    with("nvmlDeviceGetHandleByUUID", |fake| {
         let key = fake.inventory.gpus.iter().find_map(|g| {
             if g.uuid == wanted {
                 return Some(DeviceKey::Gpu(g.minor));
@@ -371,15 +442,15 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
 
 /// Runs `f` on the full GPU behind `device` (or a MIG device's parent when `allow_mig`).
 fn on_gpu(
+    name: &'static str,
     device: nvmlDevice_t,
     allow_mig: bool,
     f: impl FnOnce(&mut Fake, DeviceKey, u32) -> Ret,
 ) -> Ret {
-    with(|fake| match fake.device_key(device) {
-        Some(key @ DeviceKey::Gpu(minor)) => f(fake, key, minor),
-        Some(key @ DeviceKey::Mig { minor, .. }) if allow_mig => f(fake, key, minor),
-        Some(DeviceKey::Mig { .. }) => NOT_SUPPORTED,
-        None => INVALID_ARGUMENT,
+    on_handle(name, device, |fake, key| match key {
+        DeviceKey::Gpu(minor) => f(fake, key, minor),
+        DeviceKey::Mig { minor, .. } if allow_mig => f(fake, key, minor),
+        DeviceKey::Mig { .. } => NOT_SUPPORTED,
     })
 }
 
@@ -389,7 +460,7 @@ pub unsafe extern "C" fn nvmlDeviceGetName(
     name: *mut c_char,
     length: c_uint,
 ) -> Ret {
-    on_gpu(device, true, |fake, key, minor| {
+    on_gpu("nvmlDeviceGetName", device, true, |fake, key, minor| {
         let Some(gpu) = fake.gpu(minor) else {
             return NOT_FOUND;
         };
@@ -417,7 +488,7 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
     uuid: *mut c_char,
     length: c_uint,
 ) -> Ret {
-    on_gpu(device, true, |fake, key, minor| {
+    on_gpu("nvmlDeviceGetUUID", device, true, |fake, key, minor| {
         let Some(gpu) = fake.gpu(minor) else {
             return NOT_FOUND;
         };
@@ -440,7 +511,7 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetIndex(device: nvmlDevice_t, index: *mut c_uint) -> Ret {
-    on_gpu(device, false, |fake, _, minor| {
+    on_gpu("nvmlDeviceGetIndex", device, false, |fake, _, minor| {
         let Some(gpu) = fake.gpu(minor) else {
             return NOT_FOUND;
         };
@@ -454,7 +525,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMinorNumber(
     device: nvmlDevice_t,
     minor_out: *mut c_uint,
 ) -> Ret {
-    on_gpu(device, false, |_, _, minor| {
+    on_gpu("nvmlDeviceGetMinorNumber", device, false, |_, _, minor| {
         out!(minor_out, minor);
         SUCCESS
     })
@@ -465,25 +536,30 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     device: nvmlDevice_t,
     memory: *mut nvmlMemory_v2_t,
 ) -> Ret {
-    on_gpu(device, false, |fake, _, minor| {
-        let Some(gpu) = fake.gpu(minor) else {
-            return NOT_FOUND;
-        };
-        if memory.is_null() {
-            return INVALID_ARGUMENT;
-        }
-        // SAFETY: non-null, caller-owned struct; its version word tells its layout.
-        let info = unsafe { &mut *memory };
-        if info.version != MEMORY_V2_VERSION {
-            return ARGUMENT_VERSION_MISMATCH;
-        }
-        let reserved = 512 << 20;
-        info.total = gpu.memory_bytes;
-        info.reserved = reserved;
-        info.used = 0;
-        info.free = gpu.memory_bytes - reserved;
-        SUCCESS
-    })
+    on_gpu(
+        "nvmlDeviceGetMemoryInfo_v2",
+        device,
+        false,
+        |fake, _, minor| {
+            let Some(gpu) = fake.gpu(minor) else {
+                return NOT_FOUND;
+            };
+            if memory.is_null() {
+                return INVALID_ARGUMENT;
+            }
+            // SAFETY: non-null, caller-owned struct; its version word tells its layout.
+            let info = unsafe { &mut *memory };
+            if info.version != MEMORY_V2_VERSION {
+                return ARGUMENT_VERSION_MISMATCH;
+            }
+            let reserved = 512 << 20;
+            info.total = gpu.memory_bytes;
+            info.reserved = reserved;
+            info.used = 0;
+            info.free = gpu.memory_bytes - reserved;
+            SUCCESS
+        },
+    )
 }
 
 #[unsafe(no_mangle)]
@@ -491,20 +567,25 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
     device: nvmlDevice_t,
     memory: *mut nvmlMemory_t,
 ) -> Ret {
-    on_gpu(device, false, |fake, _, minor| {
-        let Some(gpu) = fake.gpu(minor) else {
-            return NOT_FOUND;
-        };
-        out!(
-            memory,
-            nvmlMemory_t {
-                total: gpu.memory_bytes,
-                free: gpu.memory_bytes,
-                used: 0
-            }
-        );
-        SUCCESS
-    })
+    on_gpu(
+        "nvmlDeviceGetMemoryInfo",
+        device,
+        false,
+        |fake, _, minor| {
+            let Some(gpu) = fake.gpu(minor) else {
+                return NOT_FOUND;
+            };
+            out!(
+                memory,
+                nvmlMemory_t {
+                    total: gpu.memory_bytes,
+                    free: gpu.memory_bytes,
+                    used: 0
+                }
+            );
+            SUCCESS
+        },
+    )
 }
 
 #[unsafe(no_mangle)]
@@ -512,41 +593,46 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
     device: nvmlDevice_t,
     pci: *mut nvmlPciInfo_t,
 ) -> Ret {
-    on_gpu(device, false, |fake, _, minor| {
-        let Some(gpu) = fake.gpu(minor) else {
-            return NOT_FOUND;
-        };
-        let (bus_id, _, _) = sim_pci_location(gpu.index);
-        let mut parts = bus_id
-            .split([':', '.'])
-            .map(|p| u32::from_str_radix(p, 16).unwrap_or(0));
-        let (domain, bus, dev) = (
-            parts.next().unwrap_or(0),
-            parts.next().unwrap_or(0),
-            parts.next().unwrap_or(0),
-        );
-        let model = fake.node.spec().models().nth(gpu.index as usize);
-        let mut info = nvmlPciInfo_t {
-            busIdLegacy: [0; 16],
-            domain,
-            bus,
-            device: dev,
-            pciDeviceId: model.map_or(0, |m| m.pci_device_id),
-            pciSubSystemId: 0x1658_10DE,
-            busId: [0; 32],
-        };
-        // NVML prints the 8-digit domain in busId and 4 digits in the legacy field.
-        let long = format!("{domain:08X}:{bus:02X}:{dev:02X}.0");
-        let legacy = format!("{domain:04X}:{bus:02X}:{dev:02X}.0");
-        for (dst, src) in info.busId.iter_mut().zip(long.bytes()) {
-            *dst = src as c_char;
-        }
-        for (dst, src) in info.busIdLegacy.iter_mut().zip(legacy.bytes()) {
-            *dst = src as c_char;
-        }
-        out!(pci, info);
-        SUCCESS
-    })
+    on_gpu(
+        "nvmlDeviceGetPciInfo_v3",
+        device,
+        false,
+        |fake, _, minor| {
+            let Some(gpu) = fake.gpu(minor) else {
+                return NOT_FOUND;
+            };
+            let (bus_id, _, _) = sim_pci_location(gpu.index);
+            let mut parts = bus_id
+                .split([':', '.'])
+                .map(|p| u32::from_str_radix(p, 16).unwrap_or(0));
+            let (domain, bus, dev) = (
+                parts.next().unwrap_or(0),
+                parts.next().unwrap_or(0),
+                parts.next().unwrap_or(0),
+            );
+            let model = fake.node.spec().models().nth(gpu.index as usize);
+            let mut info = nvmlPciInfo_t {
+                busIdLegacy: [0; 16],
+                domain,
+                bus,
+                device: dev,
+                pciDeviceId: model.map_or(0, |m| m.pci_device_id),
+                pciSubSystemId: 0x1658_10DE,
+                busId: [0; 32],
+            };
+            // NVML prints the 8-digit domain in busId and 4 digits in the legacy field.
+            let long = format!("{domain:08X}:{bus:02X}:{dev:02X}.0");
+            let legacy = format!("{domain:04X}:{bus:02X}:{dev:02X}.0");
+            for (dst, src) in info.busId.iter_mut().zip(long.bytes()) {
+                *dst = src as c_char;
+            }
+            for (dst, src) in info.busIdLegacy.iter_mut().zip(legacy.bytes()) {
+                *dst = src as c_char;
+            }
+            out!(pci, info);
+            SUCCESS
+        },
+    )
 }
 
 #[unsafe(no_mangle)]
@@ -555,31 +641,41 @@ pub unsafe extern "C" fn nvmlDeviceGetCudaComputeCapability(
     major: *mut c_int,
     minor_out: *mut c_int,
 ) -> Ret {
-    on_gpu(device, true, |fake, _, minor| {
-        let Some(gpu) = fake.gpu(minor) else {
-            return NOT_FOUND;
-        };
-        let cc = gpu.cuda_compute_capability;
-        out!(major, cc.major as c_int);
-        out!(minor_out, cc.minor as c_int);
-        SUCCESS
-    })
+    on_gpu(
+        "nvmlDeviceGetCudaComputeCapability",
+        device,
+        true,
+        |fake, _, minor| {
+            let Some(gpu) = fake.gpu(minor) else {
+                return NOT_FOUND;
+            };
+            let cc = gpu.cuda_compute_capability;
+            out!(major, cc.major as c_int);
+            out!(minor_out, cc.minor as c_int);
+            SUCCESS
+        },
+    )
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetArchitecture(device: nvmlDevice_t, arch: *mut c_uint) -> Ret {
-    on_gpu(device, true, |fake, _, minor| {
-        let Some(gpu) = fake.gpu(minor) else {
-            return NOT_FOUND;
-        };
-        out!(arch, gpu.architecture.nvml_value());
-        SUCCESS
-    })
+    on_gpu(
+        "nvmlDeviceGetArchitecture",
+        device,
+        true,
+        |fake, _, minor| {
+            let Some(gpu) = fake.gpu(minor) else {
+                return NOT_FOUND;
+            };
+            out!(arch, gpu.architecture.nvml_value());
+            SUCCESS
+        },
+    )
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetBrand(device: nvmlDevice_t, brand: *mut c_uint) -> Ret {
-    on_gpu(device, true, |fake, _, minor| {
+    on_gpu("nvmlDeviceGetBrand", device, true, |fake, _, minor| {
         let Some(model) = fake.node.spec().models().nth(minor as usize) else {
             return NOT_FOUND;
         };
@@ -590,18 +686,23 @@ pub unsafe extern "C" fn nvmlDeviceGetBrand(device: nvmlDevice_t, brand: *mut c_
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetNumaNodeId(device: nvmlDevice_t, node: *mut c_uint) -> Ret {
-    on_gpu(device, false, |fake, _, minor| {
-        let Some(gpu) = fake.gpu(minor) else {
-            return NOT_FOUND;
-        };
-        match gpu.numa_node {
-            Some(n) => {
-                out!(node, n as c_uint);
-                SUCCESS
+    on_gpu(
+        "nvmlDeviceGetNumaNodeId",
+        device,
+        false,
+        |fake, _, minor| {
+            let Some(gpu) = fake.gpu(minor) else {
+                return NOT_FOUND;
+            };
+            match gpu.numa_node {
+                Some(n) => {
+                    out!(node, n as c_uint);
+                    SUCCESS
+                }
+                None => NOT_SUPPORTED,
             }
-            None => NOT_SUPPORTED,
-        }
-    })
+        },
+    )
 }
 
 // ---- MIG: mode, profiles, placements -----------------------------------------------------------
@@ -612,7 +713,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMigMode(
     current: *mut c_uint,
     pending: *mut c_uint,
 ) -> Ret {
-    on_gpu(device, false, |fake, _, minor| {
+    on_gpu("nvmlDeviceGetMigMode", device, false, |fake, _, minor| {
         let Some(mig) = fake.gpu(minor).and_then(|g| g.mig.as_ref()) else {
             return NOT_SUPPORTED;
         };
@@ -629,7 +730,7 @@ pub unsafe extern "C" fn nvmlDeviceSetMigMode(
     mode: c_uint,
     activation_status: *mut Ret,
 ) -> Ret {
-    on_gpu(device, false, |fake, _, minor| {
+    on_gpu("nvmlDeviceSetMigMode", device, false, |fake, _, minor| {
         if mode > 1 {
             return INVALID_ARGUMENT;
         }
@@ -652,34 +753,39 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceProfileInfo(
     profile: c_uint,
     info: *mut nvmlGpuInstanceProfileInfo_t,
 ) -> Ret {
-    on_gpu(device, false, |fake, _, minor| {
-        let Some(mig) = fake.gpu(minor).and_then(|g| g.mig.as_ref()) else {
-            return NOT_SUPPORTED;
-        };
-        if profile >= gpu_dra::gpu::mig::GPU_INSTANCE_PROFILE_COUNT {
-            return INVALID_ARGUMENT;
-        }
-        let Some(p) = mig.profiles.iter().find(|p| p.profile_enum == profile) else {
-            return NOT_SUPPORTED;
-        };
-        out!(
-            info,
-            nvmlGpuInstanceProfileInfo_t {
-                id: p.id,
-                isP2pSupported: c_uint::from(p.p2p_supported),
-                sliceCount: p.slice_count,
-                instanceCount: p.instance_count,
-                multiprocessorCount: p.multiprocessors,
-                copyEngineCount: p.copy_engines,
-                decoderCount: p.decoders,
-                encoderCount: p.encoders,
-                jpegCount: p.jpeg_engines,
-                ofaCount: p.ofa_engines,
-                memorySizeMB: p.memory_mib as c_ulonglong,
+    on_gpu(
+        "nvmlDeviceGetGpuInstanceProfileInfo",
+        device,
+        false,
+        |fake, _, minor| {
+            let Some(mig) = fake.gpu(minor).and_then(|g| g.mig.as_ref()) else {
+                return NOT_SUPPORTED;
+            };
+            if profile >= gpu_dra::gpu::mig::GPU_INSTANCE_PROFILE_COUNT {
+                return INVALID_ARGUMENT;
             }
-        );
-        SUCCESS
-    })
+            let Some(p) = mig.profiles.iter().find(|p| p.profile_enum == profile) else {
+                return NOT_SUPPORTED;
+            };
+            out!(
+                info,
+                nvmlGpuInstanceProfileInfo_t {
+                    id: p.id,
+                    isP2pSupported: c_uint::from(p.p2p_supported),
+                    sliceCount: p.slice_count,
+                    instanceCount: p.instance_count,
+                    multiprocessorCount: p.multiprocessors,
+                    copyEngineCount: p.copy_engines,
+                    decoderCount: p.decoders,
+                    encoderCount: p.encoders,
+                    jpegCount: p.jpeg_engines,
+                    ofaCount: p.ofa_engines,
+                    memorySizeMB: p.memory_mib as c_ulonglong,
+                }
+            );
+            SUCCESS
+        },
+    )
 }
 
 #[unsafe(no_mangle)]
@@ -689,39 +795,44 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstancePossiblePlacements_v2(
     placements: *mut nvmlGpuInstancePlacement_t,
     count: *mut c_uint,
 ) -> Ret {
-    on_gpu(device, false, |fake, _, minor| {
-        let Some(mig) = fake.gpu(minor).and_then(|g| g.mig.as_ref()) else {
-            return NOT_SUPPORTED;
-        };
-        let Some(profile) = mig.profile_by_id(profile_id) else {
-            return INVALID_ARGUMENT;
-        };
-        if count.is_null() {
-            return INVALID_ARGUMENT;
-        }
-        let n = profile.placements.len();
-        if placements.is_null() {
-            // SAFETY: non-null out-pointer.
-            unsafe { *count = n as c_uint };
-            return SUCCESS;
-        }
-        // SAFETY: non-null; the caller states the buffer's capacity in *count.
-        let capacity = unsafe { *count } as usize;
-        unsafe { *count = n as c_uint };
-        if capacity < n {
-            return INSUFFICIENT_SIZE;
-        }
-        for (i, p) in profile.placements.iter().enumerate() {
-            // SAFETY: i < n <= capacity.
-            unsafe {
-                *placements.add(i) = nvmlGpuInstancePlacement_t {
-                    start: p.start,
-                    size: p.size,
-                }
+    on_gpu(
+        "nvmlDeviceGetGpuInstancePossiblePlacements_v2",
+        device,
+        false,
+        |fake, _, minor| {
+            let Some(mig) = fake.gpu(minor).and_then(|g| g.mig.as_ref()) else {
+                return NOT_SUPPORTED;
             };
-        }
-        SUCCESS
-    })
+            let Some(profile) = mig.profile_by_id(profile_id) else {
+                return INVALID_ARGUMENT;
+            };
+            if count.is_null() {
+                return INVALID_ARGUMENT;
+            }
+            let n = profile.placements.len();
+            if placements.is_null() {
+                // SAFETY: non-null out-pointer.
+                unsafe { *count = n as c_uint };
+                return SUCCESS;
+            }
+            // SAFETY: non-null; the caller states the buffer's capacity in *count.
+            let capacity = unsafe { *count } as usize;
+            unsafe { *count = n as c_uint };
+            if capacity < n {
+                return INSUFFICIENT_SIZE;
+            }
+            for (i, p) in profile.placements.iter().enumerate() {
+                // SAFETY: i < n <= capacity.
+                unsafe {
+                    *placements.add(i) = nvmlGpuInstancePlacement_t {
+                        start: p.start,
+                        size: p.size,
+                    }
+                };
+            }
+            SUCCESS
+        },
+    )
 }
 
 // ---- MIG: devices and instances ----------------------------------------------------------------
@@ -731,14 +842,19 @@ pub unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(
     device: nvmlDevice_t,
     count: *mut c_uint,
 ) -> Ret {
-    on_gpu(device, false, |fake, _, minor| {
-        let max = match fake.gpu(minor).and_then(|g| g.mig.as_ref()) {
-            Some(mig) if mig.mode.current => mig.memory_slices.min(7),
-            _ => 0,
-        };
-        out!(count, max);
-        SUCCESS
-    })
+    on_gpu(
+        "nvmlDeviceGetMaxMigDeviceCount",
+        device,
+        false,
+        |fake, _, minor| {
+            let max = match fake.gpu(minor).and_then(|g| g.mig.as_ref()) {
+                Some(mig) if mig.mode.current => mig.memory_slices.min(7),
+                _ => 0,
+            };
+            out!(count, max);
+            SUCCESS
+        },
+    )
 }
 
 #[unsafe(no_mangle)]
@@ -747,25 +863,30 @@ pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
     index: c_uint,
     mig_device: *mut nvmlDevice_t,
 ) -> Ret {
-    on_gpu(device, false, |fake, _, minor| {
-        let Some(mig) = fake.gpu(minor).and_then(|g| g.mig.as_ref()) else {
-            return NOT_SUPPORTED;
-        };
-        if !mig.mode.current {
-            return NOT_SUPPORTED;
-        }
-        let Some(instance) = mig.instances.get(index as usize) else {
-            return NOT_FOUND;
-        };
-        let key = DeviceKey::Mig {
-            minor,
-            gi: instance.gpu_instance_id,
-            ci: instance.compute_instance_id,
-        };
-        let handle = fake.device_handle(key);
-        out!(mig_device, handle);
-        SUCCESS
-    })
+    on_gpu(
+        "nvmlDeviceGetMigDeviceHandleByIndex",
+        device,
+        false,
+        |fake, _, minor| {
+            let Some(mig) = fake.gpu(minor).and_then(|g| g.mig.as_ref()) else {
+                return NOT_SUPPORTED;
+            };
+            if !mig.mode.current {
+                return NOT_SUPPORTED;
+            }
+            let Some(instance) = mig.instances.get(index as usize) else {
+                return NOT_FOUND;
+            };
+            let key = DeviceKey::Mig {
+                minor,
+                gi: instance.gpu_instance_id,
+                ci: instance.compute_instance_id,
+            };
+            let handle = fake.device_handle(key);
+            out!(mig_device, handle);
+            SUCCESS
+        },
+    )
 }
 
 #[unsafe(no_mangle)]
@@ -773,12 +894,9 @@ pub unsafe extern "C" fn nvmlDeviceIsMigDeviceHandle(
     device: nvmlDevice_t,
     is_mig: *mut c_uint,
 ) -> Ret {
-    with(|fake| match fake.device_key(device) {
-        Some(key) => {
-            out!(is_mig, c_uint::from(matches!(key, DeviceKey::Mig { .. })));
-            SUCCESS
-        }
-        None => INVALID_ARGUMENT,
+    on_handle("nvmlDeviceIsMigDeviceHandle", device, |_, key| {
+        out!(is_mig, c_uint::from(matches!(key, DeviceKey::Mig { .. })));
+        SUCCESS
     })
 }
 
@@ -787,26 +905,28 @@ pub unsafe extern "C" fn nvmlDeviceGetDeviceHandleFromMigDeviceHandle(
     mig_device: nvmlDevice_t,
     device: *mut nvmlDevice_t,
 ) -> Ret {
-    with(|fake| match fake.device_key(mig_device) {
-        Some(DeviceKey::Mig { minor, .. }) => {
-            let handle = fake.device_handle(DeviceKey::Gpu(minor));
-            out!(device, handle);
-            SUCCESS
-        }
-        Some(DeviceKey::Gpu(_)) => NOT_SUPPORTED,
-        None => INVALID_ARGUMENT,
-    })
+    on_handle(
+        "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
+        mig_device,
+        |fake, key| match key {
+            DeviceKey::Mig { minor, .. } => {
+                let handle = fake.device_handle(DeviceKey::Gpu(minor));
+                out!(device, handle);
+                SUCCESS
+            }
+            DeviceKey::Gpu(_) => NOT_SUPPORTED,
+        },
+    )
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceId(device: nvmlDevice_t, id: *mut c_uint) -> Ret {
-    with(|fake| match fake.device_key(device) {
-        Some(DeviceKey::Mig { gi, .. }) => {
+    on_handle("nvmlDeviceGetGpuInstanceId", device, |_, key| match key {
+        DeviceKey::Mig { gi, .. } => {
             out!(id, gi);
             SUCCESS
         }
-        Some(DeviceKey::Gpu(_)) => NOT_SUPPORTED,
-        None => INVALID_ARGUMENT,
+        DeviceKey::Gpu(_) => NOT_SUPPORTED,
     })
 }
 
@@ -815,14 +935,17 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeInstanceId(
     device: nvmlDevice_t,
     id: *mut c_uint,
 ) -> Ret {
-    with(|fake| match fake.device_key(device) {
-        Some(DeviceKey::Mig { ci, .. }) => {
-            out!(id, ci);
-            SUCCESS
-        }
-        Some(DeviceKey::Gpu(_)) => NOT_SUPPORTED,
-        None => INVALID_ARGUMENT,
-    })
+    on_handle(
+        "nvmlDeviceGetComputeInstanceId",
+        device,
+        |_, key| match key {
+            DeviceKey::Mig { ci, .. } => {
+                out!(id, ci);
+                SUCCESS
+            }
+            DeviceKey::Gpu(_) => NOT_SUPPORTED,
+        },
+    )
 }
 
 fn mig_enabled(fake: &Fake, minor: u32) -> bool {
@@ -837,22 +960,27 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceById(
     id: c_uint,
     gpu_instance: *mut nvmlGpuInstance_t,
 ) -> Ret {
-    on_gpu(device, false, |fake, _, minor| {
-        if !mig_enabled(fake, minor) {
-            return NOT_SUPPORTED;
-        }
-        let exists = fake
-            .state
-            .gpus
-            .iter()
-            .any(|g| g.minor == minor && g.gpu_instances.iter().any(|gi| gi.id == id));
-        if !exists {
-            return NOT_FOUND;
-        }
-        let handle = fake.gi_handle(GiKey { minor, gi: id });
-        out!(gpu_instance, handle);
-        SUCCESS
-    })
+    on_gpu(
+        "nvmlDeviceGetGpuInstanceById",
+        device,
+        false,
+        |fake, _, minor| {
+            if !mig_enabled(fake, minor) {
+                return NOT_SUPPORTED;
+            }
+            let exists = fake
+                .state
+                .gpus
+                .iter()
+                .any(|g| g.minor == minor && g.gpu_instances.iter().any(|gi| gi.id == id));
+            if !exists {
+                return NOT_FOUND;
+            }
+            let handle = fake.gi_handle(GiKey { minor, gi: id });
+            out!(gpu_instance, handle);
+            SUCCESS
+        },
+    )
 }
 
 #[unsafe(no_mangle)]
@@ -862,41 +990,47 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstances(
     gpu_instances: *mut nvmlGpuInstance_t,
     count: *mut c_uint,
 ) -> Ret {
-    on_gpu(device, false, |fake, _, minor| {
-        if !mig_enabled(fake, minor) {
-            return NOT_SUPPORTED;
-        }
-        if gpu_instances.is_null() || count.is_null() {
-            return INVALID_ARGUMENT;
-        }
-        let ids: Vec<u32> = fake
-            .state
-            .gpus
-            .iter()
-            .filter(|g| g.minor == minor)
-            .flat_map(|g| {
-                g.gpu_instances
-                    .iter()
-                    .filter(|gi| gi.profile_id == profile_id)
-                    .map(|gi| gi.id)
-            })
-            .collect();
-        for (i, id) in ids.iter().enumerate() {
-            let handle = fake.gi_handle(GiKey { minor, gi: *id });
-            // SAFETY: NVML callers pass a buffer of the profile's instance count; ids never exceed it.
-            unsafe { *gpu_instances.add(i) = handle };
-        }
-        // SAFETY: non-null out-pointer.
-        unsafe { *count = ids.len() as c_uint };
-        SUCCESS
-    })
+    on_gpu(
+        "nvmlDeviceGetGpuInstances",
+        device,
+        false,
+        |fake, _, minor| {
+            if !mig_enabled(fake, minor) {
+                return NOT_SUPPORTED;
+            }
+            if gpu_instances.is_null() || count.is_null() {
+                return INVALID_ARGUMENT;
+            }
+            let ids: Vec<u32> = fake
+                .state
+                .gpus
+                .iter()
+                .filter(|g| g.minor == minor)
+                .flat_map(|g| {
+                    g.gpu_instances
+                        .iter()
+                        .filter(|gi| gi.profile_id == profile_id)
+                        .map(|gi| gi.id)
+                })
+                .collect();
+            for (i, id) in ids.iter().enumerate() {
+                let handle = fake.gi_handle(GiKey { minor, gi: *id });
+                // SAFETY: NVML callers pass a buffer of the profile's instance count; ids never exceed it.
+                unsafe { *gpu_instances.add(i) = handle };
+            }
+            // SAFETY: non-null out-pointer.
+            unsafe { *count = ids.len() as c_uint };
+            SUCCESS
+        },
+    )
 }
 
-fn on_gi(handle: nvmlGpuInstance_t, f: impl FnOnce(&mut Fake, GiKey) -> Ret) -> Ret {
-    with(|fake| match fake.gi_key(handle) {
-        Some(key) => f(fake, key),
-        None => INVALID_ARGUMENT,
-    })
+fn on_gi(
+    name: &'static str,
+    handle: nvmlGpuInstance_t,
+    f: impl FnOnce(&mut Fake, GiKey) -> Ret,
+) -> Ret {
+    on_key(name, |fake| fake.gi_key(handle), |k| k.minor, f)
 }
 
 #[unsafe(no_mangle)]
@@ -904,7 +1038,7 @@ pub unsafe extern "C" fn nvmlGpuInstanceGetInfo(
     gpu_instance: nvmlGpuInstance_t,
     info: *mut nvmlGpuInstanceInfo_t,
 ) -> Ret {
-    on_gi(gpu_instance, |fake, key| {
+    on_gi("nvmlGpuInstanceGetInfo", gpu_instance, |fake, key| {
         let Some(gi) = fake
             .gpu_instance(GiKey {
                 minor: key.minor,
@@ -943,30 +1077,37 @@ pub unsafe extern "C" fn nvmlDeviceCreateGpuInstanceWithPlacement(
     }
     // SAFETY: non-null, caller-owned.
     let placement = unsafe { *placement };
-    on_gpu(device, false, |fake, _, minor| {
-        let wanted = Placement {
-            start: placement.start,
-            size: placement.size,
-        };
-        match fake.change(|node| node.create_gpu_instance(minor, profile_id, wanted)) {
-            Ok(id) => {
-                let handle = fake.gi_handle(GiKey { minor, gi: id });
-                out!(gpu_instance, handle);
-                SUCCESS
+    on_gpu(
+        "nvmlDeviceCreateGpuInstanceWithPlacement",
+        device,
+        false,
+        |fake, _, minor| {
+            let wanted = Placement {
+                start: placement.start,
+                size: placement.size,
+            };
+            match fake.change(|node| node.create_gpu_instance(minor, profile_id, wanted)) {
+                Ok(id) => {
+                    let handle = fake.gi_handle(GiKey { minor, gi: id });
+                    out!(gpu_instance, handle);
+                    SUCCESS
+                }
+                Err(code) => code,
             }
-            Err(code) => code,
-        }
-    })
+        },
+    )
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlGpuInstanceDestroy(gpu_instance: nvmlGpuInstance_t) -> Ret {
-    on_gi(gpu_instance, |fake, key| {
-        match fake.change(|node| node.destroy_gpu_instance(key.minor, key.gi)) {
+    on_gi(
+        "nvmlGpuInstanceDestroy",
+        gpu_instance,
+        |fake, key| match fake.change(|node| node.destroy_gpu_instance(key.minor, key.gi)) {
             Ok(()) => SUCCESS,
             Err(code) => code,
-        }
-    })
+        },
+    )
 }
 
 #[unsafe(no_mangle)]
@@ -975,29 +1116,33 @@ pub unsafe extern "C" fn nvmlGpuInstanceCreateComputeInstance(
     profile_id: c_uint,
     compute_instance: *mut nvmlComputeInstance_t,
 ) -> Ret {
-    on_gi(gpu_instance, |fake, key| {
-        // Only the full-size compute instance is simulated; anything else is refused like an
-        // unsupported profile.
-        let slices = fake.gpu_instance_profile(key).map(|p| p.slice_count);
-        let Some(slices) = slices else {
-            return NOT_FOUND;
-        };
-        if profile_id != full_compute_profile(slices) {
-            return NOT_SUPPORTED;
-        }
-        match fake.change(|node| node.create_compute_instance(key.minor, key.gi)) {
-            Ok((ci, _)) => {
-                let handle = fake.ci_handle(CiKey {
-                    minor: key.minor,
-                    gi: key.gi,
-                    ci,
-                });
-                out!(compute_instance, handle);
-                SUCCESS
+    on_gi(
+        "nvmlGpuInstanceCreateComputeInstance",
+        gpu_instance,
+        |fake, key| {
+            // Only the full-size compute instance is simulated; anything else is refused like an
+            // unsupported profile.
+            let slices = fake.gpu_instance_profile(key).map(|p| p.slice_count);
+            let Some(slices) = slices else {
+                return NOT_FOUND;
+            };
+            if profile_id != full_compute_profile(slices) {
+                return NOT_SUPPORTED;
             }
-            Err(code) => code,
-        }
-    })
+            match fake.change(|node| node.create_compute_instance(key.minor, key.gi)) {
+                Ok((ci, _)) => {
+                    let handle = fake.ci_handle(CiKey {
+                        minor: key.minor,
+                        gi: key.gi,
+                        ci,
+                    });
+                    out!(compute_instance, handle);
+                    SUCCESS
+                }
+                Err(code) => code,
+            }
+        },
+    )
 }
 
 #[unsafe(no_mangle)]
@@ -1007,43 +1152,48 @@ pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstances(
     compute_instances: *mut nvmlComputeInstance_t,
     count: *mut c_uint,
 ) -> Ret {
-    on_gi(gpu_instance, |fake, key| {
-        if compute_instances.is_null() || count.is_null() {
-            return INVALID_ARGUMENT;
-        }
-        let ids: Vec<u32> = fake
-            .state
-            .gpus
-            .iter()
-            .filter(|g| g.minor == key.minor)
-            .flat_map(|g| g.gpu_instances.iter().filter(|gi| gi.id == key.gi))
-            .flat_map(|gi| {
-                gi.compute_instances
-                    .iter()
-                    .filter(|ci| ci.profile_id == profile_id)
-                    .map(|ci| ci.id)
-            })
-            .collect();
-        for (i, ci) in ids.iter().enumerate() {
-            let handle = fake.ci_handle(CiKey {
-                minor: key.minor,
-                gi: key.gi,
-                ci: *ci,
-            });
-            // SAFETY: callers size the buffer by the CI profile's instance count.
-            unsafe { *compute_instances.add(i) = handle };
-        }
-        // SAFETY: non-null out-pointer.
-        unsafe { *count = ids.len() as c_uint };
-        SUCCESS
-    })
+    on_gi(
+        "nvmlGpuInstanceGetComputeInstances",
+        gpu_instance,
+        |fake, key| {
+            if compute_instances.is_null() || count.is_null() {
+                return INVALID_ARGUMENT;
+            }
+            let ids: Vec<u32> = fake
+                .state
+                .gpus
+                .iter()
+                .filter(|g| g.minor == key.minor)
+                .flat_map(|g| g.gpu_instances.iter().filter(|gi| gi.id == key.gi))
+                .flat_map(|gi| {
+                    gi.compute_instances
+                        .iter()
+                        .filter(|ci| ci.profile_id == profile_id)
+                        .map(|ci| ci.id)
+                })
+                .collect();
+            for (i, ci) in ids.iter().enumerate() {
+                let handle = fake.ci_handle(CiKey {
+                    minor: key.minor,
+                    gi: key.gi,
+                    ci: *ci,
+                });
+                // SAFETY: callers size the buffer by the CI profile's instance count.
+                unsafe { *compute_instances.add(i) = handle };
+            }
+            // SAFETY: non-null out-pointer.
+            unsafe { *count = ids.len() as c_uint };
+            SUCCESS
+        },
+    )
 }
 
-fn on_ci(handle: nvmlComputeInstance_t, f: impl FnOnce(&mut Fake, CiKey) -> Ret) -> Ret {
-    with(|fake| match fake.ci_key(handle) {
-        Some(key) => f(fake, key),
-        None => INVALID_ARGUMENT,
-    })
+fn on_ci(
+    name: &'static str,
+    handle: nvmlComputeInstance_t,
+    f: impl FnOnce(&mut Fake, CiKey) -> Ret,
+) -> Ret {
+    on_key(name, |fake| fake.ci_key(handle), |k| k.minor, f)
 }
 
 #[unsafe(no_mangle)]
@@ -1051,50 +1201,58 @@ pub unsafe extern "C" fn nvmlComputeInstanceGetInfo_v2(
     compute_instance: nvmlComputeInstance_t,
     info: *mut nvmlComputeInstanceInfo_t,
 ) -> Ret {
-    on_ci(compute_instance, |fake, key| {
-        let Some(ci) = fake
-            .gpu_instance(GiKey {
+    on_ci(
+        "nvmlComputeInstanceGetInfo_v2",
+        compute_instance,
+        |fake, key| {
+            let Some(ci) = fake
+                .gpu_instance(GiKey {
+                    minor: key.minor,
+                    gi: key.gi,
+                })
+                .and_then(|gi| gi.compute_instances.iter().find(|ci| ci.id == key.ci))
+                .cloned()
+            else {
+                return NOT_FOUND;
+            };
+            let device = fake.device_handle(DeviceKey::Mig {
                 minor: key.minor,
                 gi: key.gi,
-            })
-            .and_then(|gi| gi.compute_instances.iter().find(|ci| ci.id == key.ci))
-            .cloned()
-        else {
-            return NOT_FOUND;
-        };
-        let device = fake.device_handle(DeviceKey::Mig {
-            minor: key.minor,
-            gi: key.gi,
-            ci: key.ci,
-        });
-        let gpu_instance = fake.gi_handle(GiKey {
-            minor: key.minor,
-            gi: key.gi,
-        });
-        out!(
-            info,
-            nvmlComputeInstanceInfo_t {
-                device,
-                gpuInstance: gpu_instance,
-                id: ci.id,
-                profileId: ci.profile_id,
-                placement: nvmlComputeInstancePlacement_t { start: 0, size: 0 },
-            }
-        );
-        SUCCESS
-    })
+                ci: key.ci,
+            });
+            let gpu_instance = fake.gi_handle(GiKey {
+                minor: key.minor,
+                gi: key.gi,
+            });
+            out!(
+                info,
+                nvmlComputeInstanceInfo_t {
+                    device,
+                    gpuInstance: gpu_instance,
+                    id: ci.id,
+                    profileId: ci.profile_id,
+                    placement: nvmlComputeInstancePlacement_t { start: 0, size: 0 },
+                }
+            );
+            SUCCESS
+        },
+    )
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlComputeInstanceDestroy(
     compute_instance: nvmlComputeInstance_t,
 ) -> Ret {
-    on_ci(compute_instance, |fake, key| {
-        match fake.change(|node| node.destroy_compute_instance(key.minor, key.gi, key.ci)) {
+    on_ci(
+        "nvmlComputeInstanceDestroy",
+        compute_instance,
+        |fake, key| match fake
+            .change(|node| node.destroy_compute_instance(key.minor, key.gi, key.ci))
+        {
             Ok(()) => SUCCESS,
             Err(code) => code,
-        }
-    })
+        },
+    )
 }
 
 #[unsafe(no_mangle)]
@@ -1104,34 +1262,38 @@ pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstanceProfileInfo(
     eng_profile: c_uint,
     info: *mut nvmlComputeInstanceProfileInfo_t,
 ) -> Ret {
-    on_gi(gpu_instance, |fake, key| {
-        if eng_profile != 0 {
-            return INVALID_ARGUMENT;
-        }
-        let Some(gi_profile) = fake.gpu_instance_profile(key) else {
-            return NOT_FOUND;
-        };
-        // Only the full-size compute instance is simulated (its id equals its profile constant,
-        // as on real GPUs).
-        if profile != full_compute_profile(gi_profile.slice_count) {
-            return NOT_SUPPORTED;
-        }
-        out!(
-            info,
-            nvmlComputeInstanceProfileInfo_t {
-                id: profile,
-                sliceCount: gi_profile.slice_count,
-                instanceCount: 1,
-                multiprocessorCount: gi_profile.multiprocessors,
-                sharedCopyEngineCount: gi_profile.copy_engines,
-                sharedDecoderCount: gi_profile.decoders,
-                sharedEncoderCount: gi_profile.encoders,
-                sharedJpegCount: gi_profile.jpeg_engines,
-                sharedOfaCount: gi_profile.ofa_engines,
+    on_gi(
+        "nvmlGpuInstanceGetComputeInstanceProfileInfo",
+        gpu_instance,
+        |fake, key| {
+            if eng_profile != 0 {
+                return INVALID_ARGUMENT;
             }
-        );
-        SUCCESS
-    })
+            let Some(gi_profile) = fake.gpu_instance_profile(key) else {
+                return NOT_FOUND;
+            };
+            // Only the full-size compute instance is simulated (its id equals its profile constant,
+            // as on real GPUs).
+            if profile != full_compute_profile(gi_profile.slice_count) {
+                return NOT_SUPPORTED;
+            }
+            out!(
+                info,
+                nvmlComputeInstanceProfileInfo_t {
+                    id: profile,
+                    sliceCount: gi_profile.slice_count,
+                    instanceCount: 1,
+                    multiprocessorCount: gi_profile.multiprocessors,
+                    sharedCopyEngineCount: gi_profile.copy_engines,
+                    sharedDecoderCount: gi_profile.decoders,
+                    sharedEncoderCount: gi_profile.encoders,
+                    sharedJpegCount: gi_profile.jpeg_engines,
+                    sharedOfaCount: gi_profile.ofa_engines,
+                }
+            );
+            SUCCESS
+        },
+    )
 }
 
 #[unsafe(no_mangle)]
@@ -1140,23 +1302,27 @@ pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstanceById(
     id: c_uint,
     compute_instance: *mut nvmlComputeInstance_t,
 ) -> Ret {
-    on_gi(gpu_instance, |fake, key| {
-        let exists = fake
-            .state
-            .gpus
-            .iter()
-            .filter(|g| g.minor == key.minor)
-            .flat_map(|g| g.gpu_instances.iter().filter(|gi| gi.id == key.gi))
-            .any(|gi| gi.compute_instances.iter().any(|ci| ci.id == id));
-        if !exists {
-            return NOT_FOUND;
-        }
-        let handle = fake.ci_handle(CiKey {
-            minor: key.minor,
-            gi: key.gi,
-            ci: id,
-        });
-        out!(compute_instance, handle);
-        SUCCESS
-    })
+    on_gi(
+        "nvmlGpuInstanceGetComputeInstanceById",
+        gpu_instance,
+        |fake, key| {
+            let exists = fake
+                .state
+                .gpus
+                .iter()
+                .filter(|g| g.minor == key.minor)
+                .flat_map(|g| g.gpu_instances.iter().filter(|gi| gi.id == key.gi))
+                .any(|gi| gi.compute_instances.iter().any(|ci| ci.id == id));
+            if !exists {
+                return NOT_FOUND;
+            }
+            let handle = fake.ci_handle(CiKey {
+                minor: key.minor,
+                gi: key.gi,
+                ci: id,
+            });
+            out!(compute_instance, handle);
+            SUCCESS
+        },
+    )
 }

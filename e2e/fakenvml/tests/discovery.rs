@@ -193,3 +193,128 @@ fn mig_lifecycle_through_nvml() {
     assert!(!nvml.set_mig_mode(1, false).expect("disable").current);
     assert!(sim.state().expect("state").gpus[1].gpu_instances.is_empty());
 }
+
+/// NVML calls that read what never changes on a GPU; after the first inventory they are cached.
+const STATIC_CALLS: &[&str] = &[
+    "nvmlDeviceGetCount_v2",
+    "nvmlDeviceGetHandleByIndex_v2",
+    "nvmlDeviceGetMinorNumber",
+    "nvmlDeviceGetName",
+    "nvmlDeviceGetBrand",
+    "nvmlDeviceGetArchitecture",
+    "nvmlDeviceGetCudaComputeCapability",
+    "nvmlDeviceGetMemoryInfo",
+    "nvmlDeviceGetMemoryInfo_v2",
+    "nvmlDeviceGetPciInfo_v3",
+    "nvmlDeviceGetNumaNodeId",
+    "nvmlDeviceGetGpuInstanceProfileInfo",
+    "nvmlDeviceGetGpuInstancePossiblePlacements_v2",
+    "nvmlSystemGetDriverVersion",
+    "nvmlSystemGetCudaDriverVersion_v2",
+];
+
+/// Once the first inventory has read the node, a dynamic carve (GPU instance + compute instance
+/// on one GPU) and the inventory after it ask NVML only about that GPU's MIG state: no
+/// enumeration, no static facts, nothing about other GPUs.
+///
+/// Measured on 8×H100 with MIG mode on GPU 5, carving 3g.40gb@4 and its CI, then one inventory:
+/// before the NVML backend cached, 1,134 NVML calls (three full discoveries: two inside
+/// `create_compute_instance`, one after; three handle lookups walking every GPU), 897 of them
+/// about other GPUs. Now 23, all about GPU 5: GI create 2, CI create 7 (the GI's profile, then
+/// create and read the MIG device's UUID), and the inventory re-reads GPU 5's MIG mode and walks
+/// its 7 MIG device slots (9) plus 5 per MIG device.
+#[test]
+fn a_carve_asks_nvml_only_about_the_carved_gpu() {
+    use gpu_dra::gpu::GpuControl;
+    const SPEC: &str = "sim:8xH100-SXM5-80GB";
+    const CARVED: u32 = 5;
+    let _guard = ENV.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("s.json");
+    let log = dir.path().join("calls.log");
+    let sim = SimNode::new(SPEC.parse().expect("spec"), "n4", Some(state.clone()));
+    sim.set_mig_mode(CARVED, true).expect("enable");
+    // SAFETY: serialised by ENV.
+    unsafe {
+        std::env::set_var("FAKE_NVML_GPUS", SPEC);
+        std::env::set_var("FAKE_NVML_NODE", "n4");
+        std::env::set_var("FAKE_NVML_STATE", &state);
+        std::env::set_var("FAKE_NVML_CALL_LOG", &log);
+    }
+    let nvml = NvmlBackend::open(Some(&fake_library()), "/nonexistent".into()).expect("NVML init");
+    // SAFETY: serialised by ENV; the fake read it at init, and other tests must not log.
+    unsafe { std::env::remove_var("FAKE_NVML_CALL_LOG") };
+    nvml.inventory().expect("first inventory");
+
+    std::fs::write(&log, "").expect("truncate the call log");
+    let gi = nvml
+        .create_gpu_instance(CARVED, 9, Placement { start: 4, size: 4 })
+        .expect("3g@4");
+    nvml.create_compute_instance(CARVED, gi).expect("ci");
+    let after = nvml.inventory().expect("inventory after the carve");
+
+    let text = std::fs::read_to_string(&log).expect("call log");
+    let calls: Vec<(&str, &str)> = text
+        .lines()
+        .filter_map(|line| line.split_once(' '))
+        .collect();
+    let mut per_function = std::collections::BTreeMap::<&str, usize>::new();
+    for (function, _) in &calls {
+        *per_function.entry(function).or_default() += 1;
+    }
+    let other_gpus = calls
+        .iter()
+        .filter(|(_, gpu)| *gpu != "-" && *gpu != CARVED.to_string())
+        .count();
+    let fresh = NvmlBackend::open(Some(&fake_library()), "/nonexistent".into())
+        .expect("second NVML init")
+        .inventory()
+        .expect("fresh discovery");
+    assert_eq!(
+        after, fresh,
+        "the cached view is what a full discovery reads"
+    );
+    let hw = sim.inventory().expect("sim");
+    let carved = CARVED as usize;
+    assert_eq!(
+        after.gpus[carved].mig, hw.gpus[carved].mig,
+        "the carve shows"
+    );
+    assert_eq!(other_gpus, 0, "{per_function:#?}");
+    let statics: Vec<_> = per_function
+        .keys()
+        .filter(|f| STATIC_CALLS.contains(f))
+        .collect();
+    assert!(statics.is_empty(), "static facts re-read: {statics:?}");
+    assert!(
+        calls.len() <= 23,
+        "{} calls: {per_function:#?}",
+        calls.len()
+    );
+
+    // A MIG mode change reads that GPU's profiles for the new mode once (real drivers answer
+    // placements only in MIG mode); going back and forth later reads none.
+    const TOGGLED: u32 = 6;
+    let profile_reads = || {
+        std::fs::read_to_string(&log)
+            .expect("call log")
+            .lines()
+            .filter(|l| l.starts_with("nvmlDeviceGetGpuInstanceProfileInfo "))
+            .map(|l| l.ends_with(&format!(" {TOGGLED}")))
+            .collect::<Vec<_>>()
+    };
+    std::fs::write(&log, "").expect("truncate the call log");
+    nvml.set_mig_mode(TOGGLED, true).expect("enable");
+    let toggled = nvml.inventory().expect("inventory in MIG mode");
+    let reads = profile_reads();
+    assert!(
+        !reads.is_empty() && reads.iter().all(|&on_gpu| on_gpu),
+        "{reads:?}"
+    );
+    std::fs::write(&log, "").expect("truncate the call log");
+    nvml.set_mig_mode(TOGGLED, false).expect("disable");
+    nvml.inventory().expect("inventory");
+    nvml.set_mig_mode(TOGGLED, true).expect("enable again");
+    assert_eq!(nvml.inventory().expect("inventory"), toggled);
+    assert_eq!(profile_reads(), Vec::<bool>::new());
+}
