@@ -62,6 +62,9 @@ pub struct RunArgs {
     /// Seconds between full comparisons of the published slices with the desired ones.
     #[arg(long, env = "GPU_DRA_RESYNC_INTERVAL", default_value_t = 60)]
     pub resync_interval_seconds: u64,
+    /// Seconds one call to the API server may take before it is abandoned and retried.
+    #[arg(long, env = "GPU_DRA_API_TIMEOUT", default_value_t = 20)]
+    pub api_timeout_seconds: u64,
 }
 
 pub fn run(args: RunArgs) -> Result<ExitCode, CliError> {
@@ -83,6 +86,10 @@ pub fn run(args: RunArgs) -> Result<ExitCode, CliError> {
         gc_interval: Duration::from_secs(args.gc_interval_seconds.max(1)),
         resync_interval: Duration::from_secs(args.resync_interval_seconds.max(1)),
         metrics_addr: args.metrics_addr,
+        api_timeouts: crate::kubeapi::ApiTimeouts {
+            request: Duration::from_secs(args.api_timeout_seconds.max(1)),
+            ..Default::default()
+        },
     };
     // One thread serves kubelet, the API server and metrics easily; fewer threads keep the
     // resident set small on every GPU node.

@@ -468,3 +468,32 @@ fn a_second_instance_adopts_the_first_ones_claims() {
     assert!(old.sync_with_disk().expect("sync"));
     assert!(old.claims().is_empty());
 }
+
+/// A hung API server (accepts, never answers) delays a garbage-collection round by one deadline,
+/// never for good; the claim is kept until a lookup succeeds.
+#[tokio::test]
+async fn garbage_collection_completes_while_the_api_server_hangs() {
+    use std::time::Duration;
+
+    use crate::kubeapi::{ApiTimeouts, hung_api_server};
+    use crate::prepare::claims::KubeClaims;
+    use crate::prepare::driver::Driver;
+
+    let f = Fixture::new("sim:2xH100-SXM5-80GB");
+    let mut state = f.open();
+    let c = claim("u1", vec![result("gpu-1")], vec![]);
+    state.prepare(&claim_ref("u1"), &c).expect("prepare");
+    let timeouts = ApiTimeouts {
+        connect: Duration::from_secs(1),
+        request: Duration::from_millis(300),
+    };
+    let (client, server) = hung_api_server(timeouts).await;
+    let claims = KubeClaims::new(client, "gpu.nvidia.com").with_timeout(timeouts.request);
+    let driver = Driver::new(state, Arc::new(claims));
+    let round = tokio::time::timeout(Duration::from_secs(3), driver.collect_garbage())
+        .await
+        .expect("the round ends");
+    assert!(round.is_empty(), "nothing collected on a failed lookup");
+    assert_eq!(driver.with_state(|s| s.claims().len()).await, 1);
+    server.abort();
+}
