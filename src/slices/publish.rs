@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, DeleteParams, PostParams, Preconditions};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use tokio::sync::{Mutex, Notify, watch};
 
 use super::SliceOptions;
@@ -273,11 +273,14 @@ impl Publisher {
             let stream = watcher(
                 self.api(),
                 watcher::Config::default().fields(&self.selector()),
-            )
-            .default_backoff();
+            );
             let node = self.options.node_name.clone();
             AbortOnDrop(tokio::spawn(async move {
                 let mut stream = std::pin::pin!(stream);
+                // Our own backoff rather than kube's default: an expired resourceVersion (410,
+                // e.g. after the API server restarted) must relist at once, not after the
+                // backoff the outage built up, or deletions go unnoticed for that long.
+                let mut backoff = Backoff::new(Duration::from_millis(250), Duration::from_secs(10));
                 let mut failing = false;
                 while let Some(event) = stream.next().await {
                     match event {
@@ -285,12 +288,24 @@ impl Publisher {
                             if std::mem::take(&mut failing) {
                                 tracing::info!(node = %node, "ResourceSlice watch resumed");
                             }
+                            backoff.reset();
                             store.apply(event);
                         }
                         Err(error) => {
-                            failing = true;
-                            log_watch_error(&node, &error);
                             store.failed(error.to_string());
+                            let status = watch_status(&error);
+                            if status == Some(410) {
+                                tracing::debug!(node = %node, %error, "ResourceSlice watch expired; listing again");
+                                continue;
+                            }
+                            failing = true;
+                            let wait = backoff.next_wait(None);
+                            if matches!(status, Some(401 | 403)) {
+                                tracing::error!(node = %node, %error, retry_in = ?wait, "ResourceSlice watch refused: the driver needs list and watch on resourceslices");
+                            } else {
+                                tracing::warn!(node = %node, %error, retry_in = ?wait, "ResourceSlice watch failed");
+                            }
+                            tokio::time::sleep(wait).await;
                         }
                     }
                 }
@@ -532,23 +547,14 @@ impl Publisher {
     }
 }
 
-fn log_watch_error(node: &str, error: &watcher::Error) {
-    let status = match error {
+/// The HTTP status of a watch failure, when the API server answered.
+fn watch_status(error: &watcher::Error) -> Option<u16> {
+    match error {
         watcher::Error::InitialListFailed(kube::Error::Api(s))
         | watcher::Error::WatchStartFailed(kube::Error::Api(s))
         | watcher::Error::WatchFailed(kube::Error::Api(s))
         | watcher::Error::WatchError(s) => Some(s.code),
         _ => None,
-    };
-    match status {
-        // The resourceVersion expired: the watcher lists again, as designed.
-        Some(410) => tracing::debug!(node, %error, "ResourceSlice watch expired; listing again"),
-        Some(401 | 403) => tracing::error!(
-            node,
-            %error,
-            "ResourceSlice watch refused: the driver needs list and watch on resourceslices"
-        ),
-        _ => tracing::warn!(node, %error, "ResourceSlice watch failed; retrying with backoff"),
     }
 }
 
