@@ -129,11 +129,17 @@ fn unit_random() -> f64 {
     (hasher.finish() >> 11) as f64 / (1u64 << 53) as f64
 }
 
-/// An API server that accepts connections and never answers, for tests of the deadlines.
+/// Short deadlines for tests against [`hung_api_server`].
 #[cfg(test)]
-pub(crate) async fn hung_api_server(
-    timeouts: ApiTimeouts,
-) -> (kube::Client, tokio::task::JoinHandle<()>) {
+pub(crate) const TEST_TIMEOUTS: ApiTimeouts = ApiTimeouts {
+    connect: Duration::from_secs(1),
+    request: Duration::from_millis(300),
+};
+
+/// An API server that accepts connections and never answers, and a client of it with
+/// [`TEST_TIMEOUTS`].
+#[cfg(test)]
+pub(crate) async fn hung_api_server() -> (kube::Client, tokio::task::JoinHandle<()>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
@@ -146,7 +152,7 @@ pub(crate) async fn hung_api_server(
     });
     let url = format!("http://127.0.0.1:{port}").parse().expect("url");
     let mut config = kube::Config::new(url);
-    timeouts.apply(&mut config);
+    TEST_TIMEOUTS.apply(&mut config);
     (kube::Client::try_from(config).expect("client"), server)
 }
 
@@ -157,12 +163,8 @@ mod tests {
 
     #[tokio::test]
     async fn claim_calls_to_a_hung_api_server_fail_within_the_deadline() {
-        let timeouts = ApiTimeouts {
-            connect: Duration::from_secs(1),
-            request: Duration::from_millis(300),
-        };
-        let (client, server) = hung_api_server(timeouts).await;
-        let claims = KubeClaims::new(client, "gpu.nvidia.com").with_timeout(timeouts.request);
+        let (client, server) = hung_api_server().await;
+        let claims = KubeClaims::new(client, "gpu.nvidia.com").with_timeout(TEST_TIMEOUTS.request);
         let started = std::time::Instant::now();
         let error = claims.get("default", "c").await.expect_err("no answer");
         assert!(error.contains("no answer"), "{error}");

@@ -475,7 +475,7 @@ fn a_second_instance_adopts_the_first_ones_claims() {
 async fn garbage_collection_completes_while_the_api_server_hangs() {
     use std::time::Duration;
 
-    use crate::kubeapi::{ApiTimeouts, hung_api_server};
+    use crate::kubeapi::{TEST_TIMEOUTS, hung_api_server};
     use crate::prepare::claims::KubeClaims;
     use crate::prepare::driver::Driver;
 
@@ -483,12 +483,8 @@ async fn garbage_collection_completes_while_the_api_server_hangs() {
     let mut state = f.open();
     let c = claim("u1", vec![result("gpu-1")], vec![]);
     state.prepare(&claim_ref("u1"), &c).expect("prepare");
-    let timeouts = ApiTimeouts {
-        connect: Duration::from_secs(1),
-        request: Duration::from_millis(300),
-    };
-    let (client, server) = hung_api_server(timeouts).await;
-    let claims = KubeClaims::new(client, "gpu.nvidia.com").with_timeout(timeouts.request);
+    let (client, server) = hung_api_server().await;
+    let claims = KubeClaims::new(client, "gpu.nvidia.com").with_timeout(TEST_TIMEOUTS.request);
     let driver = Driver::new(state, Arc::new(claims));
     let round = tokio::time::timeout(Duration::from_secs(3), driver.collect_garbage())
         .await

@@ -592,7 +592,7 @@ fn slice_err(name: &str, operation: &'static str, e: CallError) -> PublishError 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kubeapi::{ApiTimeouts, hung_api_server};
+    use crate::kubeapi::{TEST_TIMEOUTS, hung_api_server};
 
     fn slice(name: &str, uid: &str, resource_version: &str) -> ResourceSlice {
         let mut slice = ResourceSlice::default();
@@ -632,15 +632,11 @@ mod tests {
 
     #[tokio::test]
     async fn a_sync_against_a_hung_api_server_fails_within_the_deadline() {
-        let timeouts = ApiTimeouts {
-            connect: Duration::from_secs(1),
-            request: Duration::from_millis(300),
-        };
-        let (client, server) = hung_api_server(timeouts).await;
+        let (client, server) = hung_api_server().await;
         let publisher = Publisher::new(
             client,
             SliceOptions::new("gpu.nvidia.com", "n1"),
-            timeouts.request,
+            TEST_TIMEOUTS.request,
         );
         let started = std::time::Instant::now();
         let error = publisher.sync(&[]).await.expect_err("no answer");
