@@ -10,6 +10,7 @@ pub mod cli;
 pub mod config;
 pub mod fsutil;
 pub mod gpu;
+pub mod kubeapi;
 pub mod metrics;
 pub mod node;
 pub mod plugin;

@@ -14,6 +14,7 @@ use k8s_openapi::api::resource::v1::ResourceSlice;
 use tokio::sync::watch;
 
 use crate::gpu::{self, DiscoveryConfig, GpuError, NodeInventory};
+use crate::kubeapi::ApiTimeouts;
 use crate::metrics::{Metrics, MetricsError, MetricsServer, ObserverList};
 use crate::plugin::{PluginConfig, PluginError, PluginServer};
 use crate::prepare::checkpoint::CheckpointError;
@@ -93,11 +94,17 @@ pub struct NodeOptions {
     pub resync_interval: Duration,
     /// Where `/metrics`, `/healthz` and `/readyz` are served; off when `None`.
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Deadlines of calls to the API server.
+    pub api_timeouts: ApiTimeouts,
 }
 
-/// Builds a client from `--kubeconfig`, else in-cluster, else `KUBECONFIG`/`~/.kube/config`.
-pub async fn kube_client(kubeconfig: Option<&std::path::Path>) -> Result<kube::Client, NodeError> {
-    let config = match kubeconfig {
+/// Builds a client from `--kubeconfig`, else in-cluster, else `KUBECONFIG`/`~/.kube/config`,
+/// with `timeouts` for connecting (requests are bounded by their callers).
+pub async fn kube_client(
+    kubeconfig: Option<&std::path::Path>,
+    timeouts: &ApiTimeouts,
+) -> Result<kube::Client, NodeError> {
+    let mut config = match kubeconfig {
         Some(path) => {
             let file = kube::config::Kubeconfig::read_from(path)
                 .map_err(|e| NodeError::Kube(format!("{}: {e}", path.display())))?;
@@ -114,6 +121,7 @@ pub async fn kube_client(kubeconfig: Option<&std::path::Path>) -> Result<kube::C
                 })?,
         },
     };
+    timeouts.apply(&mut config);
     kube::Client::try_from(config).map_err(|e| NodeError::Kube(e.to_string()))
 }
 
@@ -218,9 +226,11 @@ impl NodeAgent {
         );
         let (desired_tx, desired_rx) = watch::channel(Arc::new(desired_slices));
 
-        let client = kube_client(options.kubeconfig.as_deref()).await?;
-        let claims: Arc<dyn ClaimSource> =
-            Arc::new(KubeClaims::new(client.clone(), &options.driver_name));
+        let client = kube_client(options.kubeconfig.as_deref(), &options.api_timeouts).await?;
+        let claims: Arc<dyn ClaimSource> = Arc::new(
+            KubeClaims::new(client.clone(), &options.driver_name)
+                .with_timeout(options.api_timeouts.request),
+        );
         let updater = Arc::new(SliceUpdater {
             options: slice_options.clone(),
             desired: desired_tx,
@@ -253,7 +263,7 @@ impl NodeAgent {
         );
 
         let (shutdown, shutdown_rx) = watch::channel(false);
-        let publisher = Publisher::new(client, slice_options);
+        let publisher = Publisher::new(client, slice_options, options.api_timeouts.request);
         let sync_metrics = metrics.clone();
         let synced_slices = desired_rx.clone();
         // One publisher per node: during a rolling update the new instance takes over once the
@@ -353,9 +363,10 @@ impl NodeAgent {
         let reason = error.to_string();
         tracing::error!(error = %reason, "refusing to prepare or unprepare any claim");
         metrics.observe_checkpoint_unusable();
-        let client = kube_client(options.kubeconfig.as_deref()).await?;
+        let client = kube_client(options.kubeconfig.as_deref(), &options.api_timeouts).await?;
         let node_name = options.discovery.node_name.clone();
-        if let Err(e) = report_on_node(&client, &node_name, &options.driver_name, &reason).await {
+        let report = report_on_node(&client, &node_name, &options.driver_name, &reason);
+        if let Err(e) = crate::kubeapi::bounded(options.api_timeouts.request, report).await {
             tracing::warn!(error = %e, node = %node_name, "cannot record the refusal as a Node event");
         }
         let plugin = PluginServer::start(PluginConfig {

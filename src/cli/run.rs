@@ -66,6 +66,9 @@ pub struct RunArgs {
     /// Seconds between full comparisons of the published slices with the desired ones.
     #[arg(long, env = "GPU_DRA_RESYNC_INTERVAL", default_value_t = 60)]
     pub resync_interval_seconds: u64,
+    /// Seconds one call to the API server may take before it is abandoned and retried.
+    #[arg(long, env = "GPU_DRA_API_TIMEOUT", default_value_t = 20)]
+    pub api_timeout_seconds: u64,
 }
 
 pub fn run(args: RunArgs) -> Result<ExitCode, CliError> {
@@ -88,6 +91,10 @@ pub fn run(args: RunArgs) -> Result<ExitCode, CliError> {
         gc_grace: Duration::from_secs(args.gc_grace_seconds),
         resync_interval: Duration::from_secs(args.resync_interval_seconds.max(1)),
         metrics_addr: args.metrics_addr,
+        api_timeouts: crate::kubeapi::ApiTimeouts {
+            request: Duration::from_secs(args.api_timeout_seconds.max(1)),
+            ..Default::default()
+        },
     };
     let runtime = crate::node::runtime()?;
     runtime.block_on(async move {

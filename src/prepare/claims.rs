@@ -1,9 +1,12 @@
 //! Where ResourceClaims come from: the API server in production, a map in the demo and tests.
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::time::Duration;
 
 use k8s_openapi::api::resource::v1::{AllocatedDeviceStatus, ResourceClaim};
 use kube::api::{Api, Patch, PatchParams};
+
+use crate::kubeapi::{ApiTimeouts, bounded};
 
 /// Reads claims and reports prepared devices in their status (KEP-4817).
 #[tonic::async_trait]
@@ -25,6 +28,8 @@ pub struct KubeClaims {
     /// Field manager for server-side apply of `status.devices`: the driver name, so each driver
     /// owns exactly its own entries of the list-map.
     field_manager: String,
+    /// Deadline of each call: a hung API server must not hold prepare or garbage collection.
+    timeout: Duration,
 }
 
 impl KubeClaims {
@@ -32,7 +37,13 @@ impl KubeClaims {
         Self {
             client,
             field_manager: driver_name.to_string(),
+            timeout: ApiTimeouts::default().request,
         }
+    }
+
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
     }
 }
 
@@ -40,7 +51,7 @@ impl KubeClaims {
 impl ClaimSource for KubeClaims {
     async fn get(&self, namespace: &str, name: &str) -> Result<Option<ResourceClaim>, String> {
         let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), namespace);
-        api.get_opt(name)
+        bounded(self.timeout, api.get_opt(name))
             .await
             .map_err(|e| format!("get ResourceClaim {namespace}/{name}: {e}"))
     }
@@ -58,10 +69,10 @@ impl ClaimSource for KubeClaims {
             "metadata": {"name": name, "namespace": namespace},
             "status": {"devices": devices},
         });
-        api.patch_status(
-            name,
-            &PatchParams::apply(&self.field_manager).force(),
-            &Patch::Apply(&patch),
+        let params = PatchParams::apply(&self.field_manager).force();
+        bounded(
+            self.timeout,
+            api.patch_status(name, &params, &Patch::Apply(&patch)),
         )
         .await
         .map(|_| ())

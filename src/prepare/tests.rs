@@ -621,3 +621,28 @@ async fn garbage_collection_waits_for_the_grace_period() {
     tokio::time::sleep(std::time::Duration::from_millis(350)).await;
     assert_eq!(driver.collect_garbage().await, [claim_ref("c")]);
 }
+
+/// A hung API server (accepts, never answers) delays a garbage-collection round by one deadline,
+/// never for good; the claim is kept until a lookup succeeds.
+#[tokio::test]
+async fn garbage_collection_completes_while_the_api_server_hangs() {
+    use std::time::Duration;
+
+    use crate::kubeapi::{TEST_TIMEOUTS, hung_api_server};
+    use crate::prepare::claims::KubeClaims;
+    use crate::prepare::driver::Driver;
+
+    let f = Fixture::new("sim:2xH100-SXM5-80GB");
+    let mut state = f.open();
+    let c = claim("u1", vec![result("gpu-1")], vec![]);
+    state.prepare(&claim_ref("u1"), &c).expect("prepare");
+    let (client, server) = hung_api_server().await;
+    let claims = KubeClaims::new(client, "gpu.nvidia.com").with_timeout(TEST_TIMEOUTS.request);
+    let driver = Driver::new(state, Arc::new(claims));
+    let round = tokio::time::timeout(Duration::from_secs(3), driver.collect_garbage())
+        .await
+        .expect("the round ends");
+    assert!(round.is_empty(), "nothing collected on a failed lookup");
+    assert_eq!(driver.with_state(|s| s.claims().len()).await, 1);
+    server.abort();
+}
