@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 pub mod cel;
 pub mod claims;
 pub mod demo;
+pub mod duration;
 pub mod packing_study;
 pub mod run;
 pub mod sim;
@@ -24,6 +25,10 @@ pub struct Cli {
         default_value = "text"
     )]
     pub log_format: LogFormat,
+    /// Log verbosity as Kubernetes components take it (`-v 4`, `--v=4`): 0-1 info, 2-4 debug,
+    /// 5+ trace, for gpu-dra's own logs. RUST_LOG, when set, wins.
+    #[arg(short = 'v', long = "v", global = true, env = "GPU_DRA_V", value_name = "LEVEL")]
+    pub verbosity: Option<u8>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -34,10 +39,19 @@ pub enum LogFormat {
     Json,
 }
 
+/// The log filter for a `-v` level: klog's scale mapped onto tracing's levels.
+pub fn verbosity_filter(level: Option<u8>) -> String {
+    match level.unwrap_or(0) {
+        0 | 1 => "info".into(),
+        2..=4 => "info,gpu_dra=debug".into(),
+        _ => "info,gpu_dra=trace".into(),
+    }
+}
+
 /// Sends `tracing` logs to stderr in the chosen format.
-pub fn init_logging(format: LogFormat) {
+pub fn init_logging(format: LogFormat, verbosity: Option<u8>) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(verbosity_filter(verbosity)));
     use std::io::IsTerminal;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -1,12 +1,14 @@
 //! `gpu-dra run`: the node driver (what the DaemonSet runs).
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
 
 use super::CliError;
+use super::duration;
 use super::slices::GpuArgs;
+use crate::gpu::GpuSource;
 use crate::node::{NodeAgent, NodeOptions};
 use crate::slices::DEFAULT_DRIVER_NAME;
 
@@ -30,20 +32,38 @@ pub struct RunArgs {
     #[arg(
         long,
         env = "GPU_DRA_REGISTRAR_DIR",
-        default_value = "/var/lib/kubelet/plugins_registry"
+        default_value = "/var/lib/kubelet/plugins_registry",
+        alias = "kubelet-registrar-directory-path"
     )]
     pub registrar_dir: PathBuf,
-    /// This driver's plugin directory (default: /var/lib/kubelet/plugins/<driver-name>).
+    /// This driver's plugin directory (default: <kubelet plugins directory>/<driver-name>).
     #[arg(long, env = "GPU_DRA_PLUGIN_DIR")]
     pub plugin_dir: Option<PathBuf>,
+    /// Kubelet's plugins directory, as NVIDIA's driver and the kubelet plugin library name it:
+    /// the plugin directory is `<this>/<driver-name>` unless --plugin-dir says otherwise.
+    #[arg(
+        long,
+        env = "KUBELET_PLUGINS_DIRECTORY_PATH",
+        default_value = "/var/lib/kubelet/plugins"
+    )]
+    pub kubelet_plugins_directory_path: PathBuf,
     /// Where CDI specs are written.
     #[arg(long, env = "GPU_DRA_CDI_ROOT", default_value = "/var/run/cdi")]
     pub cdi_root: PathBuf,
     /// Where the host's device nodes are, if not under `/` (e.g. `/run/nvidia/driver` with a
     /// containerized driver): CDI device nodes keep their `/dev/...` path in the container and
-    /// get `hostPath: <dev-root>/dev/...`.
+    /// get `hostPath: <dev-root>/dev/...`. Default: the NVIDIA driver root when it has
+    /// `dev/nvidiactl`, else `/`.
     #[arg(long, env = "GPU_DRA_DEV_ROOT")]
     pub dev_root: Option<PathBuf>,
+    /// The NVIDIA driver's root on the host (`/`, or `/run/nvidia/driver` under the GPU
+    /// operator), as NVIDIA's driver takes it: libnvidia-ml.so.1 is loaded from it and its
+    /// device nodes are used when it has `dev/`.
+    #[arg(long, env = "NVIDIA_DRIVER_ROOT", default_value = "/")]
+    pub nvidia_driver_root: PathBuf,
+    /// Where the NVIDIA driver root is mounted in this container (default: the same path).
+    #[arg(long, env = "CONTAINER_DRIVER_ROOT")]
+    pub container_driver_root: Option<PathBuf>,
     /// Run beside another instance during a DaemonSet rolling update (maxSurge), as the kubelet
     /// plugin library's RollingUpdate mode does: the pod UID names this instance's own
     /// registration and DRA sockets, node state changes are serialized with a lock in the plugin
@@ -56,28 +76,92 @@ pub struct RunArgs {
     /// Prometheus metrics and health endpoints, e.g. `0.0.0.0:9400` (off when unset).
     #[arg(long, env = "GPU_DRA_METRICS_ADDR")]
     pub metrics_addr: Option<std::net::SocketAddr>,
-    /// Seconds between checks that prepared claims still exist.
-    #[arg(long, env = "GPU_DRA_GC_INTERVAL", default_value_t = 60)]
-    pub gc_interval_seconds: u64,
-    /// Seconds a prepared claim must stay deleted (or deallocated) before garbage collection
+    /// How often prepared claims are checked against the API server (Go duration, e.g. `1m`;
+    /// a bare number is seconds).
+    #[arg(long, env = "GPU_DRA_GC_INTERVAL", default_value = "1m", value_parser = duration::parse,
+        alias = "gc-interval-seconds")]
+    pub gc_interval: Duration,
+    /// How long a prepared claim must stay deleted (or deallocated) before garbage collection
     /// unprepares it: kubelet normally does so itself once the pod's containers are gone.
-    #[arg(long, env = "GPU_DRA_GC_GRACE", default_value_t = 30)]
-    pub gc_grace_seconds: u64,
-    /// Seconds between full comparisons of the published slices with the desired ones.
-    #[arg(long, env = "GPU_DRA_RESYNC_INTERVAL", default_value_t = 60)]
-    pub resync_interval_seconds: u64,
-    /// Seconds one call to the API server may take before it is abandoned and retried.
-    #[arg(long, env = "GPU_DRA_API_TIMEOUT", default_value_t = 20)]
-    pub api_timeout_seconds: u64,
+    #[arg(long, env = "GPU_DRA_GC_GRACE", default_value = "30s", value_parser = duration::parse,
+        alias = "gc-grace-seconds")]
+    pub gc_grace: Duration,
+    /// How often the published slices are compared with the desired ones even without events.
+    #[arg(long, env = "GPU_DRA_RESYNC_INTERVAL", default_value = "1m", value_parser = duration::parse,
+        alias = "resync-interval-seconds")]
+    pub resync_interval: Duration,
+    /// How long one call to the API server may take before it is abandoned and retried.
+    #[arg(long, env = "GPU_DRA_API_TIMEOUT", default_value = "20s", value_parser = duration::parse,
+        alias = "api-timeout-seconds")]
+    pub api_timeout: Duration,
+}
+
+/// Where the NVIDIA driver installs libnvidia-ml.so.1, relative to its root.
+const NVML_LIBRARY_DIRS: [&str; 6] = [
+    "usr/lib64",
+    "usr/lib/x86_64-linux-gnu",
+    "usr/lib/aarch64-linux-gnu",
+    "usr/lib",
+    "lib64",
+    "lib",
+];
+
+impl RunArgs {
+    fn container_driver_root(&self) -> &Path {
+        self.container_driver_root
+            .as_deref()
+            .unwrap_or(&self.nvidia_driver_root)
+    }
+
+    /// libnvidia-ml.so.1 under the driver root, unless given explicitly or the root is `/` (the
+    /// loader's own search finds it there).
+    fn nvml_library(&self) -> Result<Option<PathBuf>, CliError> {
+        if self.gpu.nvml_lib.is_some() || !matches!(self.gpu.gpus, GpuSource::Nvml) {
+            return Ok(self.gpu.nvml_lib.clone());
+        }
+        let root = self.container_driver_root();
+        if root == Path::new("/") {
+            return Ok(None);
+        }
+        NVML_LIBRARY_DIRS
+            .iter()
+            .map(|dir| root.join(dir).join("libnvidia-ml.so.1"))
+            .find(|path| path.exists())
+            .map(Some)
+            .ok_or_else(|| {
+                CliError::Usage(format!(
+                    "--nvidia-driver-root: no libnvidia-ml.so.1 under {} (looked in {})",
+                    root.display(),
+                    NVML_LIBRARY_DIRS.join(", ")
+                ))
+            })
+    }
+
+    /// `--dev-root`, else the driver root when the driver keeps its device nodes there.
+    fn dev_root(&self) -> Option<PathBuf> {
+        if self.dev_root.is_some() {
+            return self.dev_root.clone();
+        }
+        let has_devices = self
+            .container_driver_root()
+            .join("dev/nvidiactl")
+            .exists();
+        (self.nvidia_driver_root != Path::new("/") && has_devices)
+            .then(|| self.nvidia_driver_root.clone())
+    }
 }
 
 pub fn run(args: RunArgs) -> Result<ExitCode, CliError> {
     let plugin_dir = args
         .plugin_dir
         .clone()
-        .unwrap_or_else(|| PathBuf::from("/var/lib/kubelet/plugins").join(&args.driver_name));
+        .unwrap_or_else(|| args.kubelet_plugins_directory_path.join(&args.driver_name));
+    // Zero would spin: a minimum keeps the loops sane.
+    let at_least = |duration: Duration, min: Duration| duration.max(min);
+    let mut discovery = args.gpu.discovery(&args.node_name);
+    discovery.nvml_library = args.nvml_library()?;
     let options = NodeOptions {
-        discovery: args.gpu.discovery(&args.node_name),
+        discovery,
         driver_name: args.driver_name.clone(),
         mig_policy: args.gpu.mig,
         kubeconfig: args.kubeconfig.clone(),
@@ -85,14 +169,14 @@ pub fn run(args: RunArgs) -> Result<ExitCode, CliError> {
         state_dir: args.state_dir.clone().unwrap_or_else(|| plugin_dir.clone()),
         plugin_dir,
         cdi_root: args.cdi_root.clone(),
-        dev_root: args.dev_root.clone(),
+        dev_root: args.dev_root(),
         rolling_update_uid: args.rolling_update_uid.clone(),
-        gc_interval: Duration::from_secs(args.gc_interval_seconds.max(1)),
-        gc_grace: Duration::from_secs(args.gc_grace_seconds),
-        resync_interval: Duration::from_secs(args.resync_interval_seconds.max(1)),
+        gc_interval: at_least(args.gc_interval, Duration::from_secs(1)),
+        gc_grace: args.gc_grace,
+        resync_interval: at_least(args.resync_interval, Duration::from_secs(1)),
         metrics_addr: args.metrics_addr,
         api_timeouts: crate::kubeapi::ApiTimeouts {
-            request: Duration::from_secs(args.api_timeout_seconds.max(1)),
+            request: at_least(args.api_timeout, Duration::from_millis(100)),
             ..Default::default()
         },
     };

@@ -55,7 +55,7 @@ fn answer_every_claim<T>(
     let mut answers = HashMap::with_capacity(requested.len());
     for (claim, result) in results {
         if !requested_uids.contains(claim.uid.as_str()) {
-            tracing::warn!(namespace = %claim.namespace, name = %claim.name, uid = %claim.uid, operation,
+            tracing::warn!(claim = %claim, claimUID = %claim.uid, operation,
                 "driver returned a result for a claim kubelet did not ask for; dropped");
             continue;
         }
@@ -66,14 +66,14 @@ fn answer_every_claim<T>(
             other => other,
         };
         if let Err(error) = &result {
-            tracing::warn!(namespace = %claim.namespace, name = %claim.name, uid = %claim.uid, operation, %error,
+            tracing::warn!(claim = %claim, claimUID = %claim.uid, operation, %error,
                 "claim failed");
         }
         answers.insert(claim.uid, result);
     }
     for claim in requested {
         answers.entry(claim.uid.clone()).or_insert_with(|| {
-            tracing::warn!(namespace = %claim.namespace, name = %claim.name, uid = %claim.uid, operation,
+            tracing::warn!(claim = %claim, claimUID = %claim.uid, operation,
                 "driver returned no result for claim");
             Err(format!(
                 "driver returned no {operation} result for claim {}/{}",

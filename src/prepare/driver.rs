@@ -149,7 +149,7 @@ impl Driver {
                         || !allocated_here(&current, &driver_name, &pool)
                 }
                 Err(e) => {
-                    tracing::warn!(claim = %claim.name, namespace = %claim.namespace, error = %e, "garbage collection: cannot look the claim up");
+                    tracing::warn!(claim = %claim, claimUID = %claim.uid, error = %e, "garbage collection: cannot look the claim up");
                     false
                 }
             };
@@ -166,12 +166,12 @@ impl Driver {
                 };
                 match blocking(|| state.unprepare(&claim.uid)) {
                     Ok(()) => {
-                        tracing::info!(claim = %claim.name, namespace = %claim.namespace, uid = %claim.uid, "unprepared a claim that no longer exists");
+                        tracing::info!(claim = %claim, claimUID = %claim.uid, "garbage collection: unprepared a claim that no longer exists");
                         self.observer.state_changed(&state);
                         collected.push(claim);
                     }
                     Err(e) => {
-                        tracing::error!(claim = %claim.name, error = %e, "garbage collection: unprepare failed")
+                        tracing::error!(claim = %claim, claimUID = %claim.uid, error = %e, "garbage collection: unprepare failed")
                     }
                 }
             }
@@ -234,9 +234,6 @@ impl NodeDriver for Driver {
                 }
                 self.observer
                     .prepared(&claim, result.is_ok(), started.elapsed().as_secs_f64());
-                if let Err(e) = &result {
-                    tracing::warn!(claim = %claim.name, namespace = %claim.namespace, error = %e, "prepare failed");
-                }
                 results.push((claim, result));
             }
             self.observer.state_changed(&state);
@@ -249,7 +246,7 @@ impl NodeDriver for Driver {
                 .set_device_status(&claim.namespace, &claim.name, devices)
                 .await
             {
-                tracing::warn!(claim = %claim.name, namespace = %claim.namespace, error = %e, "cannot report prepared devices");
+                tracing::warn!(claim = %claim, claimUID = %claim.uid, error = %e, "cannot report prepared devices in the claim's status");
             }
         }
         results
@@ -269,9 +266,6 @@ impl NodeDriver for Driver {
             let result = blocking(|| state.unprepare(&claim.uid)).map_err(|e| e.to_string());
             self.observer
                 .unprepared(&claim, result.is_ok(), started.elapsed().as_secs_f64());
-            if let Err(e) = &result {
-                tracing::warn!(claim = %claim.name, namespace = %claim.namespace, error = %e, "unprepare failed");
-            }
             results.push((claim, result));
         }
         self.observer.state_changed(&state);

@@ -14,6 +14,13 @@ pub struct ClaimRef {
     pub uid: String,
 }
 
+/// `namespace/name`: how logs name a claim (with `claimUID` beside it).
+impl std::fmt::Display for ClaimRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
 /// One prepared device, as returned to kubelet.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PreparedDevice {

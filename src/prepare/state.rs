@@ -229,7 +229,7 @@ impl DeviceState {
             .filter(|e| e.is_completed())
         {
             // Idempotent, but make sure the spec a container needs is really there.
-            tracing::debug!(claim = %claim_label(claim_ref), claimUID = %uid, "claim already prepared");
+            tracing::debug!(claim = %claim_ref, claimUID = %uid, "claim already prepared");
             if !self.cdi.spec_path(&uid).exists() {
                 let devices = self.cdi_devices(entry);
                 self.cdi.write(&uid, &devices)?;
@@ -244,7 +244,7 @@ impl DeviceState {
         if result.is_err() && self.checkpoint.claims.contains_key(&uid) {
             // Undo at once what was carved, rather than leaving it to a retry or a restart.
             if let Err(error) = self.roll_back(&uid) {
-                tracing::error!(claim = %claim_label(claim_ref), claimUID = %uid, %error, "cannot roll back a failed prepare; retried at the next prepare or restart");
+                tracing::error!(claim = %claim_ref, claimUID = %uid, %error, "cannot roll back a failed prepare; retried at the next prepare or restart");
             }
         }
         result
@@ -292,7 +292,7 @@ impl DeviceState {
         entry.state = ClaimState::PrepareCompleted;
         let devices = prepared_devices(&entry);
         let names: Vec<&str> = entry.devices.iter().map(|d| d.device.as_str()).collect();
-        tracing::info!(claim = %claim_label(claim_ref), claimUID = %uid, devices = ?names, "prepared claim");
+        tracing::info!(claim = %claim_ref, claimUID = %uid, devices = ?names, "prepared claim");
         self.checkpoint.claims.insert(uid, entry);
         self.store.save(&self.checkpoint)?;
         failpoint("prepare-completed");
@@ -879,11 +879,6 @@ fn describe(outcome: &LoadOutcome) -> String {
             )
         }
     }
-}
-
-/// `namespace/name`, as claims are named in logs.
-fn claim_label(claim: &ClaimRef) -> String {
-    format!("{}/{}", claim.namespace, claim.name)
 }
 
 /// Whether `held` (another claim's device) and `target` cannot both be in use: a whole GPU and any
