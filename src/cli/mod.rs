@@ -27,7 +27,13 @@ pub struct Cli {
     pub log_format: LogFormat,
     /// Log verbosity as Kubernetes components take it (`-v 4`, `--v=4`): 0-1 info, 2-4 debug,
     /// 5+ trace, for gpu-dra's own logs. RUST_LOG, when set, wins.
-    #[arg(short = 'v', long = "v", global = true, env = "GPU_DRA_V", value_name = "LEVEL")]
+    #[arg(
+        short = 'v',
+        long = "v",
+        global = true,
+        env = "GPU_DRA_V",
+        value_name = "LEVEL"
+    )]
     pub verbosity: Option<u8>,
     #[command(subcommand)]
     pub command: Command,

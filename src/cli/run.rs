@@ -142,10 +142,7 @@ impl RunArgs {
         if self.dev_root.is_some() {
             return self.dev_root.clone();
         }
-        let has_devices = self
-            .container_driver_root()
-            .join("dev/nvidiactl")
-            .exists();
+        let has_devices = self.container_driver_root().join("dev/nvidiactl").exists();
         (self.nvidia_driver_root != Path::new("/") && has_devices)
             .then(|| self.nvidia_driver_root.clone())
     }
@@ -204,4 +201,93 @@ async fn wait_for_signal() -> Result<(), CliError> {
         _ = int.recv() => {}
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::cli::{Cli, Command};
+
+    fn parse(args: &[&str]) -> (Option<u8>, RunArgs) {
+        let mut argv = vec!["gpu-dra", "run", "--node-name", "n1"];
+        argv.extend_from_slice(args);
+        let cli = Cli::try_parse_from(argv).expect("parses");
+        match cli.command {
+            Command::Run(run) => (cli.verbosity, run),
+            other => panic!("not run: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn old_and_kubernetes_style_flags_both_work() {
+        let (_, old) = parse(&[
+            "--gc-interval-seconds",
+            "5",
+            "--registrar-dir",
+            "/r",
+            "--api-timeout-seconds",
+            "7",
+        ]);
+        assert_eq!(old.gc_interval, Duration::from_secs(5));
+        assert_eq!(old.api_timeout, Duration::from_secs(7));
+        assert_eq!(old.registrar_dir, Path::new("/r"));
+        let (verbosity, new) = parse(&[
+            "--gc-interval",
+            "1m30s",
+            "--gc-grace=250ms",
+            "--kubelet-registrar-directory-path",
+            "/r2",
+            "--kubelet-plugins-directory-path",
+            "/plugins",
+            "-v",
+            "4",
+        ]);
+        assert_eq!(new.gc_interval, Duration::from_secs(90));
+        assert_eq!(new.gc_grace, Duration::from_millis(250));
+        assert_eq!(new.registrar_dir, Path::new("/r2"));
+        assert_eq!(new.kubelet_plugins_directory_path, Path::new("/plugins"));
+        assert_eq!(verbosity, Some(4));
+        assert_eq!(
+            crate::cli::verbosity_filter(verbosity),
+            "info,gpu_dra=debug"
+        );
+        let bad = Cli::try_parse_from(["gpu-dra", "run", "--node-name", "n", "--gc-grace", "5x"]);
+        let message = bad.expect_err("bad duration").to_string();
+        assert!(
+            message.contains("--gc-grace") && message.contains("unknown unit"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn the_driver_root_supplies_nvml_and_device_nodes() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let lib_dir = root.path().join("usr/lib/x86_64-linux-gnu");
+        std::fs::create_dir_all(&lib_dir).expect("mkdir");
+        std::fs::write(lib_dir.join("libnvidia-ml.so.1"), b"").expect("lib");
+        std::fs::create_dir_all(root.path().join("dev")).expect("mkdir");
+        std::fs::write(root.path().join("dev/nvidiactl"), b"").expect("dev");
+        let container_root = root.path().to_string_lossy().into_owned();
+        let (_, args) = parse(&[
+            "--nvidia-driver-root",
+            "/run/nvidia/driver",
+            "--container-driver-root",
+            &container_root,
+        ]);
+        assert_eq!(
+            args.nvml_library().expect("found"),
+            Some(lib_dir.join("libnvidia-ml.so.1"))
+        );
+        assert_eq!(args.dev_root(), Some(PathBuf::from("/run/nvidia/driver")));
+        // An explicit --dev-root wins; a root without the library is an error, not a guess.
+        let (_, args) = parse(&["--nvidia-driver-root", "/nonexistent", "--dev-root", "/d"]);
+        assert_eq!(args.dev_root(), Some(PathBuf::from("/d")));
+        assert!(args.nvml_library().is_err());
+        // The host's own driver: the loader finds NVML, /dev is the dev root.
+        let (_, args) = parse(&[]);
+        assert_eq!(args.nvml_library().expect("default"), None);
+        assert_eq!(args.dev_root(), None);
+    }
 }
