@@ -14,8 +14,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use gpu_dra::allocator::{AllocatedState, Allocator, Features, NodeInfo, Outcome, load};
-use gpu_dra::cel::SelectorCache;
+use dra_allocator::{AllocatedState, Allocator, Features, NodeInfo, Outcome, load};
+use dra_cel::SelectorCache;
 use gpu_dra::gpu::{self, DiscoveryConfig};
 use gpu_dra::slices::{self, SliceOptions};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};

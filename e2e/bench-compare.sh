@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Go against Rust on identical inputs, side by side:
 #   CEL: e2e/harness/celbench (k8s.io/dynamic-resource-allocation/cel, DeviceMatches per pair)
-#        against benches/cel.rs (criterion, cel/standard-set/all-pairs), ns per evaluation;
+#        against crates/dra-cel/benches/cel.rs (criterion, cel/standard-set/all-pairs), ns per evaluation;
 #   allocation: e2e/alloc-fixtures/bench/compare.sh (Go structured allocator against
 #        benches/alloc.rs), when it exists.
 # Prints ns/op for both sides and the ratio Go/Rust (higher = Rust faster).
@@ -20,7 +20,7 @@ echo "== CEL: Go celbench" >&2
 go_cel=$(awk -F= '/^ns_per_eval=/ { v = $2 } END { print v }' "$WORK/go-cel.txt")
 
 echo "== CEL: Rust criterion" >&2
-cargo bench --bench cel -- 'cel/standard-set/all-pairs' >"$WORK/rust-cel.txt" 2>&1 ||
+cargo bench -p dra-cel --bench cel -- 'cel/standard-set/all-pairs' >"$WORK/rust-cel.txt" 2>&1 ||
     { cat "$WORK/rust-cel.txt" >&2; exit 1; }
 # Criterion's `thrpt: [low mid high] Kelem/s` counts (selector, device) pairs.
 # Only the first `thrpt:` line: criterion's change report repeats the label with percentages.

@@ -5,15 +5,17 @@
 #     registers through it);
 #   - idle RSS after the first slice sync;
 #   - the same for a restart (checkpoint present, slices already published).
-# Usage: e2e/bench-driver.sh   (GPU_DRA=path, default: builds target/node/gpu-dra)
+# Usage: e2e/bench-driver.sh   (GPU_DRA=path, default: builds target/node/gpu-dra as the image
+# does, without the offline tools)
 set -euo pipefail
 NAME=bench-driver
 NODE=bench-node-1
 GPUS=sim:8xH100-SXM5-80GB
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-# The `node` profile is what the image ships (size-optimised, LTO).
+# The `node` profile without default features is what the image ships (size-optimised, LTO, no
+# CEL engine or allocator).
 if [[ -z ${GPU_DRA:-} ]]; then
-    (cd "$ROOT" && cargo build --profile node --bin gpu-dra) >&2
+    (cd "$ROOT" && cargo build --profile node --no-default-features --bin gpu-dra) >&2
     GPU_DRA=$ROOT/target/node/gpu-dra
 fi
 # shellcheck source=lib.sh

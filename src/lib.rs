@@ -1,11 +1,11 @@
 //! gpu-dra: a Kubernetes Dynamic Resource Allocation driver for NVIDIA GPUs.
 //!
 //! Data flows one way: NVML (or the simulator) → [`gpu`] device model → [`slices`]
-//! ResourceSlices → API server; claim → allocation ([`allocator`], [`cel`] selectors) → kubelet
-//! ([`plugin`]) → [`prepare`] (MIG carving, [`config`], CDI specs, checkpoint). [`node`] runs it
-//! all as `gpu-dra run`; [`cli`] holds the commands.
-pub mod allocator;
-pub mod cel;
+//! ResourceSlices → API server; claim → allocation (`dra-allocator`, `dra-cel` selectors) →
+//! kubelet ([`plugin`]) → [`prepare`] (MIG carving, [`config`], CDI specs, checkpoint). [`node`]
+//! runs it all as `gpu-dra run`; [`cli`] holds the commands. The CEL engine and the allocator are
+//! workspace crates used only by the offline commands (cargo feature `tools`), so the node agent
+//! links neither.
 pub mod cli;
 pub mod config;
 pub mod fsutil;

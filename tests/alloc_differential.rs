@@ -15,11 +15,11 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use gpu_dra::allocator::{AllocatedState, Allocator, Features, NodeInfo, Outcome};
-use gpu_dra::cel::quantity::Quantity;
+use dra_allocator::{AllocatedState, Allocator, Features, NodeInfo, Outcome};
 use gpu_dra::gpu::{self, DiscoveryConfig};
 use gpu_dra::slices::{self, SliceOptions};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+use k8s_quantity::Quantity;
 use serde_json::{Value, json};
 
 const SCENARIOS: u64 = 240;

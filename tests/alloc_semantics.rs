@@ -1,7 +1,7 @@
 //! The allocator's decisions on small hand-made nodes. The expected answers are
 //! kube-scheduler 1.37's (single-claim cases cross-checked with the Go `alloc-oracle`; the
 //! differential suite covers the same rules on generated inputs).
-use gpu_dra::allocator::{AllocatedState, Allocator, Features, NodeInfo, Outcome};
+use dra_allocator::{AllocatedState, Allocator, Features, NodeInfo, Outcome};
 use k8s_openapi::api::resource::v1::{AllocationResult, DeviceClass, ResourceClaim, ResourceSlice};
 use serde_json::{Value, json};
 

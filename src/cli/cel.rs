@@ -4,12 +4,12 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
+use dra_cel::{CelError, DeviceView, SelectorCache};
 use k8s_openapi::api::resource::v1::Device;
 use serde::Deserialize;
 use serde_json::json;
 
 use super::CliError;
-use crate::cel::{CelError, DeviceView, SelectorCache};
 
 #[derive(Debug, Subcommand)]
 pub enum CelCommand {
@@ -62,7 +62,7 @@ fn evaluate_line(cache: &SelectorCache, line: &str) -> serde_json::Value {
         Ok(v) => v,
         Err(e) => return error_line("input", &e.to_string()),
     };
-    match crate::cel::evaluate(cache, &input.expression, &view) {
+    match dra_cel::evaluate(cache, &input.expression, &view) {
         Ok(b) => json!({"result": b}),
         Err(e) => error_line(e.kind(), e.message()),
     }
@@ -99,7 +99,7 @@ fn run_single(args: EvalArgs) -> Result<ExitCode, CliError> {
         .map_err(|e| CliError::Usage(format!("parsing {} as a v1 Device: {e}", path.display())))?;
     let view = DeviceView::new(&driver, &device).map_err(|e| CliError::Usage(e.to_string()))?;
     let cache = SelectorCache::new();
-    match crate::cel::evaluate(&cache, &expression, &view) {
+    match dra_cel::evaluate(&cache, &expression, &view) {
         Ok(true) => {
             println!("true");
             Ok(ExitCode::SUCCESS)

@@ -4,12 +4,12 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
+use dra_allocator::explain::{self, Explanation};
+use dra_allocator::{AllocatedState, Allocator, Features, NodeInfo, Outcome, load};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimStatus, ResourceSlice};
 
 use super::CliError;
 use super::slices::{OutputFormat, write_document};
-use crate::allocator::explain::{self, Explanation};
-use crate::allocator::{AllocatedState, Allocator, Features, NodeInfo, Outcome, load};
 use crate::gpu::{self, DiscoveryConfig, GpuSource};
 use crate::slices::{self, SliceOptions};
 
@@ -108,7 +108,7 @@ fn load(inputs: &ClaimInputs) -> Result<Loaded, CliError> {
     let features = Features::default();
     let mut state = AllocatedState::new();
     for claim in load::read_claims(&inputs.allocated).map_err(usage)? {
-        let name = crate::allocator::claim_name(&claim);
+        let name = dra_allocator::claim_name(&claim);
         let Some(allocation) = claim.status.as_ref().and_then(|s| s.allocation.as_ref()) else {
             return Err(usage(format!(
                 "--allocated claim {name} has no status.allocation"

@@ -9,10 +9,10 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Args;
+use dra_allocator::{AllocatedState, Allocator, Features, NodeInfo, Outcome, load};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimStatus};
 
 use super::CliError;
-use crate::allocator::{AllocatedState, Allocator, Features, NodeInfo, Outcome, load};
 use crate::gpu::mig::MigPolicy;
 use crate::gpu::sim::{SimNode, SimSpec};
 use crate::prepare::ClaimRef;

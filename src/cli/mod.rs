@@ -1,12 +1,21 @@
 //! Command-line interface: one submodule per subcommand.
+//!
+//! The offline commands (`demo`, `packing-study`, `cel`, `match`, `explain`) need the CEL engine
+//! and the allocator; they exist only with the cargo feature `tools` (on by default). The
+//! DaemonSet image builds without it, so the privileged node binary offers `run`, `slices` and
+//! `sim` and links neither engine.
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+#[cfg(feature = "tools")]
 pub mod cel;
+#[cfg(feature = "tools")]
 pub mod claims;
+#[cfg(feature = "tools")]
 pub mod demo;
 pub mod duration;
+#[cfg(feature = "tools")]
 pub mod packing_study;
 pub mod run;
 pub mod sim;
@@ -73,6 +82,7 @@ pub fn init_logging(format: LogFormat, verbosity: Option<u8>) {
 pub enum Command {
     /// Walk through the whole driver on a simulated node: discover, publish, allocate, prepare,
     /// unprepare. No GPU or cluster needed.
+    #[cfg(feature = "tools")]
     Demo(demo::DemoArgs),
     /// Run the node driver: publish slices and serve kubelet's prepare/unprepare calls.
     Run(run::RunArgs),
@@ -81,13 +91,17 @@ pub enum Command {
     /// Operate simulated GPU hardware (MIG mode, instances) in a state file.
     Sim(sim::SimArgs),
     /// Replay a random MIG workload: failed placements with our device order vs name order.
+    #[cfg(feature = "tools")]
     PackingStudy(packing_study::PackingStudyArgs),
     /// Evaluate DRA CEL selectors exactly as Kubernetes does.
+    #[cfg(feature = "tools")]
     #[command(subcommand)]
     Cel(cel::CelCommand),
     /// Allocate a ResourceClaim offline as kube-scheduler would; print it with status.allocation.
+    #[cfg(feature = "tools")]
     Match(claims::MatchArgs),
     /// Explain, device by device, how kube-scheduler would allocate a ResourceClaim (or not).
+    #[cfg(feature = "tools")]
     Explain(claims::ExplainArgs),
 }
 
@@ -111,13 +125,18 @@ pub enum CliError {
 /// Runs a parsed command line.
 pub fn run(cli: Cli) -> Result<ExitCode, CliError> {
     match cli.command {
-        Command::Demo(args) => demo::run(args),
         Command::Run(args) => run::run(args),
         Command::Slices(args) => slices::run(args),
         Command::Sim(args) => sim::run(args),
+        #[cfg(feature = "tools")]
+        Command::Demo(args) => demo::run(args),
+        #[cfg(feature = "tools")]
         Command::Cel(cmd) => cel::run(cmd),
+        #[cfg(feature = "tools")]
         Command::PackingStudy(args) => packing_study::run(args),
+        #[cfg(feature = "tools")]
         Command::Match(args) => claims::run_match(args),
+        #[cfg(feature = "tools")]
         Command::Explain(args) => claims::run_explain(args),
     }
 }

@@ -10,6 +10,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Args;
+use dra_allocator::{AllocatedState, Allocator, Features, NodeInfo, Outcome};
+use dra_cel::SelectorCache;
 use k8s_openapi::api::resource::v1::{
     CELDeviceSelector, DeviceClaim, DeviceClass, DeviceClassSpec, DeviceRequest, DeviceSelector,
     ExactDeviceRequest, ResourceClaim, ResourceClaimSpec,
@@ -17,8 +19,6 @@ use k8s_openapi::api::resource::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::CliError;
-use crate::allocator::{AllocatedState, Allocator, Features, NodeInfo, Outcome};
-use crate::cel::SelectorCache;
 use crate::gpu::mig::{GpuMode, parse_mig_device_name};
 use crate::gpu::sim::{SimNode, SimSpec};
 use crate::gpu::{MigInstance, NodeInventory};

@@ -222,7 +222,7 @@ fn validate_mps(field: &str, mps: &MpsConfig) -> Result<(), ConfigError> {
                 }),
         );
     for (at, value) in limits {
-        let bytes = crate::cel::quantity::Quantity::parse(value)
+        let bytes = k8s_quantity::Quantity::parse(value)
             .map_err(|e| err(&at, format!("{value:?} is not a quantity: {e}")))?
             .as_approximate_float();
         if bytes < (1 << 20) as f64 {

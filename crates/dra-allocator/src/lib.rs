@@ -25,10 +25,9 @@ use std::fmt;
 use std::rc::Rc;
 use std::sync::Arc;
 
+use dra_cel::{CelError, DeviceView, Selector, SelectorCache};
 use k8s_openapi::api::resource::v1::{AllocationResult, DeviceClass, ResourceClaim, ResourceSlice};
-
-use crate::cel::quantity::Quantity;
-use crate::cel::{CelError, DeviceView, Selector, SelectorCache};
+use k8s_quantity::Quantity;
 
 pub use search::Outcome;
 

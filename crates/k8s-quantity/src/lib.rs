@@ -5,6 +5,9 @@
 //! held as an `inf.Dec` or with a negative int64 scale (`quantity("1.0").isInteger()` is
 //! false), and `asApproximateFloat()` multiplies the stored mantissa by a power of ten.
 //! Comparisons and equality are exact and numeric.
+//!
+//! A crate of its own because the node agent needs it too (opaque configs carry memory limits as
+//! quantities) while it must not link the CEL engine that is the other user.
 use std::cmp::Ordering;
 use std::fmt;
 
@@ -48,7 +51,7 @@ pub struct Quantity {
     /// True for results of `add`/`sub`: Go returns those as `*Quantity`, and
     /// `Quantity.Equal` only accepts a non-pointer right-hand side, so
     /// `quantity("2") == quantity("1").add(1)` is a "no such overload" error.
-    pub(crate) from_arithmetic: bool,
+    from_arithmetic: bool,
 }
 
 impl PartialEq for Quantity {
@@ -302,6 +305,12 @@ fn parse_decimal(value: &str) -> Option<(BigInt, i32)> {
 }
 
 impl Quantity {
+    /// True for results of [`Quantity::add`]/[`Quantity::sub`] (Go's `*Quantity`): CEL's
+    /// type names and equality overloads tell those apart from parsed quantities.
+    pub fn is_arithmetic_result(&self) -> bool {
+        self.from_arithmetic
+    }
+
     /// `resource.ParseQuantity`.
     pub fn parse(s: &str) -> Result<Quantity, QuantityError> {
         if s.is_empty() {

@@ -1,6 +1,6 @@
 //! ns per (selector, device) on the standard selector set (e2e/bench), compiled once.
 use criterion::{Criterion, criterion_group, criterion_main};
-use gpu_dra::cel::{DeviceView, Selector, compile};
+use dra_cel::{DeviceView, Selector, compile};
 use k8s_openapi::api::resource::v1::Device;
 use serde::Deserialize;
 
@@ -13,7 +13,8 @@ struct NamedSelector {
 const DRIVER: &str = "gpu.nvidia.com";
 
 fn load() -> (Vec<(String, Selector)>, Vec<DeviceView>) {
-    let root = env!("CARGO_MANIFEST_DIR");
+    // The fixtures live at the repository root, two levels above this crate.
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
     let selectors: Vec<NamedSelector> = serde_json::from_str(
         &std::fs::read_to_string(format!("{root}/e2e/bench/selectors.json"))
             .expect("selectors.json"),

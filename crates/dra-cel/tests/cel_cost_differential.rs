@@ -9,11 +9,12 @@
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 
-use gpu_dra::cel::{MAX_COST, MAX_EXPRESSION_LENGTH, estimate_cost};
+use dra_cel::{MAX_COST, MAX_EXPRESSION_LENGTH, estimate_cost};
 use serde_json::{Value as Json, json};
 
 fn corpus() -> Vec<String> {
-    let root = env!("CARGO_MANIFEST_DIR");
+    // The fixtures live at the repository root, two levels above this crate.
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
     let mut out = Vec::new();
     let selectors: Json = serde_json::from_str(
         &std::fs::read_to_string(format!("{root}/e2e/bench/selectors.json")).unwrap(),

@@ -13,7 +13,6 @@ pub mod device;
 mod eval;
 mod format;
 mod net;
-pub mod quantity;
 mod regex;
 pub mod semver;
 mod strfmt;

@@ -5,6 +5,7 @@
 use std::fmt::Write as _;
 use std::sync::OnceLock;
 
+use dra_cel::CelError;
 use k8s_openapi::api::resource::v1::{
     AllocationResult, Device, DeviceRequest, DeviceSelector, DeviceToleration, ResourceClaim,
 };
@@ -14,8 +15,7 @@ use super::capacity::{self, Amount};
 use super::nodesel::node_matches;
 use super::search::{AttrValue, Run, attr_value, blocking_taint, lookup_attribute};
 use super::{AllocatedState, Allocator, DeviceId, NodeInfo, Outcome, device_claim, kobj};
-use crate::cel::CelError;
-use crate::cel::quantity::Quantity;
+use k8s_quantity::Quantity;
 
 /// What the scheduler decided for the claims together.
 #[derive(Debug, Clone)]

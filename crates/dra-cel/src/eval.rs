@@ -3,10 +3,11 @@
 use std::cmp::Ordering;
 use std::sync::Arc;
 
+use k8s_quantity::Quantity;
+
 use super::check::{Comprehension, Node};
 use super::decls::Func;
 use super::device::DeviceView;
-use super::quantity::Quantity;
 use super::semver::Semver;
 use super::value::{DomainsOf, Equality, MapValue, Value, numeric_cmp};
 use super::{format, net, strfmt, url};
@@ -824,13 +825,13 @@ pub fn call(func: Func, args: &[Value], device: &DeviceView) -> R {
         | Func::ToDyn
         | Func::TypeOf => convert(func, a0),
         Func::Quantity => match a0 {
-            String(s) => super::quantity::Quantity::parse(s)
+            String(s) => k8s_quantity::Quantity::parse(s)
                 .map(|q| Value::Quantity(Arc::new(q)))
                 .map_err(|e| EvalError::new(e.to_string())),
             _ => overload_error("quantity", args),
         },
         Func::IsQuantity => match a0 {
-            String(s) => Ok(Bool(super::quantity::Quantity::parse(s).is_ok())),
+            String(s) => Ok(Bool(k8s_quantity::Quantity::parse(s).is_ok())),
             _ => overload_error("isQuantity", args),
         },
         Func::Sign => Ok(Int(quantity_arg("sign", args, 0)?.sign())),
@@ -861,7 +862,7 @@ pub fn call(func: Func, args: &[Value], device: &DeviceView) -> R {
             let q = quantity_arg(name, args, 0)?;
             let other = match a1 {
                 Value::Quantity(o) => (**o).clone(),
-                Int(i) => super::quantity::Quantity::from_int(*i),
+                Int(i) => k8s_quantity::Quantity::from_int(*i),
                 _ => return no_such_overload(),
             };
             let r = if func == Func::QuantityAdd {

@@ -2,7 +2,8 @@
 use std::cmp::Ordering;
 use std::sync::Arc;
 
-use super::quantity::Quantity;
+use k8s_quantity::Quantity;
+
 use super::semver::Semver;
 
 /// Which of the device's two domain maps a value stands for.
@@ -178,7 +179,7 @@ impl Value {
             Value::List(_) => "*types.baseList",
             Value::Map(_) | Value::Domains(_) | Value::Device => "*types.baseMap",
             Value::Quantity(q) => {
-                if q.from_arithmetic {
+                if q.is_arithmetic_result() {
                     "*cel.Quantity"
                 } else {
                     "cel.Quantity"
@@ -205,7 +206,7 @@ impl Value {
             (Null, Null) => true,
             (Null, _) | (_, Null) => false,
             (Quantity(a), Quantity(b)) => {
-                if b.from_arithmetic {
+                if b.is_arithmetic_result() {
                     return Equality::NoSuchOverload;
                 }
                 a.cmp_value(b) == Ordering::Equal

@@ -6,8 +6,8 @@
 use std::sync::Arc;
 
 use k8s_openapi::api::resource::v1::{Device, DeviceAttribute};
+use k8s_quantity::Quantity;
 
-use super::quantity::Quantity;
 use super::semver::Semver;
 use super::value::{MapValue, Value};
 

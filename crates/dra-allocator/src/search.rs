@@ -4,6 +4,7 @@
 //! and undone when a later step fails.
 use std::cell::RefCell;
 
+use dra_cel::CelError;
 use k8s_openapi::api::resource::v1::{
     Device, DeviceAttribute, DeviceClass, DeviceRequest, DeviceSelector, DeviceTaint,
     DeviceToleration, ResourceClaim,
@@ -13,8 +14,7 @@ use super::capacity::{self, Amount, CapacityDef, Consumed};
 use super::nodesel::node_matches;
 use super::pools::{Candidate, NodePools};
 use super::{AllocError, AllocatedState, Allocator, DeviceId, NodeInfo, kobj};
-use crate::cel::CelError;
-use crate::cel::quantity::Quantity;
+use k8s_quantity::Quantity;
 
 /// `AllocationResultsMaxSize`: devices per claim.
 pub const MAX_RESULTS_PER_CLAIM: i64 = 32;

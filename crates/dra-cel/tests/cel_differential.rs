@@ -12,7 +12,7 @@
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 
-use gpu_dra::cel::{DeviceView, SelectorCache};
+use dra_cel::{DeviceView, SelectorCache};
 use k8s_openapi::api::resource::v1::Device;
 use serde_json::{Value as Json, json};
 
@@ -555,7 +555,7 @@ fn uses_unimplemented_library(expr: &str) -> bool {
 fn corpus() -> Vec<Json> {
     let mut rng = Rng(0x5eed_ce10_d1ff_u64 | 1);
     let mut lines = Vec::new();
-    let fixtures = include_str!("../e2e/cel-fixtures/kubernetes-expressions.jsonl");
+    let fixtures = include_str!("../../../e2e/cel-fixtures/kubernetes-expressions.jsonl");
     let k8s_device = json!({"name": "dev", "attributes": {
         "dra.example.com/services": {"strings": ["a", "b"]}, "dra.example.com/count": {"int": 2},
         "dra.example.com/name": {"string": "x"}, "dra.example.com/isFoo": {"bool": true},
@@ -596,7 +596,7 @@ fn ours(cache: &SelectorCache, input: &Json) -> Json {
         Ok(v) => v,
         Err(e) => return json!({"error": {"kind": "input", "message": e.to_string()}}),
     };
-    match gpu_dra::cel::evaluate(cache, expr, &view) {
+    match dra_cel::evaluate(cache, expr, &view) {
         Ok(b) => json!({"result": b}),
         Err(e) => json!({"error": {"kind": e.kind(), "message": e.message()}}),
     }
@@ -629,7 +629,7 @@ fn matches_kubernetes_on_generated_and_upstream_corpus() {
         return;
     };
     let inputs = corpus();
-    let skipped = include_str!("../e2e/cel-fixtures/kubernetes-expressions.jsonl")
+    let skipped = include_str!("../../../e2e/cel-fixtures/kubernetes-expressions.jsonl")
         .lines()
         .filter(|l| uses_unimplemented_library(l))
         .count();

@@ -4,10 +4,10 @@ use std::cell::OnceCell;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use k8s_openapi::api::resource::v1::ResourceSlice;
+use k8s_quantity::Quantity;
 
 use super::nodesel::node_matches;
 use super::{AllocError, Allocator, DeviceId, NodeInfo, Slot};
-use crate::cel::quantity::Quantity;
 
 /// One counter set of a pool, counters sorted by name.
 #[derive(Debug)]

@@ -3,7 +3,7 @@
 //! answers within a bounded time; pathological expressions stop at the cost limit.
 use std::time::{Duration, Instant};
 
-use gpu_dra::cel::{CelError, DeviceView, compile};
+use dra_cel::{CelError, DeviceView, compile};
 use k8s_openapi::api::resource::v1::Device;
 use proptest::prelude::*;
 use serde_json::json;

@@ -6,7 +6,7 @@ use k8s_openapi::api::resource::v1::DeviceCapacity;
 use num_bigint::BigInt;
 use num_traits::{Signed, ToPrimitive, Zero};
 
-use crate::cel::quantity::Quantity;
+use k8s_quantity::Quantity;
 
 /// A quantity plus the text it is written as in results (Go marshals the canonical form).
 #[derive(Debug, Clone)]
