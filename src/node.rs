@@ -60,6 +60,19 @@ pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
         .build()
 }
 
+/// How kubelet reaches this agent: its sockets (per instance in a rolling update) and driver.
+fn plugin_config(options: &NodeOptions, driver: Arc<dyn NodeDriver>) -> PluginConfig {
+    PluginConfig {
+        instance: options.rolling_update_uid.clone(),
+        ..PluginConfig::new(
+            options.driver_name.clone(),
+            options.registrar_dir.clone(),
+            options.plugin_dir.clone(),
+            driver,
+        )
+    }
+}
+
 /// Opens a lock file in the plugin directory (created 0700 if missing, like the sockets' dir).
 fn open_node_lock(plugin_dir: &Path, name: &str) -> Result<NodeLock, NodeError> {
     let path = plugin_dir.join(name);
@@ -245,16 +258,7 @@ impl NodeAgent {
         }
         let driver = Arc::new(driver);
 
-        let plugin = PluginServer::start(PluginConfig {
-            instance: options.rolling_update_uid.clone(),
-            ..PluginConfig::new(
-                options.driver_name.clone(),
-                options.registrar_dir.clone(),
-                options.plugin_dir.clone(),
-                driver.clone(),
-            )
-        })
-        .await?;
+        let plugin = PluginServer::start(plugin_config(&options, driver.clone())).await?;
         tracing::info!(
             registration = %plugin.registration_socket_path().display(),
             dra = %plugin.dra_socket_path().display(),
@@ -369,16 +373,9 @@ impl NodeAgent {
         if let Err(e) = crate::kubeapi::bounded(options.api_timeouts.request, report).await {
             tracing::warn!(error = %e, node = %node_name, "cannot record the refusal as a Node event");
         }
-        let plugin = PluginServer::start(PluginConfig {
-            instance: options.rolling_update_uid.clone(),
-            ..PluginConfig::new(
-                options.driver_name.clone(),
-                options.registrar_dir.clone(),
-                options.plugin_dir.clone(),
-                Arc::new(RefusingDriver { reason }),
-            )
-        })
-        .await?;
+        let plugin =
+            PluginServer::start(plugin_config(&options, Arc::new(RefusingDriver { reason })))
+                .await?;
         let (shutdown, shutdown_rx) = watch::channel(false);
         let mut tasks = vec![
             metrics
