@@ -148,10 +148,11 @@ struct SliceUpdater {
 impl DriverObserver for SliceUpdater {
     fn state_changed(&self, state: &DeviceState) {
         let mut last = self.inventory.lock().unwrap_or_else(|p| p.into_inner());
-        if *last == *state.inventory() {
+        let inventory = state.inventory();
+        if *last == inventory {
             return;
         }
-        *last = state.inventory().clone();
+        *last = inventory;
         match slices::build(&last, &self.options) {
             Ok(slices) => {
                 self.desired.send_replace(Arc::new(slices));

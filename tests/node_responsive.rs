@@ -1,9 +1,11 @@
 //! Nothing blocks the node agent's async workers: while a MIG carve takes two seconds (a slow
 //! GPU, as real ones can be), kubelet's registration and health calls, the gRPC health probe and
-//! `/healthz` keep answering at once, on the runtime `gpu-dra run` uses.
+//! `/healthz` keep answering at once, on the runtime `gpu-dra run` uses; claims on other GPUs
+//! prepare beside the carve, claims on the same GPU wait their turn.
 
+use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use gpu_dra::gpu::sim::SimNode;
@@ -14,6 +16,8 @@ use gpu_dra::plugin::{PluginConfig, PluginServer};
 use gpu_dra::prepare::claims::MemoryClaims;
 use gpu_dra::prepare::driver::Driver;
 use gpu_dra::prepare::state::{DeviceState, DriverConfig};
+use gpu_dra::prepare::{ClaimRef, NodeDriver};
+use k8s_openapi::api::resource::v1::ResourceClaim;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::transport::{Channel, Endpoint};
 
@@ -21,15 +25,48 @@ const CARVE: Duration = Duration::from_secs(2);
 /// Far below the carve: an answer this fast was not queued behind it. (Typically ~1 ms.)
 const PROMPT: Duration = Duration::from_millis(250);
 
-/// The simulator with a GPU-instance creation as slow as a busy real GPU's.
-struct SlowGpus(SimNode);
+/// The simulator with slow GPU-instance creation that counts how many creations overlap, per GPU
+/// and in all.
+struct SlowGpus {
+    sim: SimNode,
+    carve: Duration,
+    carving: Mutex<BTreeMap<u32, usize>>,
+    most_on_one_gpu: Mutex<usize>,
+    most_in_all: Mutex<usize>,
+    created: Mutex<usize>,
+}
+
+impl SlowGpus {
+    fn new(sim: SimNode, carve: Duration) -> Self {
+        Self {
+            sim,
+            carve,
+            carving: Mutex::new(BTreeMap::new()),
+            most_on_one_gpu: Mutex::new(0),
+            most_in_all: Mutex::new(0),
+            created: Mutex::new(0),
+        }
+    }
+
+    fn count(&self, minor: u32, delta: isize) {
+        let mut carving = self.carving.lock().expect("lock");
+        let now = carving.entry(minor).or_default();
+        *now = now.checked_add_signed(delta).expect("count");
+        let on_gpu = *now;
+        let in_all: usize = carving.values().sum();
+        let mut most = self.most_on_one_gpu.lock().expect("lock");
+        *most = (*most).max(on_gpu);
+        let mut most = self.most_in_all.lock().expect("lock");
+        *most = (*most).max(in_all);
+    }
+}
 
 impl GpuControl for SlowGpus {
     fn inventory(&self) -> Result<NodeInventory, GpuError> {
-        self.0.inventory()
+        self.sim.inventory()
     }
     fn set_mig_mode(&self, minor: u32, enabled: bool) -> Result<MigMode, GpuError> {
-        GpuControl::set_mig_mode(&self.0, minor, enabled)
+        GpuControl::set_mig_mode(&self.sim, minor, enabled)
     }
     fn create_gpu_instance(
         &self,
@@ -37,20 +74,23 @@ impl GpuControl for SlowGpus {
         profile_id: u32,
         placement: Placement,
     ) -> Result<u32, GpuError> {
-        std::thread::sleep(CARVE);
-        GpuControl::create_gpu_instance(&self.0, minor, profile_id, placement)
+        self.count(minor, 1);
+        std::thread::sleep(self.carve);
+        self.count(minor, -1);
+        *self.created.lock().expect("lock") += 1;
+        GpuControl::create_gpu_instance(&self.sim, minor, profile_id, placement)
     }
     fn create_compute_instance(&self, minor: u32, gi: u32) -> Result<(u32, String), GpuError> {
-        GpuControl::create_compute_instance(&self.0, minor, gi)
+        GpuControl::create_compute_instance(&self.sim, minor, gi)
     }
     fn destroy_compute_instance(&self, minor: u32, gi: u32, ci: u32) -> Result<(), GpuError> {
-        GpuControl::destroy_compute_instance(&self.0, minor, gi, ci)
+        GpuControl::destroy_compute_instance(&self.sim, minor, gi, ci)
     }
     fn destroy_gpu_instance(&self, minor: u32, gi: u32) -> Result<(), GpuError> {
-        GpuControl::destroy_gpu_instance(&self.0, minor, gi)
+        GpuControl::destroy_gpu_instance(&self.sim, minor, gi)
     }
     fn gpu_instances(&self, minor: u32) -> Result<Vec<GpuInstanceInfo>, GpuError> {
-        GpuControl::gpu_instances(&self.0, minor)
+        GpuControl::gpu_instances(&self.sim, minor)
     }
 }
 
@@ -99,11 +139,14 @@ fn kubelet_and_probes_answer_while_a_slow_carve_runs() {
 
 async fn answers_during_a_slow_carve() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let gpus = Arc::new(SlowGpus(SimNode::new(
-        "sim:1xH100-SXM5-80GB".parse().expect("spec"),
-        "n1",
-        Some(dir.path().join("hw.json")),
-    )));
+    let gpus = Arc::new(SlowGpus::new(
+        SimNode::new(
+            "sim:1xH100-SXM5-80GB".parse().expect("spec"),
+            "n1",
+            Some(dir.path().join("hw.json")),
+        ),
+        CARVE,
+    ));
     let config = DriverConfig {
         driver_name: "gpu.nvidia.com".into(),
         mig_policy: gpu_dra::gpu::mig::MigPolicy::Auto,
@@ -208,4 +251,142 @@ async fn answers_during_a_slow_carve() {
     );
     eprintln!("slowest answer during a {CARVE:?} carve: {slowest:?}");
     plugin.shutdown().await.expect("shutdown");
+}
+
+// Claims on different GPUs prepare side by side; claims on the same GPU, and the same claim
+// asked for twice, take turns.
+
+/// Carves in the side-by-side test: long enough to tell overlapping from queued.
+const SIDE_CARVE: Duration = Duration::from_secs(1);
+
+fn claim(name: &str, device: &str) -> ResourceClaim {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}")},
+        "spec": {},
+        "status": {"allocation": {"devices": {"results": [{
+            "request": "gpu", "driver": "gpu.nvidia.com", "pool": "n1", "device": device
+        }]}}}
+    }))
+    .expect("claim")
+}
+
+fn claim_ref(name: &str) -> ClaimRef {
+    ClaimRef {
+        namespace: "default".into(),
+        name: name.into(),
+        uid: format!("uid-{name}"),
+    }
+}
+
+#[test]
+fn claims_on_different_gpus_prepare_side_by_side() {
+    gpu_dra::node::runtime()
+        .expect("runtime")
+        .block_on(side_by_side());
+}
+
+async fn side_by_side() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gpus = Arc::new(SlowGpus::new(
+        SimNode::new(
+            "sim:3xH100-SXM5-80GB".parse().expect("spec"),
+            "n1",
+            Some(dir.path().join("hw.json")),
+        ),
+        SIDE_CARVE,
+    ));
+    let config = DriverConfig {
+        driver_name: "gpu.nvidia.com".into(),
+        mig_policy: gpu_dra::gpu::mig::MigPolicy::Auto,
+        node_name: "n1".into(),
+        cdi_root: dir.path().join("cdi"),
+        state_dir: dir.path().join("state"),
+        dev_root: None,
+    };
+    let (state, _) = DeviceState::open(config, gpus.clone()).expect("open");
+    let claims = Arc::new(MemoryClaims::default());
+    let wanted = [
+        ("first-on-0", "gpu-0-mig-1g10gb-19-0"),
+        ("second-on-0", "gpu-0-mig-1g10gb-19-1"),
+        ("on-1", "gpu-1-mig-1g10gb-19-0"),
+        ("whole-2", "gpu-2"),
+    ];
+    for (name, device) in wanted {
+        claims.insert(claim(name, device));
+    }
+    let driver = Arc::new(Driver::new(state, claims));
+
+    let started = Instant::now();
+    // Each as its own kubelet call, as kubelet prepares different pods; "first-on-0" twice.
+    let calls = ["first-on-0", "on-1", "first-on-0", "whole-2", "second-on-0"];
+    let mut tasks = Vec::new();
+    for (i, name) in calls.into_iter().enumerate() {
+        let driver = driver.clone();
+        tasks.push(tokio::spawn(async move {
+            // Start in this order, a moment apart.
+            tokio::time::sleep(Duration::from_millis(20 * i as u64)).await;
+            let results = driver.prepare(vec![claim_ref(name)]).await;
+            (name, started.elapsed(), results)
+        }));
+    }
+    let mut done = BTreeMap::new();
+    let mut devices: BTreeMap<&str, Vec<_>> = BTreeMap::new();
+    for task in tasks {
+        let (name, took, results) = task.await.expect("task");
+        let [(_, result)] = <[_; 1]>::try_from(results).expect("one result");
+        let prepared = result.unwrap_or_else(|e| panic!("{name}: {e}"));
+        devices.entry(name).or_default().push(prepared);
+        done.entry(name).or_insert(Vec::new()).push(took);
+    }
+    eprintln!("finished after: {done:?}");
+
+    assert!(
+        done["whole-2"][0] < SIDE_CARVE / 2,
+        "a whole GPU waited for carves on other GPUs: {done:?}"
+    );
+    assert!(
+        done["on-1"][0] < SIDE_CARVE * 2,
+        "GPU 1 was carved after GPU 0, not beside it: {done:?}"
+    );
+    assert!(
+        done["second-on-0"][0] >= SIDE_CARVE * 2,
+        "two carves on GPU 0 overlapped: {done:?}"
+    );
+    assert_eq!(*gpus.most_on_one_gpu.lock().expect("lock"), 1);
+    assert_eq!(*gpus.most_in_all.lock().expect("lock"), 2);
+    // The claim asked for twice was carved once and reported the same devices both times.
+    assert_eq!(*gpus.created.lock().expect("lock"), 3);
+    assert_eq!(devices["first-on-0"][0], devices["first-on-0"][1]);
+    assert!(
+        done["first-on-0"][1] < SIDE_CARVE * 2,
+        "asking again for a prepared claim waited for another claim's carve: {done:?}"
+    );
+
+    let checkpoint = driver.with_state(|s| s.checkpoint()).await;
+    assert_eq!(checkpoint.claims.len(), 4);
+    assert!(checkpoint.claims.values().all(|c| c.is_completed()));
+    let instances = |minor| gpus.gpu_instances(minor).expect("instances").len();
+    assert_eq!((instances(0), instances(1)), (2, 1));
+
+    // Unprepare everything at once, in one call and in separate ones.
+    let (together, alone) = tokio::join!(
+        driver.unprepare(vec![claim_ref("first-on-0"), claim_ref("on-1")]),
+        driver.unprepare(vec![claim_ref("second-on-0")]),
+    );
+    let whole = driver.unprepare(vec![claim_ref("whole-2")]).await;
+    for (claim, result) in together.into_iter().chain(alone).chain(whole) {
+        result.unwrap_or_else(|e| panic!("unprepare {claim}: {e}"));
+    }
+    assert!(
+        driver
+            .with_state(|s| s.checkpoint())
+            .await
+            .claims
+            .is_empty()
+    );
+    assert_eq!((instances(0), instances(1)), (0, 0));
+    let specs = std::fs::read_dir(dir.path().join("cdi"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert_eq!(specs, 0, "every CDI spec removed");
 }

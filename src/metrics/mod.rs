@@ -314,8 +314,8 @@ impl DriverObserver for Metrics {
     }
 
     fn state_changed(&self, state: &DeviceState) {
-        self.observe_checkpoint(state.checkpoint());
-        self.observe_inventory(state.inventory());
+        self.observe_checkpoint(&state.checkpoint());
+        self.observe_inventory(&state.inventory());
     }
 }
 

@@ -1,12 +1,14 @@
-//! The [`NodeDriver`] kubelet talks to: fetches claims, runs [`DeviceState`] under one lock, and
-//! reports prepared devices in the claims' status.
+//! The [`NodeDriver`] kubelet talks to: fetches claims, prepares each on a blocking thread (claims
+//! on different GPUs side by side, see [`DeviceState`]), and reports prepared devices in the
+//! claims' status once the node's state has changed, outside every lock.
 use std::collections::HashMap;
-use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 use tokio::sync::{Mutex, MutexGuard};
+
+use super::state::PrepareError;
 
 use super::claims::ClaimSource;
 use super::lock::{NodeLock, NodeLockGuard};
@@ -24,7 +26,10 @@ struct NoObserver;
 impl DriverObserver for NoObserver {}
 
 pub struct Driver {
-    state: Mutex<DeviceState>,
+    state: Arc<DeviceState>,
+    /// Taken by every operation while another driver instance may share the node: the node lock
+    /// and the checkpoint re-read then cover the whole operation.
+    exclusive: Mutex<()>,
     claims: Arc<dyn ClaimSource>,
     observer: Arc<dyn DriverObserver>,
     /// Set when another instance may share the node (rolling update).
@@ -40,29 +45,18 @@ pub struct Driver {
 /// only takes over when kubelet has clearly not (it was down, or the driver was).
 pub const DEFAULT_GC_GRACE: Duration = Duration::from_secs(30);
 
-/// The device state, locked in this process and, in a rolling update, on the node.
-struct LockedState<'a> {
-    state: MutexGuard<'a, DeviceState>,
-    _node: Option<NodeLockGuard<'a>>,
-}
-
-impl Deref for LockedState<'_> {
-    type Target = DeviceState;
-    fn deref(&self) -> &DeviceState {
-        &self.state
-    }
-}
-
-impl DerefMut for LockedState<'_> {
-    fn deref_mut(&mut self) -> &mut DeviceState {
-        &mut self.state
-    }
+/// While another driver instance may share the node (a rolling update): this process's
+/// operations one at a time, and the node lock.
+struct Exclusive<'a> {
+    _process: MutexGuard<'a, ()>,
+    _node: NodeLockGuard<'a>,
 }
 
 impl Driver {
     pub fn new(state: DeviceState, claims: Arc<dyn ClaimSource>) -> Self {
         Self {
-            state: Mutex::new(state),
+            state: Arc::new(state),
+            exclusive: Mutex::new(()),
             claims,
             observer: Arc::new(NoObserver),
             node_lock: None,
@@ -84,23 +78,29 @@ impl Driver {
         self
     }
 
-    async fn lock_state(&self) -> Result<LockedState<'_>, String> {
-        let mut state = self.state.lock().await;
+    /// Without a node lock (the usual case) operations run side by side and this holds nothing.
+    /// With one, it serializes them and adopts what the other instance wrote.
+    async fn exclusive(&self) -> Result<Option<Exclusive<'_>>, String> {
         let Some(lock) = &self.node_lock else {
-            return Ok(LockedState { state, _node: None });
+            return Ok(None);
         };
+        let process = self.exclusive.lock().await;
         let node = lock
             .acquire()
             .await
             .map_err(|e| format!("cannot lock {}: {e}", lock.path().display()))?;
-        if blocking(|| state.sync_with_disk()).map_err(|e| e.to_string())? {
+        let state = self.state.clone();
+        if run_blocking(move || state.sync_with_disk())
+            .await
+            .map_err(|e| e.to_string())?
+        {
             tracing::debug!("adopted the checkpoint another driver instance wrote");
-            self.observer.state_changed(&state);
+            self.observer.state_changed(&self.state);
         }
-        Ok(LockedState {
-            state,
-            _node: Some(node),
-        })
+        Ok(Some(Exclusive {
+            _process: process,
+            _node: node,
+        }))
     }
 
     pub fn with_observer(mut self, observer: Arc<dyn DriverObserver>) -> Self {
@@ -108,26 +108,24 @@ impl Driver {
         self
     }
 
-    /// Runs `f` with the state locked (inspection in the demo and tests).
+    /// Runs `f` on the state (inspection in the demo and tests).
     pub async fn with_state<R>(&self, f: impl FnOnce(&DeviceState) -> R) -> R {
-        f(&*self.state.lock().await)
+        f(&self.state)
     }
 
     /// Unprepares claims that were deleted (or deleted and re-created under a new UID) while they
     /// were prepared here, e.g. while the plugin was down (NVIDIA driver #1278). Claims whose
     /// lookup fails are left for the next round.
     pub async fn collect_garbage(&self) -> Vec<ClaimRef> {
-        let (recorded, driver_name, pool) = match self.lock_state().await {
-            Ok(state) => (
-                state.claims(),
-                state.config().driver_name.clone(),
-                state.config().node_name.clone(),
-            ),
+        let recorded = match self.exclusive().await {
+            Ok(_exclusive) => self.state.claims(),
             Err(e) => {
                 tracing::error!(error = %e, "garbage collection: cannot read the node's state");
                 return vec![];
             }
         };
+        let driver_name = self.state.config().driver_name.clone();
+        let pool = self.state.config().node_name.clone();
         {
             let mut since = self.gone_since.lock().unwrap_or_else(|p| p.into_inner());
             since.retain(|uid, _| recorded.iter().any(|c| c.uid == *uid));
@@ -156,23 +154,22 @@ impl Driver {
             if !self.gone_long_enough(&claim.uid, gone) {
                 continue;
             }
-            {
-                let mut state = match self.lock_state().await {
-                    Ok(state) => state,
-                    Err(e) => {
-                        tracing::error!(error = %e, "garbage collection: cannot read the node's state");
-                        break;
-                    }
-                };
-                match blocking(|| state.unprepare(&claim.uid)) {
-                    Ok(()) => {
-                        tracing::info!(claim = %claim, claimUID = %claim.uid, "garbage collection: unprepared a claim that no longer exists");
-                        self.observer.state_changed(&state);
-                        collected.push(claim);
-                    }
-                    Err(e) => {
-                        tracing::error!(claim = %claim, claimUID = %claim.uid, error = %e, "garbage collection: unprepare failed")
-                    }
+            let _exclusive = match self.exclusive().await {
+                Ok(exclusive) => exclusive,
+                Err(e) => {
+                    tracing::error!(error = %e, "garbage collection: cannot read the node's state");
+                    break;
+                }
+            };
+            let (state, uid) = (self.state.clone(), claim.uid.clone());
+            match run_blocking(move || state.unprepare(&uid)).await {
+                Ok(()) => {
+                    tracing::info!(claim = %claim, claimUID = %claim.uid, "garbage collection: unprepared a claim that no longer exists");
+                    self.observer.state_changed(&self.state);
+                    collected.push(claim);
+                }
+                Err(e) => {
+                    tracing::error!(claim = %claim, claimUID = %claim.uid, error = %e, "garbage collection: unprepare failed")
                 }
             }
         }
@@ -200,28 +197,31 @@ impl Driver {
 impl NodeDriver for Driver {
     async fn prepare(&self, claims: Vec<ClaimRef>) -> Vec<(ClaimRef, PrepareResult)> {
         let started = Instant::now();
-        // Claim lookups need no lock and run concurrently; the node's state changes one claim at a
-        // time.
+        // Claim lookups need no lock and run concurrently.
         let fetched = join_all(
             claims
                 .iter()
                 .map(|c| self.claims.get(&c.namespace, &c.name)),
         )
         .await;
-        let mut results = Vec::with_capacity(claims.len());
-        let mut statuses = Vec::new();
-        {
-            let mut state = match self.lock_state().await {
-                Ok(state) => state,
-                Err(e) => {
-                    tracing::error!(error = %e, "prepare: cannot read the node's state");
-                    return claims.into_iter().map(|c| (c, Err(e.clone()))).collect();
-                }
-            };
-            for (claim, fetched) in claims.into_iter().zip(fetched) {
+        let exclusive = match self.exclusive().await {
+            Ok(exclusive) => exclusive,
+            Err(e) => {
+                tracing::error!(error = %e, "prepare: cannot read the node's state");
+                return claims.into_iter().map(|c| (c, Err(e.clone()))).collect();
+            }
+        };
+        // Each claim on its own blocking thread: the state lets claims on different GPUs run side
+        // by side and makes the others wait their turn.
+        let results = join_all(claims.into_iter().zip(fetched).map(|(claim, fetched)| {
+            let state = self.state.clone();
+            async move {
                 let result = match fetched {
                     Ok(Some(object)) => {
-                        blocking(|| state.prepare(&claim, &object)).map_err(|e| e.to_string())
+                        let claim = claim.clone();
+                        run_blocking(move || state.prepare(&claim, &object))
+                            .await
+                            .map_err(|e| e.to_string())
                     }
                     Ok(None) => Err(format!(
                         "ResourceClaim {}/{} not found",
@@ -229,18 +229,22 @@ impl NodeDriver for Driver {
                     )),
                     Err(e) => Err(e),
                 };
-                if result.is_ok() {
-                    statuses.push((claim.clone(), state.device_status(&claim.uid)));
-                }
                 self.observer
                     .prepared(&claim, result.is_ok(), started.elapsed().as_secs_f64());
-                results.push((claim, result));
+                (claim, result)
             }
-            self.observer.state_changed(&state);
-        }
+        }))
+        .await;
+        let statuses: Vec<_> = results
+            .iter()
+            .filter(|(_, result)| result.is_ok())
+            .map(|(claim, _)| (claim.clone(), self.state.device_status(&claim.uid)))
+            .collect();
+        self.observer.state_changed(&self.state);
+        drop(exclusive);
         // Reporting devices in the claim's status is informational: a failure is logged, and the
         // containers still get their devices.
-        for (claim, devices) in statuses {
+        join_all(statuses.into_iter().map(|(claim, devices)| async move {
             if let Err(e) = self
                 .claims
                 .set_device_status(&claim.namespace, &claim.name, devices)
@@ -248,27 +252,34 @@ impl NodeDriver for Driver {
             {
                 tracing::warn!(claim = %claim, claimUID = %claim.uid, error = %e, "cannot report prepared devices in the claim's status");
             }
-        }
+        }))
+        .await;
         results
     }
 
     async fn unprepare(&self, claims: Vec<ClaimRef>) -> Vec<(ClaimRef, UnprepareResult)> {
         let started = Instant::now();
-        let mut results = Vec::with_capacity(claims.len());
-        let mut state = match self.lock_state().await {
-            Ok(state) => state,
+        let _exclusive = match self.exclusive().await {
+            Ok(exclusive) => exclusive,
             Err(e) => {
                 tracing::error!(error = %e, "unprepare: cannot read the node's state");
                 return claims.into_iter().map(|c| (c, Err(e.clone()))).collect();
             }
         };
-        for claim in claims {
-            let result = blocking(|| state.unprepare(&claim.uid)).map_err(|e| e.to_string());
-            self.observer
-                .unprepared(&claim, result.is_ok(), started.elapsed().as_secs_f64());
-            results.push((claim, result));
-        }
-        self.observer.state_changed(&state);
+        let results = join_all(claims.into_iter().map(|claim| {
+            let state = self.state.clone();
+            async move {
+                let uid = claim.uid.clone();
+                let result = run_blocking(move || state.unprepare(&uid))
+                    .await
+                    .map_err(|e| e.to_string());
+                self.observer
+                    .unprepared(&claim, result.is_ok(), started.elapsed().as_secs_f64());
+                (claim, result)
+            }
+        }))
+        .await;
+        self.observer.state_changed(&self.state);
         results
     }
 }
@@ -293,12 +304,17 @@ fn allocated_here(
 }
 
 /// Runs hardware and disk work (MIG changes through NVML take up to seconds; every checkpoint
-/// write is an fsync) without stalling the async workers: on the multi-thread runtime the worker
-/// first hands its other tasks (kubelet's registration and health streams, probes, slice
-/// publication) to another thread. Elsewhere (tests, the demo) it simply runs.
-fn blocking<R>(work: impl FnOnce() -> R) -> R {
-    match tokio::runtime::Handle::try_current().map(|handle| handle.runtime_flavor()) {
-        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(work),
-        _ => work(),
+/// write is an fsync) on a blocking thread, so the async workers keep serving kubelet's
+/// registration and health streams, probes and slice publication, and operations on different
+/// GPUs overlap.
+async fn run_blocking<R: Send + 'static>(
+    work: impl FnOnce() -> Result<R, PrepareError> + Send + 'static,
+) -> Result<R, PrepareError> {
+    match tokio::task::spawn_blocking(work).await {
+        Ok(result) => result,
+        // A panic in the work: surface it rather than take the whole agent down.
+        Err(joined) => Err(PrepareError::Internal(format!(
+            "the operation's thread failed: {joined}"
+        ))),
     }
 }

@@ -47,6 +47,7 @@ pub trait NodeDriver: Send + Sync + 'static {
     async fn unprepare(&self, claims: Vec<ClaimRef>) -> Vec<(ClaimRef, UnprepareResult)>;
 }
 
+pub mod busy;
 pub mod cdi;
 pub mod checkpoint;
 pub mod claims;

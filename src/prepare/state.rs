@@ -10,15 +10,23 @@
 //!   claim;
 //! - start: roll back every claim that is not `PrepareCompleted`, rewrite missing specs of
 //!   completed claims, delete specs no claim owns.
+//!
+//! Concurrency: claims on different GPUs are prepared and unprepared side by side. Each operation
+//! first holds its claim (the same claim never interleaves with itself), then every GPU its devices
+//! are on (all at once, so two operations never wait on each other), and only then touches the
+//! hardware. The in-memory book (checkpoint and inventory) has its own short lock, held to change
+//! it and write it out, never across hardware calls. Each operation refreshes only the inventory of
+//! the GPUs it holds, so it never overwrites what another operation saw of its own GPU.
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use k8s_openapi::api::resource::v1::{
     AllocatedDeviceStatus, DeviceRequestAllocationResult, ResourceClaim,
 };
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 
+use super::busy::BusySet;
 use super::cdi::{CdiDevice, CdiStore};
 use super::checkpoint::{
     Checkpoint, CheckpointError, CheckpointStore, ClaimEntry, ClaimState, DeviceRecord,
@@ -44,6 +52,10 @@ pub enum PrepareError {
     Cdi(#[from] super::cdi::CdiError),
     #[error(transparent)]
     Gpu(#[from] GpuError),
+    /// The operation's own thread failed (a bug); nothing it changed is lost: the checkpoint
+    /// says what to undo.
+    #[error("internal error: {0}")]
+    Internal(String),
 }
 
 /// Static settings of the node driver.
@@ -91,16 +103,24 @@ enum Target {
         placement: Placement,
     },
 }
+/// What the driver knows and has written down: guarded by [`DeviceState::book`].
+struct Book {
+    checkpoint: Checkpoint,
+    inventory: NodeInventory,
+}
 
 pub struct DeviceState {
     config: DriverConfig,
     gpus: Arc<dyn GpuControl>,
-    inventory: NodeInventory,
     /// How each GPU is offered, decided once at start.
     modes: BTreeMap<u32, GpuMode>,
-    checkpoint: Checkpoint,
     store: CheckpointStore,
     cdi: CdiStore,
+    book: Mutex<Book>,
+    /// Claims (by UID) an operation is working on.
+    busy_claims: BusySet<String>,
+    /// GPUs (by minor) an operation is changing or relying on.
+    busy_gpus: BusySet<u32>,
 }
 
 impl DeviceState {
@@ -121,21 +141,25 @@ impl DeviceState {
         let mut state = Self {
             config,
             gpus,
-            inventory,
             modes: BTreeMap::new(),
-            checkpoint,
             store,
             cdi,
+            book: Mutex::new(Book {
+                checkpoint,
+                inventory,
+            }),
+            busy_claims: BusySet::default(),
+            busy_gpus: BusySet::default(),
         };
         let mut report = RecoveryReport {
             checkpoint: Some(describe(&outcome)),
             ..Default::default()
         };
         state.recover(&mut report)?;
-        state.refresh_inventory()?;
+        state.refresh_all()?;
         // MIG devices no prepared claim owns are someone else's, unless we were told to take over.
         let owned = state.owned_gpu_instances();
-        let inventory = &state.inventory;
+        let inventory = state.inventory();
         state.modes = choose_modes(&inventory.gpus, state.config.mig_policy, |minor| {
             inventory
                 .gpus
@@ -156,12 +180,14 @@ impl DeviceState {
         &self.config
     }
 
-    pub fn checkpoint(&self) -> &Checkpoint {
-        &self.checkpoint
+    /// A copy of the checkpoint as it is now.
+    pub fn checkpoint(&self) -> Checkpoint {
+        self.book().checkpoint.clone()
     }
 
-    pub fn inventory(&self) -> &NodeInventory {
-        &self.inventory
+    /// A copy of the inventory as it is now.
+    pub fn inventory(&self) -> NodeInventory {
+        self.book().inventory.clone()
     }
 
     pub fn modes(&self) -> &BTreeMap<u32, GpuMode> {
@@ -174,7 +200,8 @@ impl DeviceState {
 
     /// Claims recorded as prepared (any state).
     pub fn claims(&self) -> Vec<ClaimRef> {
-        self.checkpoint
+        self.book()
+            .checkpoint
             .claims
             .values()
             .map(|c| ClaimRef {
@@ -185,8 +212,24 @@ impl DeviceState {
             .collect()
     }
 
-    fn recover(&mut self, report: &mut RecoveryReport) -> Result<(), PrepareError> {
+    fn book(&self) -> MutexGuard<'_, Book> {
+        // Every change to the book is a plain assignment; a panicking holder leaves it usable.
+        self.book
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Changes the book and writes the checkpoint, in one step no other operation can split.
+    fn record_change(&self, change: impl FnOnce(&mut Checkpoint)) -> Result<(), PrepareError> {
+        let mut book = self.book();
+        change(&mut book.checkpoint);
+        self.store.save(&book.checkpoint)?;
+        Ok(())
+    }
+
+    fn recover(&self, report: &mut RecoveryReport) -> Result<(), PrepareError> {
         let unfinished: Vec<String> = self
+            .book()
             .checkpoint
             .claims
             .values()
@@ -197,10 +240,13 @@ impl DeviceState {
             self.roll_back(&uid)?;
             report.rolled_back.push(uid);
         }
-        let completed: BTreeSet<String> = self.checkpoint.claims.keys().cloned().collect();
+        let completed: BTreeSet<String> = self.book().checkpoint.claims.keys().cloned().collect();
         for uid in &completed {
             if !self.cdi.spec_path(uid).exists() {
-                let devices = self.cdi_devices(&self.checkpoint.claims[uid]);
+                let devices = {
+                    let book = self.book();
+                    self.cdi_devices(&book, &book.checkpoint.claims[uid])
+                };
                 self.cdi.write(uid, &devices)?;
                 report.specs_rewritten.push(uid.clone());
             }
@@ -211,37 +257,66 @@ impl DeviceState {
                 report.specs_removed.push(uid);
             }
         }
-        self.store.save(&self.checkpoint)?;
-        Ok(())
+        self.record_change(|_| {})
+    }
+
+    /// The GPUs a claim's devices are on: those its allocation names on this node, and those
+    /// recorded for it (a half-done earlier attempt).
+    fn gpus_of(&self, uid: &str, claim: Option<&ResourceClaim>) -> BTreeSet<u32> {
+        let mut minors: BTreeSet<u32> = claim
+            .and_then(|c| c.status.as_ref())
+            .and_then(|s| s.allocation.as_ref())
+            .and_then(|a| a.devices.as_ref())
+            .and_then(|d| d.results.as_ref())
+            .into_iter()
+            .flatten()
+            .filter(|r| r.driver == self.config.driver_name && r.pool == self.config.node_name)
+            .filter_map(|r| device_gpu(&r.device))
+            .collect();
+        let book = self.book();
+        if let Some(entry) = book.checkpoint.claims.get(uid) {
+            minors.extend(entry.devices.iter().filter_map(|d| {
+                d.mig
+                    .as_ref()
+                    .map(|m| m.parent_minor)
+                    .or_else(|| device_gpu(&d.device))
+            }));
+        }
+        minors
     }
 
     /// Prepares one claim; repeated calls return the same devices without side effects.
     pub fn prepare(
-        &mut self,
+        &self,
         claim_ref: &ClaimRef,
         claim: &ResourceClaim,
     ) -> Result<Vec<PreparedDevice>, PrepareError> {
         let uid = claim_ref.uid.clone();
-        if let Some(entry) = self
-            .checkpoint
-            .claims
-            .get(&uid)
-            .filter(|e| e.is_completed())
-        {
+        let _claim_held = self.busy_claims.acquire(BTreeSet::from([uid.clone()]));
+        // A prepared claim only needs its spec checked: no need to wait for its GPUs.
+        let completed = {
+            let book = self.book();
+            let entry = book.checkpoint.claims.get(&uid);
+            entry
+                .filter(|e| e.is_completed())
+                .map(|entry| (prepared_devices(entry), self.cdi_devices(&book, entry)))
+        };
+        if let Some((devices, cdi_devices)) = completed {
             // Idempotent, but make sure the spec a container needs is really there.
             tracing::debug!(claim = %claim_ref, claimUID = %uid, "claim already prepared");
             if !self.cdi.spec_path(&uid).exists() {
-                let devices = self.cdi_devices(entry);
-                self.cdi.write(&uid, &devices)?;
+                self.cdi.write(&uid, &cdi_devices)?;
             }
-            return Ok(prepared_devices(entry));
+            return Ok(devices);
         }
-        if self.checkpoint.claims.contains_key(&uid) {
+        let _gpus_held = self.busy_gpus.acquire(self.gpus_of(&uid, Some(claim)));
+        // Still unfinished (an earlier attempt failed or crashed): start over.
+        if self.book().checkpoint.claims.contains_key(&uid) {
             self.roll_back(&uid)?;
         }
-        let plan = self.plan(claim_ref, claim)?;
+        let plan = self.plan(&self.book(), claim_ref, claim)?;
         let result = self.apply_plan(claim_ref, plan);
-        if result.is_err() && self.checkpoint.claims.contains_key(&uid) {
+        if result.is_err() && self.book().checkpoint.claims.contains_key(&uid) {
             // Undo at once what was carved, rather than leaving it to a retry or a restart.
             if let Err(error) = self.roll_back(&uid) {
                 tracing::error!(claim = %claim_ref, claimUID = %uid, %error, "cannot roll back a failed prepare; retried at the next prepare or restart");
@@ -252,7 +327,7 @@ impl DeviceState {
 
     /// Carries out a checked plan: intent on disk, carving, sharing, CDI spec, completion.
     fn apply_plan(
-        &mut self,
+        &self,
         claim_ref: &ClaimRef,
         plan: Vec<(DeviceRequestAllocationResult, Target, Option<DeviceConfig>)>,
     ) -> Result<Vec<PreparedDevice>, PrepareError> {
@@ -260,24 +335,32 @@ impl DeviceState {
         let creates_hardware_state = plan
             .iter()
             .any(|(_, t, _)| matches!(t, Target::Placement { .. }));
-        let mut entry = ClaimEntry {
-            namespace: claim_ref.namespace.clone(),
-            name: claim_ref.name.clone(),
-            uid: uid.clone(),
-            state: ClaimState::PrepareStarted,
-            devices: plan
-                .iter()
-                .map(|(result, target, config)| self.record(&uid, result, target, config))
-                .collect(),
-            unknown: Default::default(),
+        let mut entry = {
+            let book = self.book();
+            ClaimEntry {
+                namespace: claim_ref.namespace.clone(),
+                name: claim_ref.name.clone(),
+                uid: uid.clone(),
+                state: ClaimState::PrepareStarted,
+                devices: plan
+                    .iter()
+                    .map(|(result, target, config)| {
+                        self.record(&book, &uid, result, target, config)
+                    })
+                    .collect(),
+                unknown: Default::default(),
+            }
         };
         if creates_hardware_state {
             // The intent is on disk before the hardware changes, so a crash can be undone.
-            self.checkpoint.claims.insert(uid.clone(), entry.clone());
-            self.store.save(&self.checkpoint)?;
+            self.record_change(|checkpoint| {
+                checkpoint.claims.insert(uid.clone(), entry.clone());
+            })?;
             failpoint("prepare-started");
             self.carve(&uid)?;
-            entry = self.checkpoint.claims[&uid].clone();
+            if let Some(carved) = self.book().checkpoint.claims.get(&uid) {
+                entry = carved.clone();
+            }
         }
         for (_, target, _) in &plan {
             if let Target::Gpu { minor, .. } = target {
@@ -287,65 +370,78 @@ impl DeviceState {
         for record in &entry.devices {
             sharing::apply(record)?;
         }
-        self.cdi.write(&uid, &self.cdi_devices(&entry))?;
+        let cdi_devices = self.cdi_devices(&self.book(), &entry);
+        self.cdi.write(&uid, &cdi_devices)?;
         failpoint("prepare-cdi-written");
         entry.state = ClaimState::PrepareCompleted;
         let devices = prepared_devices(&entry);
         let names: Vec<&str> = entry.devices.iter().map(|d| d.device.as_str()).collect();
         tracing::info!(claim = %claim_ref, claimUID = %uid, devices = ?names, "prepared claim");
-        self.checkpoint.claims.insert(uid, entry);
-        self.store.save(&self.checkpoint)?;
+        self.record_change(|checkpoint| {
+            checkpoint.claims.insert(uid.clone(), entry);
+        })?;
         failpoint("prepare-completed");
         Ok(devices)
     }
 
     /// Unprepares one claim; an unknown claim is already unprepared.
-    pub fn unprepare(&mut self, uid: &str) -> Result<(), PrepareError> {
-        let Some(entry) = self.checkpoint.claims.get_mut(uid) else {
-            return Ok(());
+    pub fn unprepare(&self, uid: &str) -> Result<(), PrepareError> {
+        let _claim_held = self.busy_claims.acquire(BTreeSet::from([uid.to_string()]));
+        let _gpus_held = self.busy_gpus.acquire(self.gpus_of(uid, None));
+        let label = {
+            let mut book = self.book();
+            let Some(entry) = book.checkpoint.claims.get_mut(uid) else {
+                return Ok(());
+            };
+            let label = format!("{}/{}", entry.namespace, entry.name);
+            if entry.is_completed() {
+                entry.state = ClaimState::PrepareStarted;
+                self.store.save(&book.checkpoint)?;
+                drop(book);
+                failpoint("unprepare-started");
+            }
+            label
         };
-        let label = format!("{}/{}", entry.namespace, entry.name);
-        if entry.is_completed() {
-            entry.state = ClaimState::PrepareStarted;
-            self.store.save(&self.checkpoint)?;
-            failpoint("unprepare-started");
-        }
         self.roll_back(uid)?;
         tracing::info!(claim = %label, claimUID = %uid, "unprepared claim");
         Ok(())
     }
 
-    /// Undoes whatever is recorded for a claim and forgets it.
-    fn roll_back(&mut self, uid: &str) -> Result<(), PrepareError> {
+    /// Undoes whatever is recorded for a claim and forgets it. The caller holds its GPUs.
+    fn roll_back(&self, uid: &str) -> Result<(), PrepareError> {
         self.cdi.remove(uid)?;
         failpoint("rollback-cdi-removed");
-        let Some(entry) = self.checkpoint.claims.get(uid).cloned() else {
+        let Some(entry) = self.book().checkpoint.claims.get(uid).cloned() else {
             return Ok(());
         };
+        let mut touched = BTreeSet::new();
         for (index, record) in entry.devices.iter().enumerate() {
             sharing::revert(record)?;
             let Some(mig) = record.mig.as_ref().filter(|m| m.created) else {
                 continue;
             };
+            touched.insert(mig.parent_minor);
             self.destroy_carved(mig)?;
-            if let Some(stored) = self.checkpoint.claims.get_mut(uid) {
-                stored.devices[index].mig = Some(MigRecord {
-                    created: false,
-                    ..mig.clone()
-                });
-            }
-            self.store.save(&self.checkpoint)?;
+            self.record_change(|checkpoint| {
+                if let Some(stored) = checkpoint.claims.get_mut(uid) {
+                    stored.devices[index].mig = Some(MigRecord {
+                        created: false,
+                        ..mig.clone()
+                    });
+                }
+            })?;
             failpoint("rollback-mig-destroyed");
         }
-        self.checkpoint.claims.remove(uid);
-        self.store.save(&self.checkpoint)?;
-        self.refresh_inventory()?;
-        Ok(())
+        self.record_change(|checkpoint| {
+            checkpoint.claims.remove(uid);
+        })?;
+        self.refresh(&touched)
     }
 
     /// The AllocatedDeviceStatus entries this driver reports for a prepared claim.
     pub fn device_status(&self, uid: &str) -> Vec<AllocatedDeviceStatus> {
-        let Some(entry) = self.checkpoint.claims.get(uid) else {
+        let book = self.book();
+        let Some(entry) = book.checkpoint.claims.get(uid) else {
             return vec![];
         };
         entry
@@ -364,27 +460,48 @@ impl DeviceState {
 
     /// Adopts the checkpoint on disk, and the hardware it describes, when another driver instance
     /// on this node (a rolling update) changed it since this one last wrote it. Call it with the
-    /// node lock held.
-    pub fn sync_with_disk(&mut self) -> Result<bool, PrepareError> {
-        let current = self.store.read(&self.checkpoint.node_boot_id)?;
-        if current == self.checkpoint {
-            return Ok(false);
+    /// node lock held and no operation of this instance running.
+    pub fn sync_with_disk(&self) -> Result<bool, PrepareError> {
+        let boot_id = self.book().checkpoint.node_boot_id.clone();
+        let current = self.store.read(&boot_id)?;
+        {
+            let mut book = self.book();
+            if current == book.checkpoint {
+                return Ok(false);
+            }
+            book.checkpoint = current;
         }
-        self.checkpoint = current;
         // The other instance changed the hardware behind this one's back.
         self.gpus.invalidate();
-        self.refresh_inventory()?;
+        self.refresh_all()?;
         Ok(true)
     }
 
-    fn refresh_inventory(&mut self) -> Result<(), PrepareError> {
-        self.inventory = self.gpus.inventory()?;
+    fn refresh_all(&self) -> Result<(), PrepareError> {
+        let inventory = self.gpus.inventory()?;
+        self.book().inventory = inventory;
         Ok(())
     }
 
-    /// Checks the claim and resolves each of our results to a device and its configuration.
+    /// Re-reads the GPUs in `minors` (held by the caller), leaving every other GPU as the
+    /// operation holding it last saw it.
+    fn refresh(&self, minors: &BTreeSet<u32>) -> Result<(), PrepareError> {
+        if minors.is_empty() {
+            return Ok(());
+        }
+        let fresh = self.gpus.inventory()?;
+        let mut book = self.book();
+        book.inventory.gpus.retain(|g| !minors.contains(&g.minor));
+        book.inventory
+            .gpus
+            .extend(fresh.gpus.into_iter().filter(|g| minors.contains(&g.minor)));
+        book.inventory.gpus.sort_by_key(|g| g.minor);
+        Ok(())
+    }
+
     fn plan(
         &self,
+        book: &Book,
         claim_ref: &ClaimRef,
         claim: &ResourceClaim,
     ) -> Result<Vec<(DeviceRequestAllocationResult, Target, Option<DeviceConfig>)>, PrepareError>
@@ -423,12 +540,12 @@ impl DeviceState {
                 )));
             }
             let target = self
-                .resolve(&result.device)
+                .resolve(book, &result.device)
                 .map_err(|reason| bad(format!("{at}: device {:?}: {reason}", result.device)))?;
             let admin = result.admin_access == Some(true);
             if !admin
                 && let Some(holder) =
-                    self.checkpoint
+                    book.checkpoint
                         .holder_of(&result.pool, &result.device, &claim_ref.uid)
             {
                 return Err(bad(format!(
@@ -441,7 +558,7 @@ impl DeviceState {
             // that way, and never switch a GPU that is in use into MIG mode.
             if !admin
                 && let Some((holder, device)) =
-                    self.checkpoint
+                    book.checkpoint
                         .holder_on_gpu(&result.pool, &claim_ref.uid, |held| {
                             conflicts_on_gpu(&target, held)
                         })
@@ -521,8 +638,8 @@ impl DeviceState {
         Ok(decoded)
     }
 
-    fn resolve(&self, device: &str) -> Result<Target, String> {
-        for gpu in &self.inventory.gpus {
+    fn resolve(&self, book: &Book, device: &str) -> Result<Target, String> {
+        for gpu in &book.inventory.gpus {
             if gpu_device_name(gpu.minor) == device {
                 if gpu.mig.as_ref().is_some_and(|m| !m.instances.is_empty()) {
                     return Err("its GPU has MIG devices, so it cannot be used whole".into());
@@ -540,7 +657,7 @@ impl DeviceState {
             }
         }
         let parsed = parse_mig_device_name(device).ok_or("no such device on this node")?;
-        let gpu = self
+        let gpu = book
             .inventory
             .gpus
             .iter()
@@ -583,6 +700,7 @@ impl DeviceState {
 
     fn record(
         &self,
+        book: &Book,
         uid: &str,
         result: &DeviceRequestAllocationResult,
         target: &Target,
@@ -596,7 +714,7 @@ impl DeviceState {
                 compute_instance_id,
                 uuid,
             } => {
-                let instance = self
+                let instance = book
                     .inventory
                     .gpus
                     .iter()
@@ -648,17 +766,24 @@ impl DeviceState {
             unknown: Default::default(),
         }
     }
-
     /// Creates the MIG instances a started claim planned, recording each id as soon as it exists.
-    fn carve(&mut self, uid: &str) -> Result<(), PrepareError> {
-        let count = self.checkpoint.claims[uid].devices.len();
-        for index in 0..count {
-            let Some(mig) = self.checkpoint.claims[uid].devices[index].mig.clone() else {
-                continue;
-            };
+    /// The caller holds the claim's GPUs.
+    fn carve(&self, uid: &str) -> Result<(), PrepareError> {
+        let planned: Vec<(usize, MigRecord)> = match self.book().checkpoint.claims.get(uid) {
+            Some(entry) => entry
+                .devices
+                .iter()
+                .enumerate()
+                .filter_map(|(index, d)| Some((index, d.mig.clone()?)))
+                .collect(),
+            None => return Ok(()),
+        };
+        let mut touched = BTreeSet::new();
+        for (index, mig) in planned {
             if !mig.created || mig.compute_instance_id.is_some() {
                 continue;
             }
+            touched.insert(mig.parent_minor);
             self.ensure_mig_mode(mig.parent_minor)?;
             let gi =
                 self.gpus
@@ -666,41 +791,54 @@ impl DeviceState {
             self.update_mig(uid, index, |m| m.gpu_instance_id = Some(gi))?;
             failpoint("prepare-gi-created");
             let (ci, mig_uuid) = self.gpus.create_compute_instance(mig.parent_minor, gi)?;
-            self.update_mig(uid, index, |m| m.compute_instance_id = Some(ci))?;
-            if let Some(entry) = self.checkpoint.claims.get_mut(uid) {
-                entry.devices[index].uuid = mig_uuid;
-            }
-            self.store.save(&self.checkpoint)?;
+            self.record_change(|checkpoint| {
+                if let Some(device) = checkpoint
+                    .claims
+                    .get_mut(uid)
+                    .map(|e| &mut e.devices[index])
+                {
+                    if let Some(m) = device.mig.as_mut() {
+                        m.compute_instance_id = Some(ci);
+                    }
+                    device.uuid = mig_uuid;
+                }
+            })?;
             failpoint("prepare-ci-created");
         }
-        self.refresh_inventory()
+        self.refresh(&touched)
     }
 
     fn update_mig(
-        &mut self,
+        &self,
         uid: &str,
         index: usize,
         change: impl FnOnce(&mut MigRecord),
     ) -> Result<(), PrepareError> {
-        if let Some(mig) = self
-            .checkpoint
-            .claims
-            .get_mut(uid)
-            .and_then(|e| e.devices[index].mig.as_mut())
-        {
-            change(mig);
-        }
-        self.store.save(&self.checkpoint)?;
-        Ok(())
+        self.record_change(|checkpoint| {
+            if let Some(mig) = checkpoint
+                .claims
+                .get_mut(uid)
+                .and_then(|e| e.devices[index].mig.as_mut())
+            {
+                change(mig);
+            }
+        })
     }
 
-    fn ensure_mig_mode(&mut self, minor: u32) -> Result<(), PrepareError> {
-        let gpu = self.inventory.gpus.iter().find(|g| g.minor == minor);
-        let enabled = gpu
-            .and_then(|g| g.mig.as_ref())
-            .is_some_and(|m| m.mode.current);
+    /// Whether MIG mode is on for a GPU, and whether the GPU can switch it without a reset.
+    fn mig_mode(&self, minor: u32) -> (bool, bool) {
+        let book = self.book();
+        let gpu = book.inventory.gpus.iter().find(|g| g.minor == minor);
+        (
+            gpu.and_then(|g| g.mig.as_ref())
+                .is_some_and(|m| m.mode.current),
+            gpu.is_some_and(|g| g.architecture.toggles_mig_without_reset()),
+        )
+    }
+
+    fn ensure_mig_mode(&self, minor: u32) -> Result<(), PrepareError> {
+        let (enabled, toggles) = self.mig_mode(minor);
         if !enabled {
-            let toggles = gpu.is_some_and(|g| g.architecture.toggles_mig_without_reset());
             if !toggles {
                 return Err(GpuError::Mig {
                     minor,
@@ -712,7 +850,7 @@ impl DeviceState {
                 .into());
             }
             self.gpus.set_mig_mode(minor, true)?;
-            self.refresh_inventory()?;
+            self.refresh(&BTreeSet::from([minor]))?;
         }
         Ok(())
     }
@@ -720,7 +858,7 @@ impl DeviceState {
     /// Destroys a carved instance: compute instances, then the GPU instance. Ids that were never
     /// recorded (a crash right after creation) are found by profile and placement, which only this
     /// claim could hold.
-    fn destroy_carved(&mut self, mig: &MigRecord) -> Result<(), PrepareError> {
+    fn destroy_carved(&self, mig: &MigRecord) -> Result<(), PrepareError> {
         let minor = mig.parent_minor;
         let existing = self.gpus.gpu_instances(minor)?;
         let found = existing.iter().find(|gi| match mig.gpu_instance_id {
@@ -738,12 +876,12 @@ impl DeviceState {
 
     /// Turns MIG mode off again on a dynamic GPU that can toggle it once nothing is carved, so the
     /// whole GPU is usable (and behaves) as before.
-    fn release_mig_mode(&mut self, minor: u32) -> Result<(), PrepareError> {
+    fn release_mig_mode(&self, minor: u32) -> Result<(), PrepareError> {
         if self.modes.get(&minor) != Some(&GpuMode::Dynamic) {
             return Ok(());
         }
-        let gpu = self.inventory.gpus.iter().find(|g| g.minor == minor);
-        if !gpu.is_some_and(|g| g.architecture.toggles_mig_without_reset()) {
+        let (_, toggles) = self.mig_mode(minor);
+        if !toggles {
             return Ok(());
         }
         if self.gpus.gpu_instances(minor)?.is_empty() {
@@ -754,24 +892,19 @@ impl DeviceState {
 
     /// A whole GPU of a dynamic GPU may be left in MIG mode (e.g. a crash after the last instance
     /// was destroyed); switch it off before handing the GPU out whole.
-    fn ensure_whole(&mut self, minor: u32) -> Result<(), PrepareError> {
-        let mig_on = self
-            .inventory
-            .gpus
-            .iter()
-            .find(|g| g.minor == minor)
-            .and_then(|g| g.mig.as_ref())
-            .is_some_and(|m| m.mode.current);
+    fn ensure_whole(&self, minor: u32) -> Result<(), PrepareError> {
+        let (mig_on, _) = self.mig_mode(minor);
         if mig_on {
             self.release_mig_mode(minor)?;
-            self.refresh_inventory()?;
+            self.refresh(&BTreeSet::from([minor]))?;
         }
         Ok(())
     }
 
     /// (GPU minor, GPU instance id) of every MIG instance a recorded claim holds.
     fn owned_gpu_instances(&self) -> BTreeSet<(u32, u32)> {
-        self.checkpoint
+        self.book()
+            .checkpoint
             .claims
             .values()
             .flat_map(|c| c.devices.iter())
@@ -781,8 +914,9 @@ impl DeviceState {
     }
 
     /// Destroys MIG instances on dynamic GPUs that no prepared claim owns (left by a crash, or by
-    /// someone else under `--mig dynamic`). Returns "gpu<minor>/gi<id>" of each.
-    fn destroy_unowned(&mut self) -> Result<Vec<String>, PrepareError> {
+    /// someone else under `--mig dynamic`). Returns "gpu<minor>/gi<id>" of each. Runs at start,
+    /// before any other operation.
+    fn destroy_unowned(&self) -> Result<Vec<String>, PrepareError> {
         let owned = self.owned_gpu_instances();
         let dynamic: Vec<u32> = self
             .modes
@@ -804,11 +938,11 @@ impl DeviceState {
             }
             self.release_mig_mode(minor)?;
         }
-        self.refresh_inventory()?;
+        self.refresh_all()?;
         Ok(destroyed)
     }
 
-    fn cdi_devices(&self, entry: &ClaimEntry) -> Vec<CdiDevice> {
+    fn cdi_devices(&self, book: &Book, entry: &ClaimEntry) -> Vec<CdiDevice> {
         entry
             .devices
             .iter()
@@ -821,7 +955,7 @@ impl DeviceState {
                     uuid: d.uuid.clone(),
                 }),
                 None => {
-                    let minor = self
+                    let minor = book
                         .inventory
                         .gpus
                         .iter()
@@ -836,6 +970,14 @@ impl DeviceState {
             })
             .collect()
     }
+}
+
+/// The minor of the GPU a device name of ours is on (`gpu-<minor>` or a MIG device of it).
+fn device_gpu(device: &str) -> Option<u32> {
+    if let Some(parsed) = parse_mig_device_name(device) {
+        return Some(parsed.parent_minor);
+    }
+    device.strip_prefix("gpu-")?.parse().ok()
 }
 
 fn ignore_not_found(result: Result<(), GpuError>) -> Result<(), PrepareError> {

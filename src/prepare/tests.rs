@@ -140,7 +140,7 @@ fn claim(
 #[test]
 fn full_gpu_prepare_is_idempotent_and_unprepare_cleans_up() {
     let f = Fixture::new("sim:2xH100-SXM5-80GB");
-    let mut state = f.open();
+    let state = f.open();
     let c = claim("u1", vec![result("gpu-1")], vec![]);
     let first = state.prepare(&claim_ref("u1"), &c).expect("prepare");
     assert_eq!(first.len(), 1);
@@ -185,7 +185,7 @@ fn full_gpu_prepare_is_idempotent_and_unprepare_cleans_up() {
 #[test]
 fn bad_claims_fail_alone_and_change_nothing() {
     let f = Fixture::new("sim:2xH100-SXM5-80GB");
-    let mut state = f.open();
+    let state = f.open();
     let ok = claim("good", vec![result("gpu-0")], vec![]);
     state.prepare(&claim_ref("good"), &ok).expect("good claim");
     let before = std::fs::read(f.config.state_dir.join("checkpoint.json")).expect("checkpoint");
@@ -264,7 +264,7 @@ fn bad_claims_fail_alone_and_change_nothing() {
 #[test]
 fn mig_placements_are_carved_and_destroyed() {
     let f = Fixture::new("sim:1xH100-SXM5-80GB");
-    let mut state = f.open();
+    let state = f.open();
     let c = claim("m1", vec![result("gpu-0-mig-3g40gb-9-4")], vec![]);
     let prepared = state.prepare(&claim_ref("m1"), &c).expect("prepare");
     assert_eq!(prepared[0].device_name, "gpu-0-mig-3g40gb-9-4");
@@ -313,7 +313,7 @@ fn static_mig_devices_are_used_not_destroyed() {
         .create_gpu_instance(0, 19, Placement { start: 2, size: 1 })
         .expect("gi");
     f.sim.create_compute_instance(0, gi).expect("ci");
-    let mut state = f.open();
+    let state = f.open();
     let c = claim(
         "s1",
         vec![result("gpu-0-mig-1g5gb-19-2")],
@@ -334,7 +334,7 @@ fn static_mig_devices_are_used_not_destroyed() {
 fn restart_rolls_back_unfinished_claims_and_removes_orphan_specs() {
     let f = Fixture::new("sim:1xH100-SXM5-80GB");
     {
-        let mut state = f.open();
+        let state = f.open();
         state
             .prepare(
                 &claim_ref("done"),
@@ -396,7 +396,7 @@ fn restart_rolls_back_unfinished_claims_and_removes_orphan_specs() {
 #[test]
 fn dynamic_gpus_leave_mig_mode_when_empty_and_orphans_go_only_when_told() {
     let f = Fixture::new("sim:1xH100-SXM5-80GB");
-    let mut state = f.open();
+    let state = f.open();
     state
         .prepare(
             &claim_ref("m"),
@@ -440,8 +440,8 @@ fn dynamic_gpus_leave_mig_mode_when_empty_and_orphans_go_only_when_told() {
 #[test]
 fn a_second_instance_adopts_the_first_ones_claims() {
     let f = Fixture::new("sim:1xH100-SXM5-80GB");
-    let mut old = f.open();
-    let mut new = f.open();
+    let old = f.open();
+    let new = f.open();
     let c = claim("m1", vec![result("gpu-0-mig-3g40gb-9-4")], vec![]);
     old.prepare(&claim_ref("m1"), &c)
         .expect("prepare on the old instance");
@@ -474,7 +474,7 @@ fn a_second_instance_adopts_the_first_ones_claims() {
 #[test]
 fn a_gpu_held_whole_is_never_carved() {
     let f = Fixture::new("sim:1xH100-SXM5-80GB");
-    let mut state = f.open();
+    let state = f.open();
     state
         .prepare(&claim_ref("w"), &claim("w", vec![result("gpu-0")], vec![]))
         .expect("whole GPU");
@@ -502,7 +502,7 @@ fn a_gpu_held_whole_is_never_carved() {
 #[test]
 fn a_failed_prepare_rolls_back_its_carved_instances() {
     let f = Fixture::new("sim:1xH100-SXM5-80GB");
-    let mut state = f.open();
+    let state = f.open();
     // CDI specs cannot be written: the root is a file.
     std::fs::write(&f.config.cdi_root, b"not a directory").expect("write");
     let e = state
@@ -633,7 +633,7 @@ async fn garbage_collection_completes_while_the_api_server_hangs() {
     use crate::prepare::driver::Driver;
 
     let f = Fixture::new("sim:2xH100-SXM5-80GB");
-    let mut state = f.open();
+    let state = f.open();
     let c = claim("u1", vec![result("gpu-1")], vec![]);
     state.prepare(&claim_ref("u1"), &c).expect("prepare");
     let (client, server) = hung_api_server().await;
