@@ -33,6 +33,7 @@ fn node_slices() -> Vec<ResourceSlice> {
         sim_state: None,
         nvml_library: None,
         sysfs_root: PathBuf::from("/sys"),
+        nvidia_smi: None,
     })
     .expect("inventory");
     slices::build(

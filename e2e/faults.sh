@@ -7,7 +7,11 @@
 # Claims are allocated by writing status.allocation directly (the scheduler is not what is under
 # test here), so MIG placements can be used before they are published.
 #
-# Usage: e2e/faults.sh [ROUNDS]   (default 7 rounds: 84 runs, 56 of them carving MIG devices)
+# Whole GPUs are also time-sliced (a GpuConfig with TimeSlicing Long) in the first rounds: after
+# every crash the GPU's compute mode and time-slice end up as the claim wants them once prepared,
+# and exactly as they were before (not merely the defaults) once unprepared.
+#
+# Usage: e2e/faults.sh [ROUNDS]   (default 7 rounds: 96 runs, 56 of them carving MIG devices)
 set -euo pipefail
 NAME=faults-e2e
 NODE=fault-node-1
@@ -16,16 +20,22 @@ ROUNDS=${1:-7}
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-PREPARE_STEPS=(prepare-started prepare-gi-created prepare-ci-created prepare-cdi-written prepare-completed)
+PREPARE_STEPS=(prepare-started prepare-gi-created prepare-ci-created prepare-sharing-applied prepare-cdi-written prepare-completed)
 UNPREPARE_STEPS=(unprepare-started rollback-cdi-removed rollback-mig-destroyed)
 # Steps a whole-GPU claim passes (it carves nothing).
 FULL_GPU_STEPS=" prepare-cdi-written prepare-completed unprepare-started rollback-cdi-removed "
+# Steps a time-sliced whole GPU passes (its settings are recorded first, then changed).
+SLICED_STEPS=" prepare-started prepare-sharing-applied prepare-cdi-written prepare-completed unprepare-started rollback-cdi-removed "
+SLICED_ROUNDS=2
+TIME_SLICED='{"apiVersion":"resource.nvidia.com/v1beta1","kind":"GpuConfig","sharing":{"strategy":"TimeSlicing","timeSlicingConfig":{"interval":"Long"}}}'
 
 declare -A killed=()
 runs=0
 mig_runs=0
 
-allocate_claim() { # name device → prints the UID
+allocate_claim() { # name device [opaque parameters] → prints the UID
+    local config=
+    [[ -n ${3:-} ]] && config=",\"config\":[{\"source\":\"FromClaim\",\"requests\":[\"gpu\"],\"opaque\":{\"driver\":\"gpu.nvidia.com\",\"parameters\":$3}}]"
     kubectl create -f - >/dev/null <<EOF
 apiVersion: resource.k8s.io/v1
 kind: ResourceClaim
@@ -33,7 +43,7 @@ metadata: {name: $1, namespace: default}
 spec: {devices: {requests: [{name: gpu, exactly: {deviceClassName: gpu.nvidia.com}}]}}
 EOF
     kubectl patch resourceclaim "$1" --subresource=status --type=merge -p \
-        "{\"status\":{\"allocation\":{\"devices\":{\"results\":[{\"request\":\"gpu\",\"driver\":\"gpu.nvidia.com\",\"pool\":\"$NODE\",\"device\":\"$2\"}]}}}}" >/dev/null
+        "{\"status\":{\"allocation\":{\"devices\":{\"results\":[{\"request\":\"gpu\",\"driver\":\"gpu.nvidia.com\",\"pool\":\"$NODE\",\"device\":\"$2\"}]$config}}}}" >/dev/null
     kubectl get resourceclaim "$1" -o jsonpath='{.metadata.uid}'
 }
 
@@ -60,6 +70,22 @@ crash() {
     stop_driver
 }
 
+# gpu_sharing MINOR → "<compute mode>/<time-slice>" of the simulated GPU
+gpu_sharing() {
+    "$GPU_DRA" sim --gpus "$GPUS" --node-name "$NODE" --sim-state "$WORK/hw.json" show \
+        | jq -r ".gpus[] | select(.minor == $1) | \"\(.compute_mode)/\(.timeslice)\""
+}
+
+# set_gpu_sharing MINOR MODE SLICE: what an admin left on the GPU (the driver is stopped)
+set_gpu_sharing() {
+    jq ".gpus |= map(if .minor == $1 then .compute_mode = \"$2\" | .timeslice = $3 else . end)" \
+        "$WORK/hw.json" >"$WORK/hw.json.new" && mv "$WORK/hw.json.new" "$WORK/hw.json"
+}
+
+expect_sharing() { # minor, expected, when
+    [[ $(gpu_sharing "$1") == "$2" ]] || fail "GPU $1 $3: compute mode/time-slice $(gpu_sharing "$1"), expected $2"
+}
+
 expect_prepared() { # uid, instances
     [[ $(cdi_files) == "k8s.gpu.nvidia.com-claim_$1.json " ]] || fail "CDI files after restart: '$(cdi_files)'"
     [[ $(checkpoint_claims) == "[{\"uid\":\"$1\",\"state\":\"PrepareCompleted\"}]" ]] || fail "checkpoint: $(checkpoint_claims)"
@@ -74,8 +100,10 @@ expect_clean() {
 
 for round in $(seq "$ROUNDS"); do
     for step in "${PREPARE_STEPS[@]}" "${UNPREPARE_STEPS[@]}"; do
-        for kind in mig full; do
+        for kind in mig full sliced; do
             [[ $kind == full && $FULL_GPU_STEPS != *" $step "* ]] && continue
+            [[ $kind == sliced && ($SLICED_STEPS != *" $step "* || $round -gt $SLICED_ROUNDS) ]] && continue
+            [[ $kind == mig && $step == prepare-sharing-applied ]] && continue
             runs=$((runs + 1))
             gpu=$((runs % 8))
             if [[ $kind == mig ]]; then
@@ -91,14 +119,20 @@ for round in $(seq "$ROUNDS"); do
                 device=gpu-$gpu
                 instances=0
             fi
+            config=
+            if [[ $kind == sliced ]]; then
+                config=$TIME_SLICED
+                set_gpu_sharing "$gpu" ExclusiveProcess 1
+            fi
             claim=fi-$runs
-            uid=$(allocate_claim "$claim" "$device")
+            uid=$(allocate_claim "$claim" "$device" "$config")
             ref=default/$claim/$uid
             if [[ " ${PREPARE_STEPS[*]} " == *" $step "* ]]; then
                 crash "$step" prepare "$ref"
                 start_driver
                 call prepare "$ref"
                 expect_prepared "$uid" "$instances"
+                [[ $kind == sliced ]] && expect_sharing "$gpu" Default/3 "prepared"
                 call unprepare "$ref"
                 expect_clean
             else
@@ -112,6 +146,7 @@ for round in $(seq "$ROUNDS"); do
                 call unprepare "$ref"
                 expect_clean
             fi
+            [[ $kind == sliced ]] && expect_sharing "$gpu" ExclusiveProcess/1 "unprepared"
             stop_driver
             kubectl delete resourceclaim "$claim" --wait=false >/dev/null
             ok "run $runs: $kind $device, killed at $step: recovered cleanly"

@@ -5,7 +5,7 @@
 #
 #   1. two pods from one ResourceClaimTemplate, each with its own GPU;
 #   2. one pod, two containers sharing one claim;
-#   3. one ResourceClaim shared by two pods;
+#   3. one time-sliced ResourceClaim shared by two pods;
 #   4. a Deployment whose pod gets four 1g.10gb MIG devices of one GPU (matchAttribute);
 #   5. a Job (claim deleted after the pod finishes);
 #   6. a pod asking for `nvidia.com/gpu: 1` only (extended resource backed by DRA);
@@ -259,7 +259,9 @@ s2=$(check_gpu shared-2 ctr shared-gpu)
 reserved=$(claim_json shared-gpu | jq -r '[.status.reservedFor[]?.name] | sort | join(",")')
 [[ $reserved == shared-1,shared-2 ]] || fail "shared-gpu reservedFor: '$reserved'"
 u3=$(claim_uid shared-gpu)
-ok "3. one ResourceClaim shared by two pods: both Running on nvidia$s1, reservedFor lists both"
+sliced=$(hw | jq -r ".gpus[] | select(.minor == $s1) | \"\\(.compute_mode)/\\(.timeslice)\"")
+[[ $sliced == Default/3 ]] || fail "shared claim: GPU $s1 compute mode/time-slice $sliced, expected Default/3 (TimeSlicing Long)"
+ok "3. one time-sliced ResourceClaim shared by two pods: both Running on nvidia$s1 (time-slice Long applied), reservedFor lists both"
 delete_pods shared-1
 sleep 1 # the claim must stay prepared while shared-2 uses it
 [[ -f $(spec_of "$u3") ]] || fail "shared claim unprepared while shared-2 still runs"
@@ -272,7 +274,9 @@ wait_unprepared "$u3"
 # then its finalizer.
 wait_for "shared-gpu not reserved and deallocated" 30 bash -c "kubectl get resourceclaim shared-gpu -o json | jq -e '(.status.reservedFor // []) == [] and .status.allocation == null' "
 gone resourceclaim shared-gpu && fail "the standalone claim was deleted"
-ok "3. both pods deleted: CDI spec removed; the claim stays, reservedFor empty, deallocated"
+sliced=$(hw | jq -r ".gpus[] | select(.minor == $s1) | \"\\(.compute_mode)/\\(.timeslice)\"")
+[[ $sliced == Default/0 ]] || fail "after unprepare GPU $s1 compute mode/time-slice $sliced, expected Default/0 again"
+ok "3. both pods deleted: CDI spec removed, time-slice restored; the claim stays, reservedFor empty, deallocated"
 kubectl delete resourceclaim shared-gpu --timeout=30s >&2
 
 # ---------------------------------------------------------------- 6. extended resource nvidia.com/gpu

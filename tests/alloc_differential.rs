@@ -90,6 +90,7 @@ fn sim_slices(rng: &mut Rng) -> Vec<Value> {
         sim_state: None,
         nvml_library: None,
         sysfs_root: PathBuf::from("/sys"),
+        nvidia_smi: None,
     })
     .expect("simulated inventory");
     slices::build(&inventory, &SliceOptions::new(DRIVER, NODE))

@@ -9,7 +9,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use gpu_dra::gpu::sim::SimNode;
-use gpu_dra::gpu::{GpuControl, GpuError, GpuInstanceInfo, MigMode, NodeInventory, Placement};
+use gpu_dra::gpu::{
+    GpuControl, GpuError, GpuInstanceInfo, MigMode, NodeInventory, Placement, SharingSettings,
+};
 use gpu_dra::metrics::{Metrics, MetricsServer};
 use gpu_dra::plugin::proto::{dra_v1, health_v1, registration};
 use gpu_dra::plugin::{PluginConfig, PluginServer};
@@ -91,6 +93,12 @@ impl GpuControl for SlowGpus {
     }
     fn gpu_instances(&self, minor: u32) -> Result<Vec<GpuInstanceInfo>, GpuError> {
         GpuControl::gpu_instances(&self.sim, minor)
+    }
+    fn sharing_settings(&self, minor: u32) -> Result<SharingSettings, GpuError> {
+        GpuControl::sharing_settings(&self.sim, minor)
+    }
+    fn set_sharing_settings(&self, minor: u32, settings: SharingSettings) -> Result<(), GpuError> {
+        GpuControl::set_sharing_settings(&self.sim, minor, settings)
     }
 }
 

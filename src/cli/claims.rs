@@ -84,6 +84,7 @@ fn simulated_slices(spec: &str, node: &str, driver: &str) -> Result<Vec<Resource
         sim_state: None,
         nvml_library: None,
         sysfs_root: PathBuf::from("/sys"),
+        nvidia_smi: None,
     })?;
     Ok(slices::build(&inventory, &SliceOptions::new(driver, node))?)
 }

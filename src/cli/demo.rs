@@ -31,6 +31,7 @@ const CLAIMS: &[&str] = &[
     include_str!("../../deploy/examples/gpu-40gi.yaml"),
     include_str!("../../deploy/examples/mig-3g40gb.yaml"),
     include_str!("../../deploy/examples/mig-1g-timesliced.yaml"),
+    include_str!("../../deploy/examples/gpu-timesliced.yaml"),
 ];
 
 #[derive(Debug, Args)]

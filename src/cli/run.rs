@@ -137,6 +137,16 @@ impl RunArgs {
             })
     }
 
+    /// The driver's `nvidia-smi` (time-slicing sets the interval with it, as NVIDIA's driver
+    /// does); `None` when the driver root has none, which only time-sliced claims notice.
+    fn nvidia_smi(&self) -> Option<PathBuf> {
+        let root = self.container_driver_root();
+        ["usr/bin/nvidia-smi", "bin/nvidia-smi"]
+            .iter()
+            .map(|path| root.join(path))
+            .find(|path| path.is_file())
+    }
+
     /// `--dev-root`, else the driver root when the driver keeps its device nodes there.
     fn dev_root(&self) -> Option<PathBuf> {
         if self.dev_root.is_some() {
@@ -157,6 +167,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode, CliError> {
     let at_least = |duration: Duration, min: Duration| duration.max(min);
     let mut discovery = args.gpu.discovery(&args.node_name);
     discovery.nvml_library = args.nvml_library()?;
+    discovery.nvidia_smi = args.nvidia_smi();
     let options = NodeOptions {
         discovery,
         driver_name: args.driver_name.clone(),

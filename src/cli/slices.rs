@@ -40,6 +40,7 @@ impl GpuArgs {
             sim_state: self.sim_state.clone(),
             nvml_library: self.nvml_lib.clone(),
             sysfs_root: self.sysfs_root.clone(),
+            nvidia_smi: None,
         }
     }
 }

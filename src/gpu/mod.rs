@@ -74,6 +74,13 @@ pub enum GpuError {
     Nvml { operation: String, reason: String },
     #[error("node boot ID: {reason}")]
     BootId { reason: String },
+    /// Compute mode or time-slice interval could not be read or set.
+    #[error("GPU {minor}: {operation}: {reason}")]
+    Sharing {
+        minor: u32,
+        operation: &'static str,
+        reason: String,
+    },
 }
 
 fn detail_suffix(detail: &str) -> String {
@@ -128,6 +135,8 @@ pub struct DiscoveryConfig {
     pub nvml_library: Option<PathBuf>,
     /// Root of sysfs, for PCIe root lookups.
     pub sysfs_root: PathBuf,
+    /// `nvidia-smi` of the driver, for what NVML cannot set (the time-slice interval).
+    pub nvidia_smi: Option<PathBuf>,
 }
 
 /// Discovers the node's GPUs with the configured backend.
@@ -200,6 +209,10 @@ pub trait GpuControl: Send + Sync {
     /// Every GPU instance of a GPU, with or without compute instances (a GPU instance without one
     /// is no MIG device, so the inventory does not show it).
     fn gpu_instances(&self, minor: u32) -> Result<Vec<GpuInstanceInfo>, GpuError>;
+    /// A full GPU's compute mode and time-slice interval.
+    fn sharing_settings(&self, minor: u32) -> Result<SharingSettings, GpuError>;
+    /// Sets a full GPU's compute mode and, when given, its time-slice interval.
+    fn set_sharing_settings(&self, minor: u32, settings: SharingSettings) -> Result<(), GpuError>;
 }
 
 /// A GPU instance and its compute instances.
@@ -259,6 +272,12 @@ impl GpuControl for sim::SimNode {
             })
             .collect())
     }
+    fn sharing_settings(&self, minor: u32) -> Result<SharingSettings, GpuError> {
+        sim::SimNode::sharing_settings(self, minor)
+    }
+    fn set_sharing_settings(&self, minor: u32, settings: SharingSettings) -> Result<(), GpuError> {
+        sim::SimNode::set_sharing_settings(self, minor, settings)
+    }
 }
 
 /// Opens the GPU control for a discovery configuration.
@@ -269,9 +288,9 @@ pub fn open_control(config: &DiscoveryConfig) -> Result<std::sync::Arc<dyn GpuCo
             &config.node_name,
             config.sim_state.clone(),
         ))),
-        GpuSource::Nvml => Ok(std::sync::Arc::new(nvml::NvmlBackend::open(
-            config.nvml_library.as_deref(),
-            config.sysfs_root.clone(),
-        )?)),
+        GpuSource::Nvml => Ok(std::sync::Arc::new(
+            nvml::NvmlBackend::open(config.nvml_library.as_deref(), config.sysfs_root.clone())?
+                .with_nvidia_smi(config.nvidia_smi.clone()),
+        )),
     }
 }

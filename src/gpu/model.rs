@@ -213,3 +213,26 @@ pub struct MigInstance {
     /// `MIG-…`.
     pub uuid: String,
 }
+
+/// Who may run CUDA work on a full GPU (NVML compute mode).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ComputeMode {
+    /// Any number of processes, time-sliced.
+    #[default]
+    Default,
+    /// One process at a time (what an MPS control daemon needs).
+    ExclusiveProcess,
+    /// No CUDA work at all.
+    Prohibited,
+}
+
+/// What time-slicing changes on a full GPU, and what unpreparing puts back.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SharingSettings {
+    pub compute_mode: ComputeMode,
+    /// `nvidia-smi compute-policy --set-timeslice` value (0 default … 3 long); `None` where the
+    /// backend cannot read it back (NVML has no call for it), which unprepare restores as 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeslice: Option<u32>,
+}

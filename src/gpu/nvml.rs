@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use nvml_wrapper::Nvml;
-use nvml_wrapper::enum_wrappers::device::Brand;
+use nvml_wrapper::enum_wrappers::device::{Brand, ComputeMode as NvmlComputeMode};
 use nvml_wrapper::enums::device::DeviceArchitecture;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper_sys::bindings::nvmlDevice_t;
@@ -21,6 +21,8 @@ pub struct NvmlBackend {
     sysfs_root: PathBuf,
     /// The node as last read; `None` until first needed (or after a panic while it was held).
     cache: Mutex<Option<Cache>>,
+    /// The driver's `nvidia-smi`: NVML cannot set the time-slice interval.
+    nvidia_smi: Option<PathBuf>,
 }
 
 /// Everything NVML answered, so MIG operations and inventories ask again only what can change:
@@ -70,7 +72,47 @@ impl NvmlBackend {
             nvml,
             sysfs_root,
             cache: Mutex::new(None),
+            nvidia_smi: None,
         })
+    }
+
+    /// Where the driver's `nvidia-smi` is (under the driver root), for time-slicing.
+    pub fn with_nvidia_smi(mut self, path: Option<PathBuf>) -> Self {
+        self.nvidia_smi = path;
+        self
+    }
+
+    /// `nvidia-smi compute-policy -i <uuid> --set-timeslice <n>`, as NVIDIA's driver does.
+    fn set_timeslice(&self, minor: u32, uuid: &str, timeslice: u32) -> Result<(), GpuError> {
+        const OP: &str = "set the time-slice interval";
+        let fail = |reason: String| GpuError::Sharing {
+            minor,
+            operation: OP,
+            reason,
+        };
+        let smi = self.nvidia_smi.as_ref().ok_or_else(|| {
+            fail("no nvidia-smi under the driver root (--nvidia-driver-root), and NVML has no call for it".into())
+        })?;
+        let output = std::process::Command::new(smi)
+            .args(["compute-policy", "-i", uuid, "--set-timeslice"])
+            .arg(timeslice.to_string())
+            .output()
+            .map_err(|e| fail(format!("cannot run {}: {e}", smi.display())))?;
+        if !output.status.success() {
+            let said = String::from_utf8_lossy(&output.stderr);
+            let said = if said.trim().is_empty() {
+                String::from_utf8_lossy(&output.stdout)
+            } else {
+                said
+            };
+            return Err(fail(format!(
+                "{} exited with {}: {}",
+                smi.display(),
+                output.status,
+                said.trim()
+            )));
+        }
+        Ok(())
     }
 
     pub fn nvml(&self) -> &Nvml {
@@ -511,6 +553,51 @@ fn mig_failure(minor: u32, operation: &'static str, e: RawError) -> GpuError {
 impl super::GpuControl for NvmlBackend {
     fn inventory(&self) -> Result<NodeInventory, GpuError> {
         NvmlBackend::inventory(self)
+    }
+
+    fn sharing_settings(&self, minor: u32) -> Result<SharingSettings, GpuError> {
+        const OP: &str = "read compute mode";
+        self.with_gpu(minor, OP, |gpu| {
+            // SAFETY: the handle belongs to `self.nvml`.
+            let device = unsafe { nvml_wrapper::Device::new(gpu.handle.0, &self.nvml) };
+            let mode = device
+                .compute_mode()
+                .map_err(|e| nvml_err(&format!("GPU {minor}: {OP}"), e))?;
+            Ok(SharingSettings {
+                compute_mode: match mode {
+                    NvmlComputeMode::Default | NvmlComputeMode::ExclusiveThread => {
+                        ComputeMode::Default
+                    }
+                    NvmlComputeMode::ExclusiveProcess => ComputeMode::ExclusiveProcess,
+                    NvmlComputeMode::Prohibited => ComputeMode::Prohibited,
+                },
+                timeslice: None,
+            })
+        })
+    }
+
+    fn set_sharing_settings(&self, minor: u32, settings: SharingSettings) -> Result<(), GpuError> {
+        const OP: &str = "set compute mode";
+        if settings.timeslice.is_some() && self.nvidia_smi.is_none() {
+            // Refused before anything changes, rather than half applied.
+            return self.set_timeslice(minor, "", 0);
+        }
+        let uuid = self.with_gpu(minor, OP, |gpu| {
+            // SAFETY: the handle belongs to `self.nvml`.
+            let mut device = unsafe { nvml_wrapper::Device::new(gpu.handle.0, &self.nvml) };
+            device
+                .set_compute_mode(match settings.compute_mode {
+                    ComputeMode::Default => NvmlComputeMode::Default,
+                    ComputeMode::ExclusiveProcess => NvmlComputeMode::ExclusiveProcess,
+                    ComputeMode::Prohibited => NvmlComputeMode::Prohibited,
+                })
+                .map_err(|e| nvml_err(&format!("GPU {minor}: {OP}"), e))?;
+            Ok(gpu.gpu.uuid.clone())
+        })?;
+        match settings.timeslice {
+            Some(timeslice) => self.set_timeslice(minor, &uuid, timeslice),
+            None => Ok(()),
+        }
     }
 
     fn invalidate(&self) {

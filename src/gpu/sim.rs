@@ -123,6 +123,11 @@ pub struct SimGpuState {
     pub mig_current: bool,
     pub mig_pending: bool,
     pub gpu_instances: Vec<SimGpuInstance>,
+    /// Like a real GPU's, back to `Default` and 0 at every boot.
+    #[serde(default)]
+    pub compute_mode: ComputeMode,
+    #[serde(default)]
+    pub timeslice: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -191,6 +196,54 @@ impl SimNode {
 
     /// `nvmlDeviceSetMigMode`. Hopper and newer switch at once; Ampere only sets the pending mode
     /// until [`reset_gpu`](Self::reset_gpu). Disabling with instances present is refused.
+    pub fn sharing_settings(&self, minor: u32) -> Result<SharingSettings, GpuError> {
+        self.model(minor, "read compute mode")?;
+        self.read(|state| {
+            let gpu = state
+                .gpus
+                .iter()
+                .find(|g| g.minor == minor)
+                .ok_or_else(|| sharing_err(minor, "read compute mode", "no such GPU"))?;
+            Ok(SharingSettings {
+                compute_mode: gpu.compute_mode,
+                timeslice: Some(gpu.timeslice),
+            })
+        })
+    }
+
+    /// As NVML and `nvidia-smi compute-policy` do: refused in MIG mode (compute modes and
+    /// time-slices belong to full GPUs) and for an interval outside 0–3.
+    pub fn set_sharing_settings(
+        &self,
+        minor: u32,
+        settings: SharingSettings,
+    ) -> Result<(), GpuError> {
+        const OP: &str = "set compute mode and time-slice";
+        self.model(minor, OP)?;
+        self.write(|state| {
+            let gpu = state
+                .gpus
+                .iter_mut()
+                .find(|g| g.minor == minor)
+                .ok_or_else(|| sharing_err(minor, OP, "no such GPU"))?;
+            if gpu.mig_current {
+                return Err(sharing_err(minor, OP, "not supported in MIG mode"));
+            }
+            if let Some(timeslice) = settings.timeslice {
+                if timeslice > 3 {
+                    return Err(sharing_err(
+                        minor,
+                        OP,
+                        format!("time-slice {timeslice} is not one of 0-3"),
+                    ));
+                }
+                gpu.timeslice = timeslice;
+            }
+            gpu.compute_mode = settings.compute_mode;
+            Ok(())
+        })
+    }
+
     pub fn set_mig_mode(&self, minor: u32, enabled: bool) -> Result<MigMode, GpuError> {
         let model = self.model(minor, "set MIG mode")?;
         self.write(|state| {
@@ -465,6 +518,8 @@ impl SimNode {
                     mig_current: false,
                     mig_pending: false,
                     gpu_instances: vec![],
+                    compute_mode: ComputeMode::Default,
+                    timeslice: 0,
                 })
                 .collect(),
         }
@@ -488,6 +543,8 @@ impl SimNode {
             for gpu in &mut state.gpus {
                 gpu.gpu_instances.clear();
                 gpu.mig_current = gpu.mig_pending;
+                gpu.compute_mode = ComputeMode::Default;
+                gpu.timeslice = 0;
             }
             state.boot_id = boot;
         }
@@ -798,6 +855,14 @@ impl SimState {
     }
 }
 
+fn sharing_err(minor: u32, operation: &'static str, reason: impl Into<String>) -> GpuError {
+    GpuError::Sharing {
+        minor,
+        operation,
+        reason: reason.into(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -808,6 +873,56 @@ mod tests {
             "n1",
             state,
         )
+    }
+
+    #[test]
+    fn compute_mode_and_time_slice_behave_like_a_gpu() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("hw.json");
+        let node = h100_node(2, Some(path.clone()));
+        let exclusive = SharingSettings {
+            compute_mode: ComputeMode::ExclusiveProcess,
+            timeslice: Some(2),
+        };
+        node.set_sharing_settings(0, exclusive).expect("set");
+        assert_eq!(node.sharing_settings(0).expect("read"), exclusive);
+        assert_eq!(
+            node.sharing_settings(1).expect("read"),
+            SharingSettings {
+                compute_mode: ComputeMode::Default,
+                timeslice: Some(0)
+            }
+        );
+        let err = node
+            .set_sharing_settings(
+                0,
+                SharingSettings {
+                    timeslice: Some(4),
+                    ..exclusive
+                },
+            )
+            .expect_err("0-3 only");
+        assert!(err.to_string().contains("not one of 0-3"), "{err}");
+        node.set_mig_mode(1, true).expect("MIG on");
+        let err = node
+            .set_sharing_settings(1, exclusive)
+            .expect_err("full GPUs only");
+        assert!(err.to_string().contains("MIG mode"), "{err}");
+        // Another process (a restarted driver) sees the same hardware; a reboot resets it.
+        let again = h100_node(2, Some(path.clone()));
+        assert_eq!(again.sharing_settings(0).expect("read"), exclusive);
+        let mut state: SimState =
+            serde_json::from_slice(&std::fs::read(&path).expect("read")).expect("parse");
+        state.boot_id = "an earlier boot".into();
+        std::fs::write(&path, serde_json::to_vec(&state).expect("json")).expect("write");
+        let rebooted = h100_node(2, Some(path));
+        assert_eq!(
+            rebooted.sharing_settings(0).expect("read"),
+            SharingSettings {
+                compute_mode: ComputeMode::Default,
+                timeslice: Some(0)
+            }
+        );
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::config::DeviceConfig;
-use crate::gpu::Placement;
+use crate::gpu::{Placement, SharingSettings};
 
 pub const SCHEMA_VERSION: u32 = 1;
 pub const FILE_NAME: &str = "checkpoint.json";
@@ -91,8 +91,20 @@ pub struct DeviceRecord {
     /// Sharing configuration applied to the device.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config: Option<DeviceConfig>,
+    /// Set when preparing changes the GPU's sharing settings (time-slicing): what they were, so
+    /// unprepare (or recovery after a crash) puts them back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sharing: Option<SharingRecord>,
     #[serde(flatten)]
     pub unknown: serde_json::Map<String, serde_json::Value>,
+}
+
+/// A full GPU's sharing settings before a claim changed them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SharingRecord {
+    pub minor: u32,
+    pub before: SharingSettings,
 }
 
 /// A MIG device used by a claim. `created` marks instances this driver carved (and must destroy);

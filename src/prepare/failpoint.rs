@@ -10,6 +10,7 @@ pub const STEPS: &[&str] = &[
     "prepare-started",
     "prepare-gi-created",
     "prepare-ci-created",
+    "prepare-sharing-applied",
     "prepare-cdi-written",
     "prepare-completed",
     "unprepare-started",

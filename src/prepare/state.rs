@@ -332,9 +332,20 @@ impl DeviceState {
         plan: Vec<(DeviceRequestAllocationResult, Target, Option<DeviceConfig>)>,
     ) -> Result<Vec<PreparedDevice>, PrepareError> {
         let uid = claim_ref.uid.clone();
-        let creates_hardware_state = plan
-            .iter()
-            .any(|(_, t, _)| matches!(t, Target::Placement { .. }));
+        // What time-slicing will change, read before the book is locked (a hardware call).
+        let mut sharing = Vec::with_capacity(plan.len());
+        for (_, target, config) in &plan {
+            sharing.push(match target {
+                Target::Gpu { minor, .. } => {
+                    sharing::record_before(&*self.gpus, *minor, config.as_ref())?
+                }
+                _ => None,
+            });
+        }
+        let creates_hardware_state = sharing.iter().any(Option::is_some)
+            || plan
+                .iter()
+                .any(|(_, t, _)| matches!(t, Target::Placement { .. }));
         let mut entry = {
             let book = self.book();
             ClaimEntry {
@@ -351,6 +362,9 @@ impl DeviceState {
                 unknown: Default::default(),
             }
         };
+        for (device, sharing) in entry.devices.iter_mut().zip(sharing) {
+            device.sharing = sharing;
+        }
         if creates_hardware_state {
             // The intent is on disk before the hardware changes, so a crash can be undone.
             self.record_change(|checkpoint| {
@@ -368,7 +382,10 @@ impl DeviceState {
             }
         }
         for record in &entry.devices {
-            sharing::apply(record)?;
+            sharing::apply(&*self.gpus, record)?;
+            if record.sharing.is_some() {
+                failpoint("prepare-sharing-applied");
+            }
         }
         let cdi_devices = self.cdi_devices(&self.book(), &entry);
         self.cdi.write(&uid, &cdi_devices)?;
@@ -416,7 +433,7 @@ impl DeviceState {
         };
         let mut touched = BTreeSet::new();
         for (index, record) in entry.devices.iter().enumerate() {
-            sharing::revert(record)?;
+            sharing::revert(&*self.gpus, record)?;
             let Some(mig) = record.mig.as_ref().filter(|m| m.created) else {
                 continue;
             };
@@ -577,8 +594,12 @@ impl DeviceState {
             let config = configs
                 .iter()
                 .rev()
-                .find(|(requests, _)| applies_to(requests, &result.request))
-                .map(|(_, c)| c.clone());
+                .find(|(requests, _, _)| applies_to(requests, &result.request));
+            if let Some((_, config, path)) = config {
+                sharing::check(config)
+                    .map_err(|(field, reason)| bad(format!("{path}.{field}: {reason}")))?;
+            }
+            let config = config.map(|(_, c, _)| c.clone());
             match (&target, &config) {
                 (Target::Gpu { .. }, Some(DeviceConfig::MigDeviceConfig(_))) => {
                     return Err(bad(format!(
@@ -607,7 +628,7 @@ impl DeviceState {
         &self,
         configs: &[k8s_openapi::api::resource::v1::DeviceAllocationConfiguration],
         bad: &dyn Fn(String) -> PrepareError,
-    ) -> Result<Vec<(Vec<String>, DeviceConfig)>, PrepareError> {
+    ) -> Result<Vec<(Vec<String>, DeviceConfig, String)>, PrepareError> {
         let mut decoded = Vec::new();
         // Class configs come before claim configs, so a claim's setting wins.
         let ordered = configs
@@ -633,7 +654,11 @@ impl DeviceState {
                     "status.allocation.devices.config[{i}].opaque.parameters: {e}"
                 ))
             })?;
-            decoded.push((c.requests.clone().unwrap_or_default(), config));
+            decoded.push((
+                c.requests.clone().unwrap_or_default(),
+                config,
+                format!("status.allocation.devices.config[{i}].opaque.parameters"),
+            ));
         }
         Ok(decoded)
     }
@@ -763,6 +788,7 @@ impl DeviceState {
             uuid,
             mig,
             config: config.clone(),
+            sharing: None,
             unknown: Default::default(),
         }
     }

@@ -646,3 +646,100 @@ async fn garbage_collection_completes_while_the_api_server_hangs() {
     assert_eq!(driver.with_state(|s| s.claims().len()).await, 1);
     server.abort();
 }
+
+fn time_sliced(interval: &str) -> serde_json::Value {
+    json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+           "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": interval}}})
+}
+
+#[test]
+fn time_slicing_is_applied_and_exactly_undone() {
+    use crate::gpu::{ComputeMode, SharingSettings};
+    let f = Fixture::new("sim:2xA100-SXM4-40GB");
+    // What an admin left on the GPU: unprepare must give back this, not the defaults.
+    let before = SharingSettings {
+        compute_mode: ComputeMode::ExclusiveProcess,
+        timeslice: Some(1),
+    };
+    f.sim.set_sharing_settings(1, before).expect("set");
+    let state = f.open();
+    let c = claim("t1", vec![result("gpu-1")], vec![time_sliced("Long")]);
+    state.prepare(&claim_ref("t1"), &c).expect("prepare");
+    assert_eq!(
+        f.sim.sharing_settings(1).expect("read"),
+        SharingSettings {
+            compute_mode: ComputeMode::Default,
+            timeslice: Some(3),
+        }
+    );
+    assert_eq!(
+        f.sim.sharing_settings(0).expect("read"),
+        SharingSettings {
+            compute_mode: ComputeMode::Default,
+            timeslice: Some(0),
+        },
+        "the other GPU is untouched"
+    );
+    let recorded = &state.checkpoint().claims["t1"].devices[0];
+    assert_eq!(recorded.sharing.as_ref().map(|s| s.before), Some(before));
+    state.unprepare("t1").expect("unprepare");
+    assert_eq!(f.sim.sharing_settings(1).expect("read"), before);
+
+    // No interval given: NVIDIA's default (0).
+    let c = claim(
+        "t2",
+        vec![result("gpu-1")],
+        vec![
+            json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": {"strategy": "TimeSlicing"}}),
+        ],
+    );
+    state.prepare(&claim_ref("t2"), &c).expect("prepare");
+    assert_eq!(f.sim.sharing_settings(1).expect("read").timeslice, Some(0));
+    // A crash after the change: the restart rolls the unfinished claim back, settings included.
+    let mut checkpoint = state.checkpoint();
+    checkpoint.claims.get_mut("t2").expect("t2").state =
+        super::checkpoint::ClaimState::PrepareStarted;
+    drop(state);
+    super::checkpoint::CheckpointStore::new(&f.config.state_dir)
+        .save(&checkpoint)
+        .expect("save");
+    let (state, report) = DeviceState::open(f.config.clone(), f.sim.clone()).expect("reopen");
+    assert_eq!(report.rolled_back, ["t2"]);
+    assert_eq!(f.sim.sharing_settings(1).expect("read"), before);
+    assert!(state.checkpoint().claims.is_empty());
+}
+
+#[test]
+fn mps_is_refused_with_the_field_named_and_changes_nothing() {
+    let f = Fixture::new("sim:1xH100-SXM5-80GB");
+    let state = f.open();
+    for (device, kind) in [
+        ("gpu-0", "GpuConfig"),
+        ("gpu-0-mig-1g10gb-19-0", "MigDeviceConfig"),
+    ] {
+        let c = claim(
+            "p1",
+            vec![result(device)],
+            vec![
+                json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": kind,
+                        "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50}}}),
+            ],
+        );
+        let e = state
+            .prepare(&claim_ref("p1"), &c)
+            .expect_err("MPS is refused");
+        let message = e.to_string();
+        assert!(
+            message.contains("ResourceClaim default/claim-p1")
+                && message.contains(
+                    "status.allocation.devices.config[0].opaque.parameters.sharing.strategy"
+                )
+                && message.contains("MPS is not supported"),
+            "{message}"
+        );
+        assert!(state.checkpoint().claims.is_empty());
+        assert!(f.cdi_files().is_empty());
+        assert_eq!(f.instances(), 0);
+        assert!(!f.sim.state().expect("state").gpus[0].mig_current);
+    }
+}

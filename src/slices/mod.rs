@@ -438,6 +438,7 @@ mod tests {
             sim_state: None,
             nvml_library: None,
             sysfs_root: "/nonexistent".into(),
+            nvidia_smi: None,
         })
         .expect("discover")
     }

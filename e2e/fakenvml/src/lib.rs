@@ -21,7 +21,7 @@ use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 
 use gpu_dra::gpu::sim::{SimNode, SimState, full_compute_profile, sim_pci_location};
-use gpu_dra::gpu::{GpuError, NodeInventory, Placement, catalog};
+use gpu_dra::gpu::{ComputeMode, GpuError, NodeInventory, Placement, SharingSettings, catalog};
 use nvml_wrapper_sys::bindings::{
     nvmlComputeInstance_t, nvmlComputeInstanceInfo_t, nvmlComputeInstancePlacement_t,
     nvmlComputeInstanceProfileInfo_t, nvmlDevice_t, nvmlGpuInstance_t, nvmlGpuInstanceInfo_t,
@@ -235,6 +235,8 @@ fn on_handle(
 fn gpu_error_code(e: &GpuError) -> Ret {
     match e {
         GpuError::Mig { failure, .. } => failure.nvml_return(),
+        // Compute modes belong to full GPUs: refused in MIG mode, as NVML does.
+        GpuError::Sharing { .. } => NOT_SUPPORTED,
         _ => UNKNOWN,
     }
 }
@@ -745,6 +747,55 @@ pub unsafe extern "C" fn nvmlDeviceSetMigMode(
         }
         status
     })
+}
+
+// nvmlComputeMode_t: DEFAULT 0, EXCLUSIVE_THREAD 1 (removed), PROHIBITED 2, EXCLUSIVE_PROCESS 3.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetComputeMode(device: nvmlDevice_t, mode: *mut c_uint) -> Ret {
+    on_gpu(
+        "nvmlDeviceGetComputeMode",
+        device,
+        false,
+        |fake, _, minor| {
+            let Some(gpu) = fake.state.gpus.iter().find(|g| g.minor == minor) else {
+                return NOT_FOUND;
+            };
+            out!(
+                mode,
+                match gpu.compute_mode {
+                    ComputeMode::Default => 0,
+                    ComputeMode::Prohibited => 2,
+                    ComputeMode::ExclusiveProcess => 3,
+                }
+            );
+            SUCCESS
+        },
+    )
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceSetComputeMode(device: nvmlDevice_t, mode: c_uint) -> Ret {
+    on_gpu(
+        "nvmlDeviceSetComputeMode",
+        device,
+        false,
+        |fake, _, minor| {
+            let compute_mode = match mode {
+                0 => ComputeMode::Default,
+                2 => ComputeMode::Prohibited,
+                3 => ComputeMode::ExclusiveProcess,
+                _ => return INVALID_ARGUMENT,
+            };
+            let settings = SharingSettings {
+                compute_mode,
+                timeslice: None,
+            };
+            match fake.change(|node| node.set_sharing_settings(minor, settings)) {
+                Ok(()) => SUCCESS,
+                Err(code) => code,
+            }
+        },
+    )
 }
 
 #[unsafe(no_mangle)]

@@ -318,3 +318,77 @@ fn a_carve_asks_nvml_only_about_the_carved_gpu() {
     assert_eq!(nvml.inventory().expect("inventory"), toggled);
     assert_eq!(profile_reads(), Vec::<bool>::new());
 }
+
+/// Time-slicing through the NVML backend: compute mode through NVML (the fake keeps it in the
+/// simulated hardware), the interval through the driver's `nvidia-smi`, as NVIDIA's driver does.
+#[test]
+fn time_slicing_through_nvml_and_nvidia_smi() {
+    use gpu_dra::gpu::{ComputeMode, GpuControl, SharingSettings};
+    use std::os::unix::fs::PermissionsExt;
+    const SPEC: &str = "sim:2xA100-SXM4-40GB";
+    let _guard = ENV.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("s.json");
+    let sim = SimNode::new(SPEC.parse().expect("spec"), "n5", Some(state.clone()));
+    sim.inventory().expect("create the state");
+    // SAFETY: serialised by ENV.
+    unsafe {
+        std::env::set_var("FAKE_NVML_GPUS", SPEC);
+        std::env::set_var("FAKE_NVML_NODE", "n5");
+        std::env::set_var("FAKE_NVML_STATE", &state);
+    }
+    let args = dir.path().join("nvidia-smi.args");
+    let smi = dir.path().join("nvidia-smi");
+    std::fs::write(
+        &smi,
+        format!("#!/bin/sh\necho \"$@\" >> {}\n", args.display()),
+    )
+    .expect("fake nvidia-smi");
+    std::fs::set_permissions(&smi, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let sliced = SharingSettings {
+        compute_mode: ComputeMode::Default,
+        timeslice: Some(2),
+    };
+
+    // Without nvidia-smi an interval is refused before anything changes.
+    let without = NvmlBackend::open(Some(&fake_library()), "/nonexistent".into()).expect("NVML");
+    without
+        .set_sharing_settings(
+            1,
+            SharingSettings {
+                compute_mode: ComputeMode::ExclusiveProcess,
+                timeslice: None,
+            },
+        )
+        .expect("compute mode alone needs no nvidia-smi");
+    let err = without
+        .set_sharing_settings(1, sliced)
+        .expect_err("no nvidia-smi");
+    assert!(err.to_string().contains("no nvidia-smi"), "{err}");
+    assert_eq!(
+        sim.sharing_settings(1).expect("sim").compute_mode,
+        ComputeMode::ExclusiveProcess,
+        "the refused call changed nothing"
+    );
+    drop(without);
+
+    let nvml = NvmlBackend::open(Some(&fake_library()), "/nonexistent".into())
+        .expect("NVML")
+        .with_nvidia_smi(Some(smi));
+    assert_eq!(
+        nvml.sharing_settings(1).expect("read").compute_mode,
+        ComputeMode::ExclusiveProcess
+    );
+    nvml.set_sharing_settings(1, sliced).expect("time-slice");
+    assert_eq!(
+        sim.sharing_settings(1).expect("sim").compute_mode,
+        ComputeMode::Default
+    );
+    let uuid = sim.inventory().expect("inventory").gpus[1].uuid.clone();
+    assert_eq!(
+        std::fs::read_to_string(&args).expect("nvidia-smi ran"),
+        format!("compute-policy -i {uuid} --set-timeslice 2\n")
+    );
+    // NVML has no call that reads the interval back.
+    assert_eq!(nvml.sharing_settings(1).expect("read").timeslice, None);
+}
