@@ -81,6 +81,7 @@ fn main() {
         cdi_root: dir.path().join("cdi"),
         state_dir: dir.path().join("state"),
         dev_root: None,
+        driver_root: None,
     };
     let (state, _) = DeviceState::open(config, sim).expect("open");
     let claims = Arc::new(MemoryClaims::default());

@@ -2,14 +2,16 @@
 # Builds the e2e control plane (kube-apiserver, kube-scheduler, kubectl, etcd) and the real
 # node (kubelet, kube-controller-manager, containerd, ctr, containerd-shim-runc-v2) from the Go
 # modules pinned in e2e/versions.env, plus our Go test tools (kubelet-sim, cel-oracle,
-# alloc-oracle), into a cache directory outside the repo:
+# alloc-oracle from e2e/harness; cdi-inject from e2e/cdi-inject), into a cache directory outside
+# the repo:
 #
 #   ${GPU_DRA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-dra}/k8s-${K8S_VERSION}/bin
 #
-# Usage: e2e/build-k8s.sh [NAME...]     (default: all twelve binaries)
+# Usage: e2e/build-k8s.sh [NAME...]     (default: all thirteen binaries)
 # A binary is skipped when it exists and its stamp matches (pin + Go version for the upstream
-# components; additionally a hash of the harness sources for our tools). Progress goes to
-# stderr; the LAST line of stdout is the bin dir, so callers can do BIN=$(e2e/build-k8s.sh | tail -1).
+# components; additionally a hash of the harness sources for our tools, of e2e/cdi-inject's
+# sources for cdi-inject). Progress goes to stderr; the LAST line of stdout is the bin dir, so
+# callers can do BIN=$(e2e/build-k8s.sh | tail -1).
 set -euo pipefail
 
 E2E_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -31,6 +33,7 @@ die() { log "ERROR: $*"; exit 1; }
 HARNESS=$E2E_DIR/harness
 ETCD_MOD=$E2E_DIR/etcd
 CONTAINERD_MOD=$E2E_DIR/containerd
+CDI_INJECT_MOD=$E2E_DIR/cdi-inject
 GOVERSION=$("$GO" env GOVERSION)
 
 # The go.mod files are what the build really uses; refuse to build when they disagree with
@@ -45,6 +48,15 @@ check_pins() {
         || die "e2e/etcd/go.mod does not require go.etcd.io/etcd/server/v3 $ETCD_VERSION (versions.env)"
     grep -qE "^\s*github\.com/containerd/containerd/v2 ${CONTAINERD_VERSION}( |$)" "$CONTAINERD_MOD/go.mod" \
         || die "e2e/containerd/go.mod does not require github.com/containerd/containerd/v2 $CONTAINERD_VERSION (versions.env)"
+    # cdi-inject must see our CDI specs through the CDI library our containerd is built with.
+    local mod ours theirs
+    for mod in tags.cncf.io/container-device-interface tags.cncf.io/container-device-interface/specs-go \
+        github.com/opencontainers/runtime-spec; do
+        ours=$(awk -v m="$mod" '$1 == m { print $2 }' "$CDI_INJECT_MOD/go.mod")
+        theirs=$(awk -v m="$mod" '$1 == m { print $2 }' "$CONTAINERD_MOD/go.mod")
+        [[ -n $ours && $ours == "$theirs" ]] \
+            || die "e2e/cdi-inject/go.mod has $mod '${ours:-none}', e2e/containerd/go.mod '${theirs:-none}'"
+    done
 }
 check_pins
 
@@ -57,11 +69,12 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     K8S_LDFLAGS+=" -X $pkg.gitTreeState=clean"
 done
 
-tools_hash() {
-    # Every input of our tools: module files plus all non-test Go sources of the harness.
-    (cd "$HARNESS" && find . -name '*.go' ! -name '*_test.go' -print0 | LC_ALL=C sort -z \
+sources_hash() {
+    # Every input of a module's tools: its module files plus all its non-test Go sources.
+    (cd "$1" && find . -name '*.go' ! -name '*_test.go' -print0 | LC_ALL=C sort -z \
         | xargs -0 sha256sum; sha256sum go.mod go.sum) | sha256sum | cut -d' ' -f1
 }
+tools_hash() { sources_hash "$HARNESS"; }
 
 stamp_for() {
     case $1 in
@@ -69,6 +82,7 @@ stamp_for() {
         etcd) echo "$ETCD_VERSION $GOVERSION" ;;
         containerd | containerd-shim-runc-v2 | ctr) echo "$CONTAINERD_VERSION $GOVERSION" ;;
         kubelet-sim | cel-oracle | alloc-oracle) echo "$K8S_VERSION $GOVERSION $(tools_hash)" ;;
+        cdi-inject) echo "$GOVERSION $(sources_hash "$CDI_INJECT_MOD")" ;;
         *) die "unknown binary '$1'" ;;
     esac
 }
@@ -79,13 +93,13 @@ up_to_date() { [[ -x $BIN/$1 && -f $BIN/.$1.stamp && "$(cat "$BIN/.$1.stamp")" =
 exec 9>"$BIN/.lock"
 flock 9
 
-ALL=(kube-apiserver kube-scheduler kubectl etcd kubelet-sim cel-oracle alloc-oracle
+ALL=(kube-apiserver kube-scheduler kubectl etcd kubelet-sim cel-oracle alloc-oracle cdi-inject
     kubelet kube-controller-manager containerd containerd-shim-runc-v2 ctr)
 WANT=("$@")
 [[ ${#WANT[@]} -gt 0 ]] || WANT=("${ALL[@]}")
 
 declare -A STAMP
-k8s_pkgs=() tool_pkgs=() containerd_pkgs=() need_etcd=
+k8s_pkgs=() tool_pkgs=() containerd_pkgs=() need_etcd= need_cdi_inject=
 for name in "${WANT[@]}"; do
     STAMP[$name]=$(stamp_for "$name")
     if up_to_date "$name" "${STAMP[$name]}"; then
@@ -96,6 +110,7 @@ for name in "${WANT[@]}"; do
         kube-apiserver | kube-scheduler | kubectl | kubelet | kube-controller-manager) k8s_pkgs+=("k8s.io/kubernetes/cmd/$name") ;;
         etcd) need_etcd=1 ;;
         containerd | containerd-shim-runc-v2 | ctr) containerd_pkgs+=("github.com/containerd/containerd/v2/cmd/$name") ;;
+        cdi-inject) need_cdi_inject=1 ;;
         *) tool_pkgs+=("./cmd/$name") ;;
     esac
 done
@@ -144,6 +159,12 @@ if [[ ${#tool_pkgs[@]} -gt 0 ]]; then
     log "building ${tool_pkgs[*]##*/}"
     (cd "$HARNESS" && timed "$GO" build -trimpath -buildvcs=false -ldflags "-s -w" -o "$TMP/" "${tool_pkgs[@]}")
     install_bins "${tool_pkgs[@]##*/}"
+fi
+
+if [[ -n $need_cdi_inject ]]; then
+    log "building cdi-inject"
+    (cd "$CDI_INJECT_MOD" && timed "$GO" build -trimpath -buildvcs=false -ldflags "-s -w" -o "$TMP/cdi-inject" .)
+    install_bins cdi-inject
 fi
 
 echo "$BIN"

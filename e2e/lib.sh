@@ -51,7 +51,10 @@ if [[ $DRIVER_BACKEND == nvml ]]; then
     [[ -f $FAKE_NVML ]] || (cd "$ROOT" && cargo build -p fakenvml) >&2
     cp "$FAKE_NVML" "$WORK/libnvidia-ml.so.1"
     export FAKE_NVML_GPUS=$GPUS FAKE_NVML_NODE=$NODE FAKE_NVML_STATE=$WORK/hw.json
-    GPU_ARGS=(--gpus nvml --nvml-lib "$WORK/libnvidia-ml.so.1")
+    # Real GPUs need a driver root with the running driver's files (the CDI specs mount them).
+    "$GPU_DRA" sim --gpus "$GPUS" --node-name "$NODE" --sim-state "$WORK/hw.json" \
+        driver-root "$WORK/driver-root" >/dev/null
+    GPU_ARGS=(--gpus nvml --nvml-lib "$WORK/libnvidia-ml.so.1" --nvidia-driver-root "$WORK/driver-root")
 fi
 BIN=${GPU_DRA_K8S_BIN:-$("$E2E/build-k8s.sh" | tail -n 1)}
 export PATH="$BIN:$PATH"

@@ -63,6 +63,11 @@ jq -e --arg cap "/dev/nvidia-caps/nvidia-cap$((3 + 9 * gi))" \
     '[.devices[0].containerEdits.deviceNodes[].path] | index($cap) != null' "$spec" >/dev/null \
     || fail "CDI spec lacks the GI capability node: $(cat "$spec")"
 jq -e '.devices[0].containerEdits.env[0] | startswith("NVIDIA_VISIBLE_DEVICES=MIG-")' "$spec" >/dev/null || fail "no MIG UUID in the spec"
+if [[ $DRIVER_BACKEND == nvml ]]; then
+    # Real GPUs: the driver root's files are mounted (found once, at start).
+    jq -e '[.containerEdits.mounts[].containerPath] | index("/usr/lib/x86_64-linux-gnu/libcuda.so.1") != null' "$spec" >/dev/null \
+        || fail "the CDI spec does not mount the driver root's libcuda: $(jq -c .containerEdits "$spec")"
+fi
 ok "kube-scheduler allocated $device; prepare carved GI $gi + CI, CDI has nvidia-cap$((3 + 9 * gi))"
 
 # ---------------------------------------------------------------- 2. the whole GPU must wait

@@ -176,6 +176,16 @@ watched_name() { jq -r --arg u "$1" 'select(.object.metadata.uid == $u) | .objec
 # check_gpu POD CONTAINER CLAIM: the container sees exactly the claim's one whole GPU: one
 # /dev/nvidia<minor> (the allocated gpu-<minor>), its UUID in NVIDIA_VISIBLE_DEVICES and in the
 # claim's status.devices. Prints the minor.
+# check_driver_files WHERE OUTPUT: the container got the driver's files from the node's driver
+# root (a fake one with empty files): libraries and their links, nvidia-smi, GSP firmware.
+check_driver_files() {
+    local want f
+    for want in /usr/lib/x86_64-linux-gnu/libcuda.so.1 /usr/lib/x86_64-linux-gnu/libcuda.so.$E2E_DRIVER_VERSION \
+        /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1 /usr/bin/nvidia-smi /lib/firmware/nvidia/$E2E_DRIVER_VERSION/gsp_ga10x.bin; do
+        grep -qx "file=$want" <<<"$2" || fail "$1: no $want from the driver root; it has: $(grep '^file=' <<<"$2" | tr '\n' ' ')"
+    done
+}
+
 check_gpu() {
     local pod=$1 ctr=$2 claim=$3 out dev minor nodes uuid vis status_uuid
     out=$(ctr_out "$pod" "$ctr")
@@ -185,6 +195,7 @@ check_gpu() {
     nodes=$(grep -E '^dev=nvidia[0-9]+$' <<<"$out" | sed 's/^dev=//' | tr '\n' ' ')
     [[ $nodes == "nvidia$minor " ]] || fail "$pod/$ctr: GPU device nodes '$nodes', want only nvidia$minor"
     grep -q '^dev=nvidiactl$' <<<"$out" || fail "$pod/$ctr: no /dev/nvidiactl"
+    check_driver_files "$pod/$ctr" "$out"
     uuid=$(attr "$dev" uuid)
     vis=$(sed -n 's/^NVIDIA_VISIBLE_DEVICES=//p' <<<"$out")
     [[ $vis == GPU-* && $vis == "$uuid" ]] || fail "$pod/$ctr: NVIDIA_VISIBLE_DEVICES='$vis', want $dev's $uuid"
@@ -349,6 +360,7 @@ mapfile -t migs < <(tr ',' '\n' <<<"$vis" | sort)
 caps=$(sed -n 's/^cap=//p' <<<"$out" | sort | tr '\n' ' ')
 spec_caps=$(jq -r '.devices[].containerEdits.deviceNodes[]?.path | select(startswith("/dev/nvidia-caps/")) | sub("/dev/nvidia-caps/"; "")' "$(spec_of "$u4")" | sort -u | tr '\n' ' ')
 [[ -n $caps && $caps == "$spec_caps" ]] || fail "mig-deployment: /dev/nvidia-caps has '$caps', CDI spec '$spec_caps'"
+check_driver_files "mig-deployment" "$out"
 [[ $(grep -cE '^dev=nvidia[0-9]+$' <<<"$out") == 1 ]] || fail "mig-deployment: parent GPU nodes: $(grep '^dev=nvidia' <<<"$out")"
 layout=$(mig_layout)
 [[ $(wc -l <<<"$layout") == 4 ]] || fail "simulator: want 4 MIG instances, have: $layout"

@@ -97,6 +97,8 @@ pub struct NodeOptions {
     pub state_dir: PathBuf,
     /// Where the host's `/dev` is, when not at `/`.
     pub dev_root: Option<PathBuf>,
+    /// The NVIDIA driver's files for containers; `None` on simulated GPUs without one.
+    pub driver_root: Option<crate::prepare::driver_files::DriverRoot>,
     /// Set during a rolling update: this instance's id (pod UID).
     pub rolling_update_uid: Option<String>,
     /// How often prepared claims are checked against the API server.
@@ -209,6 +211,7 @@ impl NodeAgent {
                 cdi_root: options.cdi_root.clone(),
                 state_dir: options.state_dir.clone(),
                 dev_root: options.dev_root.clone(),
+                driver_root: options.driver_root.clone(),
             },
             control,
         );

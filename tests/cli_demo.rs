@@ -31,6 +31,11 @@ fn demo_allocates_prepares_and_leaves_nothing() {
         "the MIG spec has capability nodes:\n{out}"
     );
     assert!(
+        out.contains(r#""containerPath": "/usr/lib/x86_64-linux-gnu/libcuda.so.1""#)
+            && out.contains(r#""containerPath": "/usr/bin/nvidia-smi""#),
+        "the spec mounts the driver's libraries and binaries:\n{out}"
+    );
+    assert!(
         out.contains("CDI specs left: 0 · MIG instances left: 0 · claims in checkpoint: 0"),
         "{out}"
     );
@@ -62,4 +67,112 @@ fn packing_study_compares_both_orders() {
     let (ok, _, err) = gpu_dra(&["packing-study", "--events", "10", "--mix", "9g.99gb=1"]);
     assert!(!ok);
     assert!(err.contains("\"9g.99gb\" is not a MIG profile"), "{err}");
+}
+
+#[test]
+fn cdi_prints_what_a_claims_containers_get_and_names_an_empty_driver_root() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path().join("driver-root");
+    let state = dir.path().join("hw.json");
+    let state = state.to_str().expect("utf-8");
+    let root_arg = root.to_str().expect("utf-8");
+    let sim = ["--gpus", "sim:1xH100-SXM5-80GB,1xT4", "--sim-state", state];
+
+    // An empty driver root: refused, naming it.
+    let mut args = vec!["cdi"];
+    args.extend(sim);
+    args.extend(["--nvidia-driver-root", root_arg]);
+    let (ok, _, err) = gpu_dra(&args);
+    assert!(
+        !ok && err.contains(root_arg) && err.contains("no libraries of driver"),
+        "{err}"
+    );
+
+    let (ok, _, err) = gpu_dra(&[
+        "sim",
+        "--gpus",
+        "sim:1xH100-SXM5-80GB,1xT4",
+        "--node-name",
+        "node",
+        "--sim-state",
+        state,
+        "driver-root",
+        root_arg,
+    ]);
+    assert!(ok, "{err}");
+    args.extend(["--device", "gpu-1"]);
+    let (ok, out, err) = gpu_dra(&args);
+    assert!(ok, "{err}");
+    let spec: serde_json::Value = serde_json::from_str(&out).expect("JSON spec");
+    assert_eq!(spec["devices"].as_array().map(Vec::len), Some(1));
+    assert_eq!(
+        spec["devices"][0]["containerEdits"]["deviceNodes"][0]["path"],
+        "/dev/nvidia1"
+    );
+    let mounts: Vec<&str> = spec["containerEdits"]["mounts"]
+        .as_array()
+        .expect("mounts")
+        .iter()
+        .filter_map(|m| m["containerPath"].as_str())
+        .collect();
+    assert!(
+        mounts.contains(&"/usr/lib/x86_64-linux-gnu/libcuda.so.1")
+            && mounts.contains(&"/usr/bin/nvidia-smi"),
+        "{mounts:?}"
+    );
+    // A MIG placement that is not carved has no spec yet.
+    let (ok, _, err) = gpu_dra(&[
+        "cdi",
+        "--gpus",
+        "sim:1xH100-SXM5-80GB,1xT4",
+        "--sim-state",
+        state,
+        "--nvidia-driver-root",
+        root_arg,
+        "--device",
+        "gpu-0-mig-1g10gb-19-0",
+    ]);
+    assert!(
+        !ok && err.contains("--device gpu-0-mig-1g10gb-19-0"),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_driver_does_not_start_on_a_driver_root_without_the_driver() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let at = |name: &str| dir.path().join(name).to_string_lossy().into_owned();
+    let root = at("empty-root");
+    std::fs::create_dir_all(&root).expect("root");
+    let (ok, _, err) = gpu_dra(&[
+        "run",
+        "--gpus",
+        "sim:1xT4",
+        "--node-name",
+        "n1",
+        "--sim-state",
+        &at("hw.json"),
+        "--nvidia-driver-root",
+        &root,
+        "--registrar-dir",
+        &at("registry"),
+        "--plugin-dir",
+        &at("plugin"),
+        "--cdi-root",
+        &at("cdi"),
+        "--state-dir",
+        &at("state"),
+        "--kubeconfig",
+        &at("no-kubeconfig"),
+    ]);
+    assert!(
+        !ok && err.contains(&format!(
+            "--nvidia-driver-root {root}: no libraries of driver"
+        )),
+        "{err}"
+    );
+    assert!(
+        !dir.path().join("cdi").exists(),
+        "nothing was written before refusing"
+    );
 }

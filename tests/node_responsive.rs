@@ -162,6 +162,7 @@ async fn answers_during_a_slow_carve() {
         cdi_root: dir.path().join("cdi"),
         state_dir: dir.path().join("state"),
         dev_root: None,
+        driver_root: None,
     };
     let (state, _) = DeviceState::open(config, gpus).expect("open");
     let claims = Arc::new(MemoryClaims::default());
@@ -310,6 +311,7 @@ async fn side_by_side() {
         cdi_root: dir.path().join("cdi"),
         state_dir: dir.path().join("state"),
         dev_root: None,
+        driver_root: None,
     };
     let (state, _) = DeviceState::open(config, gpus.clone()).expect("open");
     let claims = Arc::new(MemoryClaims::default());

@@ -115,8 +115,18 @@ pub fn run(args: DemoArgs) -> Result<ExitCode, CliError> {
         2,
         "Publish them as ResourceSlices (what the API server would receive)",
     );
+    // A driver root with the simulated driver's (empty) files, so the CDI specs below show what
+    // a CUDA container gets from a real one.
+    let driver_root = dir.join("driver-root");
+    crate::prepare::driver_files::write_fake_driver_root(&driver_root, &inventory.driver_version)
+        .map_err(|e| err("writing a fake driver root", e))?;
     let (state, _) = DeviceState::open(
         DriverConfig {
+            driver_root: Some(crate::prepare::driver_files::DriverRoot {
+                here: driver_root.clone(),
+                host: driver_root,
+                hook: None,
+            }),
             driver_name: DRIVER.into(),
             mig_policy: MigPolicy::Auto,
             node_name: NODE.into(),

@@ -8,6 +8,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+pub mod cdi;
 #[cfg(feature = "tools")]
 pub mod cel;
 #[cfg(feature = "tools")]
@@ -88,6 +89,9 @@ pub enum Command {
     Run(run::RunArgs),
     /// Print the ResourceSlices this node would publish, as a v1 List.
     Slices(slices::SlicesArgs),
+    /// Print the CDI spec a claim holding some of this node's devices gets (device nodes, driver
+    /// libraries, binaries, firmware, hooks).
+    Cdi(cdi::CdiArgs),
     /// Operate simulated GPU hardware (MIG mode, instances) in a state file.
     Sim(sim::SimArgs),
     /// Replay a random MIG workload: failed placements with our device order vs name order.
@@ -127,6 +131,7 @@ pub fn run(cli: Cli) -> Result<ExitCode, CliError> {
     match cli.command {
         Command::Run(args) => run::run(args),
         Command::Slices(args) => slices::run(args),
+        Command::Cdi(args) => cdi::run(args),
         Command::Sim(args) => sim::run(args),
         #[cfg(feature = "tools")]
         Command::Demo(args) => demo::run(args),

@@ -64,6 +64,13 @@ pub struct RunArgs {
     /// Where the NVIDIA driver root is mounted in this container (default: the same path).
     #[arg(long, env = "CONTAINER_DRIVER_ROOT")]
     pub container_driver_root: Option<PathBuf>,
+    /// The NVIDIA container toolkit's hook on the host (`nvidia-cdi-hook`, or `nvidia-ctk` of
+    /// older toolkits), as NVIDIA's driver takes it: CDI specs call it to link the driver's
+    /// libraries and update the container's ld cache. Default: `usr/bin/nvidia-cdi-hook` (or
+    /// `nvidia-ctk`) under the driver root when there; without one, each library is also
+    /// bind-mounted at its links' paths.
+    #[arg(long, env = "NVIDIA_CDI_HOOK_PATH")]
+    pub nvidia_cdi_hook_path: Option<PathBuf>,
     /// Run beside another instance during a DaemonSet rolling update (maxSurge), as the kubelet
     /// plugin library's RollingUpdate mode does: the pod UID names this instance's own
     /// registration and DRA sockets, node state changes are serialized with a lock in the plugin
@@ -96,15 +103,8 @@ pub struct RunArgs {
     pub api_timeout: Duration,
 }
 
-/// Where the NVIDIA driver installs libnvidia-ml.so.1, relative to its root.
-const NVML_LIBRARY_DIRS: [&str; 6] = [
-    "usr/lib64",
-    "usr/lib/x86_64-linux-gnu",
-    "usr/lib/aarch64-linux-gnu",
-    "usr/lib",
-    "lib64",
-    "lib",
-];
+/// Where libnvidia-ml.so.1 is looked for under a driver root: the toolkit's library folders.
+const NVML_LIBRARY_DIRS: [&str; 6] = crate::prepare::driver_files::LIBRARY_DIRS;
 
 impl RunArgs {
     fn container_driver_root(&self) -> &Path {
@@ -147,6 +147,19 @@ impl RunArgs {
             .find(|path| path.is_file())
     }
 
+    /// Where containers' driver files come from: the driver root for real GPUs (an empty one is a
+    /// start-up error), and for simulated GPUs only when a driver root was given.
+    fn driver_root(&self) -> Option<crate::prepare::driver_files::DriverRoot> {
+        let real_gpus = matches!(self.gpu.gpus, GpuSource::Nvml);
+        (real_gpus || self.nvidia_driver_root != Path::new("/")).then(|| {
+            crate::prepare::driver_files::DriverRoot {
+                here: self.container_driver_root().to_path_buf(),
+                host: self.nvidia_driver_root.clone(),
+                hook: self.nvidia_cdi_hook_path.clone(),
+            }
+        })
+    }
+
     /// `--dev-root`, else the driver root when the driver keeps its device nodes there.
     fn dev_root(&self) -> Option<PathBuf> {
         if self.dev_root.is_some() {
@@ -178,6 +191,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode, CliError> {
         plugin_dir,
         cdi_root: args.cdi_root.clone(),
         dev_root: args.dev_root(),
+        driver_root: args.driver_root(),
         rolling_update_uid: args.rolling_update_uid.clone(),
         gc_interval: at_least(args.gc_interval, Duration::from_secs(1)),
         gc_grace: args.gc_grace,

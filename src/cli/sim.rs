@@ -57,6 +57,10 @@ pub enum SimCommand {
         #[arg(long)]
         gpu_instance: u32,
     },
+    /// Write a driver root holding the simulated driver's files (empty libraries named for its
+    /// version, their links and ld cache, binaries, GSP firmware), for
+    /// `gpu-dra run --nvidia-driver-root DIR` on simulated GPUs.
+    DriverRoot { dir: PathBuf },
 }
 
 fn parse_spec(s: &str) -> Result<SimSpec, String> {
@@ -82,6 +86,12 @@ pub fn run(args: SimArgs) -> Result<ExitCode, CliError> {
             );
         }
         SimCommand::Reset { gpu } => node.reset_gpu(gpu)?,
+        SimCommand::DriverRoot { dir } => {
+            let version = crate::gpu::catalog::SIM_DRIVER_VERSION;
+            crate::prepare::driver_files::write_fake_driver_root(&dir, version)
+                .map_err(|e| CliError::Usage(format!("driver-root {}: {e}", dir.display())))?;
+            println!("{}: driver {version}", dir.display());
+        }
         SimCommand::Create {
             gpu,
             profile,

@@ -23,6 +23,8 @@ pub struct NvmlBackend {
     cache: Mutex<Option<Cache>>,
     /// The driver's `nvidia-smi`: NVML cannot set the time-slice interval.
     nvidia_smi: Option<PathBuf>,
+    /// The folder NVML was loaded from (under a driver root), where `nvidia-smi` finds it too.
+    library_dir: Option<PathBuf>,
 }
 
 /// Everything NVML answered, so MIG operations and inventories ask again only what can change:
@@ -73,6 +75,7 @@ impl NvmlBackend {
             sysfs_root,
             cache: Mutex::new(None),
             nvidia_smi: None,
+            library_dir: library.and_then(Path::parent).map(Path::to_path_buf),
         })
     }
 
@@ -93,9 +96,15 @@ impl NvmlBackend {
         let smi = self.nvidia_smi.as_ref().ok_or_else(|| {
             fail("no nvidia-smi under the driver root (--nvidia-driver-root), and NVML has no call for it".into())
         })?;
-        let output = std::process::Command::new(smi)
+        let mut command = std::process::Command::new(smi);
+        command
             .args(["compute-policy", "-i", uuid, "--set-timeslice"])
-            .arg(timeslice.to_string())
+            .arg(timeslice.to_string());
+        if let Some(dir) = &self.library_dir {
+            // The driver root's nvidia-smi links the driver root's NVML, not this container's.
+            command.env("LD_LIBRARY_PATH", dir);
+        }
+        let output = command
             .output()
             .map_err(|e| fail(format!("cannot run {}: {e}", smi.display())))?;
         if !output.status.success() {

@@ -3,9 +3,11 @@
 //! `<claimUID>-<device>`), so container runtimes inject exactly the claim's device nodes.
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use super::driver_files::DriverFiles;
 use crate::gpu::mig::{ci_access_cap_minor, gi_access_cap_minor};
 
 pub const CLASS: &str = "claim";
@@ -47,12 +49,37 @@ pub struct ContainerEdits {
     pub env: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub device_nodes: Vec<DeviceNode>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mounts: Vec<Mount>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hooks: Vec<Hook>,
 }
 
 impl ContainerEdits {
     pub fn is_empty(&self) -> bool {
-        self.env.is_empty() && self.device_nodes.is_empty()
+        self.env.is_empty()
+            && self.device_nodes.is_empty()
+            && self.mounts.is_empty()
+            && self.hooks.is_empty()
     }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Mount {
+    pub host_path: String,
+    pub container_path: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub options: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Hook {
+    pub hook_name: String,
+    pub path: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -114,6 +141,8 @@ pub struct CdiStore {
     caps_major: Option<u32>,
     /// The host's device root when it is not `/`.
     dev_root: Option<PathBuf>,
+    /// The driver's libraries, binaries and firmware every claim's containers get.
+    driver_files: Option<Arc<DriverFiles>>,
 }
 
 impl CdiStore {
@@ -124,7 +153,14 @@ impl CdiStore {
             vendor: format!("k8s.{driver_name}"),
             caps_major: nvidia_caps_major(Path::new("/proc/devices")),
             dev_root: None,
+            driver_files: None,
         }
+    }
+
+    /// Mounts the driver's user-space files into every claim's containers.
+    pub fn with_driver_files(mut self, files: Option<Arc<DriverFiles>>) -> Self {
+        self.driver_files = files;
+        self
     }
 
     /// Device nodes live under `dev_root` on the host (`<dev_root>/dev/nvidia0`); containers
@@ -219,6 +255,7 @@ impl CdiStore {
                     container_edits: ContainerEdits {
                         env: vec![format!("NVIDIA_VISIBLE_DEVICES={visible}")],
                         device_nodes: nodes,
+                        ..ContainerEdits::default()
                     },
                 }
             })
@@ -229,12 +266,85 @@ impl CdiStore {
             annotations: BTreeMap::from([(WRITTEN_BY.to_string(), self.driver_name.clone())]),
             devices,
             container_edits: ContainerEdits {
-                env: vec![],
                 device_nodes: ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
                     .into_iter()
                     .map(|p| self.node(p.to_string()))
                     .collect(),
+                ..self.driver_edits()
             },
+        }
+    }
+
+    /// What every container of a claim needs from the driver to run CUDA: its libraries,
+    /// binaries, firmware and sockets (read-only binds), the libraries' links and the container's
+    /// ld cache (through the toolkit's hook when the node has it, else by binding each library at
+    /// its link's path as well).
+    fn driver_edits(&self) -> ContainerEdits {
+        let Some(files) = &self.driver_files else {
+            return ContainerEdits::default();
+        };
+        let read_only =
+            || -> Vec<String> { ["ro", "nosuid", "nodev", "bind"].map(String::from).to_vec() };
+        let bind = |host: &Path, container: &Path, options: Vec<String>| Mount {
+            host_path: host.to_string_lossy().into_owned(),
+            container_path: container.to_string_lossy().into_owned(),
+            options,
+        };
+        let mut mounts: Vec<Mount> = files
+            .libraries
+            .iter()
+            .chain(&files.binaries)
+            .chain(&files.firmware)
+            .map(|f| bind(&f.host_path, &f.container_path, read_only()))
+            .collect();
+        mounts.extend(files.sockets.iter().map(|f| {
+            bind(
+                &f.host_path,
+                &f.container_path,
+                ["nosuid", "nodev", "noexec", "bind"]
+                    .map(String::from)
+                    .to_vec(),
+            )
+        }));
+        let mut hooks = Vec::new();
+        match &files.hook {
+            Some(hook) => {
+                if !files.links.is_empty() {
+                    let mut args = vec!["create-symlinks".to_string()];
+                    for link in &files.links {
+                        args.push("--link".into());
+                        args.push(format!(
+                            "{}::{}",
+                            link.target.display(),
+                            link.link.display()
+                        ));
+                    }
+                    hooks.push(toolkit_hook(hook, args));
+                }
+                let mut args = vec!["update-ldcache".to_string()];
+                for dir in files.library_dirs() {
+                    args.push("--folder".into());
+                    args.push(dir.to_string_lossy().into_owned());
+                }
+                hooks.push(toolkit_hook(hook, args));
+            }
+            None => {
+                let host_of: BTreeMap<&Path, &Path> = files
+                    .libraries
+                    .iter()
+                    .map(|l| (l.container_path.as_path(), l.host_path.as_path()))
+                    .collect();
+                for link in &files.links {
+                    if let Some(host) = host_of.get(link.target.as_path()) {
+                        mounts.push(bind(host, &link.link, read_only()));
+                    }
+                }
+            }
+        }
+        ContainerEdits {
+            mounts,
+            hooks,
+            ..ContainerEdits::default()
         }
     }
 
@@ -341,6 +451,25 @@ fn nvidia_caps_major(proc_devices: &Path) -> Option<u32> {
             .then(|| major.parse().ok())
             .flatten()
     })
+}
+
+/// A `createContainer` hook run by the toolkit's binary: `nvidia-cdi-hook <command> ...`, or
+/// `nvidia-ctk hook <command> ...` for older toolkits.
+fn toolkit_hook(binary: &Path, args: Vec<String>) -> Hook {
+    let name = binary
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut full = vec![name.clone()];
+    if name == "nvidia-ctk" {
+        full.push("hook".into());
+    }
+    full.extend(args);
+    Hook {
+        hook_name: "createContainer".into(),
+        path: binary.to_string_lossy().into_owned(),
+        args: full,
+    }
 }
 
 #[cfg(test)]

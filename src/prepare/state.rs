@@ -32,6 +32,7 @@ use super::checkpoint::{
     Checkpoint, CheckpointError, CheckpointStore, ClaimEntry, ClaimState, DeviceRecord,
     LoadOutcome, MigRecord,
 };
+use super::driver_files::{DriverFilesError, DriverRoot};
 use super::failpoint::failpoint;
 use super::sharing;
 use super::{ClaimRef, PreparedDevice};
@@ -52,6 +53,8 @@ pub enum PrepareError {
     Cdi(#[from] super::cdi::CdiError),
     #[error(transparent)]
     Gpu(#[from] GpuError),
+    #[error(transparent)]
+    DriverFiles(#[from] DriverFilesError),
     /// The operation's own thread failed (a bug); nothing it changed is lost: the checkpoint
     /// says what to undo.
     #[error("internal error: {0}")]
@@ -69,6 +72,9 @@ pub struct DriverConfig {
     pub state_dir: PathBuf,
     /// Where the host's `/dev` is, when not at `/` (CDI `hostPath`s are resolved under it).
     pub dev_root: Option<PathBuf>,
+    /// Where the NVIDIA driver's files are: every claim's containers get them. `None` for
+    /// simulated GPUs without a driver root (there is no driver to mount).
+    pub driver_root: Option<DriverRoot>,
 }
 
 /// What recovery at start did.
@@ -136,8 +142,28 @@ impl DeviceState {
             tracing::info!(path = %leftover.display(), "removed a checkpoint temp file a crash left behind");
         }
         let inventory = gpus.inventory()?;
+        // Once, for the driver version NVML reports: no claim waits for it.
+        let driver_files = match &config.driver_root {
+            Some(root) => {
+                let files = root.discover(&inventory.driver_version)?;
+                tracing::info!(
+                    root = %root.here.display(),
+                    version = %files.version,
+                    libraries = files.libraries.len(),
+                    links = files.links.len(),
+                    binaries = files.binaries.len(),
+                    firmware = files.firmware.len(),
+                    sockets = files.sockets.len(),
+                    hook = ?files.hook,
+                    "driver files found"
+                );
+                Some(Arc::new(files))
+            }
+            None => None,
+        };
         let cdi = CdiStore::new(&config.cdi_root, &config.driver_name)
-            .with_dev_root(config.dev_root.as_deref());
+            .with_dev_root(config.dev_root.as_deref())
+            .with_driver_files(driver_files);
         let mut state = Self {
             config,
             gpus,

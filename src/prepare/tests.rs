@@ -36,6 +36,7 @@ impl Fixture {
             cdi_root: dir.path().join("cdi"),
             state_dir: dir.path().join("state"),
             dev_root: None,
+            driver_root: None,
         };
         Self {
             _dir: dir,
