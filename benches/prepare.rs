@@ -74,6 +74,13 @@ fn main() {
         "bench-node",
         Some(dir.path().join("hw.json")),
     ));
+    // As on a real node: every spec mounts the driver's files.
+    let driver_root = dir.path().join("driver-root");
+    gpu_dra::prepare::driver_files::write_fake_driver_root(
+        &driver_root,
+        gpu_dra::gpu::catalog::SIM_DRIVER_VERSION,
+    )
+    .expect("driver root");
     let config = DriverConfig {
         driver_name: "gpu.nvidia.com".into(),
         mig_policy: gpu_dra::gpu::mig::MigPolicy::Auto,
@@ -81,7 +88,11 @@ fn main() {
         cdi_root: dir.path().join("cdi"),
         state_dir: dir.path().join("state"),
         dev_root: None,
-        driver_root: None,
+        driver_root: Some(gpu_dra::prepare::driver_files::DriverRoot {
+            here: driver_root.clone(),
+            host: driver_root,
+            hook: None,
+        }),
     };
     let (state, _) = DeviceState::open(config, sim).expect("open");
     let claims = Arc::new(MemoryClaims::default());

@@ -11,7 +11,11 @@
 # every crash the GPU's compute mode and time-slice end up as the claim wants them once prepared,
 # and exactly as they were before (not merely the defaults) once unprepared.
 #
-# Usage: e2e/faults.sh [ROUNDS]   (default 7 rounds: 96 runs, 56 of them carving MIG devices)
+# Every armed driver must die at its step; after each run the hardware has exactly the instances
+# the checkpoint records (compute instances included, MIG mode as before), and the spec of a
+# retried prepare names the instance that exists.
+#
+# Usage: e2e/faults.sh [ROUNDS]   (default 7 rounds: 124 runs, 84 of them carving MIG devices)
 set -euo pipefail
 NAME=faults-e2e
 NODE=fault-node-1
@@ -20,8 +24,13 @@ ROUNDS=${1:-7}
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-PREPARE_STEPS=(prepare-started prepare-gi-created prepare-ci-created prepare-sharing-applied prepare-cdi-written prepare-completed)
-UNPREPARE_STEPS=(unprepare-started rollback-cdi-removed rollback-mig-destroyed)
+# Including the points where the hardware changed and the checkpoint does not know yet.
+PREPARE_STEPS=(prepare-started mig-mode-enabled prepare-gi-created-unrecorded prepare-gi-created
+    prepare-ci-created-unrecorded prepare-ci-created prepare-sharing-applied prepare-cdi-written prepare-completed)
+UNPREPARE_STEPS=(unprepare-started rollback-cdi-removed mig-mode-disabled rollback-mig-destroyed)
+# Prepare steps after which the claim is still unfinished: recovery rolls it back, and in the
+# first round a second kill hits that rollback.
+UNFINISHED_STEPS=" prepare-started mig-mode-enabled prepare-gi-created-unrecorded prepare-gi-created prepare-ci-created-unrecorded prepare-ci-created prepare-cdi-written "
 # Steps a whole-GPU claim passes (it carves nothing).
 FULL_GPU_STEPS=" prepare-cdi-written prepare-completed unprepare-started rollback-cdi-removed "
 # Steps a time-sliced whole GPU passes (its settings are recorded first, then changed).
@@ -57,18 +66,33 @@ call() {
     [[ $(jq -r '.claims[0].error' <<<"$out") == "" ]] || fail "$1 $2: $(jq -r '.claims[0].error' <<<"$out")"
 }
 
-# crash STEP OP CLAIM: runs OP on a driver armed with STEP; records whether it died there.
+# crash STEP OP CLAIM: runs OP on a driver armed with STEP, which must die there.
 crash() {
-    local step=$1
+    local step=$1 before reached
+    reached="failpoint reached.*step=\"?$step(\"| |$)"
+    before=$(grep -cE "$reached" "$WORK/driver.log" 2>/dev/null || true)
     start_driver GPU_DRA_FAILPOINT="$step"
     kubelet "$2" --claim "$3" >/dev/null 2>&1 || true
     sleep 0.1
-    if ! kill -0 "$DRIVER_PID" 2>/dev/null; then
-        grep -q "failpoint reached" "$WORK/driver.log" || fail "the driver died at $step without reaching it"
-        killed[$step]=$((${killed[$step]:-0} + 1))
-    fi
+    kill -0 "$DRIVER_PID" 2>/dev/null && fail "armed at $step, the driver survived $2"
+    (($(grep -cE "$reached" "$WORK/driver.log" || true) > ${before:-0})) \
+        || fail "the driver died during $2 without reaching $step"
+    killed[$step]=$((${killed[$step]:-0} + 1))
     stop_driver
 }
+
+# crash_in_recovery: a second kill, while the restarted driver rolls the unfinished claim back.
+crash_in_recovery() {
+    launch_driver GPU_DRA_FAILPOINT=rollback-cdi-removed
+    local deadline=$((SECONDS + 10))
+    while kill -0 "$DRIVER_PID" 2>/dev/null; do
+        ((SECONDS < deadline)) || fail "armed at rollback-cdi-removed, the recovering driver survived"
+        sleep 0.1
+    done
+    recovery_kills=$((recovery_kills + 1))
+    stop_driver
+}
+recovery_kills=0
 
 # gpu_sharing MINOR → "<compute mode>/<time-slice>" of the simulated GPU
 gpu_sharing() {
@@ -86,16 +110,33 @@ expect_sharing() { # minor, expected, when
     [[ $(gpu_sharing "$1") == "$2" ]] || fail "GPU $1 $3: compute mode/time-slice $(gpu_sharing "$1"), expected $2"
 }
 
+hw() { "$GPU_DRA" sim --gpus "$GPUS" --node-name "$NODE" --sim-state "$WORK/hw.json" show; }
+
 expect_prepared() { # uid, instances
+    local state
     [[ $(cdi_files) == "k8s.gpu.nvidia.com-claim_$1.json " ]] || fail "CDI files after restart: '$(cdi_files)'"
     [[ $(checkpoint_claims) == "[{\"uid\":\"$1\",\"state\":\"PrepareCompleted\"}]" ]] || fail "checkpoint: $(checkpoint_claims)"
-    [[ $(gpu_instances) == "$2" ]] || fail "expected $2 GPU instances, found $(gpu_instances)"
+    state=$(hw)
+    [[ $(jq '[.gpus[].gpu_instances[]] | length' <<<"$state") == "$2" ]] || fail "expected $2 GPU instances: $state"
+    [[ $(jq '[.gpus[].gpu_instances[].compute_instances[]] | length' <<<"$state") == "$2" ]] || fail "expected $2 compute instances: $state"
+    if (($2 > 0)); then
+        # The retried prepare's spec names the instance that really exists.
+        local spec_uuid hw_uuid
+        spec_uuid=$(jq -r '.devices[0].containerEdits.env[] | select(startswith("NVIDIA_VISIBLE_DEVICES=")) | sub("NVIDIA_VISIBLE_DEVICES="; "")' "$WORK/cdi/k8s.gpu.nvidia.com-claim_$1.json")
+        hw_uuid=$(jq -r '[.gpus[].gpu_instances[].compute_instances[].uuid] | join(",")' <<<"$state")
+        [[ $spec_uuid == "$hw_uuid" ]] || fail "the CDI spec names $spec_uuid, the hardware has $hw_uuid"
+    fi
 }
 
 expect_clean() {
+    local state
     [[ -z $(cdi_files) ]] || fail "CDI files left: $(cdi_files)"
     [[ $(checkpoint_claims) == "[]" ]] || fail "checkpoint not empty: $(checkpoint_claims)"
-    [[ $(gpu_instances) == 0 ]] || fail "leaked $(gpu_instances) GPU instances"
+    state=$(hw)
+    [[ $(jq '[.gpus[].gpu_instances[]] | length' <<<"$state") == 0 ]] || fail "leaked GPU instances: $state"
+    # Every GPU was out of MIG mode before its claim; so it must be again.
+    [[ $(jq '[.gpus[] | select(.mig_current or .mig_pending)] | length' <<<"$state") == 0 ]] \
+        || fail "MIG mode left on: $(jq -c '[.gpus[] | {minor, mig_current, mig_pending}]' <<<"$state")"
 }
 
 for round in $(seq "$ROUNDS"); do
@@ -104,6 +145,7 @@ for round in $(seq "$ROUNDS"); do
             [[ $kind == full && $FULL_GPU_STEPS != *" $step "* ]] && continue
             [[ $kind == sliced && ($SLICED_STEPS != *" $step "* || $round -gt $SLICED_ROUNDS) ]] && continue
             [[ $kind == mig && $step == prepare-sharing-applied ]] && continue
+            [[ $kind == sliced || $kind == full ]] && [[ $step == *mig-mode* || $step == *unrecorded* ]] && continue
             runs=$((runs + 1))
             gpu=$((runs % 8))
             if [[ $kind == mig ]]; then
@@ -129,6 +171,9 @@ for round in $(seq "$ROUNDS"); do
             ref=default/$claim/$uid
             if [[ " ${PREPARE_STEPS[*]} " == *" $step "* ]]; then
                 crash "$step" prepare "$ref"
+                if ((round == 1)) && [[ $kind == mig && $UNFINISHED_STEPS == *" $step "* ]]; then
+                    crash_in_recovery
+                fi
                 start_driver
                 call prepare "$ref"
                 expect_prepared "$uid" "$instances"
@@ -157,7 +202,8 @@ done
 for step in "${PREPARE_STEPS[@]}" "${UNPREPARE_STEPS[@]}"; do
     ((${killed[$step]:-0} > 0)) || fail "no run was killed at $step"
 done
-log "kills per step: $(for s in "${!killed[@]}"; do printf '%s=%s ' "$s" "${killed[$s]}"; done)"
+log "kills per step: $(for s in "${!killed[@]}"; do printf '%s=%s ' "$s" "${killed[$s]}"; done); second kills during recovery: $recovery_kills"
+((recovery_kills > 0)) || fail "no run was killed during recovery"
 ((runs >= 50)) || fail "only $runs runs"
 ((mig_runs >= 50)) || fail "only $mig_runs runs carved MIG devices"
 echo "$passed passed, 0 failed"

@@ -67,12 +67,7 @@ kubelet() { kubelet-sim --registration-socket "$WORK/registry/gpu.nvidia.com-reg
 # start_driver [ENV=VALUE ...]: runs `gpu-dra run` on the simulated node until its
 # registration socket exists. Extra arguments are environment settings (e.g. a failpoint).
 start_driver() {
-    env RUST_LOG="${RUST_LOG:-info}" "$@" "$GPU_DRA" run --node-name "$NODE" "${GPU_ARGS[@]}" \
-        --sim-state "$WORK/hw.json" --kubeconfig "$KUBECONFIG" \
-        --registrar-dir "$WORK/registry" --plugin-dir "$WORK/plugin" \
-        --cdi-root "$WORK/cdi" --state-dir "$WORK/state" \
-        --gc-interval-seconds 2 --gc-grace-seconds 2 --resync-interval-seconds 5 ${DRIVER_ARGS:-} >>"$WORK/driver.log" 2>&1 &
-    DRIVER_PID=$!
+    launch_driver "$@"
     # A killed predecessor leaves its socket file behind; ready means registration answers.
     for _ in $(seq 100); do
         kill -0 "$DRIVER_PID" 2>/dev/null || fail "the driver exited at start"
@@ -80,6 +75,16 @@ start_driver() {
         sleep 0.1
     done
     fail "the driver did not register"
+}
+
+# launch_driver [ENV=VALUE ...]: starts `gpu-dra run` (DRIVER_PID) without waiting for it.
+launch_driver() {
+    env RUST_LOG="${RUST_LOG:-info}" "$@" "$GPU_DRA" run --node-name "$NODE" "${GPU_ARGS[@]}" \
+        --sim-state "$WORK/hw.json" --kubeconfig "$KUBECONFIG" \
+        --registrar-dir "$WORK/registry" --plugin-dir "$WORK/plugin" \
+        --cdi-root "$WORK/cdi" --state-dir "$WORK/state" \
+        --gc-interval-seconds 2 --gc-grace-seconds 2 --resync-interval-seconds 5 ${DRIVER_ARGS:-} >>"$WORK/driver.log" 2>&1 &
+    DRIVER_PID=$!
 }
 
 wait_for() { # description, timeout seconds, command...

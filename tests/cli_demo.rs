@@ -31,9 +31,11 @@ fn demo_allocates_prepares_and_leaves_nothing() {
         "the MIG spec has capability nodes:\n{out}"
     );
     assert!(
-        out.contains(r#""containerPath": "/usr/lib/x86_64-linux-gnu/libcuda.so.1""#)
-            && out.contains(r#""containerPath": "/usr/bin/nvidia-smi""#),
-        "the spec mounts the driver's libraries and binaries:\n{out}"
+        out.contains(r#""containerPath": "/usr/lib/x86_64-linux-gnu/libcuda.so.580.95.05""#)
+            && out.contains(r#""containerPath": "/usr/bin/nvidia-smi""#)
+            && out.contains(r#""update-ldcache""#)
+            && out.contains(r#""create-symlinks""#),
+        "the spec mounts the driver's libraries and binaries and calls the toolkit's hook:\n{out}"
     );
     assert!(
         out.contains("CDI specs left: 0 · MIG instances left: 0 · claims in checkpoint: 0"),

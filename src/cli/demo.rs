@@ -119,6 +119,10 @@ pub fn run(args: DemoArgs) -> Result<ExitCode, CliError> {
     // a CUDA container gets from a real one.
     let driver_root = dir.join("driver-root");
     crate::prepare::driver_files::write_fake_driver_root(&driver_root, &inventory.driver_version)
+        .and_then(|()| {
+            // With the toolkit's hook, as most nodes have: the spec then calls it for the links.
+            std::fs::write(driver_root.join("usr/bin/nvidia-cdi-hook"), b"")
+        })
         .map_err(|e| err("writing a fake driver root", e))?;
     let (state, _) = DeviceState::open(
         DriverConfig {

@@ -8,7 +8,10 @@ static ARMED: OnceLock<Option<String>> = OnceLock::new();
 /// Names every step boundary, so tests can iterate over all of them.
 pub const STEPS: &[&str] = &[
     "prepare-started",
+    "mig-mode-enabled",
+    "prepare-gi-created-unrecorded",
     "prepare-gi-created",
+    "prepare-ci-created-unrecorded",
     "prepare-ci-created",
     "prepare-sharing-applied",
     "prepare-cdi-written",
@@ -16,6 +19,7 @@ pub const STEPS: &[&str] = &[
     "unprepare-started",
     "rollback-cdi-removed",
     "rollback-mig-destroyed",
+    "mig-mode-disabled",
 ];
 
 pub fn failpoint(step: &'static str) {

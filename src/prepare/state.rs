@@ -840,9 +840,12 @@ impl DeviceState {
             let gi =
                 self.gpus
                     .create_gpu_instance(mig.parent_minor, mig.profile_id, mig.placement)?;
+            // The instance exists; the checkpoint does not know its id yet.
+            failpoint("prepare-gi-created-unrecorded");
             self.update_mig(uid, index, |m| m.gpu_instance_id = Some(gi))?;
             failpoint("prepare-gi-created");
             let (ci, mig_uuid) = self.gpus.create_compute_instance(mig.parent_minor, gi)?;
+            failpoint("prepare-ci-created-unrecorded");
             self.record_change(|checkpoint| {
                 if let Some(device) = checkpoint
                     .claims
@@ -902,6 +905,7 @@ impl DeviceState {
                 .into());
             }
             self.gpus.set_mig_mode(minor, true)?;
+            failpoint("mig-mode-enabled");
             self.refresh(&BTreeSet::from([minor]))?;
         }
         Ok(())
@@ -932,12 +936,13 @@ impl DeviceState {
         if self.modes.get(&minor) != Some(&GpuMode::Dynamic) {
             return Ok(());
         }
-        let (_, toggles) = self.mig_mode(minor);
-        if !toggles {
+        let (enabled, toggles) = self.mig_mode(minor);
+        if !enabled || !toggles {
             return Ok(());
         }
         if self.gpus.gpu_instances(minor)?.is_empty() {
             self.gpus.set_mig_mode(minor, false)?;
+            failpoint("mig-mode-disabled");
         }
         Ok(())
     }
