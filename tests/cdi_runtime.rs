@@ -118,9 +118,9 @@ fn containers_get_device_nodes_and_the_drivers_files() {
     let driver_root = dir.path().join("driver-root");
     write_fake_driver_root(&driver_root, VERSION).expect("fake driver root");
     let dev_root = dir.path().join("devroot");
-    make_device_nodes(&dev_root, 2);
+    make_device_nodes(&dev_root, 3);
     let sim = Arc::new(SimNode::new(
-        "sim:2xH100-SXM5-80GB".parse().expect("spec"),
+        "sim:3xH100-SXM5-80GB".parse().expect("spec"),
         "n1",
         Some(dir.path().join("hw.json")),
     ));
@@ -223,6 +223,57 @@ fn containers_get_device_nodes_and_the_drivers_files() {
         env.iter()
             .any(|e| e.starts_with("NVIDIA_VISIBLE_DEVICES=GPU-")),
         "{env:?}"
+    );
+
+    // One claim with two devices (a whole GPU and a MIG device of another GPU): every device's
+    // nodes, and both UUIDs in NVIDIA_VISIBLE_DEVICES.
+    let pair = state
+        .prepare(
+            &claim_ref("pair"),
+            &claim("pair", &["gpu-2", "gpu-1-mig-1g10gb-19-1"]),
+        )
+        .expect("prepare a claim with two devices");
+    let pair_caps: Vec<String> = {
+        let spec: Value = serde_json::from_slice(
+            &std::fs::read(state.cdi().spec_path("pair")).expect("pair spec"),
+        )
+        .expect("json");
+        spec["devices"][1]["containerEdits"]["deviceNodes"]
+            .as_array()
+            .expect("nodes")
+            .iter()
+            .filter_map(|n| n["path"].as_str())
+            .filter(|p| p.starts_with("/dev/nvidia-caps/"))
+            .map(String::from)
+            .collect()
+    };
+    for cap in &pair_caps {
+        let number = cap.trim_start_matches("/dev/nvidia-caps/nvidia-cap");
+        let status = Command::new("mknod")
+            .arg(dev_root.join(cap.trim_start_matches('/')))
+            .args(["c", "508", number])
+            .status()
+            .expect("run mknod");
+        assert!(status.success(), "mknod {cap}");
+    }
+    let ids: Vec<String> = pair.iter().flat_map(|d| d.cdi_device_ids.clone()).collect();
+    assert_eq!(ids.len(), 2);
+    let got = inject(&tool, &config.cdi_root, &ids);
+    let nodes = strings(&got, "linuxDevices", "path");
+    for want in ["/dev/nvidia2", "/dev/nvidia1"]
+        .iter()
+        .map(|s| s.to_string())
+        .chain(pair_caps)
+    {
+        assert!(nodes.contains(&want), "{want} in {nodes:?}");
+    }
+    let visible: Vec<String> = strings(&got, "env", "")
+        .into_iter()
+        .filter(|e| e.starts_with("NVIDIA_VISIBLE_DEVICES="))
+        .collect();
+    assert!(
+        visible.len() == 1 && visible[0].contains("GPU-") && visible[0].contains(",MIG-"),
+        "one variable naming both devices: {visible:?}"
     );
 
     // Both claims at once (a container with two claims): each device once, the common edits
