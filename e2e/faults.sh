@@ -15,12 +15,12 @@
 # the checkpoint records (compute instances included, MIG mode as before), and the spec of a
 # retried prepare names the instance that exists.
 #
-# Usage: e2e/faults.sh [ROUNDS]   (default 7 rounds: 124 runs, 84 of them carving MIG devices)
+# Usage: e2e/faults.sh [ROUNDS]   (default 5 rounds: 92 runs, 60 of them carving MIG devices)
 set -euo pipefail
 NAME=faults-e2e
 NODE=fault-node-1
 GPUS=sim:8xH100-SXM5-80GB
-ROUNDS=${1:-7}
+ROUNDS=${1:-5}
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
