@@ -79,6 +79,33 @@ fn claim(uid: &str, devices: &[&str]) -> ResourceClaim {
     .expect("claim")
 }
 
+/// The MIG capability nodes a spec gives its `device`-th device.
+fn cap_paths(spec: &Path, device: usize) -> Vec<String> {
+    let spec: Value =
+        serde_json::from_slice(&std::fs::read(spec).expect("spec")).expect("spec JSON");
+    spec["devices"][device]["containerEdits"]["deviceNodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .filter_map(|n| n["path"].as_str())
+        .filter(|p| p.starts_with("/dev/nvidia-caps/"))
+        .map(String::from)
+        .collect()
+}
+
+/// Capability nodes exist only once an instance is carved: make them as the driver would.
+fn make_cap_nodes(dev_root: &Path, caps: &[String]) {
+    for cap in caps {
+        let number = cap.trim_start_matches("/dev/nvidia-caps/nvidia-cap");
+        let status = Command::new("mknod")
+            .arg(dev_root.join(cap.trim_start_matches('/')))
+            .args(["c", "508", number])
+            .status()
+            .expect("run mknod");
+        assert!(status.success(), "mknod {cap}");
+    }
+}
+
 /// Runs the tool over the spec folder for `ids`; fails on any spec the library rejects.
 fn inject(tool: &Path, cdi_root: &Path, ids: &[String]) -> Value {
     let mut command = Command::new(tool);
@@ -147,29 +174,9 @@ fn containers_get_device_nodes_and_the_drivers_files() {
         .expect("prepare a MIG device");
 
     // The MIG device's capability nodes exist only once carved: make them as the driver would.
-    let caps: Vec<String> = {
-        let spec: Value =
-            serde_json::from_slice(&std::fs::read(state.cdi().spec_path("mig")).expect("mig spec"))
-                .expect("json");
-        spec["devices"][0]["containerEdits"]["deviceNodes"]
-            .as_array()
-            .expect("nodes")
-            .iter()
-            .filter_map(|n| n["path"].as_str())
-            .filter(|p| p.starts_with("/dev/nvidia-caps/"))
-            .map(String::from)
-            .collect()
-    };
+    let caps = cap_paths(&state.cdi().spec_path("mig"), 0);
     assert_eq!(caps.len(), 2, "GI and CI access nodes");
-    for cap in &caps {
-        let number = cap.trim_start_matches("/dev/nvidia-caps/nvidia-cap");
-        let status = Command::new("mknod")
-            .arg(dev_root.join(cap.trim_start_matches('/')))
-            .args(["c", "508", number])
-            .status()
-            .expect("run mknod");
-        assert!(status.success(), "mknod {cap}");
-    }
+    make_cap_nodes(&dev_root, &caps);
 
     let got = inject(&tool, &config.cdi_root, &whole[0].cdi_device_ids);
     let errors = &got["specErrors"];
@@ -233,29 +240,8 @@ fn containers_get_device_nodes_and_the_drivers_files() {
             &claim("pair", &["gpu-2", "gpu-1-mig-1g10gb-19-1"]),
         )
         .expect("prepare a claim with two devices");
-    let pair_caps: Vec<String> = {
-        let spec: Value = serde_json::from_slice(
-            &std::fs::read(state.cdi().spec_path("pair")).expect("pair spec"),
-        )
-        .expect("json");
-        spec["devices"][1]["containerEdits"]["deviceNodes"]
-            .as_array()
-            .expect("nodes")
-            .iter()
-            .filter_map(|n| n["path"].as_str())
-            .filter(|p| p.starts_with("/dev/nvidia-caps/"))
-            .map(String::from)
-            .collect()
-    };
-    for cap in &pair_caps {
-        let number = cap.trim_start_matches("/dev/nvidia-caps/nvidia-cap");
-        let status = Command::new("mknod")
-            .arg(dev_root.join(cap.trim_start_matches('/')))
-            .args(["c", "508", number])
-            .status()
-            .expect("run mknod");
-        assert!(status.success(), "mknod {cap}");
-    }
+    let pair_caps = cap_paths(&state.cdi().spec_path("pair"), 1);
+    make_cap_nodes(&dev_root, &pair_caps);
     let ids: Vec<String> = pair.iter().flat_map(|d| d.cdi_device_ids.clone()).collect();
     assert_eq!(ids.len(), 2);
     let got = inject(&tool, &config.cdi_root, &ids);

@@ -178,3 +178,31 @@ fn the_driver_does_not_start_on_a_driver_root_without_the_driver() {
         "nothing was written before refusing"
     );
 }
+
+#[test]
+fn a_hook_path_without_driver_files_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let at = |name: &str| dir.path().join(name).to_string_lossy().into_owned();
+    let (ok, _, err) = gpu_dra(&[
+        "run",
+        "--gpus",
+        "sim:1xT4",
+        "--node-name",
+        "n1",
+        "--sim-state",
+        &at("hw.json"),
+        "--nvidia-cdi-hook-path",
+        "/usr/bin/nvidia-cdi-hook",
+        "--registrar-dir",
+        &at("registry"),
+        "--plugin-dir",
+        &at("plugin"),
+        "--cdi-root",
+        &at("cdi"),
+        "--state-dir",
+        &at("state"),
+        "--kubeconfig",
+        &at("no-kubeconfig"),
+    ]);
+    assert!(!ok && err.contains("--nvidia-cdi-hook-path"), "{err}");
+}

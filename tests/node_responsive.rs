@@ -138,22 +138,16 @@ async fn timed<F: std::future::Future<Output = ()>>(call: F) -> Duration {
     started.elapsed()
 }
 
-#[test]
-fn kubelet_and_probes_answer_while_a_slow_carve_runs() {
-    gpu_dra::node::runtime()
-        .expect("runtime")
-        .block_on(answers_during_a_slow_carve());
-}
-
-async fn answers_during_a_slow_carve() {
+/// A node of simulated GPUs whose carves take `carve`, opened as the driver opens it.
+fn slow_node(spec: &str, carve: Duration) -> (tempfile::TempDir, Arc<SlowGpus>, DeviceState) {
     let dir = tempfile::tempdir().expect("tempdir");
     let gpus = Arc::new(SlowGpus::new(
         SimNode::new(
-            "sim:1xH100-SXM5-80GB".parse().expect("spec"),
+            spec.parse().expect("spec"),
             "n1",
             Some(dir.path().join("hw.json")),
         ),
-        CARVE,
+        carve,
     ));
     let config = DriverConfig {
         driver_name: "gpu.nvidia.com".into(),
@@ -164,7 +158,19 @@ async fn answers_during_a_slow_carve() {
         dev_root: None,
         driver_root: None,
     };
-    let (state, _) = DeviceState::open(config, gpus).expect("open");
+    let (state, _) = DeviceState::open(config, gpus.clone()).expect("open");
+    (dir, gpus, state)
+}
+
+#[test]
+fn kubelet_and_probes_answer_while_a_slow_carve_runs() {
+    gpu_dra::node::runtime()
+        .expect("runtime")
+        .block_on(answers_during_a_slow_carve());
+}
+
+async fn answers_during_a_slow_carve() {
+    let (dir, _gpus, state) = slow_node("sim:1xH100-SXM5-80GB", CARVE);
     let claims = Arc::new(MemoryClaims::default());
     claims.insert(mig_claim());
     let driver = Arc::new(Driver::new(state, claims));
@@ -295,25 +301,7 @@ fn claims_on_different_gpus_prepare_side_by_side() {
 }
 
 async fn side_by_side() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let gpus = Arc::new(SlowGpus::new(
-        SimNode::new(
-            "sim:3xH100-SXM5-80GB".parse().expect("spec"),
-            "n1",
-            Some(dir.path().join("hw.json")),
-        ),
-        SIDE_CARVE,
-    ));
-    let config = DriverConfig {
-        driver_name: "gpu.nvidia.com".into(),
-        mig_policy: gpu_dra::gpu::mig::MigPolicy::Auto,
-        node_name: "n1".into(),
-        cdi_root: dir.path().join("cdi"),
-        state_dir: dir.path().join("state"),
-        dev_root: None,
-        driver_root: None,
-    };
-    let (state, _) = DeviceState::open(config, gpus.clone()).expect("open");
+    let (dir, gpus, state) = slow_node("sim:3xH100-SXM5-80GB", SIDE_CARVE);
     let claims = Arc::new(MemoryClaims::default());
     let wanted = [
         ("first-on-0", "gpu-0-mig-1g10gb-19-0"),

@@ -149,15 +149,23 @@ impl RunArgs {
 
     /// Where containers' driver files come from: the driver root for real GPUs (an empty one is a
     /// start-up error), and for simulated GPUs only when a driver root was given.
-    fn driver_root(&self) -> Option<crate::prepare::driver_files::DriverRoot> {
+    fn driver_root(&self) -> Result<Option<crate::prepare::driver_files::DriverRoot>, CliError> {
         let real_gpus = matches!(self.gpu.gpus, GpuSource::Nvml);
-        (real_gpus || self.nvidia_driver_root != Path::new("/")).then(|| {
-            crate::prepare::driver_files::DriverRoot {
-                here: self.container_driver_root().to_path_buf(),
-                host: self.nvidia_driver_root.clone(),
-                hook: self.nvidia_cdi_hook_path.clone(),
+        if !real_gpus && self.nvidia_driver_root == Path::new("/") {
+            // A hook path would have no driver files to link: refused, not ignored.
+            if let Some(hook) = &self.nvidia_cdi_hook_path {
+                return Err(CliError::Usage(format!(
+                    "--nvidia-cdi-hook-path {}: simulated GPUs mount no driver files unless given --nvidia-driver-root",
+                    hook.display()
+                )));
             }
-        })
+            return Ok(None);
+        }
+        Ok(Some(crate::prepare::driver_files::DriverRoot {
+            here: self.container_driver_root().to_path_buf(),
+            host: self.nvidia_driver_root.clone(),
+            hook: self.nvidia_cdi_hook_path.clone(),
+        }))
     }
 
     /// `--dev-root`, else the driver root when the driver keeps its device nodes there.
@@ -191,7 +199,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode, CliError> {
         plugin_dir,
         cdi_root: args.cdi_root.clone(),
         dev_root: args.dev_root(),
-        driver_root: args.driver_root(),
+        driver_root: args.driver_root()?,
         rolling_update_uid: args.rolling_update_uid.clone(),
         gc_interval: at_least(args.gc_interval, Duration::from_secs(1)),
         gc_grace: args.gc_grace,
