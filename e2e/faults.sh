@@ -11,6 +11,10 @@
 # every crash the GPU's compute mode and time-slice end up as the claim wants them once prepared,
 # and exactly as they were before (not merely the defaults) once unprepared.
 #
+# Whole GPUs and carved MIG devices with MPS (a GpuConfig / MigDeviceConfig with strategy MPS) in
+# the first rounds: after every crash the claim's MPS daemon runs (one, told its limits) once
+# prepared; once unprepared no daemon, shm mount or folder is left and the compute mode is back.
+#
 # Every armed driver must die at its step; after each run the hardware has exactly the instances
 # the checkpoint records (compute instances included, MIG mode as before), and the spec of a
 # retried prepare names the instance that exists.
@@ -26,17 +30,33 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 # Including the points where the hardware changed and the checkpoint does not know yet.
 PREPARE_STEPS=(prepare-started mig-mode-enabled prepare-gi-created-unrecorded prepare-gi-created
-    prepare-ci-created-unrecorded prepare-ci-created prepare-sharing-applied prepare-cdi-written prepare-completed)
+    prepare-ci-created-unrecorded prepare-ci-created prepare-sharing-applied prepare-mps-shm-mounted
+    prepare-mps-started prepare-cdi-written prepare-completed)
 UNPREPARE_STEPS=(unprepare-started rollback-cdi-removed mig-mode-disabled rollback-mig-destroyed)
 # Prepare steps after which the claim is still unfinished: recovery rolls it back, and in the
 # first round a second kill hits that rollback.
-UNFINISHED_STEPS=" prepare-started mig-mode-enabled prepare-gi-created-unrecorded prepare-gi-created prepare-ci-created-unrecorded prepare-ci-created prepare-cdi-written "
+UNFINISHED_STEPS=" prepare-started mig-mode-enabled prepare-gi-created-unrecorded prepare-gi-created prepare-ci-created-unrecorded prepare-ci-created prepare-mps-shm-mounted prepare-mps-started prepare-cdi-written "
 # Steps a whole-GPU claim passes (it carves nothing).
 FULL_GPU_STEPS=" prepare-cdi-written prepare-completed unprepare-started rollback-cdi-removed "
 # Steps a time-sliced whole GPU passes (its settings are recorded first, then changed).
 SLICED_STEPS=" prepare-started prepare-sharing-applied prepare-cdi-written prepare-completed unprepare-started rollback-cdi-removed "
 SLICED_ROUNDS=2
 TIME_SLICED='{"apiVersion":"resource.nvidia.com/v1beta1","kind":"GpuConfig","sharing":{"strategy":"TimeSlicing","timeSlicingConfig":{"interval":"Long"}}}'
+# Steps an MPS whole GPU passes, and an MPS MIG device (which also carves).
+MPS_STEPS=" prepare-started prepare-sharing-applied prepare-mps-shm-mounted prepare-mps-started prepare-cdi-written prepare-completed unprepare-started rollback-cdi-removed "
+MPS_MIG_STEPS=" prepare-started prepare-ci-created prepare-mps-shm-mounted prepare-mps-started prepare-cdi-written prepare-completed unprepare-started rollback-cdi-removed rollback-mig-destroyed "
+MPS_ROUNDS=2
+MPS_GPU='{"apiVersion":"resource.nvidia.com/v1beta1","kind":"GpuConfig","sharing":{"strategy":"MPS","mpsConfig":{"defaultActiveThreadPercentage":30,"defaultPinnedDeviceMemoryLimit":"2Gi"}}}'
+MPS_MIG='{"apiVersion":"resource.nvidia.com/v1beta1","kind":"MigDeviceConfig","sharing":{"strategy":"MPS","mpsConfig":{"defaultActiveThreadPercentage":30}}}'
+
+# MPS needs the driver root's nvidia-cuda-mps-control: the fake one, which logs what it is told.
+if [[ $DRIVER_BACKEND != nvml ]]; then
+    "$GPU_DRA" sim --gpus "$GPUS" --node-name "$NODE" --sim-state "$WORK/hw.json" driver-root "$WORK/driver-root" >/dev/null
+    DRIVER_ARGS="${DRIVER_ARGS:-} --nvidia-driver-root $WORK/driver-root"
+fi
+MPS_CONTROL=${FAKE_MPS_CONTROL:-$ROOT/target/debug/nvidia-cuda-mps-control}
+[[ -x $MPS_CONTROL ]] || (cd "$ROOT" && cargo build -q -p fakenvml --bin nvidia-cuda-mps-control) >&2
+install -m 0755 "$MPS_CONTROL" "$WORK/driver-root/usr/bin/nvidia-cuda-mps-control"
 
 declare -A killed=()
 runs=0
@@ -128,9 +148,22 @@ expect_prepared() { # uid, instances
     fi
 }
 
+# expect_mps UID: the claim's one daemon runs and was told its thread share
+expect_mps() {
+    local log=$WORK/state/mps/$1/log/control.log
+    [[ $(grep -lzx "CUDA_MPS_PIPE_DIRECTORY=$WORK/state/mps/$1/pipe" /proc/[0-9]*/environ 2>/dev/null | wc -l) == 1 ]] \
+        || fail "claim $1: want one MPS daemon, have: $(mps_pids | tr '\n' ' ')"
+    grep -q 'cmd: set_default_active_thread_percentage 30$' "$log" || fail "claim $1: MPS daemon not told its limits: $(cat "$log")"
+    awk -v m="$WORK/state/mps/$1/shm" '$5 == m { found = 1 } END { exit !found }' /proc/self/mountinfo \
+        || fail "claim $1: no shm mount for its MPS daemon"
+}
+
 expect_clean() {
     local state
     [[ -z $(cdi_files) ]] || fail "CDI files left: $(cdi_files)"
+    [[ -z $(mps_pids) ]] || fail "MPS daemons left: $(mps_pids | tr '\n' ' ')"
+    [[ -z $(mps_mounts) ]] || fail "mounts left: $(mps_mounts | tr '\n' ' ')"
+    [[ -z $(ls "$WORK/state/mps" 2>/dev/null) ]] || fail "MPS folders left: $(ls "$WORK/state/mps")"
     [[ $(checkpoint_claims) == "[]" ]] || fail "checkpoint not empty: $(checkpoint_claims)"
     state=$(hw)
     [[ $(jq '[.gpus[].gpu_instances[]] | length' <<<"$state") == 0 ]] || fail "leaked GPU instances: $state"
@@ -141,14 +174,20 @@ expect_clean() {
 
 for round in $(seq "$ROUNDS"); do
     for step in "${PREPARE_STEPS[@]}" "${UNPREPARE_STEPS[@]}"; do
-        for kind in mig full sliced; do
+        for kind in mig full sliced mps mps-mig; do
             [[ $kind == full && $FULL_GPU_STEPS != *" $step "* ]] && continue
             [[ $kind == sliced && ($SLICED_STEPS != *" $step "* || $round -gt $SLICED_ROUNDS) ]] && continue
-            [[ $kind == mig && $step == prepare-sharing-applied ]] && continue
-            [[ $kind == sliced || $kind == full ]] && [[ $step == *mig-mode* || $step == *unrecorded* ]] && continue
+            [[ $kind == mps && ($MPS_STEPS != *" $step "* || $round -gt $MPS_ROUNDS) ]] && continue
+            [[ $kind == mps-mig && ($MPS_MIG_STEPS != *" $step "* || $round -gt $MPS_ROUNDS) ]] && continue
+            [[ $kind == mig && ($step == prepare-sharing-applied || $step == prepare-mps-*) ]] && continue
+            [[ $kind == sliced || $kind == full ]] && [[ $step == *mig-mode* || $step == *unrecorded* || $step == prepare-mps-* ]] && continue
             runs=$((runs + 1))
             gpu=$((runs % 8))
-            if [[ $kind == mig ]]; then
+            if [[ $kind == mps-mig ]]; then
+                device=gpu-$gpu-mig-2g20gb-14-$((2 * (runs % 3)))
+                instances=1
+                mig_runs=$((mig_runs + 1))
+            elif [[ $kind == mig ]]; then
                 # Alternate profiles and placements so different GI ids are exercised.
                 case $((runs % 3)) in
                     0) device=gpu-$gpu-mig-3g40gb-9-4 ;;
@@ -165,19 +204,26 @@ for round in $(seq "$ROUNDS"); do
             if [[ $kind == sliced ]]; then
                 config=$TIME_SLICED
                 set_gpu_sharing "$gpu" ExclusiveProcess 1
+            elif [[ $kind == mps ]]; then
+                config=$MPS_GPU
+                set_gpu_sharing "$gpu" Prohibited 2
+            elif [[ $kind == mps-mig ]]; then
+                config=$MPS_MIG
             fi
             claim=fi-$runs
             uid=$(allocate_claim "$claim" "$device" "$config")
             ref=default/$claim/$uid
             if [[ " ${PREPARE_STEPS[*]} " == *" $step "* ]]; then
                 crash "$step" prepare "$ref"
-                if ((round == 1)) && [[ $kind == mig && $UNFINISHED_STEPS == *" $step "* ]]; then
+                if ((round == 1)) && [[ ($kind == mig || $kind == mps*) && $UNFINISHED_STEPS == *" $step "* ]]; then
                     crash_in_recovery
                 fi
                 start_driver
                 call prepare "$ref"
                 expect_prepared "$uid" "$instances"
                 [[ $kind == sliced ]] && expect_sharing "$gpu" Default/3 "prepared"
+                [[ $kind == mps ]] && expect_sharing "$gpu" ExclusiveProcess/2 "prepared"
+                [[ $kind == mps* ]] && expect_mps "$uid"
                 call unprepare "$ref"
                 expect_clean
             else
@@ -192,6 +238,7 @@ for round in $(seq "$ROUNDS"); do
                 expect_clean
             fi
             [[ $kind == sliced ]] && expect_sharing "$gpu" ExclusiveProcess/1 "unprepared"
+            [[ $kind == mps ]] && expect_sharing "$gpu" Prohibited/2 "unprepared"
             stop_driver
             kubectl delete resourceclaim "$claim" --wait=false >/dev/null
             ok "run $runs: $kind $device, killed at $step: recovered cleanly"

@@ -27,8 +27,16 @@ stop_driver() {
     [[ -n $DRIVER_PID ]] && wait "$DRIVER_PID" 2>/dev/null || true
     DRIVER_PID=
 }
+# MPS control daemons the driver started (their own process groups) and their shm mounts.
+mps_pids() { grep -lz "^CUDA_MPS_PIPE_DIRECTORY=$WORK/" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3 || true; }
+mps_mounts() { awk -v w="$WORK/" 'index($5, w) == 1 { print $5 }' /proc/self/mountinfo; }
 cleanup() {
     stop_driver
+    local pids m
+    pids=$(mps_pids)
+    # shellcheck disable=SC2086
+    [[ -z $pids ]] || kill -KILL $pids 2>/dev/null || true
+    for m in $(mps_mounts); do umount -l "$m" 2>/dev/null || true; done
     "$E2E/cluster" down >/dev/null 2>&1 || true
     rm -rf "$WORK"
 }

@@ -11,7 +11,9 @@
 #   6. a pod asking for `nvidia.com/gpu: 1` only (extended resource backed by DRA);
 #   7. kubelet restart while a MIG pod runs;
 #   8. driver restart while pods run;
-#   9. a crash-looping container with a MIG claim (prepared once; runs alongside 1-3, 5, 6).
+#   9. a crash-looping container with a MIG claim (prepared once; runs alongside 1-3, 5, 6);
+#  10. MPS: a whole GPU shared by two pods through one daemon (kept across a driver restart), and
+#      MPS on a carved 2g.20gb MIG device (deploy/examples/gpu-mps.yaml, mig-2g-mps.yaml).
 # After every workload is deleted: the driver unprepared (CDI spec removed, MIG instances
 # destroyed) and the controller deleted the generated claims. At the end: every claim was
 # prepared exactly once and unprepared exactly once (driver log).
@@ -92,9 +94,12 @@ wait_for() { # description, timeout seconds, command...
         sleep 0.3
     done
 }
-# apply FILE [POD_NAME]: the manifest with the local image (and ${NAME}) filled in.
+# apply FILE [POD_NAME [CLAIM]]: the manifest with the local image (and ${NAME}, ${CLAIM}) filled
+# in. FILE is under e2e/pods/, or a path (deploy/examples/ manifests, applied as users would).
 apply() {
-    sed -e "s|\${E2E_IMAGE}|$E2E_IMAGE|g" -e "s|\${NAME}|${2:-}|g" "$E2E/pods/$1" | kubectl apply -f - >&2
+    local file=$E2E/pods/$1
+    [[ $1 == */* ]] && file=$1
+    sed -e "s|\${E2E_IMAGE}|$E2E_IMAGE|g" -e "s|\${NAME}|${2:-}|g" -e "s|\${CLAIM}|${3:-}|g" "$file" | kubectl apply -f - >&2
 }
 phase() { [[ $(kubectl get pod "$1" -o jsonpath='{.status.phase}') == "$2" ]]; }
 pod_running() { # every container running and ready
@@ -446,6 +451,78 @@ u8n=$(claim_uid "$c8n")
 delete_pods after-driver
 wait_unprepared "$u8n"
 ok "8. a new pod after the driver restart was prepared (and unprepared)"
+
+# ---------------------------------------------------------------- 10. MPS
+# deploy/examples/gpu-mps.yaml as a user applies it: one MPS daemon for the claim, told the
+# claim's limits; both pods get its pipe folder and shm; the daemon outlives a driver restart;
+# unprepare stops it, removes its folder and mount and restores the compute mode.
+mps_dir() { echo "$GPU_DRA_STATE_DIR/mps/$1"; }
+mps_daemons() { # UID: processes serving the claim's pipe folder
+    grep -lzx "CUDA_MPS_PIPE_DIRECTORY=$(mps_dir "$1")/pipe" /proc/[0-9]*/environ 2>/dev/null | wc -l
+}
+mps_gone() { [[ ! -e $(mps_dir "$1") && $(mps_daemons "$1") == 0 ]] && ! grep -q " $(mps_dir "$1")/shm " /proc/self/mountinfo; }
+check_mps_pod() { # pod claim-uid: prints the container's output
+    local out
+    out=$(ctr_out "$1" ctr)
+    grep -qx 'CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps' <<<"$out" || fail "$1: no CUDA_MPS_PIPE_DIRECTORY: $out"
+    grep -qx 'pipe=control' <<<"$out" || fail "$1: /tmp/nvidia-mps is not the daemon's pipe folder: $(grep '^pipe=' <<<"$out")"
+    grep -qx 'shm=written' <<<"$out" || fail "$1: cannot write /dev/shm"
+    [[ -f $(mps_dir "$2")/shm/from-$1 ]] || fail "$1: its /dev/shm is not the claim's MPS shm ($(ls "$(mps_dir "$2")/shm"))"
+    check_driver_files "$1" "$out"
+}
+apply "$ROOT/deploy/examples/gpu-mps.yaml"
+apply mps-pod.yaml mps-1 mps-gpu
+apply mps-pod.yaml mps-2 mps-gpu
+wait_running mps-1 mps-2
+u10=$(claim_uid mps-gpu)
+d10=$(allocated mps-gpu)
+[[ $d10 =~ ^gpu-([0-9]+)$ ]] || fail "mps-gpu allocated '$d10', not one whole GPU"
+m10=${BASH_REMATCH[1]}
+uuid10=$(attr "$d10" uuid)
+check_mps_pod mps-1 "$u10"
+check_mps_pod mps-2 "$u10"
+log10=$(cat "$(mps_dir "$u10")/log/control.log")
+grep -q "CUDA_VISIBLE_DEVICES=$uuid10 " <<<"$log10" || fail "MPS daemon not limited to $uuid10: $log10"
+grep -q "cmd: set_default_active_thread_percentage 50$" <<<"$log10" || fail "MPS daemon not told the thread share: $log10"
+grep -q "cmd: set_default_device_pinned_mem_limit $uuid10 10240M$" <<<"$log10" || fail "MPS daemon not told the pinned-memory limit: $log10"
+[[ $(mps_daemons "$u10") == 1 ]] || fail "want one MPS daemon for claim mps-gpu, have $(mps_daemons "$u10")"
+mode10=$(hw | jq -r ".gpus[] | select(.minor == $m10) | .compute_mode")
+[[ $mode10 == ExclusiveProcess ]] || fail "MPS GPU $m10 compute mode $mode10, want ExclusiveProcess"
+ok "10. MPS claim shared by two pods: one daemon on $d10 (50% threads, 10240M pinned, EXCLUSIVE_PROCESS); both pods got its pipe and shm"
+regs=$(registrations)
+"$E2E/cluster" stop gpu-dra >&2
+"$E2E/cluster" start gpu-dra >&2 || fail "the driver did not restart"
+wait_for "kubelet re-registered the plugin" 30 bash -c "(( \$(grep -c 'Registered DRA plugin.*gpu.nvidia.com' '$LOGS/kubelet.log') > $regs ))"
+[[ $(grep -c 'Control daemon started' "$(mps_dir "$u10")/log/control.log") == 1 && $(mps_daemons "$u10") == 1 ]] ||
+    fail "the MPS daemon did not outlive the driver restart: $(cat "$(mps_dir "$u10")/log/control.log")"
+pod_running mps-1 && pod_running mps-2 || fail "MPS pods stopped across the driver restart"
+ok "10. driver restart: the same MPS daemon kept serving (not restarted, not told again)"
+delete_pods mps-1 mps-2
+wait_unprepared "$u10"
+wait_for "MPS daemon of mps-gpu stopped, folder and mount removed" 30 mps_gone "$u10"
+mode10=$(hw | jq -r ".gpus[] | select(.minor == $m10) | .compute_mode")
+[[ $mode10 == Default ]] || fail "after unprepare GPU $m10 compute mode $mode10, want Default again"
+kubectl delete resourceclaim mps-gpu --timeout=30s >&2
+ok "10. pods deleted: daemon stopped, shm unmounted, folder removed, compute mode Default again"
+
+# MPS on a MIG device carved for the claim (deploy/examples/mig-2g-mps.yaml): the daemon starts
+# after the carve and stops before the destroy.
+apply "$ROOT/deploy/examples/mig-2g-mps.yaml"
+apply mps-pod.yaml mps-mig mig-2g-mps
+wait_running mps-mig
+u10m=$(claim_uid mig-2g-mps)
+check_mps_pod mps-mig "$u10m"
+mig10=$(hw | jq -r '.gpus[].gpu_instances[].compute_instances[].uuid' | head -n 1)
+log10m=$(cat "$(mps_dir "$u10m")/log/control.log")
+grep -q "CUDA_VISIBLE_DEVICES=$mig10 " <<<"$log10m" || fail "MIG MPS daemon not limited to the carved $mig10: $log10m"
+grep -q "cmd: set_default_device_pinned_mem_limit $mig10 8192M$" <<<"$log10m" || fail "MIG MPS daemon not told the per-device limit: $log10m"
+ok "10. MPS on a carved 2g.20gb MIG device ($mig10): daemon limited to it, 40% threads, 8192M pinned"
+delete_pods mps-mig
+wait_unprepared "$u10m"
+wait_for "MIG MPS daemon stopped" 30 mps_gone "$u10m"
+wait_for "MIG instance destroyed" 30 count_mig 0
+kubectl delete resourceclaim mig-2g-mps --timeout=30s >&2
+ok "10. MIG MPS pod deleted: daemon stopped before the MIG device was destroyed; nothing left"
 
 # ---------------------------------------------------------------- every claim: once each way
 kill "$WATCH_PID" 2>/dev/null || true

@@ -68,7 +68,11 @@ pub fn run(args: CdiArgs) -> Result<ExitCode, CliError> {
     let store = CdiStore::new(Path::new("/var/run/cdi"), &args.driver_name)
         .with_dev_root(args.dev_root.as_deref())
         .with_driver_files(Some(std::sync::Arc::new(files)));
-    let spec = store.spec("example-claim-uid", &devices);
+    let spec = store.spec(
+        "example-claim-uid",
+        &devices,
+        &crate::prepare::cdi::ContainerEdits::default(),
+    );
     let value = serde_json::to_value(&spec).map_err(|e| CliError::Encode(e.to_string()))?;
     write_document(&value, args.output)?;
     Ok(ExitCode::SUCCESS)

@@ -106,6 +106,10 @@ pub struct MpsConfig {
     /// Device UUID or index → quantity.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub default_per_device_pinned_memory_limit: Option<BTreeMap<String, String>>,
+    /// Runs the daemon in multi-user mode (processes of different UIDs share it); needs compute
+    /// capability 7.0 or newer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub multi_user: Option<bool>,
 }
 
 /// Decodes the `parameters` of an opaque config for our driver, strictly: `apiVersion` and `kind`

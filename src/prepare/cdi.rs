@@ -204,8 +204,14 @@ impl CdiStore {
         format!("{}/{CLASS}={claim_uid}-{device}", self.vendor)
     }
 
-    /// The spec a claim's devices get.
-    pub fn spec(&self, claim_uid: &str, devices: &[CdiDevice]) -> Spec {
+    /// The spec a claim's devices get; `claim_edits` go to every container of the claim (e.g. its
+    /// MPS daemon's pipe).
+    pub fn spec(
+        &self,
+        claim_uid: &str,
+        devices: &[CdiDevice],
+        claim_edits: &ContainerEdits,
+    ) -> Spec {
         // Every device of the claim sees all the claim's GPUs: a container that references any of
         // them gets the same, consistent NVIDIA_VISIBLE_DEVICES.
         let visible = devices
@@ -260,18 +266,29 @@ impl CdiStore {
                 }
             })
             .collect();
+        let mut container_edits = ContainerEdits {
+            device_nodes: ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+                .into_iter()
+                .map(|p| self.node(p.to_string()))
+                .collect(),
+            ..self.driver_edits()
+        };
+        container_edits.env.extend(claim_edits.env.iter().cloned());
+        container_edits
+            .device_nodes
+            .extend(claim_edits.device_nodes.iter().cloned());
+        container_edits
+            .mounts
+            .extend(claim_edits.mounts.iter().cloned());
+        container_edits
+            .hooks
+            .extend(claim_edits.hooks.iter().cloned());
         Spec {
             cdi_version: CDI_VERSION.into(),
             kind: format!("{}/{CLASS}", self.vendor),
             annotations: BTreeMap::from([(WRITTEN_BY.to_string(), self.driver_name.clone())]),
             devices,
-            container_edits: ContainerEdits {
-                device_nodes: ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
-                    .into_iter()
-                    .map(|p| self.node(p.to_string()))
-                    .collect(),
-                ..self.driver_edits()
-            },
+            container_edits,
         }
     }
 
@@ -349,13 +366,18 @@ impl CdiStore {
     }
 
     /// Writes the claim's spec atomically (temp file, fsync, rename).
-    pub fn write(&self, claim_uid: &str, devices: &[CdiDevice]) -> Result<PathBuf, CdiError> {
+    pub fn write(
+        &self,
+        claim_uid: &str,
+        devices: &[CdiDevice],
+        claim_edits: &ContainerEdits,
+    ) -> Result<PathBuf, CdiError> {
         let path = self.spec_path(claim_uid);
         let err = |reason: String| CdiError {
             path: path.clone(),
             reason,
         };
-        let bytes = serde_json::to_vec_pretty(&self.spec(claim_uid, devices))
+        let bytes = serde_json::to_vec_pretty(&self.spec(claim_uid, devices, claim_edits))
             .map_err(|e| err(e.to_string()))?;
         crate::fsutil::write_atomically(&path, &bytes)
             .map_err(|e| err(format!("cannot write: {e}")))?;
@@ -488,7 +510,7 @@ mod tests {
         }];
         let store = CdiStore::new(dir.path(), "gpu.nvidia.com")
             .with_dev_root(Some(Path::new("/run/nvidia/driver")));
-        let spec = store.spec("uid-1", &devices);
+        let spec = store.spec("uid-1", &devices, &ContainerEdits::default());
         let nodes = spec.devices[0]
             .container_edits
             .device_nodes
@@ -508,7 +530,8 @@ mod tests {
         );
         // The host's own /dev: no hostPath at all.
         let plain = CdiStore::new(dir.path(), "gpu.nvidia.com").with_dev_root(Some(Path::new("/")));
-        let json = serde_json::to_value(plain.spec("uid-1", &devices)).expect("json");
+        let json = serde_json::to_value(plain.spec("uid-1", &devices, &ContainerEdits::default()))
+            .expect("json");
         assert!(
             json["containerEdits"]["deviceNodes"][0]
                 .get("hostPath")
@@ -537,7 +560,9 @@ mod tests {
                 uuid: "MIG-b".into(),
             },
         ];
-        let path = store.write("uid-1", &devices).expect("write");
+        let path = store
+            .write("uid-1", &devices, &ContainerEdits::default())
+            .expect("write");
         assert_eq!(
             path.file_name().and_then(|n| n.to_str()),
             Some("k8s.gpu.nvidia.com-claim_uid-1.json")

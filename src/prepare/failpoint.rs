@@ -14,6 +14,8 @@ pub const STEPS: &[&str] = &[
     "prepare-ci-created-unrecorded",
     "prepare-ci-created",
     "prepare-sharing-applied",
+    "prepare-mps-shm-mounted",
+    "prepare-mps-started",
     "prepare-cdi-written",
     "prepare-completed",
     "unprepare-started",

@@ -56,6 +56,7 @@ pub mod driver_files;
 pub mod failpoint;
 pub mod ldcache;
 pub mod lock;
+pub mod mps;
 pub mod sharing;
 pub mod state;
 

@@ -7,39 +7,83 @@
 //!   it too.
 //! - Time-slicing on a MIG device: a MIG device time-slices its processes already and has no
 //!   interval to set; accepted (NVIDIA's manifests use it) with a warning.
-//! - MPS: refused with the field named until this driver runs MPS control daemons; a claim never
-//!   gets a sharing mode it did not ask for, nor silently loses one it did.
-use crate::config::{DeviceConfig, GpuConfig, GpuSharing, MigDeviceConfig, SharingStrategy};
+//! - MPS: full GPUs go to `EXCLUSIVE_PROCESS` (recorded and restored like time-slicing); every MPS
+//!   device of a claim (full GPUs and MIG devices, carved ones included) is served by one control
+//!   daemon per claim ([`super::mps`]) with the claim's thread share and pinned-memory limits.
+use std::collections::BTreeMap;
+
+use crate::config::{
+    DeviceConfig, GpuConfig, GpuSharing, MigDeviceConfig, MpsConfig, SharingStrategy,
+};
 use crate::gpu::{ComputeMode, GpuControl, GpuError, SharingSettings};
 
 use super::checkpoint::{DeviceRecord, SharingRecord};
+use super::mps::{DaemonSpec, megabytes};
 
-/// Why a claim's sharing configuration cannot be applied: `(field under the config's
-/// parameters, reason)`.
-pub fn check(config: &DeviceConfig) -> Result<(), (&'static str, String)> {
-    let strategy = match config {
-        DeviceConfig::GpuConfig(GpuConfig { sharing }) => sharing.as_ref().map(|s| s.strategy),
-        DeviceConfig::MigDeviceConfig(MigDeviceConfig { sharing }) => {
-            sharing.as_ref().map(|s| s.strategy)
-        }
-    };
-    match strategy {
-        Some(SharingStrategy::Mps) => Err((
-            "sharing.strategy",
-            "MPS is not supported by this driver yet (TimeSlicing is); the claim is refused \
-             rather than prepared without it"
-                .into(),
-        )),
-        _ => Ok(()),
+/// The sharing strategy a configuration asks for, and its MPS settings.
+fn strategy(config: Option<&DeviceConfig>) -> Option<(SharingStrategy, Option<&MpsConfig>)> {
+    match config? {
+        DeviceConfig::GpuConfig(GpuConfig { sharing }) => sharing
+            .as_ref()
+            .map(|s| (s.strategy, s.mps_config.as_ref())),
+        DeviceConfig::MigDeviceConfig(MigDeviceConfig { sharing }) => sharing
+            .as_ref()
+            .map(|s| (s.strategy, s.mps_config.as_ref())),
     }
 }
 
-/// The settings time-slicing will give a full GPU, if the configuration asks for it.
+/// Whether a configuration changes its device for every process on it (compute mode, time-slice
+/// interval, an MPS daemon).
+pub fn changes_device(config: &DeviceConfig) -> bool {
+    match strategy(Some(config)) {
+        Some((SharingStrategy::Mps, _)) => true,
+        Some((SharingStrategy::TimeSlicing, _)) => wanted(Some(config)).is_some(),
+        None => false,
+    }
+}
+
+/// Whether a device's configuration asks for MPS.
+pub fn wants_mps(config: Option<&DeviceConfig>) -> bool {
+    matches!(strategy(config), Some((SharingStrategy::Mps, _)))
+}
+
+/// Why a claim's sharing configuration cannot be applied on this node: `(field under the
+/// config's parameters, reason)`. `mps_available` says whether the node can run MPS daemons;
+/// `compute_capability_major` is that of the device's GPU.
+pub fn check(
+    config: &DeviceConfig,
+    mps_available: bool,
+    compute_capability_major: u32,
+) -> Result<(), (&'static str, String)> {
+    let Some((SharingStrategy::Mps, mps)) = strategy(Some(config)) else {
+        return Ok(());
+    };
+    if !mps_available {
+        return Err((
+            "sharing.strategy",
+            "MPS needs the NVIDIA driver's nvidia-cuda-mps-control, and the driver root \
+             (--nvidia-driver-root) has no executable one; the claim is refused rather than \
+             prepared without it"
+                .into(),
+        ));
+    }
+    if mps.and_then(|m| m.multi_user) == Some(true) && compute_capability_major < 7 {
+        return Err((
+            "sharing.mpsConfig.multiUser",
+            format!(
+                "multi-user MPS needs compute capability 7.0 or newer (Volta); this GPU has {compute_capability_major}.x"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The settings sharing gives a full GPU, if its configuration changes them.
 fn wanted(config: Option<&DeviceConfig>) -> Option<SharingSettings> {
     let Some(DeviceConfig::GpuConfig(GpuConfig {
         sharing:
             Some(GpuSharing {
-                strategy: SharingStrategy::TimeSlicing,
+                strategy,
                 time_slicing_config,
                 ..
             }),
@@ -47,18 +91,27 @@ fn wanted(config: Option<&DeviceConfig>) -> Option<SharingSettings> {
     else {
         return None;
     };
-    let interval = time_slicing_config
-        .as_ref()
-        .and_then(|c| c.interval)
-        .unwrap_or(crate::config::TimeSliceInterval::Default);
-    Some(SharingSettings {
-        compute_mode: ComputeMode::Default,
-        timeslice: Some(interval.nvml_value()),
+    Some(match strategy {
+        SharingStrategy::TimeSlicing => {
+            let interval = time_slicing_config
+                .as_ref()
+                .and_then(|c| c.interval)
+                .unwrap_or(crate::config::TimeSliceInterval::Default);
+            SharingSettings {
+                compute_mode: ComputeMode::Default,
+                timeslice: Some(interval.nvml_value()),
+            }
+        }
+        // Only the MPS server may use the GPU; its clients reach it through the daemon.
+        SharingStrategy::Mps => SharingSettings {
+            compute_mode: ComputeMode::ExclusiveProcess,
+            timeslice: None,
+        },
     })
 }
 
 /// What must be recorded before preparing a full GPU with this configuration: its current
-/// settings, when time-slicing will change them.
+/// settings, when sharing will change them.
 pub fn record_before(
     gpus: &dyn GpuControl,
     minor: u32,
@@ -73,7 +126,8 @@ pub fn record_before(
     }))
 }
 
-/// Applies a prepared device's sharing configuration to the hardware.
+/// Applies a prepared device's sharing settings to the hardware (the MPS daemon is started
+/// separately, once per claim).
 pub fn apply(gpus: &dyn GpuControl, record: &DeviceRecord) -> Result<(), GpuError> {
     if let Some(DeviceConfig::MigDeviceConfig(MigDeviceConfig {
         sharing: Some(sharing),
@@ -85,7 +139,7 @@ pub fn apply(gpus: &dyn GpuControl, record: &DeviceRecord) -> Result<(), GpuErro
     match (&record.sharing, wanted(record.config.as_ref())) {
         (Some(sharing), Some(settings)) => {
             gpus.set_sharing_settings(sharing.minor, settings)?;
-            tracing::info!(device = %record.device, uuid = %record.uuid, timeslice = ?settings.timeslice, "time-slicing applied");
+            tracing::info!(device = %record.device, uuid = %record.uuid, compute_mode = ?settings.compute_mode, timeslice = ?settings.timeslice, "sharing settings applied");
             Ok(())
         }
         _ => Ok(()),
@@ -97,10 +151,107 @@ pub fn revert(gpus: &dyn GpuControl, record: &DeviceRecord) -> Result<(), GpuErr
     let Some(sharing) = &record.sharing else {
         return Ok(());
     };
+    let changed_timeslice = wanted(record.config.as_ref()).is_none_or(|s| s.timeslice.is_some());
     let before = SharingSettings {
         compute_mode: sharing.before.compute_mode,
         // Unknown (NVML cannot read it): the driver's default, as NVIDIA's driver restores.
-        timeslice: Some(sharing.before.timeslice.unwrap_or(0)),
+        timeslice: changed_timeslice.then(|| sharing.before.timeslice.unwrap_or(0)),
     };
     gpus.set_sharing_settings(sharing.minor, before)
+}
+
+/// The MPS daemon a claim's devices need, if any of them asks for MPS. `uuid_of` gives a device's
+/// UUID (a placeholder for a MIG device not carved yet, so bad input is found before anything
+/// changes). Errors name the request and the field.
+pub fn daemon_spec(
+    devices: &[DeviceRecord],
+    uuid_of: impl Fn(&DeviceRecord) -> String,
+) -> Result<Option<DaemonSpec>, String> {
+    let mps: Vec<(&DeviceRecord, &MpsConfig, String)> = devices
+        .iter()
+        .filter_map(|d| match strategy(d.config.as_ref()) {
+            Some((SharingStrategy::Mps, config)) => {
+                static NONE: MpsConfig = MpsConfig {
+                    default_active_thread_percentage: None,
+                    default_pinned_device_memory_limit: None,
+                    default_per_device_pinned_memory_limit: None,
+                    multi_user: None,
+                };
+                Some((d, config.unwrap_or(&NONE), uuid_of(d)))
+            }
+            _ => None,
+        })
+        .collect();
+    let Some((first, first_config, _)) = mps.first() else {
+        return Ok(None);
+    };
+    let request = |d: &DeviceRecord| d.request_names.join(",");
+    // One daemon serves the claim: its defaults must be the same for every MPS device.
+    for (d, config, _) in &mps {
+        for (field, same) in [
+            (
+                "defaultActiveThreadPercentage",
+                config.default_active_thread_percentage
+                    == first_config.default_active_thread_percentage,
+            ),
+            (
+                "multiUser",
+                config.multi_user.unwrap_or(false) == first_config.multi_user.unwrap_or(false),
+            ),
+        ] {
+            if !same {
+                return Err(format!(
+                    "request {:?}: sharing.mpsConfig.{field}: differs from request {:?}'s; one MPS daemon serves all of a claim's MPS devices",
+                    request(d),
+                    request(first)
+                ));
+            }
+        }
+    }
+    let mut pinned_limits = BTreeMap::new();
+    for (_, config, uuid) in &mps {
+        if let Some(limit) = &config.default_pinned_device_memory_limit {
+            pinned_limits.insert(uuid.clone(), limit_megabytes(limit));
+        }
+    }
+    for (d, config, _) in &mps {
+        // Keys are UUIDs or indexes into the devices this configuration applies to.
+        let group: Vec<&String> = mps
+            .iter()
+            .filter(|(_, c, _)| c == config)
+            .map(|(_, _, u)| u)
+            .collect();
+        for (key, limit) in config
+            .default_per_device_pinned_memory_limit
+            .iter()
+            .flatten()
+        {
+            let uuid = group
+                .iter()
+                .find(|u| **u == key)
+                .or_else(|| key.parse::<usize>().ok().and_then(|i| group.get(i)))
+                .ok_or_else(|| {
+                    format!(
+                        "request {:?}: sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit[{key:?}]: no device with that UUID or index among the {} device(s) this configuration applies to",
+                        request(d),
+                        group.len()
+                    )
+                })?;
+            pinned_limits.insert((*uuid).clone(), limit_megabytes(limit));
+        }
+    }
+    Ok(Some(DaemonSpec {
+        uuids: mps.iter().map(|(_, _, u)| u.clone()).collect(),
+        active_thread_percentage: first_config.default_active_thread_percentage,
+        pinned_limits,
+        multi_user: first_config.multi_user.unwrap_or(false),
+    }))
+}
+
+/// A validated quantity (config decoding checked it) in MPS's `<N>M` form.
+fn limit_megabytes(quantity: &str) -> String {
+    let bytes = k8s_quantity::Quantity::parse(quantity)
+        .map(|q| q.as_approximate_float())
+        .unwrap_or_default();
+    megabytes(bytes.max(0.0) as u64)
 }

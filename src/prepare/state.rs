@@ -27,13 +27,14 @@ use k8s_openapi::api::resource::v1::{
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 
 use super::busy::BusySet;
-use super::cdi::{CdiDevice, CdiStore};
+use super::cdi::{CdiDevice, CdiStore, ContainerEdits};
 use super::checkpoint::{
     Checkpoint, CheckpointError, CheckpointStore, ClaimEntry, ClaimState, DeviceRecord,
     LoadOutcome, MigRecord,
 };
 use super::driver_files::{DriverFilesError, DriverRoot};
 use super::failpoint::failpoint;
+use super::mps::{MpsDaemons, MpsError};
 use super::sharing;
 use super::{ClaimRef, PreparedDevice};
 use crate::config::{self, DeviceConfig};
@@ -55,6 +56,8 @@ pub enum PrepareError {
     Gpu(#[from] GpuError),
     #[error(transparent)]
     DriverFiles(#[from] DriverFilesError),
+    #[error(transparent)]
+    Mps(#[from] MpsError),
     /// The operation's own thread failed (a bug); nothing it changed is lost: the checkpoint
     /// says what to undo.
     #[error("internal error: {0}")]
@@ -86,6 +89,10 @@ pub struct RecoveryReport {
     pub specs_removed: Vec<String>,
     /// MIG instances on dynamic GPUs that no claim owned.
     pub instances_destroyed: Vec<String>,
+    /// Prepared claims whose MPS daemon no longer answered, started again.
+    pub mps_restarted: Vec<String>,
+    /// MPS daemons (and their folders) no prepared claim owned.
+    pub mps_stopped: Vec<String>,
 }
 
 /// A device of this node a claim result names.
@@ -122,6 +129,8 @@ pub struct DeviceState {
     modes: BTreeMap<u32, GpuMode>,
     store: CheckpointStore,
     cdi: CdiStore,
+    /// MPS control daemons; `None` where the driver root has no `nvidia-cuda-mps-control`.
+    mps: Option<MpsDaemons>,
     book: Mutex<Book>,
     /// Claims (by UID) an operation is working on.
     busy_claims: BusySet<String>,
@@ -143,6 +152,7 @@ impl DeviceState {
         }
         let inventory = gpus.inventory()?;
         // Once, for the driver version NVML reports: no claim waits for it.
+        let mut mps = None;
         let driver_files = match &config.driver_root {
             Some(root) => {
                 let files = root.discover(&inventory.driver_version)?;
@@ -157,6 +167,18 @@ impl DeviceState {
                     hook = ?files.hook,
                     "driver files found"
                 );
+                mps = super::mps::CONTROL_PATHS
+                    .iter()
+                    .map(|path| root.here.join(path))
+                    .find(|path| is_executable(path))
+                    .map(|control| {
+                        let library_dirs: Vec<PathBuf> = files
+                            .library_dirs()
+                            .iter()
+                            .map(|dir| root.here.join(dir.strip_prefix("/").unwrap_or(dir)))
+                            .collect();
+                        MpsDaemons::new(control, &library_dirs, config.state_dir.join("mps"))
+                    });
                 Some(Arc::new(files))
             }
             None => None,
@@ -170,6 +192,7 @@ impl DeviceState {
             modes: BTreeMap::new(),
             store,
             cdi,
+            mps,
             book: Mutex::new(Book {
                 checkpoint,
                 inventory,
@@ -267,13 +290,40 @@ impl DeviceState {
             report.rolled_back.push(uid);
         }
         let completed: BTreeSet<String> = self.book().checkpoint.claims.keys().cloned().collect();
+        if let Some(mps) = &self.mps {
+            for uid in mps.claim_uids()? {
+                if !completed.contains(&uid) {
+                    mps.stop(&uid)?;
+                    report.mps_stopped.push(uid);
+                }
+            }
+            for uid in &completed {
+                let Some(entry) = self.book().checkpoint.claims.get(uid).cloned() else {
+                    continue;
+                };
+                let spec =
+                    sharing::daemon_spec(&entry.devices, |d| d.uuid.clone()).map_err(|reason| {
+                        PrepareError::Claim {
+                            claim: format!("{}/{}", entry.namespace, entry.name),
+                            reason,
+                        }
+                    })?;
+                if let Some(spec) = spec
+                    && !mps.answers(uid)
+                {
+                    tracing::warn!(claimUID = %uid, "the MPS daemon of a prepared claim does not answer: starting it again");
+                    mps.start(uid, &spec)?;
+                    report.mps_restarted.push(uid.clone());
+                }
+            }
+        }
         for uid in &completed {
             if !self.cdi.spec_path(uid).exists() {
-                let devices = {
+                let spec = {
                     let book = self.book();
-                    self.cdi_devices(&book, &book.checkpoint.claims[uid])
+                    self.claim_spec(&book, &book.checkpoint.claims[uid])
                 };
-                self.cdi.write(uid, &devices)?;
+                self.cdi.write(uid, &spec.0, &spec.1)?;
                 report.specs_rewritten.push(uid.clone());
             }
         }
@@ -325,13 +375,13 @@ impl DeviceState {
             let entry = book.checkpoint.claims.get(&uid);
             entry
                 .filter(|e| e.is_completed())
-                .map(|entry| (prepared_devices(entry), self.cdi_devices(&book, entry)))
+                .map(|entry| (prepared_devices(entry), self.claim_spec(&book, entry)))
         };
-        if let Some((devices, cdi_devices)) = completed {
+        if let Some((devices, (cdi_devices, claim_edits))) = completed {
             // Idempotent, but make sure the spec a container needs is really there.
             tracing::debug!(claim = %claim_ref, claimUID = %uid, "claim already prepared");
             if !self.cdi.spec_path(&uid).exists() {
-                self.cdi.write(&uid, &cdi_devices)?;
+                self.cdi.write(&uid, &cdi_devices, &claim_edits)?;
             }
             return Ok(devices);
         }
@@ -369,9 +419,9 @@ impl DeviceState {
             });
         }
         let creates_hardware_state = sharing.iter().any(Option::is_some)
-            || plan
-                .iter()
-                .any(|(_, t, _)| matches!(t, Target::Placement { .. }));
+            || plan.iter().any(|(_, t, config)| {
+                matches!(t, Target::Placement { .. }) || sharing::wants_mps(config.as_ref())
+            });
         let mut entry = {
             let book = self.book();
             ClaimEntry {
@@ -391,6 +441,19 @@ impl DeviceState {
         for (device, sharing) in entry.devices.iter_mut().zip(sharing) {
             device.sharing = sharing;
         }
+        // Bad MPS settings are refused before anything changes; a device to be carved has no
+        // UUID yet, and no key can name one.
+        sharing::daemon_spec(&entry.devices, |d| {
+            if d.uuid.is_empty() {
+                format!("\0{}", d.device)
+            } else {
+                d.uuid.clone()
+            }
+        })
+        .map_err(|reason| PrepareError::Claim {
+            claim: claim_ref.to_string(),
+            reason,
+        })?;
         if creates_hardware_state {
             // The intent is on disk before the hardware changes, so a crash can be undone.
             self.record_change(|checkpoint| {
@@ -413,8 +476,19 @@ impl DeviceState {
                 failpoint("prepare-sharing-applied");
             }
         }
-        let cdi_devices = self.cdi_devices(&self.book(), &entry);
-        self.cdi.write(&uid, &cdi_devices)?;
+        // After the carve (the daemon needs the MIG devices' UUIDs) and the compute mode.
+        let daemon =
+            sharing::daemon_spec(&entry.devices, |d| d.uuid.clone()).map_err(|reason| {
+                PrepareError::Claim {
+                    claim: claim_ref.to_string(),
+                    reason,
+                }
+            })?;
+        if let (Some(spec), Some(mps)) = (daemon, &self.mps) {
+            mps.start(&uid, &spec)?;
+        }
+        let (cdi_devices, claim_edits) = self.claim_spec(&self.book(), &entry);
+        self.cdi.write(&uid, &cdi_devices, &claim_edits)?;
         failpoint("prepare-cdi-written");
         entry.state = ClaimState::PrepareCompleted;
         let devices = prepared_devices(&entry);
@@ -457,6 +531,10 @@ impl DeviceState {
         let Some(entry) = self.book().checkpoint.claims.get(uid).cloned() else {
             return Ok(());
         };
+        // Before the devices it serves are destroyed or given back their compute mode.
+        if let Some(mps) = &self.mps {
+            mps.stop(uid)?;
+        }
         let mut touched = BTreeSet::new();
         for (index, record) in entry.devices.iter().enumerate() {
             sharing::revert(&*self.gpus, record)?;
@@ -622,8 +700,37 @@ impl DeviceState {
                 .rev()
                 .find(|(requests, _, _)| applies_to(requests, &result.request));
             if let Some((_, config, path)) = config {
-                sharing::check(config)
-                    .map_err(|(field, reason)| bad(format!("{path}.{field}: {reason}")))?;
+                let parent = match &target {
+                    Target::Gpu { minor, .. } => *minor,
+                    Target::StaticMig { parent_minor, .. }
+                    | Target::Placement { parent_minor, .. } => *parent_minor,
+                };
+                let capability = book
+                    .inventory
+                    .gpus
+                    .iter()
+                    .find(|g| g.minor == parent)
+                    .map_or(0, |g| g.cuda_compute_capability.major);
+                sharing::check(config, self.mps.is_some(), capability).map_err(
+                    |(field, reason)| {
+                        bad(format!(
+                            "request {:?}: {path}.{field}: {reason}",
+                            result.request
+                        ))
+                    },
+                )?;
+                // Sharing settings change the device for everyone on it: never under another
+                // claim's processes (an admin-access claim may be prepared beside one).
+                if sharing::changes_device(config)
+                    && let Some(holder) =
+                        book.checkpoint
+                            .holder_of(&result.pool, &result.device, &claim_ref.uid)
+                {
+                    return Err(bad(format!(
+                        "request {:?}: {path}.sharing: device {:?} is in use by ResourceClaim {}/{}; its sharing mode cannot change under that claim's processes",
+                        result.request, result.device, holder.namespace, holder.name
+                    )));
+                }
             }
             let config = config.map(|(_, c, _)| c.clone());
             match (&target, &config) {
@@ -999,6 +1106,20 @@ impl DeviceState {
         Ok(destroyed)
     }
 
+    /// A claim's spec content: its devices, and what all its containers get (the MPS daemon's
+    /// pipe and shm when it has one).
+    fn claim_spec(&self, book: &Book, entry: &ClaimEntry) -> (Vec<CdiDevice>, ContainerEdits) {
+        let has_daemon = entry
+            .devices
+            .iter()
+            .any(|d| sharing::wants_mps(d.config.as_ref()));
+        let edits = match &self.mps {
+            Some(mps) if has_daemon => mps.container_edits(&entry.uid),
+            _ => ContainerEdits::default(),
+        };
+        (self.cdi_devices(book, entry), edits)
+    }
+
     fn cdi_devices(&self, book: &Book, entry: &ClaimEntry) -> Vec<CdiDevice> {
         entry
             .devices
@@ -1027,6 +1148,11 @@ impl DeviceState {
             })
             .collect()
     }
+}
+
+fn is_executable(path: &std::path::Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
 /// The minor of the GPU a device name of ours is on (`gpu-<minor>` or a MIG device of it).

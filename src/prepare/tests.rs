@@ -711,7 +711,7 @@ fn time_slicing_is_applied_and_exactly_undone() {
 }
 
 #[test]
-fn mps_is_refused_with_the_field_named_and_changes_nothing() {
+fn mps_without_the_drivers_control_binary_is_refused_and_changes_nothing() {
     let f = Fixture::new("sim:1xH100-SXM5-80GB");
     let state = f.open();
     for (device, kind) in [
@@ -728,14 +728,15 @@ fn mps_is_refused_with_the_field_named_and_changes_nothing() {
         );
         let e = state
             .prepare(&claim_ref("p1"), &c)
-            .expect_err("MPS is refused");
+            .expect_err("MPS is refused without a driver root");
         let message = e.to_string();
         assert!(
             message.contains("ResourceClaim default/claim-p1")
                 && message.contains(
                     "status.allocation.devices.config[0].opaque.parameters.sharing.strategy"
                 )
-                && message.contains("MPS is not supported"),
+                && message.contains("request \"gpu\"")
+                && message.contains("nvidia-cuda-mps-control"),
             "{message}"
         );
         assert!(state.checkpoint().claims.is_empty());

@@ -1,0 +1,223 @@
+//! A fake `nvidia-cuda-mps-control` for tests: the same command line, environment and control
+//! commands as NVIDIA's, and a log (`control.log` in `CUDA_MPS_LOG_DIRECTORY`) of everything it
+//! was told, so tests can read what a real daemon would have been told.
+//!
+//! - `nvidia-cuda-mps-control -d [-M]`: starts the control daemon in the background (its own
+//!   process group, so it outlives whoever started it) and returns once it answers on
+//!   `$CUDA_MPS_PIPE_DIRECTORY/control`; refused when a daemon already serves that folder.
+//! - `nvidia-cuda-mps-control` (no arguments): a client; sends each line of stdin to the daemon
+//!   and prints its answer. Exits 1 when no daemon answers.
+//!
+//! Commands: `get_server_list`, `set_default_active_thread_percentage N`,
+//! `get_default_active_thread_percentage`, `set_default_device_pinned_mem_limit DEV LIMIT`,
+//! `get_default_device_pinned_mem_limit DEV`, `quit`.
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+const SERVE: &str = "--fake-serve";
+
+fn pipe_dir() -> PathBuf {
+    std::env::var_os("CUDA_MPS_PIPE_DIRECTORY")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/tmp/nvidia-mps"))
+}
+
+fn log_dir() -> PathBuf {
+    std::env::var_os("CUDA_MPS_LOG_DIRECTORY")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/log/nvidia-mps"))
+}
+
+fn socket() -> PathBuf {
+    pipe_dir().join("control")
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(String::as_str) {
+        Some("-d") => start_daemon(args.iter().any(|a| a == "-M")),
+        Some(SERVE) => serve(args.iter().any(|a| a == "-M")),
+        None => client(),
+        Some(other) => {
+            eprintln!("nvidia-cuda-mps-control: unknown option {other}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// What a command gets back, or `None` when no daemon answers.
+fn ask(command: &str) -> Option<String> {
+    let mut stream = UnixStream::connect(socket()).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    stream.write_all(command.as_bytes()).ok()?;
+    stream.write_all(b"\n").ok()?;
+    stream.shutdown(std::net::Shutdown::Write).ok()?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).ok()?;
+    Some(answer)
+}
+
+fn start_daemon(multi_user: bool) -> ExitCode {
+    if ask("get_server_list").is_some() {
+        eprintln!("An instance of this daemon is already running");
+        return ExitCode::from(1);
+    }
+    let Ok(me) = std::env::current_exe() else {
+        eprintln!("nvidia-cuda-mps-control: cannot find its own executable");
+        return ExitCode::from(1);
+    };
+    let mut command = Command::new(me);
+    command.arg(SERVE);
+    if multi_user {
+        command.arg("-M");
+    }
+    let spawned = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        // Its own process group, as a daemon: signals to the starter's group do not reach it.
+        .process_group(0)
+        .spawn();
+    if let Err(e) = spawned {
+        eprintln!("nvidia-cuda-mps-control: cannot start the daemon: {e}");
+        return ExitCode::from(1);
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if ask("get_server_list").is_some() {
+            return ExitCode::SUCCESS;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    eprintln!("nvidia-cuda-mps-control: the daemon did not come up");
+    ExitCode::from(1)
+}
+
+fn log(line: &str) {
+    let at = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or_default();
+    let _ = std::fs::create_dir_all(log_dir());
+    if let Ok(mut file) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log_dir().join("control.log"))
+    {
+        let _ = writeln!(file, "[{at:.3}] {line}");
+    }
+}
+
+fn serve(multi_user: bool) -> ExitCode {
+    let socket = socket();
+    if let Some(dir) = socket.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    let _ = std::fs::remove_file(&socket);
+    let listener = match UnixListener::bind(&socket) {
+        Ok(listener) => listener,
+        Err(e) => {
+            log(&format!("cannot listen on {}: {e}", socket.display()));
+            return ExitCode::from(1);
+        }
+    };
+    let visible = std::env::var("CUDA_VISIBLE_DEVICES").unwrap_or_default();
+    log(&format!(
+        "Control daemon started: pid={} CUDA_VISIBLE_DEVICES={visible} multiUser={multi_user}",
+        std::process::id()
+    ));
+    let mut thread_percentage: Option<String> = None;
+    let mut pinned: BTreeMap<String, String> = BTreeMap::new();
+    for stream in listener.incoming() {
+        let Ok(mut stream) = stream else { continue };
+        let mut line = String::new();
+        if BufReader::new(&stream).read_line(&mut line).is_err() {
+            continue;
+        }
+        let command = line.trim();
+        log(&format!("cmd: {command}"));
+        let words: Vec<&str> = command.split_whitespace().collect();
+        let answer = match words.as_slice() {
+            ["get_server_list"] => String::new(),
+            ["set_default_active_thread_percentage", value] => match value.parse::<f64>() {
+                Ok(p) if (0.0..=100.0).contains(&p) => {
+                    thread_percentage = Some((*value).to_string());
+                    format!("{value}\n")
+                }
+                _ => "Invalid value\n".into(),
+            },
+            ["get_default_active_thread_percentage"] => {
+                format!("{}\n", thread_percentage.as_deref().unwrap_or("100.0"))
+            }
+            ["set_default_device_pinned_mem_limit", device, limit] => {
+                if is_limit(limit) && is_visible(&visible, device) {
+                    pinned.insert((*device).to_string(), (*limit).to_string());
+                    String::new()
+                } else {
+                    "Invalid device or limit\n".into()
+                }
+            }
+            ["get_default_device_pinned_mem_limit", device] => {
+                format!("{}\n", pinned.get(*device).map_or("0M", String::as_str))
+            }
+            ["quit"] => {
+                let _ = std::fs::remove_file(&socket);
+                log("Control daemon stopped");
+                let _ = stream.write_all(b"");
+                return ExitCode::SUCCESS;
+            }
+            _ => "Invalid command\n".into(),
+        };
+        let _ = stream.write_all(answer.as_bytes());
+    }
+    ExitCode::SUCCESS
+}
+
+/// `<N>M` or `<N>G`, as MPS takes limits.
+fn is_limit(limit: &str) -> bool {
+    limit
+        .strip_suffix('M')
+        .or_else(|| limit.strip_suffix('G'))
+        .is_some_and(|n| n.parse::<u64>().is_ok_and(|n| n > 0))
+}
+
+/// A device index or UUID among the daemon's visible devices.
+fn is_visible(visible: &str, device: &str) -> bool {
+    let devices: Vec<&str> = visible.split(',').filter(|d| !d.is_empty()).collect();
+    devices.contains(&device)
+        || device
+            .parse::<usize>()
+            .is_ok_and(|index| index < devices.len())
+}
+
+fn client() -> ExitCode {
+    let mut failed = false;
+    for line in std::io::stdin().lock().lines() {
+        let Ok(line) = line else { break };
+        if line.trim().is_empty() {
+            continue;
+        }
+        match ask(line.trim()) {
+            Some(answer) => {
+                print!("{answer}");
+                if answer.starts_with("Invalid") {
+                    failed = true;
+                }
+            }
+            None => {
+                eprintln!("Cannot find MPS control daemon process");
+                failed = true;
+            }
+        }
+    }
+    if failed {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}

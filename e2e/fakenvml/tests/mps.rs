@@ -1,0 +1,463 @@
+//! MPS claims, prepared in process on simulated GPUs with the fake `nvidia-cuda-mps-control`
+//! (this package's binary) in a fake driver root: the daemon really runs, is told the claim's
+//! limits, outlives a driver restart, and leaves nothing behind.
+//!
+//! Needs root (the daemon's shm is a tmpfs mount), as the driver does.
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use gpu_dra::gpu::ComputeMode;
+use gpu_dra::gpu::mig::MigPolicy;
+use gpu_dra::gpu::sim::SimNode;
+use gpu_dra::prepare::ClaimRef;
+use gpu_dra::prepare::driver_files::{DriverRoot, write_fake_driver_root};
+use gpu_dra::prepare::state::{DeviceState, DriverConfig};
+use k8s_openapi::api::resource::v1::{
+    AllocationResult, DeviceAllocationConfiguration, DeviceAllocationResult,
+    DeviceRequestAllocationResult, OpaqueDeviceConfiguration, ResourceClaim, ResourceClaimStatus,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
+use serde_json::json;
+
+const FAKE_CONTROL: &str = env!("CARGO_BIN_EXE_nvidia-cuda-mps-control");
+
+struct Node {
+    dir: tempfile::TempDir,
+    config: DriverConfig,
+    sim: Arc<SimNode>,
+}
+
+impl Node {
+    fn new(spec: &str, mig_policy: MigPolicy) -> Self {
+        assert!(
+            rustix::process::geteuid().is_root(),
+            "MPS tests mount the daemon's shm tmpfs: run them as root"
+        );
+        let dir = tempfile::tempdir().expect("tempdir");
+        let sim = Arc::new(SimNode::new(
+            spec.parse().expect("spec"),
+            "n1",
+            Some(dir.path().join("hw.json")),
+        ));
+        let root = dir.path().join("driver-root");
+        let version = sim.inventory().expect("inventory").driver_version;
+        write_fake_driver_root(&root, &version).expect("fake driver root");
+        let control = root.join("usr/bin/nvidia-cuda-mps-control");
+        std::fs::copy(FAKE_CONTROL, &control).expect("install the fake control binary");
+        let config = DriverConfig {
+            driver_name: "gpu.nvidia.com".into(),
+            mig_policy,
+            node_name: "n1".into(),
+            cdi_root: dir.path().join("cdi"),
+            state_dir: dir.path().join("state"),
+            dev_root: None,
+            driver_root: Some(DriverRoot {
+                here: root.clone(),
+                host: root,
+                hook: None,
+            }),
+        };
+        Self { dir, config, sim }
+    }
+
+    fn open(&self) -> (DeviceState, gpu_dra::prepare::state::RecoveryReport) {
+        DeviceState::open(self.config.clone(), self.sim.clone()).expect("open")
+    }
+
+    fn daemon_dir(&self, uid: &str) -> PathBuf {
+        self.config.state_dir.join("mps").join(uid)
+    }
+
+    fn control_log(&self, uid: &str) -> String {
+        std::fs::read_to_string(self.daemon_dir(uid).join("log/control.log")).unwrap_or_default()
+    }
+
+    fn spec(&self, uid: &str) -> serde_json::Value {
+        let path = self
+            .config
+            .cdi_root
+            .join(format!("k8s.gpu.nvidia.com-claim_{uid}.json"));
+        serde_json::from_slice(&std::fs::read(path).expect("spec")).expect("spec json")
+    }
+
+    /// Processes (daemons) serving this node's MPS folders.
+    fn daemons(&self) -> Vec<u32> {
+        let marker = format!(
+            "CUDA_MPS_PIPE_DIRECTORY={}",
+            self.config.state_dir.join("mps").display()
+        );
+        std::fs::read_dir("/proc")
+            .expect("proc")
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|pid| {
+                std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|env| {
+                    env.split(|b| *b == 0)
+                        .any(|e| e.starts_with(marker.as_bytes()))
+                })
+            })
+            .collect()
+    }
+
+    fn mounts_under_dir(&self) -> Vec<String> {
+        let dir = self.dir.path().to_string_lossy().into_owned();
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .expect("mountinfo")
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4))
+            .filter(|m| m.starts_with(&dir))
+            .map(String::from)
+            .collect()
+    }
+
+    /// Nothing of MPS left: no daemon, no mount, no folder.
+    fn assert_clean(&self) {
+        assert!(
+            self.daemons().is_empty(),
+            "daemons left: {:?}",
+            self.daemons()
+        );
+        assert!(
+            self.mounts_under_dir().is_empty(),
+            "{:?}",
+            self.mounts_under_dir()
+        );
+        let left: Vec<_> = std::fs::read_dir(self.config.state_dir.join("mps"))
+            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
+        assert!(left.is_empty(), "MPS folders left: {left:?}");
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        // A failed test must not leave daemons or mounts on the machine.
+        for pid in self.daemons() {
+            if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+            }
+        }
+        for mount in self.mounts_under_dir() {
+            let _ = rustix::mount::unmount(mount.as_str(), rustix::mount::UnmountFlags::DETACH);
+        }
+    }
+}
+
+fn claim_ref(uid: &str) -> ClaimRef {
+    ClaimRef {
+        namespace: "default".into(),
+        name: format!("claim-{uid}"),
+        uid: uid.into(),
+    }
+}
+
+fn result(request: &str, device: &str) -> DeviceRequestAllocationResult {
+    DeviceRequestAllocationResult {
+        request: request.into(),
+        driver: "gpu.nvidia.com".into(),
+        pool: "n1".into(),
+        device: device.into(),
+        ..Default::default()
+    }
+}
+
+fn claim(
+    uid: &str,
+    results: Vec<DeviceRequestAllocationResult>,
+    configs: Vec<(Option<&str>, serde_json::Value)>,
+) -> ResourceClaim {
+    ResourceClaim {
+        metadata: ObjectMeta {
+            name: Some(format!("claim-{uid}")),
+            namespace: Some("default".into()),
+            uid: Some(uid.into()),
+            ..Default::default()
+        },
+        status: Some(ResourceClaimStatus {
+            allocation: Some(AllocationResult {
+                devices: Some(DeviceAllocationResult {
+                    results: Some(results),
+                    config: Some(
+                        configs
+                            .into_iter()
+                            .map(|(request, parameters)| DeviceAllocationConfiguration {
+                                source: "FromClaim".into(),
+                                requests: request.map(|r| vec![r.to_string()]),
+                                opaque: Some(OpaqueDeviceConfiguration {
+                                    driver: "gpu.nvidia.com".into(),
+                                    parameters: RawExtension(parameters),
+                                }),
+                            })
+                            .collect(),
+                    ),
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn mps(kind: &str, config: serde_json::Value) -> serde_json::Value {
+    json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": kind,
+           "sharing": {"strategy": "MPS", "mpsConfig": config}})
+}
+
+fn uuid_of(state: &DeviceState, uid: &str, index: usize) -> String {
+    state.checkpoint().claims[uid].devices[index].uuid.clone()
+}
+
+fn has_mount(spec: &serde_json::Value, host: &Path, container: &str) -> bool {
+    spec["containerEdits"]["mounts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|m| {
+            m["hostPath"] == json!(host.to_string_lossy()) && m["containerPath"] == json!(container)
+        })
+}
+
+#[test]
+fn a_full_gpu_gets_a_daemon_with_the_claims_limits_that_outlives_a_restart() {
+    let node = Node::new("sim:2xH100-SXM5-80GB", MigPolicy::Static);
+    // What an admin left on the GPU comes back at unprepare.
+    let before = node.sim.sharing_settings(1).expect("settings");
+    let (state, _) = node.open();
+    let c = claim(
+        "m1",
+        vec![result("gpu", "gpu-1")],
+        vec![(
+            None,
+            mps(
+                "GpuConfig",
+                json!({"defaultActiveThreadPercentage": 50, "defaultPinnedDeviceMemoryLimit": "10Gi"}),
+            ),
+        )],
+    );
+    state.prepare(&claim_ref("m1"), &c).expect("prepare");
+    let uuid = uuid_of(&state, "m1", 0);
+    assert_eq!(
+        node.sim.sharing_settings(1).expect("settings").compute_mode,
+        ComputeMode::ExclusiveProcess
+    );
+    assert_eq!(
+        node.sim.sharing_settings(0).expect("settings"),
+        before,
+        "GPU 0 untouched"
+    );
+    let log = node.control_log("m1");
+    assert!(
+        log.contains(&format!("CUDA_VISIBLE_DEVICES={uuid} "))
+            && log.contains("multiUser=false")
+            && log.contains("cmd: set_default_active_thread_percentage 50")
+            && log.contains(&format!(
+                "cmd: set_default_device_pinned_mem_limit {uuid} 10240M"
+            )),
+        "{log}"
+    );
+    let spec = node.spec("m1");
+    let env = spec["containerEdits"]["env"].to_string();
+    assert!(
+        env.contains("CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps"),
+        "{env}"
+    );
+    assert!(has_mount(
+        &spec,
+        &node.daemon_dir("m1").join("pipe"),
+        "/tmp/nvidia-mps"
+    ));
+    assert!(has_mount(
+        &spec,
+        &node.daemon_dir("m1").join("shm"),
+        "/dev/shm"
+    ));
+    assert_eq!(node.mounts_under_dir().len(), 1, "the shm tmpfs");
+    let daemons = node.daemons();
+    assert_eq!(daemons.len(), 1, "one daemon per claim");
+
+    // A driver restart adopts the running daemon: same process, not told anything again.
+    drop(state);
+    let (state, report) = node.open();
+    assert!(report.mps_restarted.is_empty() && report.rolled_back.is_empty());
+    assert_eq!(node.daemons(), daemons);
+    assert_eq!(
+        node.control_log("m1")
+            .matches("Control daemon started")
+            .count(),
+        1
+    );
+
+    state.unprepare("m1").expect("unprepare");
+    assert_eq!(node.sim.sharing_settings(1).expect("settings"), before);
+    node.assert_clean();
+}
+
+#[test]
+fn a_carved_mig_device_gets_its_daemon_after_the_carve_and_loses_it_before_the_destroy() {
+    let node = Node::new("sim:1xH100-SXM5-80GB", MigPolicy::Dynamic);
+    let (state, _) = node.open();
+    let c = claim(
+        "g1",
+        vec![result("mig", "gpu-0-mig-2g20gb-14-2")],
+        vec![(
+            None,
+            mps(
+                "MigDeviceConfig",
+                json!({"defaultActiveThreadPercentage": 25, "defaultPerDevicePinnedMemoryLimit": {"0": "4Gi"}}),
+            ),
+        )],
+    );
+    state.prepare(&claim_ref("g1"), &c).expect("prepare");
+    let uuid = uuid_of(&state, "g1", 0);
+    assert!(uuid.starts_with("MIG-"), "{uuid}");
+    let log = node.control_log("g1");
+    assert!(
+        log.contains(&format!("CUDA_VISIBLE_DEVICES={uuid} "))
+            && log.contains("cmd: set_default_active_thread_percentage 25")
+            && log.contains(&format!(
+                "cmd: set_default_device_pinned_mem_limit {uuid} 4096M"
+            )),
+        "{log}"
+    );
+    // A MIG device has no compute mode of its own to set.
+    assert_eq!(
+        node.sim.sharing_settings(0).expect("settings").compute_mode,
+        ComputeMode::Default
+    );
+    state.unprepare("g1").expect("unprepare");
+    assert!(
+        node.sim.state().expect("state").gpus[0]
+            .gpu_instances
+            .is_empty()
+    );
+    node.assert_clean();
+}
+
+#[test]
+fn crashes_and_dead_daemons_are_repaired_at_start() {
+    let node = Node::new("sim:2xH100-SXM5-80GB", MigPolicy::Static);
+    let before = node.sim.sharing_settings(0).expect("settings");
+    let (state, _) = node.open();
+    for uid in ["done", "crashed"] {
+        let device = if uid == "done" { "gpu-0" } else { "gpu-1" };
+        let c = claim(
+            uid,
+            vec![result("gpu", device)],
+            vec![(None, mps("GpuConfig", json!({})))],
+        );
+        state.prepare(&claim_ref(uid), &c).expect("prepare");
+    }
+    // "crashed" died before completing; "done"'s daemon died with the machine's processes.
+    let mut checkpoint = state.checkpoint();
+    checkpoint.claims.get_mut("crashed").expect("crashed").state =
+        gpu_dra::prepare::checkpoint::ClaimState::PrepareStarted;
+    drop(state);
+    gpu_dra::prepare::checkpoint::CheckpointStore::new(&node.config.state_dir)
+        .save(&checkpoint)
+        .expect("save");
+    let quit = std::process::Command::new(FAKE_CONTROL)
+        .env(
+            "CUDA_MPS_PIPE_DIRECTORY",
+            node.daemon_dir("done").join("pipe"),
+        )
+        .env(
+            "CUDA_MPS_LOG_DIRECTORY",
+            node.daemon_dir("done").join("log"),
+        )
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            use std::io::Write;
+            child.stdin.take().expect("stdin").write_all(b"quit\n")?;
+            child.wait()
+        })
+        .expect("quit");
+    assert!(quit.success());
+    // A folder no claim owns (a crash after the daemon started, before the claim was recorded).
+    std::fs::create_dir_all(node.daemon_dir("nobody").join("pipe")).expect("stray folder");
+
+    let (state, report) = node.open();
+    assert_eq!(report.rolled_back, ["crashed"]);
+    assert_eq!(report.mps_restarted, ["done"]);
+    assert_eq!(report.mps_stopped, ["nobody"]);
+    assert_eq!(node.daemons().len(), 1, "only done's daemon runs");
+    assert_eq!(node.sim.sharing_settings(1).expect("settings"), before);
+    state.unprepare("done").expect("unprepare");
+    assert_eq!(node.sim.sharing_settings(0).expect("settings"), before);
+    node.assert_clean();
+}
+
+#[test]
+fn bad_mps_settings_name_the_request_and_field_and_change_nothing() {
+    let node = Node::new("sim:2xH100-SXM5-80GB", MigPolicy::Dynamic);
+    let (state, _) = node.open();
+    let before = node.sim.state().expect("state");
+    let cases = [
+        (
+            claim(
+                "b1",
+                vec![result("gpu", "gpu-0")],
+                vec![(
+                    None,
+                    mps(
+                        "GpuConfig",
+                        json!({"defaultPerDevicePinnedMemoryLimit": {"3": "1Gi"}}),
+                    ),
+                )],
+            ),
+            "request \"gpu\": sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit[\"3\"]",
+        ),
+        (
+            claim(
+                "b2",
+                vec![result("a", "gpu-0"), result("b", "gpu-1")],
+                vec![
+                    (
+                        Some("a"),
+                        mps("GpuConfig", json!({"defaultActiveThreadPercentage": 20})),
+                    ),
+                    (
+                        Some("b"),
+                        mps("GpuConfig", json!({"defaultActiveThreadPercentage": 80})),
+                    ),
+                ],
+            ),
+            "sharing.mpsConfig.defaultActiveThreadPercentage: differs",
+        ),
+        (
+            claim(
+                "b3",
+                vec![result("mig", "gpu-0-mig-1g10gb-19-0")],
+                vec![(
+                    None,
+                    mps(
+                        "MigDeviceConfig",
+                        json!({"defaultPerDevicePinnedMemoryLimit": {"MIG-not-this-one": "1Gi"}}),
+                    ),
+                )],
+            ),
+            "defaultPerDevicePinnedMemoryLimit[\"MIG-not-this-one\"]",
+        ),
+    ];
+    for (c, wanted) in cases {
+        let uid = c.metadata.uid.clone().expect("uid");
+        let message = state
+            .prepare(&claim_ref(&uid), &c)
+            .expect_err("refused")
+            .to_string();
+        assert!(
+            message.contains(&format!("ResourceClaim default/claim-{uid}"))
+                && message.contains(wanted),
+            "{message}"
+        );
+        assert!(state.checkpoint().claims.is_empty());
+    }
+    assert_eq!(
+        node.sim.state().expect("state"),
+        before,
+        "the hardware is untouched"
+    );
+    node.assert_clean();
+}

@@ -1,0 +1,446 @@
+//! MPS control daemons: one per claim that asks for sharing strategy `MPS`, run from the driver
+//! root's `nvidia-cuda-mps-control` as NVIDIA's driver runs it (same commands, same folders, same
+//! container edits), but as a detached process of this driver rather than a Deployment.
+//!
+//! Everything a daemon owns is under one folder named after the claim UID,
+//! `<state dir>/mps/<claimUID>/{pipe,log,shm}` (`shm` a size-limited tmpfs), so whatever a crash
+//! leaves is found from the checkpoint's claim UID alone, or by listing the folder: no step needs a
+//! record written after the fact. The daemon is found and stopped through its pipe folder (`quit`),
+//! and any process that still names that pipe folder in its environment is killed.
+use std::collections::BTreeMap;
+use std::ffi::{CString, OsString};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::cdi::{ContainerEdits, Mount};
+
+/// Where a claim's containers find the daemon's pipes (`CUDA_MPS_PIPE_DIRECTORY`).
+pub const CONTAINER_PIPE_DIR: &str = "/tmp/nvidia-mps";
+/// The control binary, under the driver root.
+pub const CONTROL_PATHS: &[&str] = &[
+    "usr/bin/nvidia-cuda-mps-control",
+    "bin/nvidia-cuda-mps-control",
+];
+/// How long a daemon may take to come up or to go away.
+const DAEMON_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long one control command may take.
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Debug, thiserror::Error)]
+#[error("MPS control daemon of claim {claim_uid}: {reason}")]
+pub struct MpsError {
+    pub claim_uid: String,
+    pub reason: String,
+}
+
+/// What one claim's daemon is started with.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DaemonSpec {
+    /// The claim's MPS devices (GPU or MIG UUIDs): the daemon's `CUDA_VISIBLE_DEVICES`.
+    pub uuids: Vec<String>,
+    pub active_thread_percentage: Option<i64>,
+    /// Device UUID → limit in MPS's form (`<N>M`).
+    pub pinned_limits: BTreeMap<String, String>,
+    pub multi_user: bool,
+}
+
+/// Starts, checks and stops the claims' daemons.
+#[derive(Debug, Clone)]
+pub struct MpsDaemons {
+    control: PathBuf,
+    library_path: Option<OsString>,
+    root: PathBuf,
+    shm_size: String,
+}
+
+impl MpsDaemons {
+    /// `control` is the driver root's `nvidia-cuda-mps-control` as this process sees it;
+    /// `library_dirs` where it finds the driver's libraries; `root` the folder for the daemons'
+    /// folders (the same path on the host, where containers' mounts come from).
+    pub fn new(control: PathBuf, library_dirs: &[PathBuf], root: PathBuf) -> Self {
+        let library_path = (!library_dirs.is_empty())
+            .then(|| std::env::join_paths(library_dirs).ok())
+            .flatten();
+        Self {
+            control,
+            library_path,
+            root,
+            shm_size: default_shm_size(),
+        }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn dir(&self, uid: &str) -> PathBuf {
+        self.root.join(uid)
+    }
+
+    pub fn pipe_dir(&self, uid: &str) -> PathBuf {
+        self.dir(uid).join("pipe")
+    }
+
+    pub fn log_dir(&self, uid: &str) -> PathBuf {
+        self.dir(uid).join("log")
+    }
+
+    pub fn shm_dir(&self, uid: &str) -> PathBuf {
+        self.dir(uid).join("shm")
+    }
+
+    fn err(uid: &str, reason: impl Into<String>) -> MpsError {
+        MpsError {
+            claim_uid: uid.to_string(),
+            reason: reason.into(),
+        }
+    }
+
+    /// Starts the claim's daemon with its settings and returns once it answers. A daemon that
+    /// already answers for the claim is kept (an earlier start that was not recorded).
+    pub fn start(&self, uid: &str, spec: &DaemonSpec) -> Result<(), MpsError> {
+        let io = |what: &str, path: &Path, e: std::io::Error| {
+            Self::err(uid, format!("cannot {what} {}: {e}", path.display()))
+        };
+        for dir in [self.pipe_dir(uid), self.log_dir(uid), self.shm_dir(uid)] {
+            std::fs::create_dir_all(&dir).map_err(|e| io("create", &dir, e))?;
+        }
+        let shm = self.shm_dir(uid);
+        if !is_mount_point(&shm) {
+            let options = CString::new(format!("size={}", self.shm_size))
+                .map_err(|e| Self::err(uid, e.to_string()))?;
+            use rustix::mount::MountFlags;
+            rustix::mount::mount(
+                "shm",
+                &shm,
+                "tmpfs",
+                MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC | MountFlags::RELATIME,
+                options.as_c_str(),
+            )
+            .map_err(|e| io("mount a tmpfs on", &shm, e.into()))?;
+        }
+        super::failpoint::failpoint("prepare-mps-shm-mounted");
+        if !self.answers(uid) {
+            let mut command = self.command(uid, &spec.uuids);
+            command.arg("-d");
+            if spec.multi_user {
+                command.arg("-M");
+            }
+            // The daemon keeps no handle of ours: it must not hold this driver's pipes or
+            // sockets open after it detaches.
+            command
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null());
+            let status = wait_for(&mut command, DAEMON_TIMEOUT)
+                .map_err(|reason| Self::err(uid, format!("`-d`: {reason}")))?;
+            if !status.success() {
+                return Err(Self::err(
+                    uid,
+                    format!(
+                        "`{} -d` exited with {status}; see {}",
+                        self.control.display(),
+                        self.log_dir(uid).join("control.log").display()
+                    ),
+                ));
+            }
+        }
+        super::failpoint::failpoint("prepare-mps-started");
+        let mut commands = Vec::new();
+        if let Some(percentage) = spec.active_thread_percentage {
+            commands.push(format!("set_default_active_thread_percentage {percentage}"));
+        }
+        for (uuid, limit) in &spec.pinned_limits {
+            commands.push(format!(
+                "set_default_device_pinned_mem_limit {uuid} {limit}"
+            ));
+        }
+        for command in commands {
+            self.ask(uid, &spec.uuids, &command)
+                .map_err(|reason| Self::err(uid, format!("`{command}`: {reason}")))?;
+        }
+        let deadline = Instant::now() + DAEMON_TIMEOUT;
+        while !self.answers(uid) {
+            if Instant::now() > deadline {
+                return Err(Self::err(uid, "started, but does not answer"));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        tracing::info!(claimUID = %uid, devices = ?spec.uuids, threads = ?spec.active_thread_percentage, pinned = ?spec.pinned_limits, multi_user = spec.multi_user, "MPS control daemon running");
+        Ok(())
+    }
+
+    /// Whether the claim's daemon answers a control command.
+    pub fn answers(&self, uid: &str) -> bool {
+        self.pipe_dir(uid).exists() && self.ask(uid, &[], "get_server_list").is_ok()
+    }
+
+    /// Stops the claim's daemon (and its servers), unmounts its shm and removes its folder.
+    /// Returns whether there was anything to stop.
+    pub fn stop(&self, uid: &str) -> Result<bool, MpsError> {
+        let dir = self.dir(uid);
+        if !dir.exists() {
+            return Ok(false);
+        }
+        let pipe = self.pipe_dir(uid);
+        if self.answers(uid)
+            && let Err(reason) = self.ask(uid, &[], "quit")
+        {
+            tracing::warn!(claimUID = %uid, %reason, "MPS control daemon did not take `quit`; its processes are killed");
+        }
+        let mut deadline = Instant::now() + DAEMON_TIMEOUT;
+        let mut killed = false;
+        loop {
+            let left = processes_using(&pipe);
+            if left.is_empty() {
+                break;
+            }
+            if Instant::now() > deadline {
+                if killed {
+                    return Err(Self::err(
+                        uid,
+                        format!("processes {left:?} survive SIGKILL"),
+                    ));
+                }
+                for pid in &left {
+                    if let Some(pid) = rustix::process::Pid::from_raw(*pid) {
+                        let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+                    }
+                }
+                tracing::warn!(claimUID = %uid, pids = ?left, "MPS processes did not stop: killed");
+                killed = true;
+                deadline = Instant::now() + Duration::from_secs(5);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let shm = self.shm_dir(uid);
+        for _ in 0..8 {
+            if !is_mount_point(&shm) {
+                break;
+            }
+            rustix::mount::unmount(&shm, rustix::mount::UnmountFlags::DETACH)
+                .map_err(|e| Self::err(uid, format!("cannot unmount {}: {e}", shm.display())))?;
+        }
+        std::fs::remove_dir_all(&dir)
+            .map_err(|e| Self::err(uid, format!("cannot remove {}: {e}", dir.display())))?;
+        tracing::info!(claimUID = %uid, "MPS control daemon stopped");
+        Ok(true)
+    }
+
+    /// The claims that have a daemon folder.
+    pub fn claim_uids(&self) -> Result<Vec<String>, MpsError> {
+        let entries = match std::fs::read_dir(&self.root) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(vec![]),
+            Err(e) => {
+                return Err(Self::err(
+                    "*",
+                    format!("cannot list {}: {e}", self.root.display()),
+                ));
+            }
+        };
+        let mut uids: Vec<String> = entries
+            .flatten()
+            .filter(|e| e.path().is_dir())
+            .filter_map(|e| e.file_name().into_string().ok())
+            .collect();
+        uids.sort();
+        Ok(uids)
+    }
+
+    /// What the claim's containers get: the pipe folder at `CUDA_MPS_PIPE_DIRECTORY` and the
+    /// daemon's shm at `/dev/shm`, as NVIDIA's driver gives them.
+    pub fn container_edits(&self, uid: &str) -> ContainerEdits {
+        let bind = |host: PathBuf, container: &str| Mount {
+            host_path: host.to_string_lossy().into_owned(),
+            container_path: container.into(),
+            options: ["rw", "nosuid", "nodev", "bind"].map(String::from).to_vec(),
+        };
+        ContainerEdits {
+            env: vec![format!("CUDA_MPS_PIPE_DIRECTORY={CONTAINER_PIPE_DIR}")],
+            mounts: vec![
+                bind(self.pipe_dir(uid), CONTAINER_PIPE_DIR),
+                bind(self.shm_dir(uid), "/dev/shm"),
+            ],
+            ..ContainerEdits::default()
+        }
+    }
+
+    fn command(&self, uid: &str, uuids: &[String]) -> Command {
+        let mut command = Command::new(&self.control);
+        command
+            .env("CUDA_MPS_PIPE_DIRECTORY", self.pipe_dir(uid))
+            .env("CUDA_MPS_LOG_DIRECTORY", self.log_dir(uid));
+        if !uuids.is_empty() {
+            command.env("CUDA_VISIBLE_DEVICES", uuids.join(","));
+        }
+        if let Some(path) = &self.library_path {
+            // The driver root's binary links the driver root's libraries, not this container's.
+            command.env("LD_LIBRARY_PATH", path);
+        }
+        command
+    }
+
+    /// Sends one control command; its answer, or why it failed.
+    fn ask(&self, uid: &str, uuids: &[String], line: &str) -> Result<String, String> {
+        let mut command = self.command(uid, uuids);
+        command
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = command
+            .spawn()
+            .map_err(|e| format!("cannot run {}: {e}", self.control.display()))?;
+        if let Some(mut stdin) = child.stdin.take() {
+            let _ = stdin.write_all(format!("{line}\n").as_bytes());
+        }
+        let deadline = Instant::now() + COMMAND_TIMEOUT;
+        loop {
+            match child.try_wait() {
+                Ok(Some(_)) => break,
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(5))
+                }
+                Ok(None) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(format!("no answer within {COMMAND_TIMEOUT:?}"));
+                }
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+        let output = child.wait_with_output().map_err(|e| e.to_string())?;
+        let stdout = String::from_utf8_lossy(&output.stdout).trim().to_string();
+        if output.status.success() {
+            Ok(stdout)
+        } else {
+            let stderr = String::from_utf8_lossy(&output.stderr).trim().to_string();
+            Err(format!(
+                "exited with {}: {}",
+                output.status,
+                if stderr.is_empty() { stdout } else { stderr }
+            ))
+        }
+    }
+}
+
+/// Runs a command that must finish on its own (it daemonizes), killing it after `timeout`.
+fn wait_for(command: &mut Command, timeout: Duration) -> Result<std::process::ExitStatus, String> {
+    let mut child = command.spawn().map_err(|e| format!("cannot run: {e}"))?;
+    let deadline = Instant::now() + timeout;
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return Ok(status),
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+            Ok(None) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("did not return within {timeout:?}"));
+            }
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+}
+
+/// Processes whose environment names `pipe` as their MPS pipe folder: the control daemon and
+/// the servers it started.
+fn processes_using(pipe: &Path) -> Vec<i32> {
+    let wanted = {
+        let mut entry = b"CUDA_MPS_PIPE_DIRECTORY=".to_vec();
+        entry.extend_from_slice(pipe.as_os_str().as_encoded_bytes());
+        entry
+    };
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return vec![];
+    };
+    let me = std::process::id() as i32;
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| *pid != me)
+        .filter(|pid| {
+            // A process that exits meanwhile, or a zombie (empty environment), is not running.
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|env| env.split(|b| *b == 0).any(|e| e == wanted.as_slice()))
+        })
+        .collect()
+}
+
+/// Whether `path` is a mount point (in this process's mount namespace).
+fn is_mount_point(path: &Path) -> bool {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    let wanted = path.to_string_lossy();
+    info.lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .any(|mount_point| unescape_mount_path(mount_point) == wanted)
+}
+
+/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
+fn unescape_mount_path(escaped: &str) -> String {
+    let bytes = escaped.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\'
+            && i + 3 < bytes.len()
+            && let Ok(value) = u8::from_str_radix(&escaped[i + 1..i + 4], 8)
+        {
+            out.push(value);
+            i += 4;
+            continue;
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Half the node's memory, as NVIDIA's driver sizes the MPS shm (64 MiB when unknown).
+fn default_shm_size() -> String {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|info| {
+            let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+            let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+            Some(format!("{}k", kib / 2))
+        })
+        .unwrap_or_else(|| "65536k".into())
+}
+
+/// MPS's form of a pinned-memory limit: whole MiB, `<N>M`.
+pub fn megabytes(bytes: u64) -> String {
+    format!("{}M", bytes / (1024 * 1024))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_paths_are_unescaped() {
+        assert_eq!(unescape_mount_path(r"/a\040b/c"), "/a b/c");
+        assert_eq!(unescape_mount_path("/plain"), "/plain");
+        assert_eq!(unescape_mount_path(r"/end\"), r"/end\");
+    }
+
+    #[test]
+    fn limits_are_whole_mebibytes() {
+        assert_eq!(megabytes(10 << 30), "10240M");
+        assert_eq!(megabytes((1 << 20) + 5), "1M");
+    }
+
+    #[test]
+    fn containers_get_the_pipe_and_shm_of_their_claim() {
+        let daemons = MpsDaemons::new("/bin/false".into(), &[], "/var/lib/x/mps".into());
+        let edits = daemons.container_edits("uid-1");
+        assert_eq!(edits.env, ["CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps"]);
+        assert_eq!(edits.mounts[0].host_path, "/var/lib/x/mps/uid-1/pipe");
+        assert_eq!(edits.mounts[0].container_path, "/tmp/nvidia-mps");
+        assert_eq!(edits.mounts[1].host_path, "/var/lib/x/mps/uid-1/shm");
+        assert_eq!(edits.mounts[1].container_path, "/dev/shm");
+    }
+}
