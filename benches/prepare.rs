@@ -88,6 +88,7 @@ fn main() {
         cdi_root: dir.path().join("cdi"),
         state_dir: dir.path().join("state"),
         dev_root: None,
+        consumable: Default::default(),
         driver_root: Some(gpu_dra::prepare::driver_files::DriverRoot {
             here: driver_root.clone(),
             host: driver_root,

@@ -3,7 +3,8 @@
 #
 #   1. a claim for class mig.nvidia.com with profile == '3g.40gb' is allocated by kube-scheduler
 #      and prepared: a GPU instance + compute instance exist in the simulated hardware and the
-#      CDI spec has the MIG capability nodes;
+#      CDI spec has the MIG capability nodes; its TimeSlicing config (accepted, as NVIDIA's
+#      driver accepts it) gets a Warning Event on the claim saying it changes nothing;
 #   2. a claim for the whole GPU stays unschedulable while the MIG device is allocated;
 #   3. after unprepare and deallocation it is allocated and prepared (MIG mode switched off).
 set -euo pipefail
@@ -18,7 +19,9 @@ start_driver
 wait_for "26 devices published" 30 bash -c "[[ \$(kubectl get resourceslices -o json | jq '[.items[].spec.devices[]?] | length') == 26 ]]"
 ok "1 whole GPU + 25 MIG placements and a counter set published"
 
-claim_and_pod() { # name class selector
+claim_and_pod() { # name class selector [opaque parameters as JSON]
+    local config=
+    [[ -z ${4:-} ]] || config="{requests: [gpu], opaque: {driver: gpu.nvidia.com, parameters: $4}}"
     kubectl apply -f - >&2 <<EOF
 apiVersion: resource.k8s.io/v1
 kind: ResourceClaim
@@ -30,6 +33,7 @@ spec:
       exactly:
         deviceClassName: $2
         selectors: [{cel: {expression: "$3"}}]
+    config: [$config]
 ---
 apiVersion: v1
 kind: Pod
@@ -48,7 +52,8 @@ prepare() {
 }
 
 # ---------------------------------------------------------------- 1. a 3g.40gb slice
-claim_and_pod slice mig.nvidia.com "device.attributes['gpu.nvidia.com'].profile == '3g.40gb'"
+claim_and_pod slice mig.nvidia.com "device.attributes['gpu.nvidia.com'].profile == '3g.40gb'" \
+    '{"apiVersion": "resource.nvidia.com/v1beta1", "kind": "MigDeviceConfig", "sharing": {"strategy": "TimeSlicing"}}'
 wait_for "MIG claim allocated" 60 bash -c "[[ -n \$(kubectl get resourceclaim slice -o json | jq -r '.status.allocation.devices.results[0].device // empty') ]]"
 device=$(allocated_device slice)
 [[ $device == gpu-0-mig-3g40gb-9-* ]] || fail "unexpected device $device"
@@ -69,6 +74,9 @@ if [[ $DRIVER_BACKEND == nvml ]]; then
         || fail "the CDI spec does not mount the driver root's libcuda: $(jq -c .containerEdits "$spec")"
 fi
 ok "kube-scheduler allocated $device; prepare carved GI $gi + CI, CDI has nvidia-cap$((3 + 9 * gi))"
+wait_for "a TimeSlicingNotApplied Warning Event on claim slice" 20 bash -c \
+    "kubectl get events -o json --field-selector involvedObject.name=slice | jq -e '.items[] | select(.type == \"Warning\" and .reason == \"TimeSlicingNotApplied\" and .involvedObject.kind == \"ResourceClaim\")'"
+ok "TimeSlicing on the MIG device: prepared, with a Warning Event on the claim (TimeSlicingNotApplied)"
 
 # ---------------------------------------------------------------- 2. the whole GPU must wait
 claim_and_pod whole gpu.nvidia.com "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('40Gi')) >= 0"

@@ -486,6 +486,8 @@ grep -q "CUDA_VISIBLE_DEVICES=$uuid10 " <<<"$log10" || fail "MPS daemon not limi
 grep -q "cmd: set_default_active_thread_percentage 50$" <<<"$log10" || fail "MPS daemon not told the thread share: $log10"
 grep -q "cmd: set_default_device_pinned_mem_limit $uuid10 10240M$" <<<"$log10" || fail "MPS daemon not told the pinned-memory limit: $log10"
 [[ $(mps_daemons "$u10") == 1 ]] || fail "want one MPS daemon for claim mps-gpu, have $(mps_daemons "$u10")"
+hw | jq -e --arg u "$uuid10" '.mps_daemons | length == 1 and .[0].devices == [$u] and .[0].active_thread_percentage == "50"' >/dev/null ||
+    fail "the simulated hardware does not know the MPS daemon: $(hw | jq -c '.mps_daemons')"
 mode10=$(hw | jq -r ".gpus[] | select(.minor == $m10) | .compute_mode")
 [[ $mode10 == ExclusiveProcess ]] || fail "MPS GPU $m10 compute mode $mode10, want ExclusiveProcess"
 ok "10. MPS claim shared by two pods: one daemon on $d10 (50% threads, 10240M pinned, EXCLUSIVE_PROCESS); both pods got its pipe and shm"
@@ -502,6 +504,7 @@ wait_unprepared "$u10"
 wait_for "MPS daemon of mps-gpu stopped, folder and mount removed" 30 mps_gone "$u10"
 mode10=$(hw | jq -r ".gpus[] | select(.minor == $m10) | .compute_mode")
 [[ $mode10 == Default ]] || fail "after unprepare GPU $m10 compute mode $mode10, want Default again"
+[[ $(hw | jq '.mps_daemons // [] | length') == 0 ]] || fail "MPS daemons left in the simulated hardware: $(hw | jq -c '.mps_daemons')"
 kubectl delete resourceclaim mps-gpu --timeout=30s >&2
 ok "10. pods deleted: daemon stopped, shm unmounted, folder removed, compute mode Default again"
 

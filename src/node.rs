@@ -99,6 +99,8 @@ pub struct NodeOptions {
     pub dev_root: Option<PathBuf>,
     /// The NVIDIA driver's files for containers; `None` on simulated GPUs without one.
     pub driver_root: Option<crate::prepare::driver_files::DriverRoot>,
+    /// Devices several claims may share (`--consumable-shares`).
+    pub consumable: crate::slices::consumable::ConsumableShares,
     /// Set during a rolling update: this instance's id (pod UID).
     pub rolling_update_uid: Option<String>,
     /// How often prepared claims are checked against the API server.
@@ -189,6 +191,7 @@ impl NodeAgent {
         let metrics = Arc::new(Metrics::new());
         let node_name = options.discovery.node_name.clone();
         let mut slice_options = SliceOptions::new(&options.driver_name, &node_name);
+        slice_options.consumable = options.consumable;
         let control = gpu::open_control(&options.discovery)?;
         // In a rolling update the other instance may be preparing right now: recover under the
         // node lock, from what it last wrote.
@@ -212,6 +215,7 @@ impl NodeAgent {
                 state_dir: options.state_dir.clone(),
                 dev_root: options.dev_root.clone(),
                 driver_root: options.driver_root.clone(),
+                consumable: options.consumable,
             },
             control,
         );
@@ -245,7 +249,7 @@ impl NodeAgent {
 
         let client = kube_client(options.kubeconfig.as_deref(), &options.api_timeouts).await?;
         let claims: Arc<dyn ClaimSource> = Arc::new(
-            KubeClaims::new(client.clone(), &options.driver_name)
+            KubeClaims::on_node(client.clone(), &options.driver_name, Some(&node_name))
                 .with_timeout(options.api_timeouts.request),
         );
         let updater = Arc::new(SliceUpdater {

@@ -156,6 +156,7 @@ fn slow_node(spec: &str, carve: Duration) -> (tempfile::TempDir, Arc<SlowGpus>, 
         cdi_root: dir.path().join("cdi"),
         state_dir: dir.path().join("state"),
         dev_root: None,
+        consumable: Default::default(),
         driver_root: None,
     };
     let (state, _) = DeviceState::open(config, gpus.clone()).expect("open");

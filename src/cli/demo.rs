@@ -137,6 +137,7 @@ pub fn run(args: DemoArgs) -> Result<ExitCode, CliError> {
             cdi_root: dir.join("cdi"),
             state_dir: dir.join("state"),
             dev_root: None,
+            consumable: Default::default(),
         },
         sim.clone(),
     )

@@ -193,6 +193,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode, CliError> {
         discovery,
         driver_name: args.driver_name.clone(),
         mig_policy: args.gpu.mig,
+        consumable: args.gpu.consumable_shares,
         kubeconfig: args.kubeconfig.clone(),
         registrar_dir: args.registrar_dir.clone(),
         state_dir: args.state_dir.clone().unwrap_or_else(|| plugin_dir.clone()),

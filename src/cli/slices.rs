@@ -30,6 +30,11 @@ pub struct GpuArgs {
     /// sysfs mount, for PCIe root lookups.
     #[arg(long, env = "GPU_DRA_SYSFS_ROOT", default_value = "/sys")]
     pub sysfs_root: PathBuf,
+    /// Devices several claims may share (KEP-5075, needs the `DRAConsumableCapacity` gate):
+    /// `off`; `memory` (full GPUs and static MIG devices, claims ask for
+    /// `capacity.requests.memory`, default all of it); or a number N of `shares` per full GPU.
+    #[arg(long, env = "GPU_DRA_CONSUMABLE_SHARES", default_value = "off")]
+    pub consumable_shares: slices::consumable::ConsumableShares,
 }
 
 impl GpuArgs {
@@ -77,6 +82,7 @@ pub fn run(args: SlicesArgs) -> Result<ExitCode, CliError> {
     let inventory = gpu::discover(&args.gpu.discovery(&args.node_name))?;
     let options = SliceOptions {
         mig_policy: args.gpu.mig,
+        consumable: args.gpu.consumable_shares,
         ..SliceOptions::new(&args.driver_name, &args.node_name)
     };
     let slices = slices::build(&inventory, &options)?;

@@ -213,6 +213,11 @@ pub trait GpuControl: Send + Sync {
     fn sharing_settings(&self, minor: u32) -> Result<SharingSettings, GpuError>;
     /// Sets a full GPU's compute mode and, when given, its time-slice interval.
     fn set_sharing_settings(&self, minor: u32, settings: SharingSettings) -> Result<(), GpuError>;
+    /// Where simulated GPUs keep their state, for the processes that run on them (the MPS
+    /// daemons record themselves there); `None` for real GPUs.
+    fn sim_state_file(&self) -> Option<std::path::PathBuf> {
+        None
+    }
 }
 
 /// A GPU instance and its compute instances.
@@ -227,6 +232,10 @@ pub struct GpuInstanceInfo {
 impl GpuControl for sim::SimNode {
     fn inventory(&self) -> Result<NodeInventory, GpuError> {
         sim::SimNode::inventory(self)
+    }
+
+    fn sim_state_file(&self) -> Option<std::path::PathBuf> {
+        self.state_file().map(std::path::Path::to_path_buf)
     }
     fn set_mig_mode(&self, minor: u32, enabled: bool) -> Result<MigMode, GpuError> {
         sim::SimNode::set_mig_mode(self, minor, enabled)

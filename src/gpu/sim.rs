@@ -115,6 +115,26 @@ pub struct SimState {
     /// Serial for MIG UUIDs, so a re-created instance gets a new UUID as on real hardware.
     pub uuid_serial: u64,
     pub gpus: Vec<SimGpuState>,
+    /// MPS control daemons running on this node's GPUs (the fake `nvidia-cuda-mps-control`
+    /// records itself here), with what they were told.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mps_daemons: Vec<SimMpsDaemon>,
+}
+
+/// An MPS control daemon, as the simulated hardware knows it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SimMpsDaemon {
+    pub pid: u32,
+    /// Its `CUDA_MPS_PIPE_DIRECTORY`: how it is found.
+    pub pipe_directory: String,
+    /// GPU or MIG UUIDs it serves (`CUDA_VISIBLE_DEVICES`).
+    pub devices: Vec<String>,
+    pub multi_user: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_thread_percentage: Option<String>,
+    /// Device → `<N>M`.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub pinned_device_memory_limits: std::collections::BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -173,6 +193,14 @@ impl SimNode {
             spec,
             node_name: node_name.to_string(),
             store,
+        }
+    }
+
+    /// The state file, when the state is kept in one.
+    pub fn state_file(&self) -> Option<&Path> {
+        match &self.store {
+            Store::File(path) => Some(path),
+            Store::Memory(_) => None,
         }
     }
 
@@ -240,6 +268,62 @@ impl SimNode {
                 gpu.timeslice = timeslice;
             }
             gpu.compute_mode = settings.compute_mode;
+            Ok(())
+        })
+    }
+
+    /// Records a started MPS daemon (one per pipe folder); its devices must be this node's GPUs
+    /// or existing MIG devices, as `CUDA_VISIBLE_DEVICES` must name devices that exist.
+    pub fn mps_started(&self, daemon: SimMpsDaemon) -> Result<(), GpuError> {
+        let inventory = self.inventory()?;
+        for device in &daemon.devices {
+            let exists = inventory.gpus.iter().any(|g| {
+                g.uuid == *device
+                    || g.mig
+                        .iter()
+                        .flat_map(|m| m.instances.iter())
+                        .any(|i| i.uuid == *device)
+            });
+            if !exists {
+                return Err(GpuError::State {
+                    path: PathBuf::from(&daemon.pipe_directory),
+                    reason: format!("MPS daemon for {device}: no such GPU or MIG device"),
+                });
+            }
+        }
+        self.write(|state| {
+            state
+                .mps_daemons
+                .retain(|d| d.pipe_directory != daemon.pipe_directory);
+            state.mps_daemons.push(daemon);
+            Ok(())
+        })
+    }
+
+    /// Changes what the MPS daemon of `pipe_directory` was told.
+    pub fn mps_updated(
+        &self,
+        pipe_directory: &str,
+        change: impl FnOnce(&mut SimMpsDaemon),
+    ) -> Result<(), GpuError> {
+        self.write(|state| {
+            if let Some(daemon) = state
+                .mps_daemons
+                .iter_mut()
+                .find(|d| d.pipe_directory == pipe_directory)
+            {
+                change(daemon);
+            }
+            Ok(())
+        })
+    }
+
+    /// Forgets the MPS daemon of `pipe_directory` (it quit).
+    pub fn mps_stopped(&self, pipe_directory: &str) -> Result<(), GpuError> {
+        self.write(|state| {
+            state
+                .mps_daemons
+                .retain(|d| d.pipe_directory != pipe_directory);
             Ok(())
         })
     }
@@ -522,6 +606,7 @@ impl SimNode {
                     timeslice: 0,
                 })
                 .collect(),
+            mps_daemons: vec![],
         }
     }
 
@@ -537,6 +622,10 @@ impl SimNode {
                 ),
             });
         }
+        // A daemon that was killed is gone, as its process is.
+        state
+            .mps_daemons
+            .retain(|d| Path::new(&format!("/proc/{}", d.pid)).exists());
         let boot = super::boot_id().unwrap_or_default();
         if state.boot_id != boot {
             // GPU and compute instances do not survive a reboot; MIG mode does.
@@ -546,6 +635,8 @@ impl SimNode {
                 gpu.compute_mode = ComputeMode::Default;
                 gpu.timeslice = 0;
             }
+            // Nor do processes.
+            state.mps_daemons.clear();
             state.boot_id = boot;
         }
         Ok(state)

@@ -81,6 +81,9 @@ pub struct DeviceRecord {
     pub cdi_device_ids: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub share_id: Option<String>,
+    /// What a shared (consumable) allocation consumed of the device, e.g. `memory: 20Gi`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub consumed: BTreeMap<String, String>,
     #[serde(default)]
     pub admin_access: bool,
     /// GPU or MIG UUID; empty until a carved MIG device exists.
@@ -134,6 +137,28 @@ impl Checkpoint {
     }
 
     /// The claim (other than `except_uid`) that holds `device` of `pool`, if any.
+    /// A claim (other than `except_uid`) holding `device` for itself: a shared (consumable)
+    /// holding leaves room for another shared one when `shared`.
+    pub fn exclusive_holder_of(
+        &self,
+        pool: &str,
+        device: &str,
+        except_uid: &str,
+        shared: bool,
+    ) -> Option<&ClaimEntry> {
+        self.claims
+            .values()
+            .filter(|c| c.uid != except_uid)
+            .find(|c| {
+                c.devices.iter().any(|d| {
+                    d.pool == pool
+                        && d.device == device
+                        && !d.admin_access
+                        && !(shared && d.share_id.is_some())
+                })
+            })
+    }
+
     pub fn holder_of(&self, pool: &str, device: &str, except_uid: &str) -> Option<&ClaimEntry> {
         self.claims
             .values()

@@ -3,8 +3,12 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::resource::v1::{AllocatedDeviceStatus, ResourceClaim};
 use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+
+use super::ClaimRef;
 
 use crate::kubeapi::{ApiTimeouts, bounded};
 
@@ -20,6 +24,9 @@ pub trait ClaimSource: Send + Sync + 'static {
         name: &str,
         devices: Vec<AllocatedDeviceStatus>,
     ) -> Result<(), String>;
+    /// Tells the claim's owner something about its preparation they should know (a Warning
+    /// Event on the claim, seen in `kubectl describe`).
+    async fn warn(&self, claim: &ClaimRef, reason: &str, note: &str) -> Result<(), String>;
 }
 
 /// Claims through the API server.
@@ -30,11 +37,23 @@ pub struct KubeClaims {
     field_manager: String,
     /// Deadline of each call: a hung API server must not hold prepare or garbage collection.
     timeout: Duration,
+    /// Events on claims, as this driver on this node.
+    recorder: Recorder,
 }
 
 impl KubeClaims {
     pub fn new(client: kube::Client, driver_name: &str) -> Self {
+        Self::on_node(client, driver_name, None)
+    }
+
+    /// Claims as the driver on `node` sees them; its Events name the node as their instance.
+    pub fn on_node(client: kube::Client, driver_name: &str, node: Option<&str>) -> Self {
+        let reporter = Reporter {
+            controller: format!("{driver_name}/gpu-dra"),
+            instance: node.map(str::to_string),
+        };
         Self {
+            recorder: Recorder::new(client.clone(), reporter),
             client,
             field_manager: driver_name.to_string(),
             timeout: ApiTimeouts::default().request,
@@ -78,12 +97,35 @@ impl ClaimSource for KubeClaims {
         .map(|_| ())
         .map_err(|e| format!("update status.devices of ResourceClaim {namespace}/{name}: {e}"))
     }
+
+    async fn warn(&self, claim: &ClaimRef, reason: &str, note: &str) -> Result<(), String> {
+        let regarding = ObjectReference {
+            api_version: Some("resource.k8s.io/v1".into()),
+            kind: Some("ResourceClaim".into()),
+            namespace: Some(claim.namespace.clone()),
+            name: Some(claim.name.clone()),
+            uid: Some(claim.uid.clone()),
+            ..ObjectReference::default()
+        };
+        let event = Event {
+            type_: EventType::Warning,
+            reason: reason.to_string(),
+            note: Some(note.to_string()),
+            action: "PrepareResources".into(),
+            secondary: None,
+        };
+        bounded(self.timeout, self.recorder.publish(&event, &regarding))
+            .await
+            .map_err(|e| format!("Event {reason} on ResourceClaim {claim}: {e}"))
+    }
 }
 
 /// Claims held in memory (the demo, tests).
 #[derive(Default)]
 pub struct MemoryClaims {
     claims: Mutex<HashMap<(String, String), ResourceClaim>>,
+    /// Warnings given, as `(claim UID, reason, note)`.
+    warnings: Mutex<Vec<(String, String, String)>>,
 }
 
 impl MemoryClaims {
@@ -104,6 +146,14 @@ impl MemoryClaims {
         self.lock()
             .get(&(namespace.to_string(), name.to_string()))
             .cloned()
+    }
+
+    /// The warnings given so far, as `(claim UID, reason, note)`.
+    pub fn warnings(&self) -> Vec<(String, String, String)> {
+        self.warnings
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), ResourceClaim>> {
@@ -133,6 +183,14 @@ impl ClaimSource for MemoryClaims {
         } else {
             Some(devices)
         };
+        Ok(())
+    }
+
+    async fn warn(&self, claim: &ClaimRef, reason: &str, note: &str) -> Result<(), String> {
+        self.warnings
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((claim.uid.clone(), reason.to_string(), note.to_string()));
         Ok(())
     }
 }

@@ -238,21 +238,37 @@ impl NodeDriver for Driver {
         let statuses: Vec<_> = results
             .iter()
             .filter(|(_, result)| result.is_ok())
-            .map(|(claim, _)| (claim.clone(), self.state.device_status(&claim.uid)))
+            .map(|(claim, _)| {
+                (
+                    claim.clone(),
+                    self.state.device_status(&claim.uid),
+                    self.state.warnings(&claim.uid),
+                )
+            })
             .collect();
         self.observer.state_changed(&self.state);
         drop(exclusive);
         // Reporting devices in the claim's status is informational: a failure is logged, and the
         // containers still get their devices.
-        join_all(statuses.into_iter().map(|(claim, devices)| async move {
-            if let Err(e) = self
-                .claims
-                .set_device_status(&claim.namespace, &claim.name, devices)
-                .await
-            {
-                tracing::warn!(claim = %claim, claimUID = %claim.uid, error = %e, "cannot report prepared devices in the claim's status");
-            }
-        }))
+        join_all(
+            statuses
+                .into_iter()
+                .map(|(claim, devices, warnings)| async move {
+                    if let Err(e) = self
+                        .claims
+                        .set_device_status(&claim.namespace, &claim.name, devices)
+                        .await
+                    {
+                        tracing::warn!(claim = %claim, claimUID = %claim.uid, error = %e, "cannot report prepared devices in the claim's status");
+                    }
+                    for (reason, note) in warnings {
+                        tracing::warn!(claim = %claim, claimUID = %claim.uid, reason, "{note}");
+                        if let Err(e) = self.claims.warn(&claim, reason, &note).await {
+                            tracing::warn!(claim = %claim, claimUID = %claim.uid, error = %e, "cannot post a Warning Event on the claim");
+                        }
+                    }
+                }),
+        )
         .await;
         results
     }

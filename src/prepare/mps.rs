@@ -53,6 +53,8 @@ pub struct MpsDaemons {
     library_path: Option<OsString>,
     root: PathBuf,
     shm_size: String,
+    /// Set for the daemons besides their own settings (simulated GPUs: where their state is).
+    env: Vec<(String, OsString)>,
 }
 
 impl MpsDaemons {
@@ -68,7 +70,17 @@ impl MpsDaemons {
             library_path,
             root,
             shm_size: default_shm_size(),
+            env: Vec::new(),
         }
+    }
+
+    /// Simulated GPUs: the daemons run on (and record themselves in) this state file.
+    pub fn on_simulated_gpus(mut self, state_file: Option<PathBuf>) -> Self {
+        if let Some(path) = state_file {
+            self.env
+                .push(("GPU_DRA_SIM_STATE".into(), path.into_os_string()));
+        }
+        self
     }
 
     pub fn root(&self) -> &Path {
@@ -271,6 +283,7 @@ impl MpsDaemons {
     fn command(&self, uid: &str, uuids: &[String]) -> Command {
         let mut command = Command::new(&self.control);
         command
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .env("CUDA_MPS_PIPE_DIRECTORY", self.pipe_dir(uid))
             .env("CUDA_MPS_LOG_DIRECTORY", self.log_dir(uid));
         if !uuids.is_empty() {

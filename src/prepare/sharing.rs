@@ -126,16 +126,34 @@ pub fn record_before(
     }))
 }
 
+/// What a claim's owner should be told about how its sharing configuration was applied:
+/// `(reason, note)` for a Warning Event on the claim.
+pub fn warnings(devices: &[DeviceRecord]) -> Vec<(&'static str, String)> {
+    devices
+        .iter()
+        .filter(|d| {
+            matches!(
+                &d.config,
+                Some(DeviceConfig::MigDeviceConfig(MigDeviceConfig {
+                    sharing: Some(sharing),
+                })) if sharing.strategy == SharingStrategy::TimeSlicing
+            )
+        })
+        .map(|d| {
+            (
+                "TimeSlicingNotApplied",
+                format!(
+                    "device {}: TimeSlicing on a MIG device changes nothing: a MIG device time-slices its processes already and has no interval to set",
+                    d.device
+                ),
+            )
+        })
+        .collect()
+}
+
 /// Applies a prepared device's sharing settings to the hardware (the MPS daemon is started
 /// separately, once per claim).
 pub fn apply(gpus: &dyn GpuControl, record: &DeviceRecord) -> Result<(), GpuError> {
-    if let Some(DeviceConfig::MigDeviceConfig(MigDeviceConfig {
-        sharing: Some(sharing),
-    })) = &record.config
-        && sharing.strategy == SharingStrategy::TimeSlicing
-    {
-        tracing::warn!(device = %record.device, "TimeSlicing on a MIG device: nothing to set, its processes are time-sliced already");
-    }
     match (&record.sharing, wanted(record.config.as_ref())) {
         (Some(sharing), Some(settings)) => {
             gpus.set_sharing_settings(sharing.minor, settings)?;
@@ -167,8 +185,10 @@ pub fn daemon_spec(
     devices: &[DeviceRecord],
     uuid_of: impl Fn(&DeviceRecord) -> String,
 ) -> Result<Option<DaemonSpec>, String> {
+    // Shared (consumable) devices are served by their GPU's daemon, not the claim's.
     let mps: Vec<(&DeviceRecord, &MpsConfig, String)> = devices
         .iter()
+        .filter(|d| d.share_id.is_none())
         .filter_map(|d| match strategy(d.config.as_ref()) {
             Some((SharingStrategy::Mps, config)) => {
                 static NONE: MpsConfig = MpsConfig {
@@ -254,4 +274,75 @@ fn limit_megabytes(quantity: &str) -> String {
         .map(|q| q.as_approximate_float())
         .unwrap_or_default();
     megabytes(bytes.max(0.0) as u64)
+}
+
+/// Whether a device record is a shared (consumable, `shareID`) allocation served by its GPU's
+/// one MPS daemon, which every claim sharing the device uses.
+pub fn shared_mps(record: &DeviceRecord) -> bool {
+    record.share_id.is_some() && wants_mps(record.config.as_ref())
+}
+
+/// The folder key of the MPS daemon that serves every claim sharing the device `uuid`.
+pub fn shared_daemon_key(uuid: &str) -> String {
+    format!("shared-{uuid}")
+}
+
+/// The daemon a shared device's claims use: the device alone; limits are per client.
+pub fn shared_daemon_spec(record: &DeviceRecord) -> DaemonSpec {
+    let multi_user = strategy(record.config.as_ref())
+        .and_then(|(_, mps)| mps?.multi_user)
+        .unwrap_or(false);
+    DaemonSpec {
+        uuids: vec![record.uuid.clone()],
+        multi_user,
+        ..DaemonSpec::default()
+    }
+}
+
+/// The MPS client environment that holds a claim to its part of a shared device: its pinned
+/// memory (what it consumed, or its config's limit when lower) and its thread share (its
+/// config's, or its part of the device's memory or shares). The claim's only device is ordinal 0.
+pub fn shared_client_env(
+    record: &DeviceRecord,
+    device_memory: u64,
+    shares: Option<u32>,
+) -> Vec<String> {
+    let config = strategy(record.config.as_ref()).and_then(|(_, mps)| mps);
+    let quantity = |q: &str| {
+        k8s_quantity::Quantity::parse(q)
+            .map(|q| q.as_approximate_float().max(0.0) as u64)
+            .ok()
+    };
+    let consumed = record.consumed.get("memory").and_then(|q| quantity(q));
+    let configured = config
+        .and_then(|c| c.default_pinned_device_memory_limit.as_deref())
+        .and_then(quantity);
+    let limit = match (consumed.filter(|b| *b > 0), configured) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    let share = |part: f64, whole: f64| ((part / whole * 100.0).ceil() as i64).clamp(1, 100);
+    let threads = config
+        .and_then(|c| c.default_active_thread_percentage)
+        .or_else(|| match shares {
+            Some(total) => record
+                .consumed
+                .get("shares")
+                .and_then(|q| quantity(q))
+                .map(|n| share(n as f64, f64::from(total))),
+            None => consumed
+                .filter(|_| device_memory > 0)
+                .map(|b| share(b as f64, device_memory as f64)),
+        });
+    let mut env = Vec::new();
+    if let Some(bytes) = limit {
+        env.push(format!(
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={}",
+            megabytes(bytes)
+        ));
+    }
+    if let Some(percentage) = threads {
+        env.push(format!("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={percentage}"));
+    }
+    env
 }

@@ -78,6 +78,9 @@ pub struct DriverConfig {
     /// Where the NVIDIA driver's files are: every claim's containers get them. `None` for
     /// simulated GPUs without a driver root (there is no driver to mount).
     pub driver_root: Option<DriverRoot>,
+    /// Whether devices are published for several claims at once (`--consumable-shares`): only
+    /// then may claims with a `shareID` hold the same device.
+    pub consumable: crate::slices::consumable::ConsumableShares,
 }
 
 /// What recovery at start did.
@@ -178,6 +181,7 @@ impl DeviceState {
                             .map(|dir| root.here.join(dir.strip_prefix("/").unwrap_or(dir)))
                             .collect();
                         MpsDaemons::new(control, &library_dirs, config.state_dir.join("mps"))
+                            .on_simulated_gpus(gpus.sim_state_file())
                     });
                 Some(Arc::new(files))
             }
@@ -291,10 +295,26 @@ impl DeviceState {
         }
         let completed: BTreeSet<String> = self.book().checkpoint.claims.keys().cloned().collect();
         if let Some(mps) = &self.mps {
-            for uid in mps.claim_uids()? {
-                if !completed.contains(&uid) {
-                    mps.stop(&uid)?;
-                    report.mps_stopped.push(uid);
+            let shared: BTreeMap<String, DeviceRecord> = self
+                .book()
+                .checkpoint
+                .claims
+                .values()
+                .flat_map(|c| c.devices.iter())
+                .filter(|d| sharing::shared_mps(d))
+                .map(|d| (sharing::shared_daemon_key(&d.uuid), d.clone()))
+                .collect();
+            for key in mps.claim_uids()? {
+                if !completed.contains(&key) && !shared.contains_key(&key) {
+                    mps.stop(&key)?;
+                    report.mps_stopped.push(key);
+                }
+            }
+            for (key, record) in &shared {
+                if !mps.answers(key) {
+                    tracing::warn!(daemon = %key, "the MPS daemon of a shared GPU does not answer: starting it again");
+                    mps.start(key, &sharing::shared_daemon_spec(record))?;
+                    report.mps_restarted.push(key.clone());
                 }
             }
             for uid in &completed {
@@ -410,9 +430,23 @@ impl DeviceState {
         let uid = claim_ref.uid.clone();
         // What time-slicing will change, read before the book is locked (a hardware call).
         let mut sharing = Vec::with_capacity(plan.len());
-        for (_, target, config) in &plan {
-            sharing.push(match target {
-                Target::Gpu { minor, .. } => {
+        for (result, target, config) in &plan {
+            // A claim joining a GPU that its sharers put in EXCLUSIVE_PROCESS keeps what the GPU
+            // had before the first of them, for whichever leaves last to restore.
+            let joined = (result.share_id.is_some() && sharing::wants_mps(config.as_ref()))
+                .then(|| {
+                    self.book().checkpoint.claims.values().find_map(|c| {
+                        c.devices
+                            .iter()
+                            .filter(|d| c.uid != uid && d.device == result.device)
+                            .filter(|d| d.pool == result.pool && sharing::shared_mps(d))
+                            .find_map(|d| d.sharing.clone())
+                    })
+                })
+                .flatten();
+            sharing.push(match (target, joined) {
+                (Target::Gpu { .. }, Some(record)) => Some(record),
+                (Target::Gpu { minor, .. }, None) => {
                     sharing::record_before(&*self.gpus, *minor, config.as_ref())?
                 }
                 _ => None,
@@ -487,6 +521,13 @@ impl DeviceState {
         if let (Some(spec), Some(mps)) = (daemon, &self.mps) {
             mps.start(&uid, &spec)?;
         }
+        if let Some(mps) = &self.mps {
+            for record in entry.devices.iter().filter(|d| sharing::shared_mps(d)) {
+                // Already running when another claim shares the GPU.
+                let key = sharing::shared_daemon_key(&record.uuid);
+                mps.start(&key, &sharing::shared_daemon_spec(record))?;
+            }
+        }
         let (cdi_devices, claim_edits) = self.claim_spec(&self.book(), &entry);
         self.cdi.write(&uid, &cdi_devices, &claim_edits)?;
         failpoint("prepare-cdi-written");
@@ -537,6 +578,24 @@ impl DeviceState {
         }
         let mut touched = BTreeSet::new();
         for (index, record) in entry.devices.iter().enumerate() {
+            // A GPU shared through MPS keeps its daemon and mode until its last claim leaves.
+            let still_shared = sharing::shared_mps(record)
+                && self.book().checkpoint.claims.values().any(|c| {
+                    c.uid != uid
+                        && c.devices.iter().any(|d| {
+                            d.pool == record.pool
+                                && d.device == record.device
+                                && sharing::shared_mps(d)
+                        })
+                });
+            if still_shared {
+                continue;
+            }
+            if sharing::shared_mps(record)
+                && let Some(mps) = &self.mps
+            {
+                mps.stop(&sharing::shared_daemon_key(&record.uuid))?;
+            }
             sharing::revert(&*self.gpus, record)?;
             let Some(mig) = record.mig.as_ref().filter(|m| m.created) else {
                 continue;
@@ -557,6 +616,16 @@ impl DeviceState {
             checkpoint.claims.remove(uid);
         })?;
         self.refresh(&touched)
+    }
+
+    /// What the owner of a prepared claim should be told (Warning Events): `(reason, note)`.
+    pub fn warnings(&self, uid: &str) -> Vec<(&'static str, String)> {
+        self.book()
+            .checkpoint
+            .claims
+            .get(uid)
+            .map(|entry| sharing::warnings(&entry.devices))
+            .unwrap_or_default()
     }
 
     /// The AllocatedDeviceStatus entries this driver reports for a prepared claim.
@@ -664,10 +733,27 @@ impl DeviceState {
                 .resolve(book, &result.device)
                 .map_err(|reason| bad(format!("{at}: device {:?}: {reason}", result.device)))?;
             let admin = result.admin_access == Some(true);
+            // A shareID: the scheduler allocated part of a device published for several claims.
+            let shared = result.share_id.is_some();
+            if shared && !self.config.consumable.is_on() {
+                return Err(bad(format!(
+                    "{at}.shareID: device {:?} is not published for sharing (--consumable-shares is off)",
+                    result.device
+                )));
+            }
+            if shared && !matches!(target, Target::Gpu { .. } | Target::StaticMig { .. }) {
+                return Err(bad(format!(
+                    "{at}.shareID: device {:?} is a MIG placement carved for one claim; it cannot be shared",
+                    result.device
+                )));
+            }
             if !admin
-                && let Some(holder) =
-                    book.checkpoint
-                        .holder_of(&result.pool, &result.device, &claim_ref.uid)
+                && let Some(holder) = book.checkpoint.exclusive_holder_of(
+                    &result.pool,
+                    &result.device,
+                    &claim_ref.uid,
+                    shared,
+                )
             {
                 return Err(bad(format!(
                     "{at}: device {:?} is already prepared for ResourceClaim {}/{}",
@@ -720,11 +806,25 @@ impl DeviceState {
                     },
                 )?;
                 // Sharing settings change the device for everyone on it: never under another
-                // claim's processes (an admin-access claim may be prepared beside one).
+                // claim's processes (an admin-access claim may be prepared beside one). Claims
+                // sharing a device through MPS share its one daemon instead.
+                let joins_shared_mps = shared && sharing::wants_mps(Some(config));
+                if shared && sharing::changes_device(config) && !joins_shared_mps {
+                    return Err(bad(format!(
+                        "request {:?}: {path}.sharing.strategy: time-slicing changes the GPU for every claim sharing it; claims sharing a GPU (shareID) are time-sliced already, or use MPS",
+                        result.request
+                    )));
+                }
+                // Any other claim on the device counts here, admin-access ones included.
+                let other_holder = book.checkpoint.claims.values().find(|c| {
+                    c.uid != claim_ref.uid
+                        && c.devices
+                            .iter()
+                            .any(|d| d.pool == result.pool && d.device == result.device)
+                });
                 if sharing::changes_device(config)
-                    && let Some(holder) =
-                        book.checkpoint
-                            .holder_of(&result.pool, &result.device, &claim_ref.uid)
+                    && !joins_shared_mps
+                    && let Some(holder) = other_holder
                 {
                     return Err(bad(format!(
                         "request {:?}: {path}.sharing: device {:?} is in use by ResourceClaim {}/{}; its sharing mode cannot change under that claim's processes",
@@ -733,6 +833,29 @@ impl DeviceState {
                 }
             }
             let config = config.map(|(_, c, _)| c.clone());
+            if shared {
+                // The claims sharing a GPU all reach it through its one MPS daemon, or none does:
+                // a process outside MPS cannot use a GPU in EXCLUSIVE_PROCESS mode.
+                let mps = sharing::wants_mps(config.as_ref());
+                let other = book.checkpoint.claims.values().find_map(|c| {
+                    let d = c.devices.iter().find(|d| {
+                        c.uid != claim_ref.uid
+                            && d.pool == result.pool
+                            && d.device == result.device
+                            && d.share_id.is_some()
+                    })?;
+                    (sharing::wants_mps(d.config.as_ref()) != mps).then_some(c)
+                });
+                if let Some(other) = other {
+                    return Err(bad(format!(
+                        "{at}: device {:?} is shared by ResourceClaim {}/{} {} MPS; all claims sharing a GPU must use MPS, or none",
+                        result.device,
+                        other.namespace,
+                        other.name,
+                        if mps { "without" } else { "with" }
+                    )));
+                }
+            }
             match (&target, &config) {
                 (Target::Gpu { .. }, Some(DeviceConfig::MigDeviceConfig(_))) => {
                     return Err(bad(format!(
@@ -752,6 +875,19 @@ impl DeviceState {
                 _ => {}
             }
             plan.push((result.clone(), target, config));
+        }
+        // The MPS client limits of a shared GPU address it as the container's device 0.
+        if plan.len() > 1
+            && let Some((result, _, _)) = plan
+                .iter()
+                .find(|(r, _, c)| r.share_id.is_some() && sharing::wants_mps(c.as_ref()))
+        {
+            return Err(bad(format!(
+                "request {:?}: device {:?} is a shared GPU with MPS, which must be the claim's only device ({} allocated)",
+                result.request,
+                result.device,
+                plan.len()
+            )));
         }
         Ok(plan)
     }
@@ -917,6 +1053,12 @@ impl DeviceState {
             device: result.device.clone(),
             cdi_device_ids: vec![self.cdi.device_id(uid, &result.device)],
             share_id: result.share_id.clone(),
+            consumed: result
+                .consumed_capacity
+                .iter()
+                .flatten()
+                .map(|(name, quantity)| (name.clone(), quantity.0.clone()))
+                .collect(),
             admin_access: result.admin_access == Some(true),
             uuid,
             mig,
@@ -1112,9 +1254,23 @@ impl DeviceState {
         let has_daemon = entry
             .devices
             .iter()
-            .any(|d| sharing::wants_mps(d.config.as_ref()));
-        let edits = match &self.mps {
-            Some(mps) if has_daemon => mps.container_edits(&entry.uid),
+            .any(|d| d.share_id.is_none() && sharing::wants_mps(d.config.as_ref()));
+        let shared = entry.devices.iter().find(|d| sharing::shared_mps(d));
+        let edits = match (&self.mps, shared) {
+            (Some(mps), _) if has_daemon => mps.container_edits(&entry.uid),
+            (Some(mps), Some(record)) => {
+                let mut edits = mps.container_edits(&sharing::shared_daemon_key(&record.uuid));
+                let shares = match self.config.consumable {
+                    crate::slices::consumable::ConsumableShares::Shares(n) => Some(n),
+                    _ => None,
+                };
+                edits.env.extend(sharing::shared_client_env(
+                    record,
+                    device_memory(book, &record.uuid),
+                    shares,
+                ));
+                edits
+            }
             _ => ContainerEdits::default(),
         };
         (self.cdi_devices(book, entry), edits)
@@ -1148,6 +1304,22 @@ impl DeviceState {
             })
             .collect()
     }
+}
+
+/// Memory of the GPU or MIG device with this UUID.
+fn device_memory(book: &Book, uuid: &str) -> u64 {
+    book.inventory
+        .gpus
+        .iter()
+        .find_map(|g| {
+            if g.uuid == uuid {
+                return Some(g.memory_bytes);
+            }
+            let mig = g.mig.as_ref()?;
+            let instance = mig.instances.iter().find(|i| i.uuid == uuid)?;
+            Some(mig.profile_by_id(instance.profile_id)?.memory_bytes())
+        })
+        .unwrap_or_default()
 }
 
 fn is_executable(path: &std::path::Path) -> bool {

@@ -36,6 +36,7 @@ impl Fixture {
             cdi_root: dir.path().join("cdi"),
             state_dir: dir.path().join("state"),
             dev_root: None,
+            consumable: Default::default(),
             driver_root: None,
         };
         Self {
@@ -744,4 +745,66 @@ fn mps_without_the_drivers_control_binary_is_refused_and_changes_nothing() {
         assert_eq!(f.instances(), 0);
         assert!(!f.sim.state().expect("state").gpus[0].mig_current);
     }
+}
+
+/// TimeSlicing on a MIG device is accepted as NVIDIA's driver accepts it, and its owner is told
+/// (a Warning Event on the claim) that it changes nothing.
+#[tokio::test]
+async fn time_slicing_a_mig_device_is_prepared_with_a_warning_event() {
+    use super::NodeDriver;
+    use super::claims::MemoryClaims;
+    use super::driver::Driver;
+
+    let f = Fixture::new("sim:1xH100-SXM5-80GB");
+    let claims = Arc::new(MemoryClaims::default());
+    let sliced = claim(
+        "ts",
+        vec![result("gpu-0-mig-1g10gb-19-0")],
+        vec![
+            json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "MigDeviceConfig", "sharing": {"strategy": "TimeSlicing"}}),
+        ],
+    );
+    let plain = claim("plain", vec![result("gpu-0-mig-1g10gb-19-1")], vec![]);
+    claims.insert(sliced);
+    claims.insert(plain);
+    let driver = Driver::new(f.open(), claims.clone());
+    let prepared = driver
+        .prepare(vec![claim_ref("ts"), claim_ref("plain")])
+        .await;
+    assert!(prepared.iter().all(|(_, r)| r.is_ok()), "{prepared:?}");
+    let warnings = claims.warnings();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    let (uid, reason, note) = &warnings[0];
+    assert_eq!(
+        (uid.as_str(), reason.as_str()),
+        ("ts", "TimeSlicingNotApplied")
+    );
+    assert!(note.contains("gpu-0-mig-1g10gb-19-0"), "{note}");
+}
+
+/// A sharing mode changes the GPU for every process on it: never while another claim (here an
+/// admin-access one, which may be prepared beside others) holds the GPU.
+#[test]
+fn sharing_settings_never_change_under_another_claims_processes() {
+    let f = Fixture::new("sim:2xA100-SXM4-40GB");
+    let state = f.open();
+    let mut watcher = result("gpu-1");
+    watcher.admin_access = Some(true);
+    state
+        .prepare(&claim_ref("watch"), &claim("watch", vec![watcher], vec![]))
+        .expect("admin access");
+    let before = f.sim.sharing_settings(1).expect("read");
+    let c = claim("ts", vec![result("gpu-1")], vec![time_sliced("Short")]);
+    let message = state
+        .prepare(&claim_ref("ts"), &c)
+        .expect_err("refused")
+        .to_string();
+    assert!(
+        message.contains("ResourceClaim default/claim-ts")
+            && message.contains("request \"gpu\"")
+            && message.contains("in use by ResourceClaim default/claim-watch"),
+        "{message}"
+    );
+    assert_eq!(f.sim.sharing_settings(1).expect("read"), before);
+    assert_eq!(state.checkpoint().claims.len(), 1);
 }

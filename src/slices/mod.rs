@@ -19,6 +19,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use crate::gpu::mig::{GpuMode, MigPolicy, choose_modes, gpu_device_name, mig_device_name};
 use crate::gpu::{Gpu, MigInstance, NodeInventory};
 
+pub mod consumable;
 pub mod packing;
 pub mod partitions;
 pub mod publish;
@@ -65,6 +66,8 @@ pub struct SliceOptions {
     /// taking existing MIG devices as someone else's.
     pub modes: Option<BTreeMap<u32, GpuMode>>,
     pub order: DeviceOrder,
+    /// Whether devices may be shared by several claims (`--consumable-shares`).
+    pub consumable: consumable::ConsumableShares,
 }
 
 impl SliceOptions {
@@ -76,6 +79,7 @@ impl SliceOptions {
             mig_policy: MigPolicy::Auto,
             modes: None,
             order: DeviceOrder::Packed,
+            consumable: consumable::ConsumableShares::Off,
         }
     }
 
@@ -107,27 +111,41 @@ pub fn content(inventory: &NodeInventory, options: &SliceOptions) -> PoolContent
     let modes = options.modes(inventory);
     let mut pool = PoolContent::default();
     let mut candidates = Vec::new();
+    let shareable = |mut device: Device, kind| {
+        consumable::apply(&mut device, options.consumable, kind);
+        device
+    };
     for gpu in &inventory.gpus {
         let mig_on = gpu.mig.as_ref().is_some_and(|m| m.mode.current);
         match modes.get(&gpu.minor).copied().unwrap_or(GpuMode::Whole) {
             GpuMode::Unusable => {}
             GpuMode::Whole => {
                 if !mig_on {
-                    pool.devices.push(full_gpu_device(inventory, gpu));
+                    let device = full_gpu_device(inventory, gpu);
+                    pool.devices
+                        .push(shareable(device, consumable::Shareable::FullGpu));
                 }
             }
             GpuMode::Static => {
                 // A GPU in MIG mode can only be used through its MIG devices.
                 if !mig_on {
-                    pool.devices.push(full_gpu_device(inventory, gpu));
+                    let device = full_gpu_device(inventory, gpu);
+                    pool.devices
+                        .push(shareable(device, consumable::Shareable::FullGpu));
                 }
-                pool.devices.extend(static_mig_devices(inventory, gpu));
+                pool.devices.extend(
+                    static_mig_devices(inventory, gpu)
+                        .map(|d| shareable(d, consumable::Shareable::StaticMig)),
+                );
             }
             GpuMode::Dynamic => {
                 pool.counter_sets.push(partitions::counter_set(gpu));
                 // Ampere cannot leave MIG mode without a reset: no whole GPU while it is on.
+                // Its placements are not shared: each carve belongs to one claim.
                 if !mig_on || gpu.architecture.toggles_mig_without_reset() {
-                    pool.devices.push(partitions::whole_gpu(inventory, gpu));
+                    let device = partitions::whole_gpu(inventory, gpu);
+                    pool.devices
+                        .push(shareable(device, consumable::Shareable::FullGpu));
                 }
                 candidates.extend(partitions::placements(gpu).into_iter().map(
                     |(profile, placement)| packing::Candidate {
@@ -441,6 +459,71 @@ mod tests {
             nvidia_smi: None,
         })
         .expect("discover")
+    }
+
+    #[test]
+    fn consumable_shares_publish_full_gpus_for_several_claims() {
+        use consumable::ConsumableShares;
+        let inv = inventory("sim:1xH100-SXM5-80GB");
+        let publish = |consumable| {
+            content(
+                &inv,
+                &SliceOptions {
+                    consumable,
+                    ..SliceOptions::new(DEFAULT_DRIVER_NAME, "n1")
+                },
+            )
+            .devices
+        };
+        let off = publish(ConsumableShares::Off);
+        assert!(off.iter().all(|d| d.allow_multiple_allocations.is_none()));
+
+        let memory = publish(ConsumableShares::Memory);
+        let gpu = &memory[0];
+        assert_eq!(gpu.name, "gpu-0");
+        assert_eq!(gpu.allow_multiple_allocations, Some(true));
+        let cap = &gpu.capacity.as_ref().expect("capacity")["memory"];
+        let policy = cap.request_policy.as_ref().expect("policy");
+        assert_eq!(cap.value.0, "81559Mi");
+        assert_eq!(
+            policy.default.as_ref().map(|q| q.0.as_str()),
+            Some("81559Mi")
+        );
+        let range = policy.valid_range.as_ref().expect("range");
+        assert_eq!(
+            (
+                range.min.0.as_str(),
+                range.step.as_ref().map(|q| q.0.as_str())
+            ),
+            ("1Mi", Some("1Mi"))
+        );
+        // A placement is carved for one claim: never shared.
+        assert!(
+            memory[1..]
+                .iter()
+                .all(|d| d.allow_multiple_allocations.is_none()),
+        );
+
+        let shares = publish(ConsumableShares::Shares(4));
+        let caps = shares[0].capacity.as_ref().expect("capacity");
+        assert_eq!(caps["shares"].value.0, "4");
+        assert_eq!(
+            caps["memory"]
+                .request_policy
+                .as_ref()
+                .and_then(|p| p.default.as_ref())
+                .map(|q| q.0.as_str()),
+            Some("0")
+        );
+        // What the API server would say about them, before they leave.
+        for devices in [memory, shares] {
+            let options = SliceOptions {
+                consumable: ConsumableShares::Memory,
+                ..SliceOptions::new(DEFAULT_DRIVER_NAME, "n1")
+            };
+            assert!(build(&inv, &options).is_ok());
+            assert!(!devices.is_empty());
+        }
     }
 
     fn attr<'a>(device: &'a Device, name: &str) -> &'a DeviceAttribute {

@@ -12,6 +12,7 @@ use gpu_dra::gpu::sim::SimNode;
 use gpu_dra::prepare::ClaimRef;
 use gpu_dra::prepare::driver_files::{DriverRoot, write_fake_driver_root};
 use gpu_dra::prepare::state::{DeviceState, DriverConfig};
+use gpu_dra::slices::consumable::ConsumableShares;
 use k8s_openapi::api::resource::v1::{
     AllocationResult, DeviceAllocationConfiguration, DeviceAllocationResult,
     DeviceRequestAllocationResult, OpaqueDeviceConfiguration, ResourceClaim, ResourceClaimStatus,
@@ -30,6 +31,10 @@ struct Node {
 
 impl Node {
     fn new(spec: &str, mig_policy: MigPolicy) -> Self {
+        Self::with_shares(spec, mig_policy, ConsumableShares::Off)
+    }
+
+    fn with_shares(spec: &str, mig_policy: MigPolicy, consumable: ConsumableShares) -> Self {
         assert!(
             rustix::process::geteuid().is_root(),
             "MPS tests mount the daemon's shm tmpfs: run them as root"
@@ -52,6 +57,7 @@ impl Node {
             cdi_root: dir.path().join("cdi"),
             state_dir: dir.path().join("state"),
             dev_root: None,
+            consumable,
             driver_root: Some(DriverRoot {
                 here: root.clone(),
                 host: root,
@@ -276,6 +282,18 @@ fn a_full_gpu_gets_a_daemon_with_the_claims_limits_that_outlives_a_restart() {
     assert_eq!(node.mounts_under_dir().len(), 1, "the shm tmpfs");
     let daemons = node.daemons();
     assert_eq!(daemons.len(), 1, "one daemon per claim");
+    // The simulated hardware knows the daemon and what it was told.
+    let recorded = node.sim.state().expect("state").mps_daemons;
+    assert_eq!(recorded.len(), 1, "{recorded:?}");
+    assert_eq!(recorded[0].devices, [uuid.clone()]);
+    assert_eq!(recorded[0].active_thread_percentage.as_deref(), Some("50"));
+    assert_eq!(
+        recorded[0]
+            .pinned_device_memory_limits
+            .get(&uuid)
+            .map(String::as_str),
+        Some("10240M")
+    );
 
     // A driver restart adopts the running daemon: same process, not told anything again.
     drop(state);
@@ -291,6 +309,7 @@ fn a_full_gpu_gets_a_daemon_with_the_claims_limits_that_outlives_a_restart() {
 
     state.unprepare("m1").expect("unprepare");
     assert_eq!(node.sim.sharing_settings(1).expect("settings"), before);
+    assert!(node.sim.state().expect("state").mps_daemons.is_empty());
     node.assert_clean();
 }
 
@@ -460,4 +479,112 @@ fn bad_mps_settings_name_the_request_and_field_and_change_nothing() {
         "the hardware is untouched"
     );
     node.assert_clean();
+}
+
+fn shared(request: &str, device: &str, share: &str, memory: &str) -> DeviceRequestAllocationResult {
+    DeviceRequestAllocationResult {
+        share_id: Some(share.into()),
+        consumed_capacity: Some(
+            [(
+                "memory".to_string(),
+                k8s_openapi::apimachinery::pkg::api::resource::Quantity(memory.into()),
+            )]
+            .into(),
+        ),
+        ..result(request, device)
+    }
+}
+
+#[test]
+fn claims_sharing_a_gpu_by_memory_share_one_daemon_each_held_to_what_it_consumed() {
+    let node = Node::with_shares(
+        "sim:1xH100-SXM5-80GB",
+        MigPolicy::Off,
+        ConsumableShares::Memory,
+    );
+    let before = node.sim.sharing_settings(0).expect("settings");
+    let (state, _) = node.open();
+    let uids = ["s1", "s2", "s3"];
+    for (i, uid) in uids.iter().enumerate() {
+        let c = claim(
+            uid,
+            vec![shared("gpu", "gpu-0", &format!("share-{i}"), "20Gi")],
+            vec![(None, mps("GpuConfig", json!({})))],
+        );
+        state.prepare(&claim_ref(uid), &c).expect("prepare");
+        let env = node.spec(uid)["containerEdits"]["env"].to_string();
+        // 20Gi of the H100's 81559Mi: 25.1% of its threads, rounded up.
+        assert!(
+            env.contains("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=20480M")
+                && env.contains("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=26")
+                && env.contains("CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps"),
+            "{uid}: {env}"
+        );
+    }
+    let key = format!("shared-{}", uuid_of(&state, "s1", 0));
+    assert!(has_mount(
+        &node.spec("s3"),
+        &node.daemon_dir(&key).join("pipe"),
+        "/tmp/nvidia-mps"
+    ));
+    assert_eq!(node.daemons().len(), 1, "one daemon for the shared GPU");
+    assert_eq!(
+        node.control_log(&key)
+            .matches("Control daemon started")
+            .count(),
+        1
+    );
+    assert_eq!(
+        node.sim.sharing_settings(0).expect("settings").compute_mode,
+        ComputeMode::ExclusiveProcess
+    );
+    // A claim on the same GPU without MPS could not use it: refused, nothing changes.
+    let plain = claim(
+        "plain",
+        vec![shared("gpu", "gpu-0", "share-9", "1Gi")],
+        vec![],
+    );
+    let message = state
+        .prepare(&claim_ref("plain"), &plain)
+        .expect_err("refused")
+        .to_string();
+    assert!(
+        message.contains("all claims sharing a GPU must use MPS"),
+        "{message}"
+    );
+
+    // The daemon and the GPU's mode stay while any sharer is left; the last one restores both.
+    state.unprepare("s1").expect("unprepare");
+    drop(state);
+    let (state, report) = node.open();
+    assert!(
+        report.mps_restarted.is_empty() && report.mps_stopped.is_empty(),
+        "{report:?}"
+    );
+    state.unprepare("s2").expect("unprepare");
+    assert_eq!(node.daemons().len(), 1);
+    assert_eq!(
+        node.sim.sharing_settings(0).expect("settings").compute_mode,
+        ComputeMode::ExclusiveProcess
+    );
+    state.unprepare("s3").expect("unprepare");
+    assert_eq!(node.sim.sharing_settings(0).expect("settings"), before);
+    node.assert_clean();
+}
+
+#[test]
+fn a_share_id_is_refused_unless_devices_are_published_for_sharing() {
+    let node = Node::new("sim:1xH100-SXM5-80GB", MigPolicy::Off);
+    let (state, _) = node.open();
+    let c = claim("x", vec![shared("gpu", "gpu-0", "share-0", "1Gi")], vec![]);
+    let message = state
+        .prepare(&claim_ref("x"), &c)
+        .expect_err("refused")
+        .to_string();
+    assert!(
+        message.contains("status.allocation.devices.results[0].shareID")
+            && message.contains("--consumable-shares is off"),
+        "{message}"
+    );
+    assert!(state.checkpoint().claims.is_empty());
 }

@@ -8,6 +8,10 @@
 //! - `nvidia-cuda-mps-control` (no arguments): a client; sends each line of stdin to the daemon
 //!   and prints its answer. Exits 1 when no daemon answers.
 //!
+//! On simulated GPUs (`GPU_DRA_SIM_STATE` or `FAKE_NVML_STATE` names their state file) the
+//! daemon is part of the simulated hardware: it records itself and what it is told there, and
+//! refuses to start for devices that do not exist.
+//!
 //! Commands: `get_server_list`, `set_default_active_thread_percentage N`,
 //! `get_default_active_thread_percentage`, `set_default_device_pinned_mem_limit DEV LIMIT`,
 //! `get_default_device_pinned_mem_limit DEV`, `quit`.
@@ -19,7 +23,22 @@ use std::path::PathBuf;
 use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use gpu_dra::gpu::sim::{SimMpsDaemon, SimNode, SimState};
+
 const SERVE: &str = "--fake-serve";
+
+/// The simulated node the daemon runs on, if any.
+fn sim() -> Option<SimNode> {
+    let path = std::env::var_os("GPU_DRA_SIM_STATE")
+        .or_else(|| std::env::var_os("FAKE_NVML_STATE"))
+        .map(PathBuf::from)?;
+    let state: SimState = serde_json::from_slice(&std::fs::read(&path).ok()?).ok()?;
+    Some(SimNode::new(
+        state.spec.parse().ok()?,
+        &state.node_name,
+        Some(path),
+    ))
+}
 
 fn pipe_dir() -> PathBuf {
     std::env::var_os("CUDA_MPS_PIPE_DIRECTORY")
@@ -83,14 +102,24 @@ fn start_daemon(multi_user: bool) -> ExitCode {
         // Its own process group, as a daemon: signals to the starter's group do not reach it.
         .process_group(0)
         .spawn();
-    if let Err(e) = spawned {
-        eprintln!("nvidia-cuda-mps-control: cannot start the daemon: {e}");
-        return ExitCode::from(1);
-    }
+    let mut child = match spawned {
+        Ok(child) => child,
+        Err(e) => {
+            eprintln!("nvidia-cuda-mps-control: cannot start the daemon: {e}");
+            return ExitCode::from(1);
+        }
+    };
     let deadline = Instant::now() + Duration::from_secs(10);
     while Instant::now() < deadline {
         if ask("get_server_list").is_some() {
             return ExitCode::SUCCESS;
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            eprintln!(
+                "nvidia-cuda-mps-control: the daemon exited ({status}); see {}",
+                log_dir().join("control.log").display()
+            );
+            return ExitCode::from(1);
         }
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -127,6 +156,33 @@ fn serve(multi_user: bool) -> ExitCode {
         }
     };
     let visible = std::env::var("CUDA_VISIBLE_DEVICES").unwrap_or_default();
+    let pipe = pipe_dir().to_string_lossy().into_owned();
+    let sim = sim();
+    if let Some(sim) = &sim {
+        let daemon = SimMpsDaemon {
+            pid: std::process::id(),
+            pipe_directory: pipe.clone(),
+            devices: visible
+                .split(',')
+                .filter(|d| !d.is_empty())
+                .map(String::from)
+                .collect(),
+            multi_user,
+            ..SimMpsDaemon::default()
+        };
+        if let Err(e) = sim.mps_started(daemon) {
+            log(&format!("cannot start: {e}"));
+            let _ = std::fs::remove_file(&socket);
+            return ExitCode::from(1);
+        }
+    }
+    let record = |change: &dyn Fn(&mut SimMpsDaemon)| {
+        if let Some(sim) = &sim
+            && let Err(e) = sim.mps_updated(&pipe, change)
+        {
+            log(&format!("cannot record in the simulated hardware: {e}"));
+        }
+    };
     log(&format!(
         "Control daemon started: pid={} CUDA_VISIBLE_DEVICES={visible} multiUser={multi_user}",
         std::process::id()
@@ -147,6 +203,7 @@ fn serve(multi_user: bool) -> ExitCode {
             ["set_default_active_thread_percentage", value] => match value.parse::<f64>() {
                 Ok(p) if (0.0..=100.0).contains(&p) => {
                     thread_percentage = Some((*value).to_string());
+                    record(&|d| d.active_thread_percentage = Some((*value).to_string()));
                     format!("{value}\n")
                 }
                 _ => "Invalid value\n".into(),
@@ -157,6 +214,10 @@ fn serve(multi_user: bool) -> ExitCode {
             ["set_default_device_pinned_mem_limit", device, limit] => {
                 if is_limit(limit) && is_visible(&visible, device) {
                     pinned.insert((*device).to_string(), (*limit).to_string());
+                    record(&|d| {
+                        d.pinned_device_memory_limits
+                            .insert((*device).to_string(), (*limit).to_string());
+                    });
                     String::new()
                 } else {
                     "Invalid device or limit\n".into()
@@ -166,6 +227,11 @@ fn serve(multi_user: bool) -> ExitCode {
                 format!("{}\n", pinned.get(*device).map_or("0M", String::as_str))
             }
             ["quit"] => {
+                if let Some(sim) = &sim
+                    && let Err(e) = sim.mps_stopped(&pipe)
+                {
+                    log(&format!("cannot record in the simulated hardware: {e}"));
+                }
                 let _ = std::fs::remove_file(&socket);
                 log("Control daemon stopped");
                 let _ = stream.write_all(b"");

@@ -1,0 +1,147 @@
+//! Consumable GPU capacity (KEP-5075, `DRAConsumableCapacity`): devices several claims may be
+//! allocated at once, each consuming part of the device's `memory` (or of a `shares` count), with
+//! the request policy NVIDIA's driver publishes, so the scheduler keeps the books.
+use std::fmt;
+use std::str::FromStr;
+
+use k8s_openapi::api::resource::v1::{
+    CapacityRequestPolicy, CapacityRequestPolicyRange, Device, DeviceCapacity,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+use super::binary_si;
+
+/// Request granularity of `memory` (whole MiB, as MPS limits are).
+pub const MEMORY_STEP: u64 = 1 << 20;
+
+/// `--consumable-shares`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ConsumableShares {
+    /// Every device belongs to one claim at a time.
+    #[default]
+    Off,
+    /// Full GPUs and static MIG devices are shared by memory: a claim asks for
+    /// `capacity.requests.memory` (default: all of it), in 1Mi steps.
+    Memory,
+    /// Full GPUs are cut into this many `shares` (default request: 1); `memory` may be requested
+    /// too (default: none).
+    Shares(u32),
+}
+
+impl ConsumableShares {
+    pub fn is_on(&self) -> bool {
+        *self != Self::Off
+    }
+}
+
+impl FromStr for ConsumableShares {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "off" | "" => Ok(Self::Off),
+            "memory" => Ok(Self::Memory),
+            n => match n.parse::<u32>() {
+                Ok(count) if count >= 1 => Ok(Self::Shares(count)),
+                _ => Err(format!(
+                    "{n:?} is not one of `off`, `memory` or a number of shares (1 or more)"
+                )),
+            },
+        }
+    }
+}
+
+impl fmt::Display for ConsumableShares {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Off => f.write_str("off"),
+            Self::Memory => f.write_str("memory"),
+            Self::Shares(n) => write!(f, "{n}"),
+        }
+    }
+}
+
+/// What kind of device a published device is, for [`apply`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shareable {
+    FullGpu,
+    /// A MIG device that exists (static MIG): shared by memory only.
+    StaticMig,
+}
+
+/// Makes `device` allocatable to several claims under `mode`.
+pub fn apply(device: &mut Device, mode: ConsumableShares, kind: Shareable) {
+    let memory_only = kind == Shareable::StaticMig;
+    if mode == ConsumableShares::Off || (memory_only && mode != ConsumableShares::Memory) {
+        return;
+    }
+    let capacities = device.capacity.get_or_insert_with(Default::default);
+    let Some(memory) = capacities.get("memory") else {
+        return;
+    };
+    // Max and default must be multiples of the step: whole MiB, rounded down.
+    let bytes = parse_bytes(&memory.value.0) / MEMORY_STEP * MEMORY_STEP;
+    let quantity = |v: u64| Quantity(binary_si(v));
+    let (default, min) = match mode {
+        ConsumableShares::Memory => (bytes, MEMORY_STEP),
+        _ => (0, 0),
+    };
+    capacities.insert(
+        "memory".into(),
+        DeviceCapacity {
+            value: quantity(bytes),
+            request_policy: Some(CapacityRequestPolicy {
+                default: Some(quantity(default)),
+                valid_range: Some(CapacityRequestPolicyRange {
+                    min: quantity(min),
+                    max: Some(quantity(bytes)),
+                    step: Some(quantity(MEMORY_STEP)),
+                }),
+                valid_values: None,
+            }),
+        },
+    );
+    if let ConsumableShares::Shares(count) = mode {
+        let count = Quantity(count.to_string());
+        let one = || Quantity("1".into());
+        capacities.insert(
+            "shares".into(),
+            DeviceCapacity {
+                value: count.clone(),
+                request_policy: Some(CapacityRequestPolicy {
+                    default: Some(one()),
+                    valid_range: Some(CapacityRequestPolicyRange {
+                        min: one(),
+                        max: Some(count),
+                        step: Some(one()),
+                    }),
+                    valid_values: None,
+                }),
+            },
+        );
+    }
+    device.allow_multiple_allocations = Some(true);
+}
+
+/// Bytes of a quantity this module published (`binary_si` output).
+fn parse_bytes(quantity: &str) -> u64 {
+    k8s_quantity::Quantity::parse(quantity)
+        .map(|q| q.as_approximate_float().max(0.0) as u64)
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_parse_and_bad_values_are_named() {
+        assert_eq!("off".parse(), Ok(ConsumableShares::Off));
+        assert_eq!("memory".parse(), Ok(ConsumableShares::Memory));
+        assert_eq!("4".parse(), Ok(ConsumableShares::Shares(4)));
+        for bad in ["0", "-1", "lots", "memory,4"] {
+            let e = bad.parse::<ConsumableShares>().expect_err(bad);
+            assert!(e.contains(bad) && e.contains("memory"), "{e}");
+        }
+    }
+}
