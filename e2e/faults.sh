@@ -11,6 +11,10 @@
 # every crash the GPU's compute mode and time-slice end up as the claim wants them once prepared,
 # and exactly as they were before (not merely the defaults) once unprepared.
 #
+# Two claims sharing a whole GPU (consumable capacity, shareIDs) through its one MPS daemon: the
+# joining claim is killed at every prepare step, and the last claim to leave at every unprepare
+# step; the daemon and EXCLUSIVE_PROCESS stay exactly as long as a sharer is prepared.
+#
 # Whole GPUs and carved MIG devices with MPS (a GpuConfig / MigDeviceConfig with strategy MPS) in
 # the first rounds: after every crash the claim's MPS daemon runs (one, told its limits) once
 # prepared; once unprepared no daemon, shm mount or folder is left and the compute mode is back.
@@ -19,7 +23,7 @@
 # the checkpoint records (compute instances included, MIG mode as before), and the spec of a
 # retried prepare names the instance that exists.
 #
-# Usage: e2e/faults.sh [ROUNDS]   (default 5 rounds: 92 runs, 60 of them carving MIG devices)
+# Usage: e2e/faults.sh [ROUNDS]   (default 5 rounds: 125 runs, 69 of them carving MIG devices, 33 with MPS)
 set -euo pipefail
 NAME=faults-e2e
 NODE=fault-node-1
@@ -45,7 +49,11 @@ TIME_SLICED='{"apiVersion":"resource.nvidia.com/v1beta1","kind":"GpuConfig","sha
 # Steps an MPS whole GPU passes, and an MPS MIG device (which also carves).
 MPS_STEPS=" prepare-started prepare-sharing-applied prepare-mps-shm-mounted prepare-mps-started prepare-cdi-written prepare-completed unprepare-started rollback-cdi-removed "
 MPS_MIG_STEPS=" prepare-started prepare-ci-created prepare-mps-shm-mounted prepare-mps-started prepare-cdi-written prepare-completed unprepare-started rollback-cdi-removed rollback-mig-destroyed "
+# Rounds with MPS runs: whole GPUs in the first two, carved and shared GPUs in the first (each
+# MPS step is killed 4 times; kept short for CI's time).
 MPS_ROUNDS=2
+MPS_MORE_ROUNDS=1
+MPS_SHARED='{"apiVersion":"resource.nvidia.com/v1beta1","kind":"GpuConfig","sharing":{"strategy":"MPS"}}'
 MPS_GPU='{"apiVersion":"resource.nvidia.com/v1beta1","kind":"GpuConfig","sharing":{"strategy":"MPS","mpsConfig":{"defaultActiveThreadPercentage":30,"defaultPinnedDeviceMemoryLimit":"2Gi"}}}'
 MPS_MIG='{"apiVersion":"resource.nvidia.com/v1beta1","kind":"MigDeviceConfig","sharing":{"strategy":"MPS","mpsConfig":{"defaultActiveThreadPercentage":30}}}'
 
@@ -54,6 +62,7 @@ if [[ $DRIVER_BACKEND != nvml ]]; then
     "$GPU_DRA" sim --gpus "$GPUS" --node-name "$NODE" --sim-state "$WORK/hw.json" driver-root "$WORK/driver-root" >/dev/null
     DRIVER_ARGS="${DRIVER_ARGS:-} --nvidia-driver-root $WORK/driver-root"
 fi
+DRIVER_ARGS="${DRIVER_ARGS:-} --consumable-shares memory"
 MPS_CONTROL=${FAKE_MPS_CONTROL:-$ROOT/target/debug/nvidia-cuda-mps-control}
 [[ -x $MPS_CONTROL ]] || (cd "$ROOT" && cargo build -q -p fakenvml --bin nvidia-cuda-mps-control) >&2
 install -m 0755 "$MPS_CONTROL" "$WORK/driver-root/usr/bin/nvidia-cuda-mps-control"
@@ -62,9 +71,10 @@ declare -A killed=()
 runs=0
 mig_runs=0
 
-allocate_claim() { # name device [opaque parameters] → prints the UID
-    local config=
+allocate_claim() { # name device [opaque parameters [shared memory]] → prints the UID
+    local config= share=
     [[ -n ${3:-} ]] && config=",\"config\":[{\"source\":\"FromClaim\",\"requests\":[\"gpu\"],\"opaque\":{\"driver\":\"gpu.nvidia.com\",\"parameters\":$3}}]"
+    [[ -n ${4:-} ]] && share=",\"shareID\":\"$(cat /proc/sys/kernel/random/uuid)\",\"consumedCapacity\":{\"memory\":\"$4\"}"
     kubectl create -f - >/dev/null <<EOF
 apiVersion: resource.k8s.io/v1
 kind: ResourceClaim
@@ -72,7 +82,7 @@ metadata: {name: $1, namespace: default}
 spec: {devices: {requests: [{name: gpu, exactly: {deviceClassName: gpu.nvidia.com}}]}}
 EOF
     kubectl patch resourceclaim "$1" --subresource=status --type=merge -p \
-        "{\"status\":{\"allocation\":{\"devices\":{\"results\":[{\"request\":\"gpu\",\"driver\":\"gpu.nvidia.com\",\"pool\":\"$NODE\",\"device\":\"$2\"}]$config}}}}" >/dev/null
+        "{\"status\":{\"allocation\":{\"devices\":{\"results\":[{\"request\":\"gpu\",\"driver\":\"gpu.nvidia.com\",\"pool\":\"$NODE\",\"device\":\"$2\"$share}]$config}}}}" >/dev/null
     kubectl get resourceclaim "$1" -o jsonpath='{.metadata.uid}'
 }
 
@@ -172,13 +182,68 @@ expect_clean() {
         || fail "MIG mode left on: $(jq -c '[.gpus[] | {minor, mig_current, mig_pending}]' <<<"$state")"
 }
 
+# expect_shared UID...: exactly these claims prepared, sharing one daemon on GPU $1's UUID
+expect_shared() {
+    local gpu=$1 want u
+    shift
+    want=$(for u in "$@"; do echo "k8s.gpu.nvidia.com-claim_$u.json"; done | sort | tr '\n' ' ')
+    [[ $(cdi_files) == "$want" ]] || fail "CDI files: '$(cdi_files)', want '$want'"
+    [[ $(jq -c '[.claims[] | select(.state == "PrepareCompleted")] | length' "$WORK/state/checkpoint.json") == "$#" ]] \
+        || fail "checkpoint: $(checkpoint_claims), want $* completed"
+    [[ $(mps_pids | wc -l) == 1 ]] || fail "want one shared MPS daemon, have: $(mps_pids | tr '\n' ' ')"
+    [[ -d $WORK/state/mps/shared-$(slices_json | jq -r --arg d "gpu-$gpu" '.items[].spec.devices[]? | select(.name == $d) | .attributes.uuid.string') ]] \
+        || fail "no shared daemon folder for gpu-$gpu: $(ls "$WORK/state/mps")"
+    expect_sharing "$gpu" ExclusiveProcess/2 "shared through MPS"
+}
+
+# shared_run STEP GPU: claim A and claim B share the GPU; B is killed joining (prepare steps), or
+# is the last to leave and is killed leaving (unprepare steps).
+shared_run() {
+    local step=$1 gpu=$2 a b ua ub
+    set_gpu_sharing "$gpu" Prohibited 2
+    a=fi-$runs-a
+    b=fi-$runs-b
+    ua=$(allocate_claim "$a" "gpu-$gpu" "$MPS_SHARED" 20Gi)
+    ub=$(allocate_claim "$b" "gpu-$gpu" "$MPS_SHARED" 30Gi)
+    start_driver
+    call prepare "default/$a/$ua"
+    if [[ " ${PREPARE_STEPS[*]} " == *" $step "* ]]; then
+        stop_driver
+        crash "$step" prepare "default/$b/$ub"
+        if ((round == 1)) && [[ $UNFINISHED_STEPS == *" $step "* ]]; then
+            crash_in_recovery
+        fi
+        start_driver
+        call prepare "default/$b/$ub"
+        expect_shared "$gpu" "$ua" "$ub"
+        call unprepare "default/$b/$ub"
+        expect_shared "$gpu" "$ua"
+        call unprepare "default/$a/$ua"
+    else
+        call prepare "default/$b/$ub"
+        expect_shared "$gpu" "$ua" "$ub"
+        call unprepare "default/$a/$ua"
+        expect_shared "$gpu" "$ub"
+        stop_driver
+        crash "$step" unprepare "default/$b/$ub"
+        start_driver
+        call unprepare "default/$b/$ub"
+    fi
+    expect_clean
+    expect_sharing "$gpu" Prohibited/2 "after the last sharer left"
+    stop_driver
+    kubectl delete resourceclaim "$a" "$b" --wait=false >/dev/null
+    ok "run $runs: two claims sharing gpu-$gpu through MPS, killed at $step: recovered cleanly"
+}
+
 for round in $(seq "$ROUNDS"); do
     for step in "${PREPARE_STEPS[@]}" "${UNPREPARE_STEPS[@]}"; do
-        for kind in mig full sliced mps mps-mig; do
+        for kind in mig full sliced mps mps-mig mps-shared; do
             [[ $kind == full && $FULL_GPU_STEPS != *" $step "* ]] && continue
             [[ $kind == sliced && ($SLICED_STEPS != *" $step "* || $round -gt $SLICED_ROUNDS) ]] && continue
             [[ $kind == mps && ($MPS_STEPS != *" $step "* || $round -gt $MPS_ROUNDS) ]] && continue
-            [[ $kind == mps-mig && ($MPS_MIG_STEPS != *" $step "* || $round -gt $MPS_ROUNDS) ]] && continue
+            [[ $kind == mps-mig && ($MPS_MIG_STEPS != *" $step "* || $round -gt $MPS_MORE_ROUNDS) ]] && continue
+            [[ $kind == mps-shared && ($MPS_STEPS != *" $step "* || $round -gt $MPS_MORE_ROUNDS) ]] && continue
             [[ $kind == mig && ($step == prepare-sharing-applied || $step == prepare-mps-*) ]] && continue
             [[ $kind == sliced || $kind == full ]] && [[ $step == *mig-mode* || $step == *unrecorded* || $step == prepare-mps-* ]] && continue
             runs=$((runs + 1))
@@ -211,6 +276,10 @@ for round in $(seq "$ROUNDS"); do
                 config=$MPS_MIG
             fi
             claim=fi-$runs
+            if [[ $kind == mps-shared ]]; then
+                shared_run "$step" "$gpu"
+                continue
+            fi
             uid=$(allocate_claim "$claim" "$device" "$config")
             ref=default/$claim/$uid
             if [[ " ${PREPARE_STEPS[*]} " == *" $step "* ]]; then
