@@ -346,3 +346,52 @@ pub fn shared_client_env(
     }
     env
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::decode;
+
+    fn mps_config(mps: serde_json::Value) -> DeviceConfig {
+        decode(
+            &serde_json::json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+            "sharing": {"strategy": "MPS", "mpsConfig": mps}}),
+        )
+        .expect("valid config")
+    }
+
+    #[test]
+    fn multi_user_mps_needs_volta_or_newer() {
+        let config = mps_config(serde_json::json!({"multiUser": true}));
+        assert_eq!(check(&config, true, 7), Ok(()));
+        let (field, reason) = check(&config, true, 6).expect_err("Pascal");
+        assert_eq!(field, "sharing.mpsConfig.multiUser");
+        assert!(reason.contains("7.0") && reason.contains("6.x"), "{reason}");
+        // Without the driver's control binary MPS is refused, whatever the GPU.
+        let (field, _) = check(&config, false, 9).expect_err("no control binary");
+        assert_eq!(field, "sharing.strategy");
+    }
+
+    #[test]
+    fn a_multi_user_daemon_is_asked_for() {
+        let record = DeviceRecord {
+            request_names: vec!["gpu".into()],
+            pool: "n1".into(),
+            device: "gpu-0".into(),
+            cdi_device_ids: vec![],
+            share_id: None,
+            consumed: Default::default(),
+            admin_access: false,
+            uuid: "GPU-1".into(),
+            mig: None,
+            config: Some(mps_config(serde_json::json!({"multiUser": true}))),
+            sharing: None,
+            unknown: Default::default(),
+        };
+        let spec = daemon_spec(&[record], |d| d.uuid.clone())
+            .expect("valid")
+            .expect("a daemon");
+        assert!(spec.multi_user);
+        assert_eq!(spec.uuids, ["GPU-1"]);
+    }
+}

@@ -578,17 +578,34 @@ impl DeviceState {
         }
         let mut touched = BTreeSet::new();
         for (index, record) in entry.devices.iter().enumerate() {
-            // A GPU shared through MPS keeps its daemon and mode until its last claim leaves.
-            let still_shared = sharing::shared_mps(record)
-                && self.book().checkpoint.claims.values().any(|c| {
-                    c.uid != uid
-                        && c.devices.iter().any(|d| {
-                            d.pool == record.pool
-                                && d.device == record.device
-                                && sharing::shared_mps(d)
-                        })
-                });
-            if still_shared {
+            // A shared device stays as it is (carved, its MPS daemon running, its compute mode)
+            // until its last claim leaves; a carve this claim made passes to a claim still on it.
+            let sharer = record
+                .share_id
+                .as_ref()
+                .and_then(|_| self.other_sharer(uid, record));
+            if let Some((other_uid, other_index)) = sharer {
+                if let Some(mig) = record.mig.as_ref().filter(|m| m.created) {
+                    self.record_change(|checkpoint| {
+                        if let Some(other) = checkpoint
+                            .claims
+                            .get_mut(&other_uid)
+                            .and_then(|c| c.devices.get_mut(other_index))
+                        {
+                            match other.mig.as_mut() {
+                                Some(theirs) => theirs.created = true,
+                                None => other.mig = Some(mig.clone()),
+                            }
+                        }
+                        if let Some(stored) = checkpoint.claims.get_mut(uid) {
+                            stored.devices[index].mig = Some(MigRecord {
+                                created: false,
+                                ..mig.clone()
+                            });
+                        }
+                    })?;
+                    tracing::info!(device = %record.device, from = %uid, to = %other_uid, "a shared MIG device's carve passes to a claim still using it");
+                }
                 continue;
             }
             if sharing::shared_mps(record)
@@ -616,6 +633,21 @@ impl DeviceState {
             checkpoint.claims.remove(uid);
         })?;
         self.refresh(&touched)
+    }
+
+    /// Another claim holding `record`'s device shared (a `shareID`): its UID and device index.
+    fn other_sharer(&self, uid: &str, record: &DeviceRecord) -> Option<(String, usize)> {
+        let book = self.book();
+        book.checkpoint
+            .claims
+            .values()
+            .filter(|c| c.uid != uid)
+            .find_map(|c| {
+                let index = c.devices.iter().position(|d| {
+                    d.pool == record.pool && d.device == record.device && d.share_id.is_some()
+                })?;
+                Some((c.uid.clone(), index))
+            })
     }
 
     /// What the owner of a prepared claim should be told (Warning Events): `(reason, note)`.
@@ -738,12 +770,6 @@ impl DeviceState {
             if shared && !self.config.consumable.is_on() {
                 return Err(bad(format!(
                     "{at}.shareID: device {:?} is not published for sharing (--consumable-shares is off)",
-                    result.device
-                )));
-            }
-            if shared && !matches!(target, Target::Gpu { .. } | Target::StaticMig { .. }) {
-                return Err(bad(format!(
-                    "{at}.shareID: device {:?} is a MIG placement carved for one claim; it cannot be shared",
                     result.device
                 )));
             }

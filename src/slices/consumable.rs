@@ -20,7 +20,7 @@ pub enum ConsumableShares {
     /// Every device belongs to one claim at a time.
     #[default]
     Off,
-    /// Full GPUs and static MIG devices are shared by memory: a claim asks for
+    /// Full GPUs and MIG devices are shared by memory: a claim asks for
     /// `capacity.requests.memory` (default: all of it), in 1Mi steps.
     Memory,
     /// Full GPUs are cut into this many `shares` (default request: 1); `memory` may be requested
@@ -65,13 +65,13 @@ impl fmt::Display for ConsumableShares {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Shareable {
     FullGpu,
-    /// A MIG device that exists (static MIG): shared by memory only.
-    StaticMig,
+    /// A MIG device (static, or a placement carved on demand): shared by memory only.
+    Mig,
 }
 
 /// Makes `device` allocatable to several claims under `mode`.
 pub fn apply(device: &mut Device, mode: ConsumableShares, kind: Shareable) {
-    let memory_only = kind == Shareable::StaticMig;
+    let memory_only = kind == Shareable::Mig;
     if mode == ConsumableShares::Off || (memory_only && mode != ConsumableShares::Memory) {
         return;
     }

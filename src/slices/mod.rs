@@ -135,13 +135,12 @@ pub fn content(inventory: &NodeInventory, options: &SliceOptions) -> PoolContent
                 }
                 pool.devices.extend(
                     static_mig_devices(inventory, gpu)
-                        .map(|d| shareable(d, consumable::Shareable::StaticMig)),
+                        .map(|d| shareable(d, consumable::Shareable::Mig)),
                 );
             }
             GpuMode::Dynamic => {
                 pool.counter_sets.push(partitions::counter_set(gpu));
                 // Ampere cannot leave MIG mode without a reset: no whole GPU while it is on.
-                // Its placements are not shared: each carve belongs to one claim.
                 if !mig_on || gpu.architecture.toggles_mig_without_reset() {
                     let device = partitions::whole_gpu(inventory, gpu);
                     pool.devices
@@ -158,11 +157,10 @@ pub fn content(inventory: &NodeInventory, options: &SliceOptions) -> PoolContent
         }
     }
     packing::order(&mut candidates, packing::Usage::of);
-    pool.devices.extend(
-        candidates
-            .into_iter()
-            .map(|c| partitions::placement_device(inventory, c.gpu, c.profile, c.placement)),
-    );
+    pool.devices.extend(candidates.into_iter().map(|c| {
+        let device = partitions::placement_device(inventory, c.gpu, c.profile, c.placement);
+        shareable(device, consumable::Shareable::Mig)
+    }));
     if options.order == DeviceOrder::Name {
         pool.devices.sort_by(|a, b| a.name.cmp(&b.name));
     }
@@ -497,14 +495,21 @@ mod tests {
             ),
             ("1Mi", Some("1Mi"))
         );
-        // A placement is carved for one claim: never shared.
-        assert!(
-            memory[1..]
-                .iter()
-                .all(|d| d.allow_multiple_allocations.is_none()),
-        );
+        // Placements are shared by memory too (the first claim carves, the last destroys)...
+        assert!(memory[1..].iter().all(|d| {
+            d.allow_multiple_allocations == Some(true)
+                && d.capacity
+                    .as_ref()
+                    .is_some_and(|c| !c.contains_key("shares"))
+        }),);
 
         let shares = publish(ConsumableShares::Shares(4));
+        // ...but not cut into shares.
+        assert!(
+            shares[1..]
+                .iter()
+                .all(|d| d.allow_multiple_allocations.is_none())
+        );
         let caps = shares[0].capacity.as_ref().expect("capacity");
         assert_eq!(caps["shares"].value.0, "4");
         assert_eq!(

@@ -588,3 +588,61 @@ fn a_share_id_is_refused_unless_devices_are_published_for_sharing() {
     );
     assert!(state.checkpoint().claims.is_empty());
 }
+
+#[test]
+fn a_carved_mig_device_shared_by_memory_lives_until_its_last_claim_leaves() {
+    let node = Node::with_shares(
+        "sim:1xH100-SXM5-80GB",
+        MigPolicy::Dynamic,
+        ConsumableShares::Memory,
+    );
+    let (state, _) = node.open();
+    let device = "gpu-0-mig-2g20gb-14-2";
+    for (uid, share) in [("first", "share-1"), ("second", "share-2")] {
+        let c = claim(
+            uid,
+            vec![shared("mig", device, share, "8Gi")],
+            vec![(None, mps("MigDeviceConfig", json!({})))],
+        );
+        state.prepare(&claim_ref(uid), &c).expect("prepare");
+    }
+    let hw = node.sim.state().expect("state");
+    assert_eq!(hw.gpus[0].gpu_instances.len(), 1, "carved once: {hw:?}");
+    let uuid = uuid_of(&state, "first", 0);
+    assert_eq!(
+        uuid_of(&state, "second", 0),
+        uuid,
+        "both claims on the one MIG device"
+    );
+    assert_eq!(
+        node.daemons().len(),
+        1,
+        "one daemon for the shared MIG device"
+    );
+    let env = node.spec("second")["containerEdits"]["env"].to_string();
+    assert!(
+        env.contains("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=8192M"),
+        "{env}"
+    );
+
+    // The claim that carved it leaves first: the carve passes to the other claim.
+    state.unprepare("first").expect("unprepare");
+    assert_eq!(
+        node.sim.state().expect("state").gpus[0].gpu_instances.len(),
+        1
+    );
+    assert_eq!(node.daemons().len(), 1);
+    let owner = &state.checkpoint().claims["second"].devices[0];
+    assert!(owner.mig.as_ref().is_some_and(|m| m.created), "{owner:?}");
+    // ...and survives a restart as the owner.
+    drop(state);
+    let (state, report) = node.open();
+    assert!(report.instances_destroyed.is_empty(), "{report:?}");
+    state.unprepare("second").expect("unprepare");
+    let hw = node.sim.state().expect("state");
+    assert!(
+        hw.gpus[0].gpu_instances.is_empty() && !hw.gpus[0].mig_current,
+        "{hw:?}"
+    );
+    node.assert_clean();
+}
