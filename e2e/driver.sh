@@ -115,11 +115,15 @@ ok "driver restart: no slice writes, prepared claim kept"
 log "API server down for ${OUTAGE}s"
 sleep "$OUTAGE"
 kill -0 "$DRIVER_PID" 2>/dev/null || fail "the driver died during the API server outage"
+# Garbage collection cannot tell "gone" from "unreachable": a prepared claim must stay prepared.
+[[ -f $spec ]] || fail "the prepared claim was unprepared during the API server outage"
 "$E2E/cluster" start kube-apiserver >&2 || fail "the API server did not come back"
 wait_for "API server back" 90 kubectl get --raw /readyz
+sleep 3 # a garbage-collection round (2 s) with the server back
+[[ -f $spec ]] || fail "the prepared claim was unprepared after the API server outage"
 kubectl delete resourceslices --field-selector "spec.nodeName=$NODE" >&2
 wait_for "slices repaired" 30 bash -c "[[ \$(kubectl get resourceslices -o json | jq '[.items[].spec.devices[]?] | length') == $DEVICES ]]"
-ok "survived a ${OUTAGE}s API server outage and repaired deleted slices"
+ok "survived a ${OUTAGE}s API server outage (prepared claim kept) and repaired deleted slices"
 
 # ---------------------------------------------------------------- 6. garbage collection
 kubectl delete pod trainer --wait=false >&2

@@ -11,6 +11,10 @@
 # every crash the GPU's compute mode and time-slice end up as the claim wants them once prepared,
 # and exactly as they were before (not merely the defaults) once unprepared.
 #
+# Two claims carving MIG devices of one GPU in one kubelet call (in flight together) in the first
+# round: the driver is killed at every prepare step in whichever claim reaches it first; after the
+# restart both are prepared on instances that exist, and nothing leaks.
+#
 # Two claims sharing a whole GPU (consumable capacity, shareIDs) through its one MPS daemon: the
 # joining claim is killed at every prepare step, and the last claim to leave at every unprepare
 # step; the daemon and EXCLUSIVE_PROCESS stay exactly as long as a sharer is prepared.
@@ -23,7 +27,7 @@
 # the checkpoint records (compute instances included, MIG mode as before), and the spec of a
 # retried prepare names the instance that exists.
 #
-# Usage: e2e/faults.sh [ROUNDS]   (default 5 rounds: 125 runs, 69 of them carving MIG devices, 33 with MPS)
+# Usage: e2e/faults.sh [ROUNDS]   (default 5 rounds: 133 runs, 77 of them carving MIG devices, 33 with MPS)
 set -euo pipefail
 NAME=faults-e2e
 NODE=fault-node-1
@@ -67,6 +71,10 @@ MPS_CONTROL=${FAKE_MPS_CONTROL:-$ROOT/target/debug/nvidia-cuda-mps-control}
 [[ -x $MPS_CONTROL ]] || (cd "$ROOT" && cargo build -q -p fakenvml --bin nvidia-cuda-mps-control) >&2
 install -m 0755 "$MPS_CONTROL" "$WORK/driver-root/usr/bin/nvidia-cuda-mps-control"
 
+# FAULT_KINDS (for working on one kind; the totals below are then not checked).
+ALL_KINDS="mig full sliced mps mps-mig mps-shared pair"
+KINDS=${FAULT_KINDS:-$ALL_KINDS}
+
 declare -A killed=()
 runs=0
 mig_runs=0
@@ -97,16 +105,18 @@ call() {
 }
 
 # crash STEP OP CLAIM: runs OP on a driver armed with STEP, which must die there.
-crash() {
-    local step=$1 before reached
+crash() { # STEP OP CLAIM... (several claims: one call, prepared side by side)
+    local step=$1 op=$2 before reached ref claims=()
+    shift 2
+    for ref in "$@"; do claims+=(--claim "$ref"); done
     reached="failpoint reached.*step=\"?$step(\"| |$)"
     before=$(grep -cE "$reached" "$WORK/driver.log" 2>/dev/null || true)
     start_driver GPU_DRA_FAILPOINT="$step"
-    kubelet "$2" --claim "$3" >/dev/null 2>&1 || true
+    kubelet "$op" "${claims[@]}" >/dev/null 2>&1 || true
     sleep 0.1
-    kill -0 "$DRIVER_PID" 2>/dev/null && fail "armed at $step, the driver survived $2"
+    kill -0 "$DRIVER_PID" 2>/dev/null && fail "armed at $step, the driver survived $op"
     (($(grep -cE "$reached" "$WORK/driver.log" || true) > ${before:-0})) \
-        || fail "the driver died during $2 without reaching $step"
+        || fail "the driver died during $op without reaching $step"
     killed[$step]=$((${killed[$step]:-0} + 1))
     stop_driver
 }
@@ -196,6 +206,36 @@ expect_shared() {
     expect_sharing "$gpu" ExclusiveProcess/2 "shared through MPS"
 }
 
+# pair_run STEP GPU: two claims carving MIG devices of one GPU, prepared in one call (side by
+# side, the GPU taking them in turn); the driver dies at STEP in whichever reaches it first. After
+# the restart both are prepared on the instances that exist, then both unprepared.
+pair_run() {
+    local step=$1 gpu=$2 a b ua ub want state
+    a=fi-$runs-a
+    b=fi-$runs-b
+    ua=$(allocate_claim "$a" "gpu-$gpu-mig-3g40gb-9-0")
+    ub=$(allocate_claim "$b" "gpu-$gpu-mig-3g40gb-9-4")
+    mig_runs=$((mig_runs + 1))
+    crash "$step" prepare "default/$a/$ua" "default/$b/$ub"
+    start_driver
+    out=$(kubelet prepare --claim "default/$a/$ua" --claim "default/$b/$ub") || fail "prepare the pair: $out"
+    [[ $(jq -r '[.claims[].error] | join("")' <<<"$out") == "" ]] || fail "prepare the pair: $out"
+    want=$(for u in "$ua" "$ub"; do echo "k8s.gpu.nvidia.com-claim_$u.json"; done | sort | tr '\n' ' ')
+    [[ $(cdi_files) == "$want" ]] || fail "CDI files: '$(cdi_files)', want '$want'"
+    state=$(hw)
+    [[ $(jq --argjson g "$gpu" '[.gpus[] | select(.minor == $g) | .gpu_instances[].compute_instances[]] | length' <<<"$state") == 2 ]] \
+        || fail "want the pair's 2 MIG devices on GPU $gpu: $(jq -c --argjson g "$gpu" '.gpus[] | select(.minor == $g)' <<<"$state")"
+    for u in "$ua" "$ub"; do
+        # Each spec names an instance that exists, and the two differ.
+        jq -r '.devices[0].containerEdits.env[] | select(startswith("NVIDIA_VISIBLE_DEVICES="))' "$WORK/cdi/k8s.gpu.nvidia.com-claim_$u.json"
+    done | sort -u | wc -l | grep -qx 2 || fail "the pair's specs do not name two MIG devices"
+    out=$(kubelet unprepare --claim "default/$a/$ua" --claim "default/$b/$ub") || fail "unprepare the pair: $out"
+    expect_clean
+    stop_driver
+    kubectl delete resourceclaim "$a" "$b" --wait=false >/dev/null
+    ok "run $runs: two claims carving on gpu-$gpu in one call, killed at $step: both recovered"
+}
+
 # shared_run STEP GPU: claim A and claim B share the GPU; B is killed joining (prepare steps), or
 # is the last to leave and is killed leaving (unprepare steps).
 shared_run() {
@@ -238,12 +278,13 @@ shared_run() {
 
 for round in $(seq "$ROUNDS"); do
     for step in "${PREPARE_STEPS[@]}" "${UNPREPARE_STEPS[@]}"; do
-        for kind in mig full sliced mps mps-mig mps-shared; do
+        for kind in $KINDS; do
             [[ $kind == full && $FULL_GPU_STEPS != *" $step "* ]] && continue
             [[ $kind == sliced && ($SLICED_STEPS != *" $step "* || $round -gt $SLICED_ROUNDS) ]] && continue
             [[ $kind == mps && ($MPS_STEPS != *" $step "* || $round -gt $MPS_ROUNDS) ]] && continue
             [[ $kind == mps-mig && ($MPS_MIG_STEPS != *" $step "* || $round -gt $MPS_MORE_ROUNDS) ]] && continue
             [[ $kind == mps-shared && ($MPS_STEPS != *" $step "* || $round -gt $MPS_MORE_ROUNDS) ]] && continue
+            [[ $kind == pair && ($round -gt 1 || " ${PREPARE_STEPS[*]} " != *" $step "* || $step == prepare-sharing-applied || $step == prepare-mps-*) ]] && continue
             [[ $kind == mig && ($step == prepare-sharing-applied || $step == prepare-mps-*) ]] && continue
             [[ $kind == sliced || $kind == full ]] && [[ $step == *mig-mode* || $step == *unrecorded* || $step == prepare-mps-* ]] && continue
             runs=$((runs + 1))
@@ -278,6 +319,10 @@ for round in $(seq "$ROUNDS"); do
             claim=fi-$runs
             if [[ $kind == mps-shared ]]; then
                 shared_run "$step" "$gpu"
+                continue
+            fi
+            if [[ $kind == pair ]]; then
+                pair_run "$step" "$gpu"
                 continue
             fi
             uid=$(allocate_claim "$claim" "$device" "$config")
@@ -315,6 +360,11 @@ for round in $(seq "$ROUNDS"); do
     done
 done
 
+if [[ $KINDS != "$ALL_KINDS" ]]; then
+    log "only kinds $KINDS: $runs runs, totals not checked"
+    echo "$passed passed, 0 failed"
+    exit 0
+fi
 for step in "${PREPARE_STEPS[@]}" "${UNPREPARE_STEPS[@]}"; do
     ((${killed[$step]:-0} > 0)) || fail "no run was killed at $step"
 done

@@ -80,7 +80,9 @@ ok "TimeSlicing on the MIG device: prepared, with a Warning Event on the claim (
 
 # ---------------------------------------------------------------- 2. the whole GPU must wait
 claim_and_pod whole gpu.nvidia.com "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('40Gi')) >= 0"
-sleep 8
+# The scheduler's verdict, not a guess at how long it takes: PodScheduled=False, Unschedulable.
+wait_for "the whole-GPU pod unschedulable" 60 bash -c \
+    "kubectl get pod whole -o json | jq -e '.status.conditions[]? | select(.type == \"PodScheduled\" and .status == \"False\" and .reason == \"Unschedulable\")'"
 [[ -z $(allocated_device whole) ]] || fail "the whole GPU was allocated while a MIG device is in use"
 [[ $(kubectl get pod whole -o jsonpath='{.spec.nodeName}') == "" ]] || fail "the whole-GPU pod was bound"
 ok "a whole-GPU claim stays unschedulable while the MIG device lives"

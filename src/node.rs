@@ -494,3 +494,111 @@ async fn report_on_node(
         )
         .await
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use k8s_openapi::api::resource::v1::{
+        AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaim,
+        ResourceClaimStatus,
+    };
+    use tokio::sync::watch;
+
+    use super::*;
+    use crate::gpu::mig::MigPolicy;
+    use crate::gpu::sim::SimNode;
+    use crate::prepare::ClaimRef;
+
+    fn mig_claim(uid: &str, device: &str) -> ResourceClaim {
+        let mut claim = ResourceClaim::default();
+        claim.metadata.name = Some(format!("claim-{uid}"));
+        claim.metadata.namespace = Some("default".into());
+        claim.metadata.uid = Some(uid.into());
+        claim.status = Some(ResourceClaimStatus {
+            allocation: Some(AllocationResult {
+                devices: Some(DeviceAllocationResult {
+                    results: Some(vec![DeviceRequestAllocationResult {
+                        request: "mig".into(),
+                        driver: "gpu.nvidia.com".into(),
+                        pool: "n1".into(),
+                        device: device.into(),
+                        ..Default::default()
+                    }]),
+                    config: None,
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        claim
+    }
+
+    /// A carve changes the node's MIG state: the desired slices are rebuilt from the new
+    /// inventory (once), and nothing is sent while the inventory stays the same.
+    #[test]
+    fn slices_are_rebuilt_after_a_carve_and_only_then() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let sim = Arc::new(SimNode::new(
+            "sim:1xH100-SXM5-80GB".parse().expect("spec"),
+            "n1",
+            Some(dir.path().join("hw.json")),
+        ));
+        let (state, _) = DeviceState::open(
+            DriverConfig {
+                driver_name: "gpu.nvidia.com".into(),
+                mig_policy: MigPolicy::Auto,
+                node_name: "n1".into(),
+                cdi_root: dir.path().join("cdi"),
+                state_dir: dir.path().join("state"),
+                dev_root: None,
+                driver_root: None,
+                consumable: Default::default(),
+            },
+            sim.clone(),
+        )
+        .expect("open");
+        let options = SliceOptions {
+            modes: Some(state.modes().clone()),
+            ..SliceOptions::new("gpu.nvidia.com", "n1")
+        };
+        let before = slices::build(&state.inventory(), &options).expect("slices");
+        let (desired, mut seen) = watch::channel(Arc::new(before));
+        seen.mark_unchanged();
+        let updater = SliceUpdater {
+            options: options.clone(),
+            desired,
+            inventory: std::sync::Mutex::new(state.inventory()),
+        };
+        updater.state_changed(&state);
+        assert!(!seen.has_changed().expect("open"), "nothing changed yet");
+
+        let claim_ref = ClaimRef {
+            namespace: "default".into(),
+            name: "claim-c".into(),
+            uid: "c".into(),
+        };
+        state
+            .prepare(&claim_ref, &mig_claim("c", "gpu-0-mig-1g10gb-19-3"))
+            .expect("carve");
+        updater.state_changed(&state);
+        assert!(
+            seen.has_changed().expect("open"),
+            "the carve is republished"
+        );
+        let now = seen.borrow_and_update().clone();
+        assert_eq!(
+            *now,
+            slices::build(&state.inventory(), &options).expect("slices"),
+            "built from the inventory after the carve"
+        );
+        assert!(
+            state.inventory().gpus[0]
+                .mig
+                .as_ref()
+                .is_some_and(|m| m.instances.len() == 1)
+        );
+        updater.state_changed(&state);
+        assert!(!seen.has_changed().expect("open"), "sent once");
+    }
+}

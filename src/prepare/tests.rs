@@ -808,3 +808,90 @@ fn sharing_settings_never_change_under_another_claims_processes() {
     assert_eq!(f.sim.sharing_settings(1).expect("read"), before);
     assert_eq!(state.checkpoint().claims.len(), 1);
 }
+
+/// A claim deleted and re-created under the same name (a new UID) is another claim: the old one's
+/// devices are unprepared, whatever the new one is allocated.
+#[tokio::test]
+async fn garbage_collection_unprepares_a_claim_recreated_under_a_new_uid() {
+    use super::NodeDriver;
+    use super::claims::MemoryClaims;
+    use super::driver::Driver;
+
+    let f = Fixture::new("sim:2xT4");
+    let claims = Arc::new(MemoryClaims::default());
+    let old = claim("old", vec![result("gpu-0")], vec![]);
+    claims.insert(old.clone());
+    let driver = Driver::new(f.open(), claims.clone()).with_gc_grace(std::time::Duration::ZERO);
+    let prepared = driver.prepare(vec![claim_ref("old")]).await;
+    assert!(prepared.iter().all(|(_, r)| r.is_ok()), "{prepared:?}");
+    // Same namespace and name, a new object, allocated the same device.
+    let mut recreated = old.clone();
+    recreated.metadata.uid = Some("new".into());
+    claims.insert(recreated);
+    let collected = driver.collect_garbage().await;
+    assert_eq!(
+        collected.iter().map(|c| c.uid.as_str()).collect::<Vec<_>>(),
+        ["old"]
+    );
+    assert!(f.cdi_files().is_empty());
+    assert!(driver.with_state(|s| s.claims().is_empty()).await);
+}
+
+/// A claim source that cannot answer (the API server is down) makes garbage collection keep
+/// every claim: "cannot look it up" is not "gone".
+#[tokio::test]
+async fn garbage_collection_keeps_claims_it_cannot_look_up() {
+    use super::NodeDriver;
+    use super::claims::{ClaimSource, MemoryClaims};
+    use super::driver::Driver;
+    use k8s_openapi::api::resource::v1::AllocatedDeviceStatus;
+
+    /// Answers once it is told to; before that every lookup fails.
+    struct Unreachable {
+        claims: MemoryClaims,
+        up: std::sync::atomic::AtomicBool,
+    }
+    #[tonic::async_trait]
+    impl ClaimSource for Unreachable {
+        async fn get(&self, namespace: &str, name: &str) -> Result<Option<ResourceClaim>, String> {
+            if self.up.load(std::sync::atomic::Ordering::SeqCst) {
+                self.claims.get(namespace, name).await
+            } else {
+                Err("connection refused".into())
+            }
+        }
+        async fn set_device_status(
+            &self,
+            namespace: &str,
+            name: &str,
+            devices: Vec<AllocatedDeviceStatus>,
+        ) -> Result<(), String> {
+            self.claims
+                .set_device_status(namespace, name, devices)
+                .await
+        }
+        async fn warn(&self, claim: &ClaimRef, reason: &str, note: &str) -> Result<(), String> {
+            self.claims.warn(claim, reason, note).await
+        }
+    }
+
+    let f = Fixture::new("sim:2xT4");
+    let source = Arc::new(Unreachable {
+        claims: MemoryClaims::default(),
+        up: true.into(),
+    });
+    source
+        .claims
+        .insert(claim("kept", vec![result("gpu-1")], vec![]));
+    let driver = Driver::new(f.open(), source.clone()).with_gc_grace(std::time::Duration::ZERO);
+    let prepared = driver.prepare(vec![claim_ref("kept")]).await;
+    assert!(prepared.iter().all(|(_, r)| r.is_ok()), "{prepared:?}");
+    // Deleted while the server is unreachable: nothing is collected until it answers.
+    source.claims.remove("default", "claim-kept");
+    source.up.store(false, std::sync::atomic::Ordering::SeqCst);
+    assert!(driver.collect_garbage().await.is_empty());
+    assert_eq!(f.cdi_files().len(), 1);
+    source.up.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(driver.collect_garbage().await.len(), 1);
+    assert!(f.cdi_files().is_empty());
+}

@@ -630,6 +630,43 @@ mod tests {
         assert_eq!(names, ["c"]);
     }
 
+    #[test]
+    fn the_fingerprint_sees_every_spec_change_and_only_those() {
+        let built = crate::slices::build(
+            &crate::gpu::sim::SimNode::new("sim:2xT4".parse().expect("spec"), "n1", None)
+                .inventory()
+                .expect("inventory"),
+            &SliceOptions::new("gpu.nvidia.com", "n1"),
+        )
+        .expect("slices");
+        let slice = &built[0];
+        let same = spec_json(slice, slice.spec.pool.generation, 1);
+        assert_eq!(
+            same,
+            spec_json(&slice.clone(), slice.spec.pool.generation, 1)
+        );
+        // A new generation or slice count is a change the server must see...
+        assert_ne!(same, spec_json(slice, slice.spec.pool.generation + 1, 1));
+        assert_ne!(same, spec_json(slice, slice.spec.pool.generation, 2));
+        // ...and so is any device change; metadata is not part of the spec.
+        let mut renamed = slice.clone();
+        renamed.spec.devices.get_or_insert_with(Vec::new)[0].name = "gpu-9".into();
+        assert_ne!(same, spec_json(&renamed, slice.spec.pool.generation, 1));
+        let mut relabelled = slice.clone();
+        relabelled.metadata.labels = Some([("a".to_string(), "b".to_string())].into());
+        assert_eq!(same, spec_json(&relabelled, slice.spec.pool.generation, 1));
+    }
+
+    #[test]
+    fn unparsable_resource_versions_let_the_newcomer_win() {
+        let old = Stored::of(&slice("a", "u1", "not-a-number"));
+        let new = Stored::of(&slice("a", "u1", "5"));
+        assert!(old.older_than(&new) && new.older_than(&old));
+        let v5 = Stored::of(&slice("a", "u1", "5"));
+        let v7 = Stored::of(&slice("a", "u1", "7"));
+        assert!(v5.older_than(&v7) && !v7.older_than(&v5));
+    }
+
     #[tokio::test]
     async fn a_sync_against_a_hung_api_server_fails_within_the_deadline() {
         let (client, server) = hung_api_server().await;
