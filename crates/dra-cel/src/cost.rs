@@ -1811,9 +1811,7 @@ pub fn estimate_cost(expression: &str) -> Result<u64, CelError> {
 fn estimate_on_this_thread(source: &str) -> Result<u64, CelError> {
     // Same parse and check as `compile` (its errors are the API server's too).
     super::compile(source)?;
-    let (ast, info) = cel::parser::Parser::new()
-        .enable_optional_syntax(true)
-        .max_recursion_depth(super::MAX_RECURSION_DEPTH as u16)
+    let (ast, info) = super::parser()
         .parse_with_source_info(source)
         .map_err(|_| CelError::Compile("compilation failed".into()))?;
     let mut checker = Checker::new(&info);

@@ -161,13 +161,36 @@ fn depth(e: &IdedExpr) -> usize {
     1 + children.into_iter().map(depth).max().unwrap_or(0)
 }
 
-fn compile_on_this_thread(source: &str) -> Result<Selector, CelError> {
-    let parsed = cel::parser::Parser::new()
+/// The parser, limited as cel-go's parse listener limits nesting: more than
+/// [`MAX_RECURSION_DEPTH`] nested expressions (the cel crate allows one more than it is given).
+fn parser() -> cel::parser::Parser {
+    cel::parser::Parser::new()
         .enable_optional_syntax(true)
-        .max_recursion_depth(MAX_RECURSION_DEPTH as u16)
-        .parse_with_source_info(source);
+        .max_recursion_depth((MAX_RECURSION_DEPTH - 1) as u16)
+}
+
+/// cel-go's two nesting limits, in its words: its parse listener's (nested expressions) and its
+/// AST builder's (nested operators, selects, indexes and calls, [`depth`]).
+fn recursion_limit_error() -> CelError {
+    CelError::Compile(format!(
+        "compilation failed: ERROR: <input>:-1:0: expression recursion limit exceeded: {MAX_RECURSION_DEPTH}"
+    ))
+}
+
+fn compile_on_this_thread(source: &str) -> Result<Selector, CelError> {
+    let parsed = parser().parse_with_source_info(source);
     let (ast, info): (IdedExpr, SourceInfo) = match parsed {
         Ok(p) => p,
+        // The cel crate reports its limit with its own error types; Kubernetes users see
+        // cel-go's message.
+        Err(errors)
+            if errors
+                .errors
+                .iter()
+                .any(|e| e.msg.contains("Recursion limit of")) =>
+        {
+            return Err(recursion_limit_error());
+        }
         Err(errors) => {
             let rendered: Vec<String> = errors
                 .errors
@@ -183,10 +206,10 @@ fn compile_on_this_thread(source: &str) -> Result<Selector, CelError> {
             )));
         }
     };
-    if depth(&ast) > MAX_RECURSION_DEPTH {
-        return Err(CelError::Compile(format!(
-            "compilation failed: ERROR: <input>:-1:0: expression recursion limit exceeded: {MAX_RECURSION_DEPTH}"
-        )));
+    if depth(&ast) > MAX_RECURSION_DEPTH + 1 {
+        return Err(CelError::Compile(
+            "compilation failed: ERROR: <input>:-1:0: max recursion depth exceeded".into(),
+        ));
     }
     let mut checker = Checker::new(&info);
     let (root, ty) = checker.check(&ast);

@@ -2,7 +2,8 @@
 //! (this package's binary) in a fake driver root: the daemon really runs, is told the claim's
 //! limits, outlives a driver restart, and leaves nothing behind.
 //!
-//! Needs root (the daemon's shm is a tmpfs mount), as the driver does.
+//! Needs root (the daemon's shm is a tmpfs mount), as the driver does: plain `cargo test` lists
+//! the tests as ignored; `cargo test -- --include-ignored` (e2e/run-tests) runs them.
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -226,6 +227,7 @@ fn has_mount(spec: &serde_json::Value, host: &Path, container: &str) -> bool {
 }
 
 #[test]
+#[ignore = "needs root: the MPS daemons' shm is a tmpfs mount (e2e/run-tests runs ignored tests)"]
 fn a_full_gpu_gets_a_daemon_with_the_claims_limits_that_outlives_a_restart() {
     let node = Node::new("sim:2xH100-SXM5-80GB", MigPolicy::Static);
     // What an admin left on the GPU comes back at unprepare.
@@ -314,6 +316,7 @@ fn a_full_gpu_gets_a_daemon_with_the_claims_limits_that_outlives_a_restart() {
 }
 
 #[test]
+#[ignore = "needs root: the MPS daemons' shm is a tmpfs mount (e2e/run-tests runs ignored tests)"]
 fn a_carved_mig_device_gets_its_daemon_after_the_carve_and_loses_it_before_the_destroy() {
     let node = Node::new("sim:1xH100-SXM5-80GB", MigPolicy::Dynamic);
     let (state, _) = node.open();
@@ -355,6 +358,7 @@ fn a_carved_mig_device_gets_its_daemon_after_the_carve_and_loses_it_before_the_d
 }
 
 #[test]
+#[ignore = "needs root: the MPS daemons' shm is a tmpfs mount (e2e/run-tests runs ignored tests)"]
 fn crashes_and_dead_daemons_are_repaired_at_start() {
     let node = Node::new("sim:2xH100-SXM5-80GB", MigPolicy::Static);
     let before = node.sim.sharing_settings(0).expect("settings");
@@ -409,6 +413,7 @@ fn crashes_and_dead_daemons_are_repaired_at_start() {
 }
 
 #[test]
+#[ignore = "needs root: the MPS daemons' shm is a tmpfs mount (e2e/run-tests runs ignored tests)"]
 fn bad_mps_settings_name_the_request_and_field_and_change_nothing() {
     let node = Node::new("sim:2xH100-SXM5-80GB", MigPolicy::Dynamic);
     let (state, _) = node.open();
@@ -496,6 +501,7 @@ fn shared(request: &str, device: &str, share: &str, memory: &str) -> DeviceReque
 }
 
 #[test]
+#[ignore = "needs root: the MPS daemons' shm is a tmpfs mount (e2e/run-tests runs ignored tests)"]
 fn claims_sharing_a_gpu_by_memory_share_one_daemon_each_held_to_what_it_consumed() {
     let node = Node::with_shares(
         "sim:1xH100-SXM5-80GB",
@@ -573,6 +579,7 @@ fn claims_sharing_a_gpu_by_memory_share_one_daemon_each_held_to_what_it_consumed
 }
 
 #[test]
+#[ignore = "needs root: the MPS daemons' shm is a tmpfs mount (e2e/run-tests runs ignored tests)"]
 fn a_share_id_is_refused_unless_devices_are_published_for_sharing() {
     let node = Node::new("sim:1xH100-SXM5-80GB", MigPolicy::Off);
     let (state, _) = node.open();
@@ -590,6 +597,7 @@ fn a_share_id_is_refused_unless_devices_are_published_for_sharing() {
 }
 
 #[test]
+#[ignore = "needs root: the MPS daemons' shm is a tmpfs mount (e2e/run-tests runs ignored tests)"]
 fn a_carved_mig_device_shared_by_memory_lives_until_its_last_claim_leaves() {
     let node = Node::with_shares(
         "sim:1xH100-SXM5-80GB",
