@@ -825,7 +825,8 @@ struct Coster {
     locals: HashMap<String, Vec<Local>>,
     sizes: HashMap<u64, Est>,
     entries: HashMap<u64, Entry>,
-    error: Option<String>,
+    /// The first error cel-go's cost environment reports, and the node it is reported at.
+    error: Option<(u64, String)>,
 }
 
 fn lit_int(x: &X) -> Option<i64> {
@@ -1057,6 +1058,32 @@ impl Coster {
         }
     }
 
+    /// A result type as cel-go's cost environment prints it: attribute values are
+    /// `google.protobuf.Any` there, other dynamic values `dyn`.
+    fn shown_type(&self, e: &X) -> String {
+        if self.is_any(e) {
+            return "google.protobuf.Any".into();
+        }
+        // cel.Type.String() spells null as `null_type`.
+        if e.ty == Type::Null {
+            return "null_type".into();
+        }
+        if let K::List(elems) = &e.k
+            && let Some(first) = elems.first()
+        {
+            let shown = self.shown_type(first);
+            if elems.iter().all(|el| self.shown_type(el) == shown) {
+                return format!("list({shown})");
+            }
+        }
+        match decl_of(&self.get_path(e).read()) {
+            Some(Decl::OuterAttrs | Decl::InnerAttrs) => {
+                e.ty.to_string().replace("dyn", "google.protobuf.Any")
+            }
+            _ => e.ty.to_string(),
+        }
+    }
+
     fn push_local(&mut self, name: &str, e: &X) {
         let path = self.get_path(e);
         let entry = self.compute_entry(e);
@@ -1080,7 +1107,7 @@ impl Coster {
         // The API server types attribute values as `any`, which cannot be iterated.
         if wild(&c.range.ty) && decl_of(&self.get_path(&c.range).read()) == Some(Decl::Attr) {
             self.error.get_or_insert_with(|| {
-                "expression of type 'any' cannot be range of a comprehension (must be list, map, or dynamic)".into()
+                (c.range.id, "expression of type 'any' cannot be range of a comprehension (must be list, map, or dynamic)".into())
             });
         }
         sum = sum.add(self.cost(&c.init));
@@ -1171,8 +1198,12 @@ impl Coster {
             return fixed(1).add(c);
         }
         if func == "includes" {
-            self.error
-                .get_or_insert_with(|| "undeclared reference to 'includes'".into());
+            self.error.get_or_insert_with(|| {
+                (
+                    e.id,
+                    "undeclared reference to 'includes' (in container '')".into(),
+                )
+            });
         }
         let mut arg_costs = Vec::with_capacity(args.len());
         for a in args {
@@ -1180,9 +1211,9 @@ impl Coster {
         }
         if func == "format" && target.is_some() {
             if let Some(K::List(elems)) = args.first().map(|a| &a.k) {
-                if elems.iter().any(|el| self.is_any(el)) {
+                if let Some(el) = elems.iter().find(|el| self.is_any(el)) {
                     self.error.get_or_insert_with(|| {
-                        "error during formatting: clause was given google.protobuf.Any".into()
+                        (el.id, "error during formatting: string clause can only be used on strings, bools, bytes, ints, doubles, maps, lists, types, durations, and timestamps, was given google.protobuf.Any".into())
                     });
                 }
             }
@@ -1801,6 +1832,10 @@ fn sortable(el: &Type, ids: &mut Vec<&'static str>, s: &'static str, o: &'static
     }
 }
 
+/// The attributes map as the evaluation environment types it, and as the cost environment does.
+const ATTRIBUTES_DYN: &str = "map(string, map(string, dyn))";
+const ATTRIBUTES_ANY: &str = "map(string, map(string, any))";
+
 /// The worst-case cost kube-apiserver estimates for a selector (`CompilationResult.MaxCost`
 /// in the NewExpressions environment); validation rejects it above [`super::MAX_COST`].
 pub fn estimate_cost(expression: &str) -> Result<u64, CelError> {
@@ -1809,8 +1844,17 @@ pub fn estimate_cost(expression: &str) -> Result<u64, CelError> {
 }
 
 fn estimate_on_this_thread(source: &str) -> Result<u64, CelError> {
-    // Same parse and check as `compile` (its errors are the API server's too).
-    super::compile(source)?;
+    // Same parse and check as `compile` (its errors are the API server's too, but for the type
+    // of attribute values, which this environment declares `any`).
+    // A result that is not a selector's is reported below, in this environment's type names.
+    let wrong_output = match super::compile(source) {
+        Ok(_) => false,
+        Err(CelError::Compile(m)) if m.starts_with("must evaluate to bool") => true,
+        Err(CelError::Compile(m)) => {
+            return Err(CelError::Compile(m.replace(ATTRIBUTES_DYN, ATTRIBUTES_ANY)));
+        }
+        Err(e) => return Err(e),
+    };
     let (ast, info) = super::parser()
         .parse_with_source_info(source)
         .map_err(|_| CelError::Compile("compilation failed".into()))?;
@@ -1831,13 +1875,21 @@ fn estimate_on_this_thread(source: &str) -> Result<u64, CelError> {
         error: None,
     };
     let cost = c.cost(&root);
-    if let Some(e) = c.error {
-        return Err(CelError::Compile(format!("compilation failed: {e}")));
+    if let Some((id, e)) = c.error {
+        let (line, col) = info
+            .offset_for(id)
+            .map(|(start, _)| super::line_col(source, start as u32))
+            .unwrap_or((1, 1));
+        return Err(CelError::Compile(format!(
+            "compilation failed: {}",
+            super::format_issue(source, line, col, &e)
+        )));
     }
     // The API server's attribute type is `any`: other dynamic results are not selectors.
-    if wild(&root_ty) && !c.is_any(&root) {
+    if wrong_output || (wild(&root_ty) && !c.is_any(&root)) {
         return Err(CelError::Compile(format!(
-            "must evaluate to bool or the unknown type, not {root_ty}"
+            "must evaluate to bool or the unknown type, not {}",
+            c.shown_type(&root)
         )));
     }
     Ok(cost.max)

@@ -16,6 +16,9 @@ use dra_cel::{DeviceView, SelectorCache};
 use k8s_openapi::api::resource::v1::Device;
 use serde_json::{Value as Json, json};
 
+mod common;
+use common::normalise;
+
 struct Rng(u64);
 
 impl Rng {
@@ -620,21 +623,6 @@ fn ours(cache: &SelectorCache, input: &Json) -> Json {
         Ok(b) => json!({"result": b}),
         Err(e) => json!({"error": {"kind": e.kind(), "message": e.message()}}),
     }
-}
-
-fn normalise(v: &Json) -> Json {
-    let Some(err) = v.get("error") else {
-        return v.clone();
-    };
-    let kind = err["kind"].as_str().unwrap_or_default();
-    let mut msg = err["message"].as_str().unwrap_or_default().to_string();
-    if kind == "compile" && msg.starts_with("compilation failed: ") {
-        msg = msg.lines().next().unwrap_or_default().to_string();
-    }
-    if let Some(pos) = msg.find("error parsing regexp:") {
-        msg.truncate(pos + "error parsing regexp:".len());
-    }
-    json!({"kind": kind, "message": msg})
 }
 
 #[test]
