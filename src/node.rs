@@ -344,6 +344,10 @@ impl NodeAgent {
                 if !collected.is_empty() {
                     tracing::info!(count = collected.len(), "garbage-collected prepared claims");
                 }
+                let restarted = gc_driver.repair_sharing().await;
+                if !restarted.is_empty() {
+                    tracing::warn!(daemons = ?restarted, "MPS daemons started again");
+                }
                 tokio::select! {
                     _ = tokio::time::sleep(gc_interval) => {}
                     _ = gc_shutdown.changed() => break,

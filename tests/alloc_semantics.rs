@@ -338,18 +338,27 @@ fn all_mode_takes_every_match_and_fails_on_incomplete_pools() {
 
 #[test]
 fn invalid_pools_are_reported_when_nothing_fits() {
-    let alloc = allocator(vec![slice("a", "dup", vec![gpu("same", "80Gi", 0)]), {
-        let mut s = slice("b", "dup", vec![gpu("same", "80Gi", 0)]);
+    // A complete pool (both slices announce two) with a device name published twice: invalid.
+    let two = |name: &str| {
+        let mut s = slice(name, "dup", vec![gpu("same", "80Gi", 0)]);
         s["spec"]["pool"]["resourceSliceCount"] = json!(2);
         s
-    }]);
-    // Both slices must announce two slices for the pool to be complete (and then invalid).
+    };
+    let alloc = allocator(vec![two("a"), two("b")]);
     let c = claim("c", json!({"requests": [exact("r", "gpu", json!({}))]}));
     let outcome = allocate(&alloc, &[c], &AllocatedState::new());
-    assert!(
-        matches!(outcome, Outcome::Unsatisfiable { .. }),
-        "{outcome:?}"
+    assert_eq!(
+        outcome,
+        Outcome::Unsatisfiable {
+            reason: Some("invalid resource pools were encountered".into())
+        }
     );
+    // The same devices in an incomplete pool (one slice of two) are not an invalid pool: the node
+    // is filtered out without a reason.
+    let alloc = allocator(vec![two("a")]);
+    let c = claim("c", json!({"requests": [exact("r", "gpu", json!({}))]}));
+    let outcome = allocate(&alloc, &[c], &AllocatedState::new());
+    assert_eq!(outcome, Outcome::Unsatisfiable { reason: None });
 }
 
 #[test]

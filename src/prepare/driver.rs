@@ -176,6 +176,26 @@ impl Driver {
         collected
     }
 
+    /// Starts again the MPS daemons of prepared claims that stopped answering (see
+    /// [`DeviceState::repair_mps`]); runs with garbage collection.
+    pub async fn repair_sharing(&self) -> Vec<String> {
+        let _exclusive = match self.exclusive().await {
+            Ok(exclusive) => exclusive,
+            Err(e) => {
+                tracing::error!(error = %e, "MPS repair: cannot read the node's state");
+                return vec![];
+            }
+        };
+        let state = self.state.clone();
+        match run_blocking(move || state.repair_mps()).await {
+            Ok(started) => started,
+            Err(e) => {
+                tracing::error!(error = %e, "MPS repair failed; tried again at the next round");
+                vec![]
+            }
+        }
+    }
+
     /// Whether a claim seen `gone` now has been gone for the grace period; forgets claims that
     /// are back (or were never gone).
     fn gone_long_enough(&self, uid: &str, gone: bool) -> bool {

@@ -373,6 +373,12 @@ fn processes_using(pipe: &Path) -> Vec<i32> {
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
         .filter(|pid| *pid != me)
+        // MPS's processes (control daemon and servers) are all `nvidia-cuda-mps-*`: reading one
+        // small file per process first keeps the environment reads to those.
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/comm"))
+                .is_ok_and(|comm| comm.starts_with(b"nvidia-cuda-mps"))
+        })
         .filter(|pid| {
             // A process that exits meanwhile, or a zombie (empty environment), is not running.
             std::fs::read(format!("/proc/{pid}/environ"))

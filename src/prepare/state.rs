@@ -650,6 +650,75 @@ impl DeviceState {
             })
     }
 
+    /// Starts again the MPS daemons of prepared claims that no longer answer (the driver's
+    /// container was restarted and took them with it, or another driver instance of a rolling
+    /// update that started them is gone). Returns the daemons started (claim UIDs, or
+    /// `shared-<uuid>` for a shared GPU's).
+    pub fn repair_mps(&self) -> Result<Vec<String>, PrepareError> {
+        let Some(mps) = &self.mps else {
+            return Ok(vec![]);
+        };
+        let candidates: Vec<String> = self
+            .book()
+            .checkpoint
+            .claims
+            .values()
+            .filter(|c| c.is_completed())
+            .filter(|c| {
+                c.devices
+                    .iter()
+                    .any(|d| sharing::wants_mps(d.config.as_ref()))
+            })
+            .map(|c| c.uid.clone())
+            .collect();
+        let mut started = Vec::new();
+        for uid in candidates {
+            let _claim_held = self.busy_claims.acquire(BTreeSet::from([uid.clone()]));
+            let _gpus_held = self.busy_gpus.acquire(self.gpus_of(&uid, None));
+            // Unprepared meanwhile: nothing to repair.
+            let Some(entry) = self
+                .book()
+                .checkpoint
+                .claims
+                .get(&uid)
+                .filter(|c| c.is_completed())
+                .cloned()
+            else {
+                continue;
+            };
+            let own =
+                sharing::daemon_spec(&entry.devices, |d| d.uuid.clone()).map_err(|reason| {
+                    PrepareError::Claim {
+                        claim: format!("{}/{}", entry.namespace, entry.name),
+                        reason,
+                    }
+                })?;
+            let mut daemons: Vec<(String, super::mps::DaemonSpec)> =
+                own.into_iter().map(|spec| (uid.clone(), spec)).collect();
+            daemons.extend(
+                entry
+                    .devices
+                    .iter()
+                    .filter(|d| sharing::shared_mps(d))
+                    .map(|d| {
+                        (
+                            sharing::shared_daemon_key(&d.uuid),
+                            sharing::shared_daemon_spec(d),
+                        )
+                    }),
+            );
+            for (key, spec) in daemons {
+                if started.contains(&key) || mps.answers(&key) {
+                    continue;
+                }
+                tracing::warn!(claim = %format!("{}/{}", entry.namespace, entry.name), claimUID = %uid, daemon = %key, "an MPS daemon of a prepared claim stopped answering: starting it again");
+                mps.start(&key, &spec)?;
+                started.push(key);
+            }
+        }
+        Ok(started)
+    }
+
     /// What the owner of a prepared claim should be told (Warning Events): `(reason, note)`.
     pub fn warnings(&self, uid: &str) -> Vec<(&'static str, String)> {
         self.book()

@@ -1878,7 +1878,7 @@ fn estimate_on_this_thread(source: &str) -> Result<u64, CelError> {
     if let Some((id, e)) = c.error {
         let (line, col) = info
             .offset_for(id)
-            .map(|(start, _)| super::line_col(source, start as u32))
+            .map(|(start, _)| super::line_col(source, start))
             .unwrap_or((1, 1));
         return Err(CelError::Compile(format!(
             "compilation failed: {}",

@@ -654,3 +654,41 @@ fn a_carved_mig_device_shared_by_memory_lives_until_its_last_claim_leaves() {
     );
     node.assert_clean();
 }
+
+#[test]
+#[ignore = "needs root: the MPS daemons' shm is a tmpfs mount (e2e/run-tests runs ignored tests)"]
+fn a_daemon_that_stops_while_its_claim_is_prepared_is_started_again() {
+    let node = Node::new("sim:1xH100-SXM5-80GB", MigPolicy::Static);
+    let (state, _) = node.open();
+    let c = claim(
+        "r1",
+        vec![result("gpu", "gpu-0")],
+        vec![(
+            None,
+            mps("GpuConfig", json!({"defaultActiveThreadPercentage": 40})),
+        )],
+    );
+    state.prepare(&claim_ref("r1"), &c).expect("prepare");
+    assert!(state.repair_mps().expect("repair").is_empty(), "it answers");
+    // Gone as it would be with the container that started it.
+    for pid in node.daemons() {
+        let pid = rustix::process::Pid::from_raw(pid as i32).expect("pid");
+        rustix::process::kill_process(pid, rustix::process::Signal::KILL).expect("kill");
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !node.daemons().is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(state.repair_mps().expect("repair"), ["r1"]);
+    assert_eq!(node.daemons().len(), 1);
+    let log = node.control_log("r1");
+    assert_eq!(log.matches("Control daemon started").count(), 2, "{log}");
+    assert_eq!(
+        log.matches("cmd: set_default_active_thread_percentage 40")
+            .count(),
+        2,
+        "told its settings again: {log}"
+    );
+    state.unprepare("r1").expect("unprepare");
+    node.assert_clean();
+}
