@@ -1,7 +1,9 @@
 //! Prepare latency as the driver sees a kubelet call: `Driver::prepare` for one claim at a time
 //! (claim lookup, plan, CDI spec and checkpoint written with fsync), on a simulated 8×H100 node
 //! with real files in a temporary directory. Prints p50/p99/max over 1,000 claims for whole GPUs
-//! and for dynamic MIG placements (carved and destroyed), and unprepare latency.
+//! and for dynamic MIG placements (carved and destroyed), and unprepare latency; with the fake
+//! `nvidia-cuda-mps-control` built (`cargo build --release -p fakenvml`) and as root, also for MPS
+//! claims (the daemon started and stopped).
 //!
 //! Run: `cargo bench --bench prepare`
 use std::sync::Arc;
@@ -63,30 +65,34 @@ fn report(what: &str, mut samples: Vec<Duration>) {
     );
 }
 
-fn main() {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let dir = tempfile::tempdir().expect("tempdir");
+/// A driver on a simulated 8×H100 node under `dir`, with a fake driver root so that every spec
+/// mounts the driver's files as on a real node; `mps_control` is copied in as the MPS control
+/// binary.
+fn bench_driver(
+    dir: &std::path::Path,
+    mps_control: Option<&std::path::Path>,
+) -> (Driver, Arc<MemoryClaims>) {
     let sim = Arc::new(SimNode::new(
         "8xH100-SXM5-80GB".parse().expect("spec"),
         "bench-node",
-        Some(dir.path().join("hw.json")),
+        Some(dir.join("hw.json")),
     ));
-    // As on a real node: every spec mounts the driver's files.
-    let driver_root = dir.path().join("driver-root");
+    let driver_root = dir.join("driver-root");
     gpu_dra::prepare::driver_files::write_fake_driver_root(
         &driver_root,
         gpu_dra::gpu::catalog::SIM_DRIVER_VERSION,
     )
     .expect("driver root");
+    if let Some(control) = mps_control {
+        std::fs::copy(control, driver_root.join("usr/bin/nvidia-cuda-mps-control"))
+            .expect("control binary");
+    }
     let config = DriverConfig {
         driver_name: "gpu.nvidia.com".into(),
         mig_policy: gpu_dra::gpu::mig::MigPolicy::Auto,
         node_name: "bench-node".into(),
-        cdi_root: dir.path().join("cdi"),
-        state_dir: dir.path().join("state"),
+        cdi_root: dir.join("cdi"),
+        state_dir: dir.join("state"),
         dev_root: None,
         consumable: Default::default(),
         driver_root: Some(gpu_dra::prepare::driver_files::DriverRoot {
@@ -97,7 +103,38 @@ fn main() {
     };
     let (state, _) = DeviceState::open(config, sim).expect("open");
     let claims = Arc::new(MemoryClaims::default());
-    let driver = Driver::new(state, claims.clone());
+    (Driver::new(state, claims.clone()), claims)
+}
+
+/// Prepares and then unprepares one claim (already in the claim source); returns both latencies.
+fn round_trip(
+    runtime: &tokio::runtime::Runtime,
+    driver: &Driver,
+    uid: String,
+) -> (Duration, Duration) {
+    let claim_ref = ClaimRef {
+        namespace: "bench".into(),
+        name: uid.clone(),
+        uid,
+    };
+    let started = Instant::now();
+    let result = runtime.block_on(driver.prepare(vec![claim_ref.clone()]));
+    let prepare = started.elapsed();
+    assert!(result[0].1.is_ok(), "{:?}", result[0].1);
+    let started = Instant::now();
+    let result = runtime.block_on(driver.unprepare(vec![claim_ref]));
+    let unprepare = started.elapsed();
+    assert!(result[0].1.is_ok(), "{:?}", result[0].1);
+    (prepare, unprepare)
+}
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (driver, claims) = bench_driver(dir.path(), None);
 
     for (label, device_of) in [
         (
@@ -114,21 +151,68 @@ fn main() {
         for i in 0..CLAIMS {
             let uid = format!("{}-{i}", label.len());
             claims.insert(claim(&uid, &device_of(i)));
-            let claim_ref = ClaimRef {
-                namespace: "bench".into(),
-                name: uid.clone(),
-                uid,
-            };
-            let started = Instant::now();
-            let result = runtime.block_on(driver.prepare(vec![claim_ref.clone()]));
-            prepare.push(started.elapsed());
-            assert!(result[0].1.is_ok(), "{:?}", result[0].1);
-            let started = Instant::now();
-            let result = runtime.block_on(driver.unprepare(vec![claim_ref]));
-            unprepare.push(started.elapsed());
-            assert!(result[0].1.is_ok());
+            let (p, u) = round_trip(&runtime, &driver, uid);
+            prepare.push(p);
+            unprepare.push(u);
         }
         report(label, prepare);
         report(&label.replace("prepare", "unprepare"), unprepare);
     }
+    mps(&runtime);
+}
+
+/// MPS claims on whole GPUs: prepare starts the claim's control daemon (and waits for it to
+/// answer), unprepare stops it. Needs a control binary (the fake one from e2e/fakenvml, or
+/// `GPU_DRA_MPS_CONTROL`) and root (the daemon's shm is a tmpfs mount).
+fn mps(runtime: &tokio::runtime::Runtime) {
+    const MPS_CLAIMS: usize = 200;
+    let control = std::env::var_os("GPU_DRA_MPS_CONTROL")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("target/release/nvidia-cuda-mps-control")
+        });
+    if !control.is_file() || !rustix::process::geteuid().is_root() {
+        println!(
+            "prepare MPS: not run (needs root and {}: cargo build --release -p fakenvml)",
+            control.display()
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (driver, claims) = bench_driver(dir.path(), Some(&control));
+    let mut prepare = Vec::with_capacity(MPS_CLAIMS);
+    let mut unprepare = Vec::with_capacity(MPS_CLAIMS);
+    for i in 0..MPS_CLAIMS {
+        let uid = format!("mps-{i}");
+        let mut c = claim(&uid, &format!("gpu-{}", i % 8));
+        if let Some(devices) = c
+            .status
+            .as_mut()
+            .and_then(|s| s.allocation.as_mut())
+            .and_then(|a| a.devices.as_mut())
+        {
+            devices.config = Some(vec![
+                k8s_openapi::api::resource::v1::DeviceAllocationConfiguration {
+                    source: "FromClaim".into(),
+                    requests: None,
+                    opaque: Some(k8s_openapi::api::resource::v1::OpaqueDeviceConfiguration {
+                        driver: "gpu.nvidia.com".into(),
+                        parameters: k8s_openapi::apimachinery::pkg::runtime::RawExtension(
+                            serde_json::json!({"apiVersion": "resource.nvidia.com/v1beta1",
+                                "kind": "GpuConfig", "sharing": {"strategy": "MPS",
+                                "mpsConfig": {"defaultActiveThreadPercentage": 50,
+                                              "defaultPinnedDeviceMemoryLimit": "10Gi"}}}),
+                        ),
+                    }),
+                },
+            ]);
+        }
+        claims.insert(c);
+        let (p, u) = round_trip(runtime, &driver, uid);
+        prepare.push(p);
+        unprepare.push(u);
+    }
+    report("prepare MPS whole GPU (fake daemon)", prepare);
+    report("unprepare MPS whole GPU", unprepare);
 }

@@ -174,11 +174,12 @@ impl MpsDaemons {
                 .map_err(|reason| Self::err(uid, format!("`{command}`: {reason}")))?;
         }
         let deadline = Instant::now() + DAEMON_TIMEOUT;
+        let mut pause = Pause::new();
         while !self.answers(uid) {
             if Instant::now() > deadline {
                 return Err(Self::err(uid, "started, but does not answer"));
             }
-            std::thread::sleep(Duration::from_millis(50));
+            pause.sleep();
         }
         tracing::info!(claimUID = %uid, devices = ?spec.uuids, threads = ?spec.active_thread_percentage, pinned = ?spec.pinned_limits, multi_user = spec.multi_user, "MPS control daemon running");
         Ok(())
@@ -204,6 +205,7 @@ impl MpsDaemons {
         }
         let mut deadline = Instant::now() + DAEMON_TIMEOUT;
         let mut killed = false;
+        let mut pause = Pause::new();
         loop {
             let left = processes_using(&pipe);
             if left.is_empty() {
@@ -225,7 +227,7 @@ impl MpsDaemons {
                 killed = true;
                 deadline = Instant::now() + Duration::from_secs(5);
             }
-            std::thread::sleep(Duration::from_millis(20));
+            pause.sleep();
         }
         let shm = self.shm_dir(uid);
         for _ in 0..8 {
@@ -310,12 +312,11 @@ impl MpsDaemons {
             let _ = stdin.write_all(format!("{line}\n").as_bytes());
         }
         let deadline = Instant::now() + COMMAND_TIMEOUT;
+        let mut pause = Pause::new();
         loop {
             match child.try_wait() {
                 Ok(Some(_)) => break,
-                Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(5))
-                }
+                Ok(None) if Instant::now() < deadline => pause.sleep(),
                 Ok(None) => {
                     let _ = child.kill();
                     let _ = child.wait();
@@ -339,14 +340,30 @@ impl MpsDaemons {
     }
 }
 
+/// Polling that answers fast when the wait is short (a control command takes milliseconds) and
+/// costs little when it is long: 200 µs, doubling up to 20 ms.
+struct Pause(Duration);
+
+impl Pause {
+    fn new() -> Self {
+        Self(Duration::from_micros(200))
+    }
+
+    fn sleep(&mut self) {
+        std::thread::sleep(self.0);
+        self.0 = (self.0 * 2).min(Duration::from_millis(20));
+    }
+}
+
 /// Runs a command that must finish on its own (it daemonizes), killing it after `timeout`.
 fn wait_for(command: &mut Command, timeout: Duration) -> Result<std::process::ExitStatus, String> {
     let mut child = command.spawn().map_err(|e| format!("cannot run: {e}"))?;
     let deadline = Instant::now() + timeout;
+    let mut pause = Pause::new();
     loop {
         match child.try_wait() {
             Ok(Some(status)) => return Ok(status),
-            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+            Ok(None) if Instant::now() < deadline => pause.sleep(),
             Ok(None) => {
                 let _ = child.kill();
                 let _ = child.wait();
