@@ -53,7 +53,8 @@ ok "helm lint and template pass; the API server accepts all $(jq '.items | lengt
 as_json "$ROOT/deviceclasses" | jq -S '[.items[] | {name: .metadata.name, spec}] | sort_by(.name)' >"$WORK/classes.repo.json"
 jq -S '[.items[] | select(.kind == "DeviceClass") | {name: .metadata.name, spec}] | sort_by(.name)' "$WORK/chart.json" >"$WORK/classes.chart.json"
 diff -u "$WORK/classes.repo.json" "$WORK/classes.chart.json" >&2 || fail "the chart's DeviceClasses differ from deviceclasses/"
-render --set extendedResources.enabled=false --set driverName=gpu.example.com >"$WORK/variant.yaml" || fail "helm template with options"
+render --set extendedResources.enabled=false --set driverName=gpu.example.com --set healthTaintEffects=lost=NoExecute \
+    >"$WORK/variant.yaml" || fail "helm template with options"
 as_json "$WORK/variant.yaml" | jq -e '
     ([.items[] | select(.kind == "DeviceClass") | .spec.extendedResourceName] == [null, null])
     and ([.items[] | select(.kind == "DeviceClass") | .spec.selectors[0].cel.expression
@@ -61,9 +62,9 @@ as_json "$WORK/variant.yaml" | jq -e '
     and (.items[] | select(.kind == "ClusterRole") | .rules[] | select(.resources == ["resourceclaims/driver"])
          | .resourceNames == ["gpu.example.com"])
     and (.items[] | select(.kind == "DaemonSet") | .spec.template.spec.containers[0].args
-         | index("--driver-name=gpu.example.com") != null)' >/dev/null \
-    || fail "extendedResources.enabled=false / driverName did not render as expected"
-ok "the chart's DeviceClasses equal deviceclasses/; extendedResources and driverName switch as documented"
+         | index("--driver-name=gpu.example.com") != null and index("--health-taint-effects=lost=NoExecute") != null)' >/dev/null \
+    || fail "extendedResources.enabled=false / driverName / healthTaintEffects did not render as expected"
+ok "the chart's DeviceClasses equal deviceclasses/; extendedResources, driverName and healthTaintEffects switch as documented"
 
 # ---------------------------------------------------------------- 2. apply RBAC, policy, classes
 jq '{apiVersion: "v1", kind: "List", items: [.items[] | select(.kind != "DaemonSet" and .kind != "Service")]}' \

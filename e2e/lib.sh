@@ -111,3 +111,21 @@ gpu_instances() {
     "$GPU_DRA" sim --gpus "$GPUS" --node-name "$NODE" --sim-state "$WORK/hw.json" show \
         | jq '[.gpus[].gpu_instances[]] | length'
 }
+
+# pod_using_claim POD CLAIM: a pause pod whose one container uses ResourceClaim CLAIM (YAML).
+pod_using_claim() {
+    cat <<EOF
+apiVersion: v1
+kind: Pod
+metadata: {name: $1, namespace: default}
+spec:
+  containers:
+  - name: c
+    image: registry.k8s.io/pause:3.10
+    resources:
+      claims: [{name: gpu}]
+  resourceClaims:
+  - name: gpu
+    resourceClaimName: $2
+EOF
+}

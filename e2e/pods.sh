@@ -13,7 +13,9 @@
 #   8. driver restart while pods run;
 #   9. a crash-looping container with a MIG claim (prepared once; runs alongside 1-3, 5, 6);
 #  10. MPS: a whole GPU shared by two pods through one daemon (kept across a driver restart), and
-#      MPS on a carved 2g.20gb MIG device (deploy/examples/gpu-mps.yaml, mig-2g-mps.yaml).
+#      MPS on a carved 2g.20gb MIG device (deploy/examples/gpu-mps.yaml, mig-2g-mps.yaml);
+#  11. a GPU falls off the bus (XID 79) under a running pod: its device is tainted NoExecute and
+#      kube-controller-manager's device-taint eviction evicts the pod; a GPU reset untaints it.
 # After every workload is deleted: the driver unprepared (CDI spec removed, MIG instances
 # destroyed) and the controller deleted the generated claims. At the end: every claim was
 # prepared exactly once and unprepared exactly once (driver log).
@@ -68,7 +70,7 @@ export GPU_DRA_K8S_BIN=$BIN PATH="$BIN:$PATH"
 # Only one real node per machine: wait (a while) for another cluster's node to go away.
 up_log=$WORK/up.log
 for attempt in 1 2 3 4 5 6; do
-    if "$E2E/cluster" up --real-node >"$up_log" 2>&1; then break; fi
+    if "$E2E/cluster" up --real-node --driver-args "--health-taint-effects reset=NoExecute,lost=NoExecute --health-probe-interval 1s" >"$up_log" 2>&1; then break; fi
     if ((attempt < 6)) && grep -q 'gpu-dra-real-node.lock' "$up_log" && ! grep -q "$GPU_DRA_CLUSTER_DIR" "$up_log"; then
         log "another real node is running; retrying in 30s"
         "$E2E/cluster" down >/dev/null 2>&1 || true
@@ -526,6 +528,23 @@ wait_for "MIG MPS daemon stopped" 30 mps_gone "$u10m"
 wait_for "MIG instance destroyed" 30 count_mig 0
 kubectl delete resourceclaim mig-2g-mps --timeout=30s >&2
 ok "10. MIG MPS pod deleted: daemon stopped before the MIG device was destroyed; nothing left"
+
+# ---------------------------------------------------------------- 11. a GPU falls off the bus
+apply gpu-pod.yaml evicted
+wait_running evicted
+c11=$(claim_of evicted)
+u11=$(claim_uid "$c11")
+d11=$(allocated "$c11")
+device_taints() { kubectl get resourceslices -o json | jq -c --arg d "$1" '[.items[].spec.devices[]? | select(.name == $d) | .taints // [] | .[] | {key, effect}]'; }
+"$E2E_GPU_DRA" sim --gpus "$E2E_GPUS" --node-name "$E2E_NODE" --sim-state "$GPU_DRA_SIM_STATE" inject --gpu "${d11#gpu-}" --xid 79 >/dev/null
+wait_for "$d11 tainted NoExecute" 10 bash -c "[[ \$(kubectl get resourceslices -o json | jq -c '[.items[].spec.devices[]? | select(.name == \"$d11\") | .taints[]?.effect]') == *NoExecute* ]]"
+pod_gone() { ! kubectl get pod "$1" >/dev/null 2>&1; }
+wait_for "pod evicted by kube-controller-manager's device-taint eviction" 60 pod_gone evicted
+wait_unprepared "$u11"
+wait_claims_gone "$c11"
+"$E2E_GPU_DRA" sim --gpus "$E2E_GPUS" --node-name "$E2E_NODE" --sim-state "$GPU_DRA_SIM_STATE" inject --gpu "${d11#gpu-}" --reset >/dev/null
+wait_for "$d11 untainted after the reset" 15 bash -c "[[ \$(kubectl get resourceslices -o json | jq -c '[.items[].spec.devices[]? | select(.name == \"$d11\") | .taints // [] | length] | add') == 0 ]]"
+ok "11. XID 79 on $d11 while a pod used it: tainted NoExecute, the pod evicted by the device-taint eviction controller, its claim unprepared and deleted; untainted after the GPU reset ($(device_taints "$d11"))"
 
 # ---------------------------------------------------------------- every claim: once each way
 kill "$WATCH_PID" 2>/dev/null || true

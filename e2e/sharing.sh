@@ -61,18 +61,7 @@ spec:
           sharing:
             strategy: MPS
 ---
-apiVersion: v1
-kind: Pod
-metadata: {name: $1, namespace: default}
-spec:
-  containers:
-  - name: c
-    image: registry.k8s.io/pause:3.10
-    resources:
-      claims: [{name: gpu}]
-  resourceClaims:
-  - name: gpu
-    resourceClaimName: $1
+$(pod_using_claim "$1" "$1")
 EOF
 }
 for c in share-a share-b share-c; do

@@ -5,11 +5,12 @@
 //! kubelet ([`plugin`]) → [`prepare`] (MIG carving, [`config`], CDI specs, checkpoint). [`node`]
 //! runs it all as `gpu-dra run`; [`cli`] holds the commands. The CEL engine and the allocator are
 //! workspace crates used only by the offline commands (cargo feature `tools`), so the node agent
-//! links neither.
+//! links neither. [`health`] turns GPU faults into device taints and kubelet health updates.
 pub mod cli;
 pub mod config;
 pub mod fsutil;
 pub mod gpu;
+pub mod health;
 pub mod kubeapi;
 pub mod metrics;
 pub mod node;

@@ -14,6 +14,8 @@ use k8s_openapi::api::resource::v1::ResourceSlice;
 use tokio::sync::watch;
 
 use crate::gpu::{self, DiscoveryConfig, GpuError, NodeInventory};
+use crate::health::monitor::{HealthMonitor, HealthSink};
+use crate::health::{HealthBook, HealthChange, HealthConfig, HealthError};
 use crate::kubeapi::ApiTimeouts;
 use crate::metrics::{Metrics, MetricsError, MetricsServer, ObserverList};
 use crate::plugin::{PluginConfig, PluginError, PluginServer};
@@ -38,6 +40,8 @@ pub enum NodeError {
     Plugin(#[from] PluginError),
     #[error(transparent)]
     Metrics(#[from] MetricsError),
+    #[error(transparent)]
+    Health(#[from] HealthError),
     #[error("Kubernetes client: {0}")]
     Kube(String),
     #[error("node lock {path}: {source}")]
@@ -64,6 +68,8 @@ pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
 fn plugin_config(options: &NodeOptions, driver: Arc<dyn NodeDriver>) -> PluginConfig {
     PluginConfig {
         instance: options.rolling_update_uid.clone(),
+        // The health monitor feeds kubelet's device health streams.
+        advertise_health: true,
         ..PluginConfig::new(
             options.driver_name.clone(),
             options.registrar_dir.clone(),
@@ -113,6 +119,8 @@ pub struct NodeOptions {
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// Deadlines of calls to the API server.
     pub api_timeouts: ApiTimeouts,
+    /// GPU fault handling and hardware rescans.
+    pub health: HealthConfig,
 }
 
 /// Builds a client from `--kubeconfig`, else in-cluster, else `KUBECONFIG`/`~/.kube/config`,
@@ -142,11 +150,48 @@ pub async fn kube_client(
     kube::Client::try_from(config).map_err(|e| NodeError::Kube(e.to_string()))
 }
 
-/// Pushes new desired slices when prepare changed the inventory (e.g. MIG instances).
+/// Pushes new desired slices when prepare (or a rescan) changed the inventory, or the health
+/// monitor changed the devices' taints.
 struct SliceUpdater {
-    options: SliceOptions,
+    options: std::sync::Mutex<SliceOptions>,
     desired: watch::Sender<Arc<Vec<ResourceSlice>>>,
     inventory: std::sync::Mutex<NodeInventory>,
+}
+
+impl SliceUpdater {
+    fn rebuild(&self, inventory: &NodeInventory, options: &SliceOptions) {
+        match slices::build(inventory, options) {
+            Ok(slices) => {
+                self.desired.send_if_modified(|desired| {
+                    if **desired == slices {
+                        return false;
+                    }
+                    *desired = Arc::new(slices);
+                    true
+                });
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "the changed inventory gives invalid slices; keeping the published ones")
+            }
+        }
+    }
+
+    fn set_taints(
+        &self,
+        taints: std::collections::BTreeMap<
+            String,
+            Vec<k8s_openapi::api::resource::v1::DeviceTaint>,
+        >,
+    ) {
+        let mut options = self.options.lock().unwrap_or_else(|p| p.into_inner());
+        options.taints = Arc::new(taints);
+        let inventory = self
+            .inventory
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        self.rebuild(&inventory, &options);
+    }
 }
 
 impl DriverObserver for SliceUpdater {
@@ -157,14 +202,68 @@ impl DriverObserver for SliceUpdater {
             return;
         }
         *last = inventory;
-        match slices::build(&last, &self.options) {
-            Ok(slices) => {
-                self.desired.send_replace(Arc::new(slices));
+        let options = self
+            .options
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        self.rebuild(&last, &options);
+    }
+}
+
+/// The health monitor's conclusions: taints into the slices, Node events, metrics.
+struct NodeHealth {
+    updater: Arc<SliceUpdater>,
+    metrics: Arc<Metrics>,
+    client: kube::Client,
+    node_name: String,
+    driver_name: String,
+    timeout: Duration,
+}
+
+impl HealthSink for NodeHealth {
+    fn taints_changed(
+        &self,
+        taints: std::collections::BTreeMap<
+            String,
+            Vec<k8s_openapi::api::resource::v1::DeviceTaint>,
+        >,
+    ) {
+        self.updater.set_taints(taints);
+    }
+
+    fn changed(&self, change: &HealthChange) {
+        let (warning, reason, action) = match change {
+            HealthChange::Raised(_) => (true, "GpuUnhealthy", "Taint"),
+            HealthChange::Cleared(..) => (false, "GpuHealthy", "Untaint"),
+        };
+        let (client, node, driver) = (
+            self.client.clone(),
+            self.node_name.clone(),
+            self.driver_name.clone(),
+        );
+        let note = change.describe();
+        let timeout = self.timeout;
+        tokio::spawn(async move {
+            let event = NodeEvent {
+                warning,
+                reason,
+                action,
+                note: &note,
+            };
+            let report = report_on_node(&client, &node, &driver, event);
+            if let Err(e) = crate::kubeapi::bounded(timeout, report).await {
+                tracing::warn!(error = %e, node = %node, "cannot record a device health change as a Node event");
             }
-            Err(e) => {
-                tracing::error!(error = %e, "the changed inventory gives invalid slices; keeping the published ones")
-            }
-        }
+        });
+    }
+
+    fn event_seen(&self, event: &crate::gpu::events::GpuEvent) {
+        self.metrics.observe_gpu_event(event);
+    }
+
+    fn device_health(&self, health: &[crate::plugin::DeviceHealth]) {
+        self.metrics.observe_device_health(health);
     }
 }
 
@@ -193,6 +292,7 @@ impl NodeAgent {
         let mut slice_options = SliceOptions::new(&options.driver_name, &node_name);
         slice_options.consumable = options.consumable;
         let control = gpu::open_control(&options.discovery)?;
+        let monitor_control = control.clone();
         // In a rolling update the other instance may be preparing right now: recover under the
         // node lock, from what it last wrote.
         let node_lock = match &options.rolling_update_uid {
@@ -239,6 +339,24 @@ impl NodeAgent {
         let inventory = state.inventory().clone();
         slice_options.modes = Some(state.modes().clone());
         tracing::info!(modes = ?state.modes(), destroyed = ?recovery.instances_destroyed, "GPU modes");
+        // Faults seen before a restart are published with the first slices, not after them.
+        let health_book = HealthBook::load(&options.state_dir, &state.checkpoint().node_boot_id)?;
+        let untainted = slices::build(&inventory, &slice_options)?;
+        slice_options.taints = Arc::new(
+            health_book.taints(
+                untainted
+                    .iter()
+                    .filter_map(|s| s.spec.devices.as_ref())
+                    .flatten()
+                    .map(|d| d.name.as_str()),
+            ),
+        );
+        if !health_book.faults.is_empty() {
+            tracing::warn!(
+                faults = health_book.faults.len(),
+                "devices still unhealthy from before the restart"
+            );
+        }
         let desired_slices = slices::build(&inventory, &slice_options)?;
         tracing::info!(
             gpus = inventory.gpus.len(),
@@ -253,11 +371,11 @@ impl NodeAgent {
                 .with_timeout(options.api_timeouts.request),
         );
         let updater = Arc::new(SliceUpdater {
-            options: slice_options.clone(),
+            options: std::sync::Mutex::new(slice_options.clone()),
             desired: desired_tx,
             inventory: std::sync::Mutex::new(inventory),
         });
-        let observers = ObserverList(vec![updater, metrics.clone()]);
+        let observers = ObserverList(vec![updater.clone(), metrics.clone()]);
         let mut driver = Driver::new(state, claims)
             .with_observer(Arc::new(observers))
             .with_gc_grace(options.gc_grace);
@@ -275,6 +393,8 @@ impl NodeAgent {
         );
 
         let (shutdown, shutdown_rx) = watch::channel(false);
+        let monitored_slices = desired_rx.clone();
+        let health_client = client.clone();
         let publisher = Publisher::new(client, slice_options, options.api_timeouts.request);
         let sync_metrics = metrics.clone();
         let synced_slices = desired_rx.clone();
@@ -336,6 +456,7 @@ impl NodeAgent {
             }));
         }
         let gc_driver = driver.clone();
+        let health_shutdown = shutdown_rx.clone();
         let mut gc_shutdown = shutdown_rx;
         let gc_interval = options.gc_interval;
         let gc_task = tokio::spawn(async move {
@@ -355,6 +476,25 @@ impl NodeAgent {
             }
         });
         tasks.push(gc_task);
+        let monitor = HealthMonitor {
+            config: options.health.clone(),
+            control: monitor_control,
+            driver: driver.clone(),
+            book: health_book,
+            state_dir: options.state_dir.clone(),
+            pool: node_name.clone(),
+            reporter: plugin.device_health(),
+            desired: monitored_slices,
+            sink: Arc::new(NodeHealth {
+                updater,
+                metrics: metrics.clone(),
+                client: health_client,
+                node_name: node_name.clone(),
+                driver_name: options.driver_name.clone(),
+                timeout: options.api_timeouts.request,
+            }),
+        };
+        tasks.push(tokio::spawn(monitor.run(health_shutdown)));
         Ok(Self {
             plugin,
             driver: Some(driver),
@@ -381,7 +521,13 @@ impl NodeAgent {
         metrics.observe_checkpoint_unusable();
         let client = kube_client(options.kubeconfig.as_deref(), &options.api_timeouts).await?;
         let node_name = options.discovery.node_name.clone();
-        let report = report_on_node(&client, &node_name, &options.driver_name, &reason);
+        let event = NodeEvent {
+            warning: true,
+            reason: "CheckpointUnusable",
+            action: "Recover",
+            note: &reason,
+        };
+        let report = report_on_node(&client, &node_name, &options.driver_name, event);
         if let Err(e) = crate::kubeapi::bounded(options.api_timeouts.request, report).await {
             tracing::warn!(error = %e, node = %node_name, "cannot record the refusal as a Node event");
         }
@@ -463,12 +609,20 @@ impl NodeDriver for RefusingDriver {
     }
 }
 
-/// A Warning event on this node's Node object (`kubectl describe node` shows it).
+/// An event about this node.
+struct NodeEvent<'a> {
+    warning: bool,
+    reason: &'static str,
+    action: &'static str,
+    note: &'a str,
+}
+
+/// An event on this node's Node object (`kubectl describe node` shows it).
 async fn report_on_node(
     client: &kube::Client,
     node_name: &str,
     driver_name: &str,
-    note: &str,
+    event: NodeEvent<'_>,
 ) -> Result<(), kube::Error> {
     use k8s_openapi::api::core::v1::ObjectReference;
     use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -488,10 +642,14 @@ async fn report_on_node(
     recorder
         .publish(
             &Event {
-                type_: EventType::Warning,
-                reason: "CheckpointUnusable".into(),
-                note: Some(note.chars().take(1024).collect()),
-                action: "Recover".into(),
+                type_: if event.warning {
+                    EventType::Warning
+                } else {
+                    EventType::Normal
+                },
+                reason: event.reason.into(),
+                note: Some(event.note.chars().take(1024).collect()),
+                action: event.action.into(),
                 secondary: None,
             },
             &node,
@@ -570,7 +728,7 @@ mod tests {
         let (desired, mut seen) = watch::channel(Arc::new(before));
         seen.mark_unchanged();
         let updater = SliceUpdater {
-            options: options.clone(),
+            options: std::sync::Mutex::new(options.clone()),
             desired,
             inventory: std::sync::Mutex::new(state.inventory()),
         };

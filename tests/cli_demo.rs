@@ -206,3 +206,46 @@ fn a_hook_path_without_driver_files_is_refused() {
     ]);
     assert!(!ok && err.contains("--nvidia-cdi-hook-path"), "{err}");
 }
+
+#[test]
+fn sim_inject_raises_faults_and_refuses_unclear_ones() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("hw.json");
+    let state = state.to_str().expect("utf-8");
+    let sim = |args: &[&str]| {
+        let mut all = vec!["sim", "--gpus", "sim:2xH100-SXM5-80GB", "--node-name", "n1"];
+        all.extend_from_slice(&["--sim-state", state, "inject"]);
+        all.extend_from_slice(args);
+        gpu_dra(&all)
+    };
+    let (ok, _, err) = sim(&["--gpu", "1", "--xid", "79"]);
+    assert!(ok, "{err}");
+    let shown: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(state).expect("state")).expect("json");
+    assert_eq!(shown["gpus"][1]["lost"], true, "XID 79: off the bus");
+    assert_eq!(shown["events"][0]["event"]["kind"]["code"], 79);
+
+    let (ok, _, err) = sim(&["--gpu", "0"]);
+    assert!(
+        !ok && err.contains("--xid N, --ecc-dbe, --lost, --reset"),
+        "{err}"
+    );
+    let (ok, _, err) = sim(&["--gpu", "0", "--xid", "79", "--lost"]);
+    assert!(!ok && err.contains("cannot be used with"), "{err}");
+    let (ok, _, err) = sim(&["--gpu", "0", "--reset", "--gpu-instance", "3"]);
+    assert!(
+        !ok && err.contains("--gpu-instance goes with --xid or --ecc-dbe"),
+        "{err}"
+    );
+    let (ok, _, err) = sim(&["--gpu", "7", "--lost"]);
+    assert!(!ok && err.contains("no such GPU"), "{err}");
+    let unchanged: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(state).expect("state")).expect("json");
+    assert_eq!(unchanged, shown, "refused input changes nothing");
+
+    let (ok, _, err) = sim(&["--gpu", "1", "--reset"]);
+    assert!(ok, "{err}");
+    let reset: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(state).expect("state")).expect("json");
+    assert!(reset["gpus"][1].get("lost").is_none(), "{reset}");
+}

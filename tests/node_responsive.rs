@@ -100,6 +100,12 @@ impl GpuControl for SlowGpus {
     fn set_sharing_settings(&self, minor: u32, settings: SharingSettings) -> Result<(), GpuError> {
         GpuControl::set_sharing_settings(&self.sim, minor, settings)
     }
+    fn probe(&self, minor: u32) -> Result<gpu_dra::gpu::events::GpuProbe, GpuError> {
+        GpuControl::probe(&self.sim, minor)
+    }
+    fn event_source(&self) -> Result<Box<dyn gpu_dra::gpu::events::GpuEventSource>, GpuError> {
+        GpuControl::event_source(&self.sim)
+    }
 }
 
 fn mig_claim() -> k8s_openapi::api::resource::v1::ResourceClaim {

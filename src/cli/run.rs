@@ -1,4 +1,5 @@
 //! `gpu-dra run`: the node driver (what the DaemonSet runs).
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -97,11 +98,43 @@ pub struct RunArgs {
     #[arg(long, env = "GPU_DRA_RESYNC_INTERVAL", default_value = "1m", value_parser = duration::parse,
         alias = "resync-interval-seconds")]
     pub resync_interval: Duration,
+    /// XIDs that are the application's fault and change nothing (comma-separated; empty acts on
+    /// every XID).
+    #[arg(long, env = "GPU_DRA_IGNORED_XIDS", default_value = DEFAULT_IGNORED_XIDS,
+        value_parser = crate::health::parse_xids)]
+    pub ignored_xids: BTreeSet<u64>,
+    /// More XIDs to ignore besides --ignored-xids, as NVIDIA's driver takes them.
+    #[arg(long, env = "ADDITIONAL_XIDS_TO_IGNORE", default_value = "",
+        value_parser = crate::health::parse_xids)]
+    pub additional_xids_to_ignore: BTreeSet<u64>,
+    /// The device taint effect of each class of GPU fault: `recoverable` (XIDs that clear after
+    /// a quiet period), `reset` (XIDs that need a GPU reset, double-bit ECC errors), `lost` (the
+    /// GPU fell off the bus). NoExecute makes kube-controller-manager evict the pods using it.
+    #[arg(
+        long,
+        env = "GPU_DRA_HEALTH_TAINT_EFFECTS",
+        default_value = "recoverable=NoSchedule,reset=NoSchedule,lost=NoSchedule"
+    )]
+    pub health_taint_effects: crate::health::TaintEffects,
+    /// How long a recoverable fault must stay quiet, with the GPU answering, before its taint is
+    /// removed.
+    #[arg(long, env = "GPU_DRA_HEALTH_RECOVERY_AFTER", default_value = "10m", value_parser = duration::parse)]
+    pub health_recovery_after: Duration,
+    /// How often every GPU is probed (lost, reset) and kubelet's health stream refreshed.
+    #[arg(long, env = "GPU_DRA_HEALTH_PROBE_INTERVAL", default_value = "5s", value_parser = duration::parse)]
+    pub health_probe_interval: Duration,
+    /// How often the GPUs are discovered again (MIG devices made by someone else, GPUs lost or
+    /// back), besides after every fault.
+    #[arg(long, env = "GPU_DRA_RESCAN_INTERVAL", default_value = "10s", value_parser = duration::parse)]
+    pub rescan_interval: Duration,
     /// How long one call to the API server may take before it is abandoned and retried.
     #[arg(long, env = "GPU_DRA_API_TIMEOUT", default_value = "20s", value_parser = duration::parse,
         alias = "api-timeout-seconds")]
     pub api_timeout: Duration,
 }
+
+/// NVIDIA's application XIDs (13, 31, 43, 45, 68, 109).
+const DEFAULT_IGNORED_XIDS: &str = "13,31,43,45,68,109";
 
 /// Where libnvidia-ml.so.1 is looked for under a driver root: the toolkit's library folders.
 const NVML_LIBRARY_DIRS: [&str; 6] = crate::prepare::driver_files::LIBRARY_DIRS;
@@ -209,6 +242,17 @@ pub fn run(args: RunArgs) -> Result<ExitCode, CliError> {
         api_timeouts: crate::kubeapi::ApiTimeouts {
             request: at_least(args.api_timeout, Duration::from_millis(100)),
             ..Default::default()
+        },
+        health: crate::health::HealthConfig {
+            ignored_xids: args
+                .ignored_xids
+                .union(&args.additional_xids_to_ignore)
+                .copied()
+                .collect(),
+            effects: args.health_taint_effects,
+            recovery_after: args.health_recovery_after,
+            probe_interval: at_least(args.health_probe_interval, Duration::from_millis(100)),
+            rescan_interval: at_least(args.rescan_interval, Duration::from_millis(500)),
         },
     };
     let runtime = crate::node::runtime()?;

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use clap::{Args, Subcommand};
 
 use super::CliError;
-use crate::gpu::sim::{SimNode, SimSpec};
+use crate::gpu::sim::{SimFault, SimNode, SimSpec};
 use crate::gpu::{GpuError, Placement};
 
 #[derive(Debug, Args)]
@@ -57,6 +57,30 @@ pub enum SimCommand {
         #[arg(long)]
         gpu_instance: u32,
     },
+    /// Raise a fault on a GPU, as the hardware would, or reset it: the driver sees it through
+    /// NVML's event API and its probe (`--xid 79` also takes the GPU off the bus).
+    Inject {
+        #[arg(long)]
+        gpu: u32,
+        /// An XID event (e.g. 79 fallen off the bus, 48 double-bit ECC, 31 MMU fault).
+        #[arg(long, group = "fault")]
+        xid: Option<u64>,
+        /// A double-bit ECC error event.
+        #[arg(long, group = "fault")]
+        ecc_dbe: bool,
+        /// The GPU stops answering (NVML_ERROR_GPU_IS_LOST), without an event.
+        #[arg(long, group = "fault")]
+        lost: bool,
+        /// A GPU reset: faults cleared, MIG instances gone, a pending MIG mode applied.
+        #[arg(long, group = "fault")]
+        reset: bool,
+        /// The GPU instance the event hit (a MIG device), with --xid or --ecc-dbe.
+        #[arg(long)]
+        gpu_instance: Option<u32>,
+        /// The compute instance the event hit, with --gpu-instance.
+        #[arg(long, requires = "gpu_instance")]
+        compute_instance: Option<u32>,
+    },
     /// Write a driver root holding the simulated driver's files (empty libraries named for its
     /// version, their links and ld cache, binaries, GSP firmware), for
     /// `gpu-dra run --nvidia-driver-root DIR` on simulated GPUs.
@@ -86,6 +110,40 @@ pub fn run(args: SimArgs) -> Result<ExitCode, CliError> {
             );
         }
         SimCommand::Reset { gpu } => node.reset_gpu(gpu)?,
+        SimCommand::Inject {
+            gpu,
+            xid,
+            ecc_dbe,
+            lost,
+            reset,
+            gpu_instance,
+            compute_instance,
+        } => {
+            let fault = match (xid, ecc_dbe, lost, reset) {
+                (Some(code), ..) => SimFault::Xid {
+                    code,
+                    gpu_instance_id: gpu_instance,
+                    compute_instance_id: compute_instance,
+                },
+                (None, true, ..) => SimFault::EccDoubleBit {
+                    gpu_instance_id: gpu_instance,
+                },
+                (None, false, true, _) => SimFault::Lost,
+                (None, false, false, true) => SimFault::Reset,
+                (None, false, false, false) => {
+                    return Err(CliError::Usage(
+                        "sim inject: give one of --xid N, --ecc-dbe, --lost, --reset".into(),
+                    ));
+                }
+            };
+            if gpu_instance.is_some() && matches!(fault, SimFault::Lost | SimFault::Reset) {
+                return Err(CliError::Usage(
+                    "sim inject: --gpu-instance goes with --xid or --ecc-dbe (a loss or reset is the whole GPU's)".into(),
+                ));
+            }
+            node.inject(gpu, fault)?;
+            println!("GPU {gpu}: {fault:?}");
+        }
         SimCommand::DriverRoot { dir } => {
             let version = crate::gpu::catalog::SIM_DRIVER_VERSION;
             crate::prepare::driver_files::write_fake_driver_root(&dir, version)

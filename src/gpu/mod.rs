@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::str::FromStr;
 
 pub mod catalog;
+pub mod events;
 pub mod mig;
 pub mod model;
 pub mod nvml;
@@ -30,6 +31,8 @@ pub enum MigFailure {
     InUse,
     /// `NVML_ERROR_INSUFFICIENT_RESOURCES`: placement occupied or profile exhausted.
     InsufficientResources,
+    /// `NVML_ERROR_GPU_IS_LOST`: the GPU fell off the bus.
+    Lost,
 }
 
 impl MigFailure {
@@ -41,6 +44,7 @@ impl MigFailure {
             Self::NotFound => 6,
             Self::InUse => 19,
             Self::InsufficientResources => 23,
+            Self::Lost => 15,
         }
     }
 }
@@ -53,6 +57,7 @@ impl fmt::Display for MigFailure {
             Self::NotFound => "not found",
             Self::InUse => "in use",
             Self::InsufficientResources => "insufficient resources",
+            Self::Lost => "GPU is lost",
         })
     }
 }
@@ -218,6 +223,10 @@ pub trait GpuControl: Send + Sync {
     fn sim_state_file(&self) -> Option<std::path::PathBuf> {
         None
     }
+    /// The liveness probe of one GPU.
+    fn probe(&self, minor: u32) -> Result<events::GpuProbe, GpuError>;
+    /// Registers for fault events on every GPU.
+    fn event_source(&self) -> Result<Box<dyn events::GpuEventSource>, GpuError>;
 }
 
 /// A GPU instance and its compute instances.
@@ -286,6 +295,12 @@ impl GpuControl for sim::SimNode {
     }
     fn set_sharing_settings(&self, minor: u32, settings: SharingSettings) -> Result<(), GpuError> {
         sim::SimNode::set_sharing_settings(self, minor, settings)
+    }
+    fn probe(&self, minor: u32) -> Result<events::GpuProbe, GpuError> {
+        sim::SimNode::probe(self, minor)
+    }
+    fn event_source(&self) -> Result<Box<dyn events::GpuEventSource>, GpuError> {
+        Ok(Box::new(sim::SimNode::event_source(self)?))
     }
 }
 

@@ -1,14 +1,22 @@
 //! Discovery through NVML (nvml-wrapper; raw calls in `nvml_raw` where the wrapper stops).
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use nvml_wrapper::Nvml;
-use nvml_wrapper::enum_wrappers::device::{Brand, ComputeMode as NvmlComputeMode};
-use nvml_wrapper::enums::device::DeviceArchitecture;
+use nvml_wrapper::enum_wrappers::device::{
+    Brand, ComputeMode as NvmlComputeMode, TemperatureSensor,
+};
+use nvml_wrapper::enums::device::{DeviceArchitecture, SampleValue};
 use nvml_wrapper::error::NvmlError;
-use nvml_wrapper_sys::bindings::nvmlDevice_t;
+use nvml_wrapper::structs::device::FieldId;
+use nvml_wrapper_sys::bindings::{
+    field_id::NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, nvmlDevice_t, nvmlEventData_t, nvmlEventSet_t,
+    nvmlEventTypeDoubleBitEccError, nvmlEventTypeXidCriticalError,
+};
 
+use super::events::{GpuEvent, GpuEventKind, GpuEventSource, GpuProbe, RecoveryAction};
 use super::mig::{self, GPU_INSTANCE_PROFILE_COUNT};
 use super::model::*;
 use super::nvml_raw::{self, RawError};
@@ -17,10 +25,14 @@ use super::{GpuError, catalog};
 
 /// An initialised NVML library, and what it said about the GPUs.
 pub struct NvmlBackend {
-    nvml: Nvml,
+    /// Shared with event sources, which outlive the call that registers them.
+    nvml: Arc<Nvml>,
     sysfs_root: PathBuf,
     /// The node as last read; `None` until first needed (or after a panic while it was held).
     cache: Mutex<Option<Cache>>,
+    /// Every GPU's handle by minor, for probes and events: read apart from `cache` so that a
+    /// probe never waits for a MIG operation that holds it. Kept once complete.
+    handles: Mutex<Option<Arc<GpuHandles>>>,
     /// The driver's `nvidia-smi`: NVML cannot set the time-slice interval.
     nvidia_smi: Option<PathBuf>,
     /// The folder NVML was loaded from (under a driver root), where `nvidia-smi` finds it too.
@@ -60,6 +72,125 @@ unsafe impl Send for Handle {}
 // SAFETY: as for `Send`; the token itself is never written through.
 unsafe impl Sync for Handle {}
 
+/// The GPUs' handles and minor numbers, all NVML tells without touching MIG state.
+struct GpuHandles {
+    /// `(minor, handle)`, ordered by minor.
+    gpus: Vec<(u32, Handle)>,
+    /// GPUs (by index) whose handle or minor number could not be read, and why.
+    unreachable: Vec<(u32, NvmlError)>,
+}
+
+impl GpuHandles {
+    fn handle(&self, minor: u32) -> Option<Handle> {
+        self.gpus.iter().find(|(m, _)| *m == minor).map(|(_, h)| *h)
+    }
+}
+
+/// What the event source listens for: the faults that make a device unhealthy. NVIDIA's driver
+/// also registers single-bit ECC errors but acts on XIDs only.
+const WANTED_EVENTS: u64 =
+    nvmlEventTypeXidCriticalError as u64 | nvmlEventTypeDoubleBitEccError as u64;
+
+/// Most events one [`GpuEventSource::wait`] returns; the rest wait in NVML for the next call.
+const MAX_EVENTS_PER_WAIT: usize = 64;
+
+/// NVML's "no GPU instance / compute instance" in event data.
+const NO_INSTANCE: u32 = 0xFFFF_FFFF;
+
+/// A registered NVML event set (raw: nvml-wrapper's `EventSet` borrows the `Nvml`, and this one
+/// must outlive the call that made it).
+struct NvmlEventSource {
+    set: nvmlEventSet_t,
+    /// The registered GPUs: `(minor, handle)`.
+    gpus: Vec<(u32, Handle)>,
+    /// Keeps NVML initialised while the set lives; dropped after `Drop` frees the set.
+    nvml: Arc<Nvml>,
+}
+
+// SAFETY: the set is an opaque NVML token, valid from any thread while NVML is initialised (which
+// `nvml` guarantees); `wait` takes `&mut self`, so one thread uses it at a time, as NVML requires.
+unsafe impl Send for NvmlEventSource {}
+
+impl NvmlEventSource {
+    /// Our event for NVML's, if it is one we registered for on a GPU we know.
+    fn event(&self, data: &nvmlEventData_t) -> Option<GpuEvent> {
+        let Some(minor) = self
+            .gpus
+            .iter()
+            .find(|(_, h)| std::ptr::eq(h.0, data.device))
+            .map(|(m, _)| *m)
+        else {
+            tracing::warn!(
+                event_type = data.eventType,
+                "NVML event on a device that was not registered; ignored"
+            );
+            return None;
+        };
+        let kind = if data.eventType & u64::from(nvmlEventTypeXidCriticalError) != 0 {
+            GpuEventKind::Xid {
+                code: data.eventData,
+            }
+        } else if data.eventType & u64::from(nvmlEventTypeDoubleBitEccError) != 0 {
+            GpuEventKind::DoubleBitEcc
+        } else {
+            tracing::debug!(minor, event_type = data.eventType, "NVML event ignored");
+            return None;
+        };
+        let instance = |id: u32| (id != NO_INSTANCE).then_some(id);
+        Some(GpuEvent {
+            minor,
+            kind,
+            gpu_instance_id: instance(data.gpuInstanceId),
+            compute_instance_id: instance(data.computeInstanceId),
+        })
+    }
+}
+
+impl GpuEventSource for NvmlEventSource {
+    fn wait(&mut self, timeout: Duration) -> Result<Vec<GpuEvent>, GpuError> {
+        let deadline = Instant::now() + timeout;
+        let mut events = Vec::new();
+        while events.len() < MAX_EVENTS_PER_WAIT {
+            // NVML hands out one event per call: after the first, take only what is ready.
+            let left = if events.is_empty() {
+                deadline.saturating_duration_since(Instant::now())
+            } else {
+                Duration::ZERO
+            };
+            let timeout_ms = u32::try_from(left.as_millis()).unwrap_or(u32::MAX);
+            // SAFETY: `self.set` is live until drop, and `&mut self` keeps this thread alone on it.
+            match unsafe { nvml_raw::wait_event(&self.nvml, self.set, timeout_ms) } {
+                Ok(data) => events.extend(self.event(&data)),
+                // The timeout, or an interrupt that ended the wait early.
+                Err(RawError {
+                    code: nvml_raw::NVML_ERROR_TIMEOUT,
+                    ..
+                }) => {
+                    if !events.is_empty() || Instant::now() >= deadline {
+                        break;
+                    }
+                }
+                // What was taken from NVML is not lost; the next wait reports the error again.
+                Err(e) if !events.is_empty() => {
+                    tracing::debug!(error = %e, "NVML event wait failed after events");
+                    break;
+                }
+                Err(e) => return Err(raw_err("wait for GPU events", e)),
+            }
+        }
+        Ok(events)
+    }
+}
+
+impl Drop for NvmlEventSource {
+    fn drop(&mut self) {
+        // SAFETY: the set is live and freed only here.
+        if let Err(e) = unsafe { nvml_raw::free_event_set(&self.nvml, self.set) } {
+            tracing::warn!(error = %e, "cannot free the NVML event set");
+        }
+    }
+}
+
 impl NvmlBackend {
     /// Loads `library` (default: `libnvidia-ml.so.1` through the dynamic linker) and initialises it.
     pub fn open(library: Option<&Path>, sysfs_root: PathBuf) -> Result<Self, GpuError> {
@@ -71,9 +202,10 @@ impl NvmlBackend {
         }
         let nvml = builder.init().map_err(|e| nvml_err("initialise NVML", e))?;
         Ok(Self {
-            nvml,
+            nvml: Arc::new(nvml),
             sysfs_root,
             cache: Mutex::new(None),
+            handles: Mutex::new(None),
             nvidia_smi: None,
             library_dir: library.and_then(Path::parent).map(Path::to_path_buf),
         })
@@ -126,6 +258,171 @@ impl NvmlBackend {
 
     pub fn nvml(&self) -> &Nvml {
         &self.nvml
+    }
+
+    /// Every GPU's handle and minor: from the first complete read on, without asking NVML.
+    fn gpu_handles(&self) -> Result<Arc<GpuHandles>, GpuError> {
+        let known = self
+            .handles
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if let Some(known) = known {
+            return Ok(known);
+        }
+        let count = self
+            .nvml
+            .device_count()
+            .map_err(|e| nvml_err("device count", e))?;
+        let mut read = GpuHandles {
+            gpus: Vec::with_capacity(count as usize),
+            unreachable: vec![],
+        };
+        for index in 0..count {
+            let found = self.nvml.device_by_index(index).and_then(|device| {
+                // SAFETY: the handle belongs to `self.nvml`, which outlives `self.handles`.
+                let handle = Handle(unsafe { device.handle() });
+                Ok((device.minor_number()?, handle))
+            });
+            match found {
+                Ok(gpu) => read.gpus.push(gpu),
+                Err(e) => read.unreachable.push((index, e)),
+            }
+        }
+        read.gpus.sort_by_key(|(minor, _)| *minor);
+        let read = Arc::new(read);
+        // An unreachable GPU may come back: only a complete answer is kept.
+        if read.unreachable.is_empty() {
+            *self.handles.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::clone(&read));
+        }
+        Ok(read)
+    }
+
+    /// Lost or not (a temperature read, which needs the GPU to answer), and the recovery action
+    /// the driver asks for (`NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`, R550 and newer).
+    pub fn probe(&self, minor: u32) -> Result<GpuProbe, GpuError> {
+        let at = |what: &str| format!("GPU {minor}: {what}");
+        let handles = self.gpu_handles()?;
+        let Some(handle) = handles.handle(minor) else {
+            // A GPU lost before its minor was read is known by index only: it may be this one.
+            if handles
+                .unreachable
+                .iter()
+                .any(|(_, e)| matches!(e, NvmlError::GpuLost))
+            {
+                return Ok(GpuProbe {
+                    lost: true,
+                    recovery_action: None,
+                });
+            }
+            return Err(GpuError::Nvml {
+                operation: at("probe"),
+                reason: "no GPU with this minor number".into(),
+            });
+        };
+        // SAFETY: the handle belongs to `self.nvml`.
+        let device = unsafe { nvml_wrapper::Device::new(handle.0, &self.nvml) };
+        let mut lost = match device.temperature(TemperatureSensor::Gpu) {
+            Ok(_) => false,
+            Err(NvmlError::GpuLost) => true,
+            // No sensor: nothing to tell from it.
+            Err(
+                NvmlError::NotSupported
+                | NvmlError::FunctionNotFound
+                | NvmlError::FailedToLoadSymbol(_),
+            ) => false,
+            Err(e) => return Err(nvml_err(&at("temperature"), e)),
+        };
+        let field = FieldId(NVML_FI_DEV_GET_GPU_RECOVERY_ACTION);
+        let value = match device.field_values_for(&[field]) {
+            Ok(values) => match values.into_iter().next() {
+                Some(Ok(sample)) => sample.value,
+                Some(Err(e)) => Err(e),
+                None => Err(NvmlError::NotSupported),
+            },
+            Err(e) => Err(e),
+        };
+        let recovery_action = match value {
+            Ok(value) => Some(RecoveryAction::from_nvml(
+                recovery_value(&value).ok_or_else(|| GpuError::Nvml {
+                    operation: at("recovery action"),
+                    reason: format!("unexpected value {value:?}"),
+                })?,
+            )),
+            // Drivers before R550 do not know the field.
+            Err(
+                NvmlError::NotSupported
+                | NvmlError::InvalidArg
+                | NvmlError::FunctionNotFound
+                | NvmlError::FailedToLoadSymbol(_),
+            ) => None,
+            Err(NvmlError::GpuLost) => {
+                lost = true;
+                None
+            }
+            Err(e) => return Err(nvml_err(&at("recovery action"), e)),
+        };
+        Ok(GpuProbe {
+            lost,
+            recovery_action,
+        })
+    }
+
+    /// An NVML event set with XIDs and double-bit ECC errors registered on every GPU that
+    /// supports them. A GPU that cannot register is left out with a warning, not the whole node.
+    pub fn event_source(&self) -> Result<Box<dyn GpuEventSource>, GpuError> {
+        let handles = self.gpu_handles()?;
+        for (index, e) in &handles.unreachable {
+            tracing::warn!(index, error = %e, "GPU unreachable; no fault events from it");
+        }
+        let set = nvml_raw::create_event_set(&self.nvml)
+            .map_err(|e| raw_err("create an NVML event set", e))?;
+        // From here on, dropping `source` frees the set.
+        let mut source = NvmlEventSource {
+            set,
+            gpus: Vec::with_capacity(handles.gpus.len()),
+            nvml: Arc::clone(&self.nvml),
+        };
+        for &(minor, handle) in &handles.gpus {
+            // SAFETY: the handle belongs to `self.nvml`.
+            let device = unsafe { nvml_wrapper::Device::new(handle.0, &self.nvml) };
+            // Registering an unsupported type fails the whole call: ask first.
+            let supported = match device.supported_event_types() {
+                Ok(types) => types.bits(),
+                Err(e) => {
+                    tracing::warn!(minor, error = %e, "cannot read the GPU's event types; no fault events from it");
+                    continue;
+                }
+            };
+            let types = supported & WANTED_EVENTS;
+            if types == 0 {
+                tracing::warn!(
+                    minor,
+                    supported,
+                    "GPU reports neither XIDs nor ECC errors; no fault events from it"
+                );
+                continue;
+            }
+            // SAFETY: a full-GPU handle and a live set, both of `self.nvml`.
+            match unsafe { nvml_raw::register_events(&self.nvml, handle.0, types, set) } {
+                Ok(()) => source.gpus.push((minor, handle)),
+                // NVML leaves the set undefined after this one.
+                Err(
+                    e @ RawError {
+                        code: nvml_raw::NVML_ERROR_UNKNOWN,
+                        ..
+                    },
+                ) => return Err(raw_err(&format!("GPU {minor}: register events"), e)),
+                Err(e) => {
+                    tracing::warn!(minor, error = %e, "cannot register for the GPU's events; no fault events from it");
+                }
+            }
+        }
+        tracing::debug!(
+            gpus = ?source.gpus.iter().map(|(m, _)| m).collect::<Vec<_>>(),
+            "NVML events registered"
+        );
+        Ok(Box::new(source))
     }
 
     /// Every full GPU, its MIG profiles and placements and the MIG devices that exist. The first
@@ -451,6 +748,16 @@ fn nvml_err(operation: &str, e: NvmlError) -> GpuError {
     }
 }
 
+/// A field value as `nvmlDeviceGpuRecoveryAction_t` (NVML reports it as an unsigned int).
+fn recovery_value(value: &SampleValue) -> Option<u32> {
+    match *value {
+        SampleValue::U32(v) => Some(v),
+        SampleValue::U64(v) => u32::try_from(v).ok(),
+        SampleValue::I64(v) => u32::try_from(v).ok(),
+        SampleValue::F64(_) => None,
+    }
+}
+
 fn raw_err(operation: &str, e: RawError) -> GpuError {
     let reason = match e.code {
         nvml_raw::MISSING_SYMBOL => format!("the NVML library lacks {}", e.function),
@@ -547,6 +854,7 @@ fn mig_failure(minor: u32, operation: &'static str, e: RawError) -> GpuError {
         2 => super::MigFailure::InvalidArgument,
         3 => super::MigFailure::NotSupported,
         6 => super::MigFailure::NotFound,
+        15 => super::MigFailure::Lost,
         19 => super::MigFailure::InUse,
         23 => super::MigFailure::InsufficientResources,
         _ => return raw_err(&format!("GPU {minor}: {operation}"), e),
@@ -562,6 +870,14 @@ fn mig_failure(minor: u32, operation: &'static str, e: RawError) -> GpuError {
 impl super::GpuControl for NvmlBackend {
     fn inventory(&self) -> Result<NodeInventory, GpuError> {
         NvmlBackend::inventory(self)
+    }
+
+    fn probe(&self, minor: u32) -> Result<GpuProbe, GpuError> {
+        NvmlBackend::probe(self, minor)
+    }
+
+    fn event_source(&self) -> Result<Box<dyn GpuEventSource>, GpuError> {
+        NvmlBackend::event_source(self)
     }
 
     fn sharing_settings(&self, minor: u32) -> Result<SharingSettings, GpuError> {
@@ -620,9 +936,16 @@ impl super::GpuControl for NvmlBackend {
             gpu.stale = true;
             // SAFETY: the handle belongs to `self.nvml`.
             let device = unsafe { nvml_wrapper::Device::new(gpu.handle.0, &self.nvml) };
-            let status = device
-                .set_mig_mode(enabled)
-                .map_err(|e| nvml_err(&format!("GPU {minor}: {OP}"), e))?;
+            let status = device.set_mig_mode(enabled).map_err(|e| match e {
+                // As the simulator says it, so callers tell a lost GPU from a refusal.
+                NvmlError::GpuLost => GpuError::Mig {
+                    minor,
+                    operation: OP,
+                    failure: super::MigFailure::Lost,
+                    detail: String::new(),
+                },
+                e => nvml_err(&format!("GPU {minor}: {OP}"), e),
+            })?;
             if status != 0 {
                 // The call returned, but the mode did not change (e.g. the GPU is in use).
                 return Err(mig_failure(

@@ -345,3 +345,68 @@ pub unsafe fn gpu_instances(
     found.sort_by_key(|(id, ..)| *id);
     Ok(found)
 }
+
+// ---- events ----------------------------------------------------------------------------------
+
+use nvml_wrapper_sys::bindings::{nvmlEventData_t, nvmlEventSet_t};
+
+/// `NVML_ERROR_TIMEOUT`: no event within the wait.
+pub const NVML_ERROR_TIMEOUT: u32 = 10;
+/// `NVML_ERROR_UNKNOWN`: after a failed registration NVML leaves the set undefined.
+pub const NVML_ERROR_UNKNOWN: u32 = 999;
+
+/// `nvmlEventSetCreate`. nvml-wrapper's `EventSet` borrows the `Nvml`, which an event source that
+/// outlives the call cannot hold; the set is freed with [`free_event_set`].
+pub fn create_event_set(nvml: &Nvml) -> Result<nvmlEventSet_t, RawError> {
+    let create = symbol!(nvml, nvmlEventSetCreate);
+    let mut set: nvmlEventSet_t = std::ptr::null_mut();
+    // SAFETY: out-pointer to a live local.
+    check("nvmlEventSetCreate", unsafe { create(&mut set) })?;
+    Ok(set)
+}
+
+/// `nvmlDeviceRegisterEvents`.
+///
+/// # Safety
+/// `device` must be a valid full-GPU handle and `set` a live event set, both from `nvml`.
+pub unsafe fn register_events(
+    nvml: &Nvml,
+    device: nvmlDevice_t,
+    event_types: u64,
+    set: nvmlEventSet_t,
+) -> Result<(), RawError> {
+    let register = symbol!(nvml, nvmlDeviceRegisterEvents);
+    // SAFETY: the caller vouches for both handles.
+    check("nvmlDeviceRegisterEvents", unsafe {
+        register(device, event_types, set)
+    })
+}
+
+/// `nvmlEventSetWait_v2`: the next event, waiting up to `timeout_ms`.
+///
+/// # Safety
+/// `set` must be a live event set from `nvml`, used by one thread at a time.
+pub unsafe fn wait_event(
+    nvml: &Nvml,
+    set: nvmlEventSet_t,
+    timeout_ms: u32,
+) -> Result<nvmlEventData_t, RawError> {
+    let wait = symbol!(nvml, nvmlEventSetWait_v2);
+    // SAFETY: plain-data struct; NVML fills it.
+    let mut data: nvmlEventData_t = unsafe { std::mem::zeroed() };
+    // SAFETY: the caller vouches for `set`; out-pointer to a live local.
+    check("nvmlEventSetWait_v2", unsafe {
+        wait(set, &mut data, timeout_ms)
+    })?;
+    Ok(data)
+}
+
+/// `nvmlEventSetFree`.
+///
+/// # Safety
+/// `set` must be a live event set from `nvml`; it is gone afterwards.
+pub unsafe fn free_event_set(nvml: &Nvml, set: nvmlEventSet_t) -> Result<(), RawError> {
+    let free = symbol!(nvml, nvmlEventSetFree);
+    // SAFETY: the caller vouches for `set`.
+    check("nvmlEventSetFree", unsafe { free(set) })
+}

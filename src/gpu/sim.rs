@@ -8,11 +8,15 @@ use std::fmt;
 use std::fs::{self, File, OpenOptions};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
 use super::catalog::{self, SimModel};
+use super::events::{
+    GpuEvent, GpuEventKind, GpuEventSource, GpuProbe, RESET_REQUIRED_XIDS, RecoveryAction,
+};
 use super::mig::profile_name;
 use super::model::*;
 use super::{GpuError, MigFailure};
@@ -119,6 +123,41 @@ pub struct SimState {
     /// records itself here), with what they were told.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mps_daemons: Vec<SimMpsDaemon>,
+    /// NVML events raised on this node's GPUs (the last [`EVENTS_KEPT`]), numbered by
+    /// `event_serial` so that every reader sees each event once.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub events: Vec<SimEvent>,
+    #[serde(default)]
+    pub event_serial: u64,
+}
+
+/// An event as the simulated hardware raised it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SimEvent {
+    pub serial: u64,
+    pub event: GpuEvent,
+}
+
+/// How many raised events the state keeps for readers that poll.
+pub const EVENTS_KEPT: usize = 256;
+
+/// A fault to raise on a simulated GPU, or its reset (`gpu-dra sim inject`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SimFault {
+    /// An XID event; 79 also takes the GPU off the bus, and the XIDs that need a reset make the
+    /// driver ask for one.
+    Xid {
+        code: u64,
+        gpu_instance_id: Option<u32>,
+        compute_instance_id: Option<u32>,
+    },
+    /// A double-bit ECC error: an event, the volatile count up, a reset asked for.
+    EccDoubleBit { gpu_instance_id: Option<u32> },
+    /// The GPU stops answering (`NVML_ERROR_GPU_IS_LOST`), without an event.
+    Lost,
+    /// A GPU reset: faults cleared, volatile ECC counts zeroed, MIG instances gone, a pending MIG
+    /// mode applied.
+    Reset,
 }
 
 /// An MPS control daemon, as the simulated hardware knows it.
@@ -148,6 +187,23 @@ pub struct SimGpuState {
     pub compute_mode: ComputeMode,
     #[serde(default)]
     pub timeslice: u32,
+    /// Off the bus: NVML calls on it fail with `GPU_IS_LOST` until a reset.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub lost: bool,
+    /// Volatile uncorrected ECC count (cleared at reset and boot).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub volatile_dbe: u64,
+    /// `nvmlDeviceGpuRecoveryAction_t` the driver reports (0: none).
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub recovery_action: u32,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+fn is_zero_u32(n: &u32) -> bool {
+    *n == 0
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -170,12 +226,14 @@ const SCHEMA: u32 = 1;
 /// GPU instance ids run 0..=14 (mig-minors lists gi0..gi14).
 const MAX_GPU_INSTANCE_ID: u32 = 14;
 
+#[derive(Clone)]
 enum Store {
     File(PathBuf),
-    Memory(Mutex<Option<SimState>>),
+    Memory(Arc<Mutex<Option<SimState>>>),
 }
 
-/// A simulated node.
+/// A simulated node. Clones share the hardware (the same file or memory).
+#[derive(Clone)]
 pub struct SimNode {
     spec: SimSpec,
     node_name: String,
@@ -187,7 +245,7 @@ impl SimNode {
     pub fn new(spec: SimSpec, node_name: &str, state: Option<PathBuf>) -> Self {
         let store = match state {
             Some(path) => Store::File(path),
-            None => Store::Memory(Mutex::new(None)),
+            None => Store::Memory(Arc::new(Mutex::new(None))),
         };
         Self {
             spec,
@@ -249,11 +307,11 @@ impl SimNode {
         const OP: &str = "set compute mode and time-slice";
         self.model(minor, OP)?;
         self.write(|state| {
-            let gpu = state
-                .gpus
-                .iter_mut()
-                .find(|g| g.minor == minor)
+            let gpu = gpu_even_if_lost(state, minor)
                 .ok_or_else(|| sharing_err(minor, OP, "no such GPU"))?;
+            if gpu.lost {
+                return Err(sharing_err(minor, OP, "GPU is lost"));
+            }
             if gpu.mig_current {
                 return Err(sharing_err(minor, OP, "not supported in MIG mode"));
             }
@@ -373,6 +431,92 @@ impl SimNode {
             }
             gpu.mig_current = gpu.mig_pending;
             Ok(())
+        })
+    }
+
+    /// Raises a fault on a GPU, or resets it (see [`SimFault`]).
+    pub fn inject(&self, minor: u32, fault: SimFault) -> Result<(), GpuError> {
+        const OP: &str = "inject";
+        self.model(minor, OP)?;
+        self.write(|state| {
+            let gpu = gpu_even_if_lost(state, minor)
+                .ok_or_else(|| mig_err(minor, OP, MigFailure::NotFound, "no such GPU"))?;
+            let event = match fault {
+                SimFault::Xid {
+                    code,
+                    gpu_instance_id,
+                    compute_instance_id,
+                } => {
+                    if RESET_REQUIRED_XIDS.contains(&code) {
+                        gpu.recovery_action = RecoveryAction::GpuReset.nvml_value();
+                    }
+                    if code == 79 {
+                        gpu.lost = true;
+                    }
+                    Some(GpuEvent {
+                        minor,
+                        kind: GpuEventKind::Xid { code },
+                        gpu_instance_id,
+                        compute_instance_id,
+                    })
+                }
+                SimFault::EccDoubleBit { gpu_instance_id } => {
+                    gpu.volatile_dbe += 1;
+                    gpu.recovery_action = RecoveryAction::GpuReset.nvml_value();
+                    Some(GpuEvent {
+                        minor,
+                        kind: GpuEventKind::DoubleBitEcc,
+                        gpu_instance_id,
+                        compute_instance_id: None,
+                    })
+                }
+                SimFault::Lost => {
+                    gpu.lost = true;
+                    None
+                }
+                SimFault::Reset => {
+                    gpu.lost = false;
+                    gpu.volatile_dbe = 0;
+                    gpu.recovery_action = 0;
+                    gpu.gpu_instances.clear();
+                    gpu.mig_current = gpu.mig_pending;
+                    None
+                }
+            };
+            if let Some(event) = event {
+                state.event_serial += 1;
+                state.events.push(SimEvent {
+                    serial: state.event_serial,
+                    event,
+                });
+                let excess = state.events.len().saturating_sub(EVENTS_KEPT);
+                state.events.drain(..excess);
+            }
+            Ok(())
+        })
+    }
+
+    /// The liveness probe: lost or not, and the recovery action the driver asks for.
+    pub fn probe(&self, minor: u32) -> Result<GpuProbe, GpuError> {
+        self.read(|state| {
+            let gpu = state
+                .gpus
+                .iter()
+                .find(|g| g.minor == minor)
+                .ok_or_else(|| mig_err(minor, "probe", MigFailure::NotFound, "no such GPU"))?;
+            Ok(GpuProbe {
+                lost: gpu.lost,
+                recovery_action: Some(RecoveryAction::from_nvml(gpu.recovery_action)),
+            })
+        })
+    }
+
+    /// Events raised from now on, as an NVML event set delivers them.
+    pub fn event_source(&self) -> Result<SimEventSource, GpuError> {
+        let seen = self.read(|state| Ok(state.event_serial))?;
+        Ok(SimEventSource {
+            node: self.clone(),
+            seen,
         })
     }
 
@@ -604,9 +748,14 @@ impl SimNode {
                     gpu_instances: vec![],
                     compute_mode: ComputeMode::Default,
                     timeslice: 0,
+                    lost: false,
+                    volatile_dbe: 0,
+                    recovery_action: 0,
                 })
                 .collect(),
             mps_daemons: vec![],
+            events: vec![],
+            event_serial: 0,
         }
     }
 
@@ -634,6 +783,10 @@ impl SimNode {
                 gpu.mig_current = gpu.mig_pending;
                 gpu.compute_mode = ComputeMode::Default;
                 gpu.timeslice = 0;
+                // A reboot resets every GPU.
+                gpu.lost = false;
+                gpu.volatile_dbe = 0;
+                gpu.recovery_action = 0;
             }
             // Nor do processes.
             state.mps_daemons.clear();
@@ -704,6 +857,44 @@ impl SimNode {
             driver_version: catalog::SIM_DRIVER_VERSION.to_string(),
             cuda_driver_version: cuda_version(catalog::SIM_CUDA_DRIVER_VERSION),
             gpus,
+        }
+    }
+}
+
+/// Polls the hardware state for events newer than the last one seen (the state file is shared
+/// with `gpu-dra sim inject` and the fake libnvidia-ml).
+pub struct SimEventSource {
+    node: SimNode,
+    seen: u64,
+}
+
+/// How often [`SimEventSource`] looks at the state while waiting.
+const EVENT_POLL: Duration = Duration::from_millis(100);
+
+impl GpuEventSource for SimEventSource {
+    fn wait(&mut self, timeout: Duration) -> Result<Vec<GpuEvent>, GpuError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let seen = self.seen;
+            let (serial, events) = self.node.read(|state| {
+                let events = state
+                    .events
+                    .iter()
+                    .filter(|e| e.serial > seen)
+                    .map(|e| e.event)
+                    .collect::<Vec<_>>();
+                Ok((state.event_serial, events))
+            })?;
+            // A reboot empties the list and restarts the numbering.
+            self.seen = serial;
+            if !events.is_empty() {
+                return Ok(events);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(vec![]);
+            }
+            std::thread::sleep(EVENT_POLL.min(deadline - now));
         }
     }
 }
@@ -878,6 +1069,11 @@ pub fn full_compute_profile(slices: u32) -> u32 {
     }
 }
 
+/// A GPU's state whether or not it answers (faults and resets reach lost GPUs too).
+fn gpu_even_if_lost(state: &mut SimState, minor: u32) -> Option<&mut SimGpuState> {
+    state.gpus.iter_mut().find(|g| g.minor == minor)
+}
+
 fn gpu_state<'a>(
     state: &'a mut SimState,
     minor: u32,
@@ -888,6 +1084,13 @@ fn gpu_state<'a>(
         .iter_mut()
         .find(|g| g.minor == minor)
         .ok_or_else(|| mig_err(minor, operation, MigFailure::NotFound, "no such GPU"))
+        .and_then(|gpu| {
+            if gpu.lost {
+                Err(mig_err(minor, operation, MigFailure::Lost, ""))
+            } else {
+                Ok(gpu)
+            }
+        })
 }
 
 fn mig_err(minor: u32, operation: &'static str, failure: MigFailure, detail: &str) -> GpuError {

@@ -47,6 +47,23 @@ impl ResultLabel {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DeviceStateLabel {
+    device: String,
+    state: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct XidLabel {
+    gpu: String,
+    xid: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct GpuLabel {
+    gpu: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OperationLabel {
     operation: &'static str,
 }
@@ -132,6 +149,9 @@ pub struct Metrics {
     checkpoint_unusable: Gauge,
     slice_writes: Family<OperationLabel, Counter>,
     slice_sync_errors: Counter,
+    device_health: Family<DeviceStateLabel, Gauge>,
+    xid_errors: Family<XidLabel, Counter>,
+    ecc_errors: Family<GpuLabel, Counter>,
     registered: AtomicBool,
     slices_synced: AtomicBool,
 }
@@ -189,8 +209,29 @@ impl Metrics {
             "ResourceSlice syncs that failed (retried with backoff)",
             slice_sync_errors.clone(),
         );
+        let device_health = Family::<DeviceStateLabel, Gauge>::default();
+        registry.register(
+            "device_health",
+            "1 for each published device's current health state (healthy, unhealthy), 0 for the other",
+            device_health.clone(),
+        );
+        let xid_errors = Family::<XidLabel, Counter>::default();
+        registry.register(
+            "gpu_xid_errors",
+            "XID events by GPU and XID, ignored ones included",
+            xid_errors.clone(),
+        );
+        let ecc_errors = Family::<GpuLabel, Counter>::default();
+        registry.register(
+            "gpu_ecc_double_bit_errors",
+            "Double-bit ECC error events by GPU",
+            ecc_errors.clone(),
+        );
         Self {
             registry,
+            device_health,
+            xid_errors,
+            ecc_errors,
             prepare,
             unprepare,
             prepared_claims,
@@ -202,6 +243,45 @@ impl Metrics {
             slice_sync_errors,
             registered: AtomicBool::new(false),
             slices_synced: AtomicBool::new(false),
+        }
+    }
+
+    /// Each device's health after a probe round; devices no longer reported are dropped.
+    pub fn observe_device_health(&self, health: &[crate::plugin::DeviceHealth]) {
+        use crate::plugin::DeviceHealthStatus;
+        self.device_health.clear();
+        for device in health {
+            let healthy = device.status == DeviceHealthStatus::Healthy;
+            for (state, value) in [("healthy", healthy), ("unhealthy", !healthy)] {
+                self.device_health
+                    .get_or_create(&DeviceStateLabel {
+                        device: device.device_name.clone(),
+                        state,
+                    })
+                    .set(i64::from(value));
+            }
+        }
+    }
+
+    /// Counts one NVML event.
+    pub fn observe_gpu_event(&self, event: &crate::gpu::events::GpuEvent) {
+        use crate::gpu::events::GpuEventKind;
+        match event.kind {
+            GpuEventKind::Xid { code } => {
+                self.xid_errors
+                    .get_or_create(&XidLabel {
+                        gpu: event.minor.to_string(),
+                        xid: code.to_string(),
+                    })
+                    .inc();
+            }
+            GpuEventKind::DoubleBitEcc => {
+                self.ecc_errors
+                    .get_or_create(&GpuLabel {
+                        gpu: event.minor.to_string(),
+                    })
+                    .inc();
+            }
         }
     }
 

@@ -261,3 +261,61 @@ async fn binding_a_taken_port_fails_with_the_address() {
         "{error}"
     );
 }
+
+#[test]
+fn device_health_and_gpu_faults_are_exposed() {
+    use crate::gpu::events::{GpuEvent, GpuEventKind};
+    use crate::plugin::{DeviceHealth, DeviceHealthStatus};
+    let metrics = Metrics::new();
+    let health = |name: &str, status| DeviceHealth {
+        pool_name: "n1".into(),
+        device_name: name.into(),
+        status,
+        message: String::new(),
+        last_updated: std::time::SystemTime::now(),
+        health_check_timeout: None,
+    };
+    metrics.observe_device_health(&[
+        health("gpu-0", DeviceHealthStatus::Unhealthy),
+        health("gpu-1", DeviceHealthStatus::Healthy),
+    ]);
+    let event = |kind| GpuEvent {
+        minor: 0,
+        kind,
+        gpu_instance_id: None,
+        compute_instance_id: None,
+    };
+    metrics.observe_gpu_event(&event(GpuEventKind::Xid { code: 79 }));
+    metrics.observe_gpu_event(&event(GpuEventKind::Xid { code: 79 }));
+    metrics.observe_gpu_event(&event(GpuEventKind::DoubleBitEcc));
+    let text = metrics.encode().expect("encode");
+    assert_samples(
+        &text,
+        &[
+            (
+                r#"gpu_dra_device_health{device="gpu-0",state="unhealthy"}"#,
+                1.0,
+            ),
+            (
+                r#"gpu_dra_device_health{device="gpu-0",state="healthy"}"#,
+                0.0,
+            ),
+            (
+                r#"gpu_dra_device_health{device="gpu-1",state="healthy"}"#,
+                1.0,
+            ),
+            (r#"gpu_dra_gpu_xid_errors_total{gpu="0",xid="79"}"#, 2.0),
+            (r#"gpu_dra_gpu_ecc_double_bit_errors_total{gpu="0"}"#, 1.0),
+        ],
+    );
+    // A device no longer reported is no longer exposed.
+    metrics.observe_device_health(&[health("gpu-1", DeviceHealthStatus::Healthy)]);
+    let text = metrics.encode().expect("encode");
+    assert_eq!(
+        sample(
+            &text,
+            r#"gpu_dra_device_health{device="gpu-0",state="unhealthy"}"#
+        ),
+        None
+    );
+}

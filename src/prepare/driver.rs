@@ -108,6 +108,24 @@ impl Driver {
         self
     }
 
+    /// The node's device state.
+    pub fn state(&self) -> &DeviceState {
+        &self.state
+    }
+
+    /// Discovers the hardware again (devices made or removed by someone else, a GPU lost or
+    /// back); observers hear of a change. Returns whether anything changed.
+    pub async fn rescan(&self) -> Result<bool, String> {
+        let state = self.state.clone();
+        let changed = run_blocking(move || state.rescan())
+            .await
+            .map_err(|e| e.to_string())?;
+        if changed {
+            self.observer.state_changed(&self.state);
+        }
+        Ok(changed)
+    }
+
     /// Runs `f` on the state (inspection in the demo and tests).
     pub async fn with_state<R>(&self, f: impl FnOnce(&DeviceState) -> R) -> R {
         f(&self.state)

@@ -768,6 +768,21 @@ impl DeviceState {
         Ok(true)
     }
 
+    /// Re-reads every GPU, waiting for operations on them to finish first; returns whether the
+    /// inventory changed.
+    pub fn rescan(&self) -> Result<bool, PrepareError> {
+        let minors: BTreeSet<u32> = self.book().inventory.gpus.iter().map(|g| g.minor).collect();
+        let _gpus_held = self.busy_gpus.acquire(minors);
+        self.gpus.invalidate();
+        let fresh = self.gpus.inventory()?;
+        let mut book = self.book();
+        if book.inventory == fresh {
+            return Ok(false);
+        }
+        book.inventory = fresh;
+        Ok(true)
+    }
+
     fn refresh_all(&self) -> Result<(), PrepareError> {
         let inventory = self.gpus.inventory()?;
         self.book().inventory = inventory;

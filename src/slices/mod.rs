@@ -68,6 +68,8 @@ pub struct SliceOptions {
     pub order: DeviceOrder,
     /// Whether devices may be shared by several claims (`--consumable-shares`).
     pub consumable: consumable::ConsumableShares,
+    /// Device taints from GPU faults, by device name (see [`crate::health`]).
+    pub taints: std::sync::Arc<BTreeMap<String, Vec<k8s_openapi::api::resource::v1::DeviceTaint>>>,
 }
 
 impl SliceOptions {
@@ -80,6 +82,7 @@ impl SliceOptions {
             modes: None,
             order: DeviceOrder::Packed,
             consumable: consumable::ConsumableShares::Off,
+            taints: Default::default(),
         }
     }
 
@@ -163,6 +166,13 @@ pub fn content(inventory: &NodeInventory, options: &SliceOptions) -> PoolContent
     }));
     if options.order == DeviceOrder::Name {
         pool.devices.sort_by(|a, b| a.name.cmp(&b.name));
+    }
+    if !options.taints.is_empty() {
+        for device in &mut pool.devices {
+            if let Some(taints) = options.taints.get(&device.name) {
+                device.taints = Some(taints.clone());
+            }
+        }
     }
     pool
 }

@@ -10,23 +10,31 @@
 //! - `FAKE_NVML_CALL_LOG`: a file each call of an initialised library is appended to as
 //!   `<function> <GPU minor or ->`, so tests can count what the NVML backend asks.
 //!
+//! Faults come from the simulator too (`gpu-dra sim inject`, `SimNode::inject`): event sets poll
+//! the state for the events it records, and a GPU it marks lost answers `NVML_ERROR_GPU_IS_LOST`
+//! to the calls that need the GPU to answer (temperature, event registration, MIG changes).
+//!
 //! Handles are pointers to leaked, interned records, so the same GPU or instance always has the
 //! same handle. Every exported function checks its pointers and returns NVML's error codes.
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::ffi::{CStr, c_char, c_int, c_uint, c_ulonglong};
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use gpu_dra::gpu::events::{GpuEvent, GpuEventKind};
 use gpu_dra::gpu::sim::{SimNode, SimState, full_compute_profile, sim_pci_location};
 use gpu_dra::gpu::{ComputeMode, GpuError, NodeInventory, Placement, SharingSettings, catalog};
 use nvml_wrapper_sys::bindings::{
     nvmlComputeInstance_t, nvmlComputeInstanceInfo_t, nvmlComputeInstancePlacement_t,
-    nvmlComputeInstanceProfileInfo_t, nvmlDevice_t, nvmlGpuInstance_t, nvmlGpuInstanceInfo_t,
-    nvmlGpuInstancePlacement_t, nvmlGpuInstanceProfileInfo_t, nvmlMemory_t, nvmlMemory_v2_t,
-    nvmlPciInfo_t, nvmlReturn_t,
+    nvmlComputeInstanceProfileInfo_t, nvmlDevice_t, nvmlEventData_t, nvmlEventSet_t,
+    nvmlEventTypeDoubleBitEccError, nvmlEventTypeSingleBitEccError, nvmlEventTypeXidCriticalError,
+    nvmlFieldValue_t, nvmlGpuInstance_t, nvmlGpuInstanceInfo_t, nvmlGpuInstancePlacement_t,
+    nvmlGpuInstanceProfileInfo_t, nvmlMemory_t, nvmlMemory_v2_t, nvmlPciInfo_t, nvmlReturn_t,
+    nvmlValue_t,
 };
 
 type Ret = nvmlReturn_t;
@@ -37,6 +45,8 @@ const NOT_SUPPORTED: Ret = 3;
 const NOT_FOUND: Ret = 6;
 const INSUFFICIENT_SIZE: Ret = 7;
 const DRIVER_NOT_LOADED: Ret = 9;
+const TIMEOUT: Ret = 10;
+const GPU_IS_LOST: Ret = 15;
 const ARGUMENT_VERSION_MISMATCH: Ret = 25;
 const UNKNOWN: Ret = 999;
 
@@ -76,6 +86,8 @@ struct Fake {
     devices: HashMap<DeviceKey, &'static DeviceKey>,
     gpu_instances: HashMap<GiKey, &'static GiKey>,
     compute_instances: HashMap<CiKey, &'static CiKey>,
+    /// Live event sets by handle address (handles are boxes freed by `nvmlEventSetFree`).
+    event_sets: HashMap<usize, EventSet>,
     init_count: u32,
     /// `FAKE_NVML_CALL_LOG`: where each call is appended.
     call_log: Option<PathBuf>,
@@ -176,6 +188,25 @@ impl Fake {
 
     fn gpu(&self, minor: u32) -> Option<&gpu_dra::gpu::Gpu> {
         self.inventory.gpus.iter().find(|g| g.minor == minor)
+    }
+
+    /// The GPU's simulated state as it is now: faults arrive from other processes at any time.
+    fn current_gpu(&mut self, minor: u32) -> Result<&gpu_dra::gpu::sim::SimGpuState, Ret> {
+        self.refresh().map_err(|_| UNKNOWN)?;
+        self.state
+            .gpus
+            .iter()
+            .find(|g| g.minor == minor)
+            .ok_or(NOT_FOUND)
+    }
+
+    /// `GPU_IS_LOST` for a GPU off the bus now.
+    fn answering(&mut self, minor: u32) -> Result<(), Ret> {
+        if self.current_gpu(minor)?.lost {
+            Err(GPU_IS_LOST)
+        } else {
+            Ok(())
+        }
     }
 }
 
@@ -299,6 +330,7 @@ pub extern "C" fn nvmlInit_v2() -> Ret {
         devices: HashMap::new(),
         gpu_instances: HashMap::new(),
         compute_instances: HashMap::new(),
+        event_sets: HashMap::new(),
         init_count: 1,
         call_log: std::env::var_os("FAKE_NVML_CALL_LOG").map(Into::into),
     });
@@ -333,6 +365,8 @@ pub extern "C" fn nvmlErrorString(result: Ret) -> *const c_char {
         NOT_FOUND => c"Not Found",
         INSUFFICIENT_SIZE => c"Insufficient Size",
         DRIVER_NOT_LOADED => c"Driver Not Loaded",
+        TIMEOUT => c"Timeout",
+        GPU_IS_LOST => c"GPU is lost",
         19 => c"In use by another client",
         23 => c"Insufficient Resources",
         ARGUMENT_VERSION_MISMATCH => c"Argument version mismatch",
@@ -1373,6 +1407,335 @@ pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstanceById(
                 ci: id,
             });
             out!(compute_instance, handle);
+            SUCCESS
+        },
+    )
+}
+
+// ---- health: events, probes ------------------------------------------------------------------
+
+/// What every simulated GPU supports, as an A100 or H100 reports it.
+const SUPPORTED_EVENTS: c_ulonglong = (nvmlEventTypeXidCriticalError
+    | nvmlEventTypeDoubleBitEccError
+    | nvmlEventTypeSingleBitEccError) as c_ulonglong;
+
+/// `gpuInstanceId`/`computeInstanceId` of an event on the whole GPU.
+const NO_INSTANCE: c_uint = 0xFFFF_FFFF;
+
+/// How often a waiting event set looks at the simulated hardware.
+const EVENT_POLL: Duration = Duration::from_millis(20);
+
+/// `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`.
+const FIELD_RECOVERY_ACTION: c_uint =
+    nvml_wrapper_sys::bindings::field_id::NVML_FI_DEV_GET_GPU_RECOVERY_ACTION;
+/// `NVML_VALUE_TYPE_UNSIGNED_INT`.
+const VALUE_TYPE_UNSIGNED_INT: c_uint =
+    nvml_wrapper_sys::bindings::nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_INT;
+
+/// An event set: the GPUs registered in it with their event types, the last simulator event it
+/// looked at, and events taken from the simulator but not delivered yet (NVML hands out one per
+/// wait).
+#[derive(Default)]
+struct EventSet {
+    registered: HashMap<u32, c_ulonglong>,
+    seen: u64,
+    queue: VecDeque<GpuEvent>,
+}
+
+fn event_type(kind: GpuEventKind) -> c_ulonglong {
+    c_ulonglong::from(match kind {
+        GpuEventKind::Xid { .. } => nvmlEventTypeXidCriticalError,
+        GpuEventKind::DoubleBitEcc => nvmlEventTypeDoubleBitEccError,
+    })
+}
+
+impl EventSet {
+    /// Queues the simulator's events newer than the last seen, for the GPUs and types registered.
+    fn take(&mut self, state: &SimState) {
+        let seen = self.seen;
+        for raised in state.events.iter().filter(|e| e.serial > seen) {
+            let wanted = self
+                .registered
+                .get(&raised.event.minor)
+                .is_some_and(|types| types & event_type(raised.event.kind) != 0);
+            if wanted {
+                self.queue.push_back(raised.event);
+            }
+        }
+        // As `SimEventSource`: a reboot empties the list and restarts the numbering.
+        self.seen = state.event_serial;
+    }
+}
+
+fn event_set_key(set: nvmlEventSet_t) -> usize {
+    set as usize
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlEventSetCreate(set: *mut nvmlEventSet_t) -> Ret {
+    with("nvmlEventSetCreate", |fake| {
+        if set.is_null() {
+            return INVALID_ARGUMENT;
+        }
+        // A new set sees only what is raised from now on.
+        let Ok(state) = fake.node.state() else {
+            return UNKNOWN;
+        };
+        let handle = Box::into_raw(Box::new(0u8)) as nvmlEventSet_t;
+        fake.event_sets.insert(
+            event_set_key(handle),
+            EventSet {
+                seen: state.event_serial,
+                ..EventSet::default()
+            },
+        );
+        out!(set, handle);
+        SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlEventSetFree(set: nvmlEventSet_t) -> Ret {
+    with("nvmlEventSetFree", |fake| {
+        if fake.event_sets.remove(&event_set_key(set)).is_none() {
+            return INVALID_ARGUMENT;
+        }
+        // SAFETY: the handle was boxed by `nvmlEventSetCreate` and was still registered.
+        drop(unsafe { Box::from_raw(set as *mut u8) });
+        SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetSupportedEventTypes(
+    device: nvmlDevice_t,
+    event_types: *mut c_ulonglong,
+) -> Ret {
+    on_gpu(
+        "nvmlDeviceGetSupportedEventTypes",
+        device,
+        false,
+        |fake, _, minor| {
+            if let Err(code) = fake.answering(minor) {
+                return code;
+            }
+            out!(event_types, SUPPORTED_EVENTS);
+            SUCCESS
+        },
+    )
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceRegisterEvents(
+    device: nvmlDevice_t,
+    event_types: c_ulonglong,
+    set: nvmlEventSet_t,
+) -> Ret {
+    on_gpu(
+        "nvmlDeviceRegisterEvents",
+        device,
+        false,
+        |fake, _, minor| {
+            if let Err(code) = fake.answering(minor) {
+                return code;
+            }
+            // NVML refuses the whole mask if one type is unsupported.
+            if event_types & !SUPPORTED_EVENTS != 0 {
+                return NOT_SUPPORTED;
+            }
+            let Some(set) = fake.event_sets.get_mut(&event_set_key(set)) else {
+                return INVALID_ARGUMENT;
+            };
+            *set.registered.entry(minor).or_default() |= event_types;
+            SUCCESS
+        },
+    )
+}
+
+/// The next event of `set` (and the handle of its GPU), waiting up to `timeout_ms` for one: the
+/// simulator's state is polled without holding the library lock, so other calls go on meanwhile.
+fn next_event(
+    name: &'static str,
+    set: nvmlEventSet_t,
+    timeout_ms: c_uint,
+) -> Result<(nvmlDevice_t, GpuEvent), Ret> {
+    let deadline = Instant::now() + Duration::from_millis(u64::from(timeout_ms));
+    let key = event_set_key(set);
+    let mut node = None;
+    let ret = with(name, |fake| {
+        if !fake.event_sets.contains_key(&key) {
+            return INVALID_ARGUMENT;
+        }
+        node = Some(fake.node.clone());
+        SUCCESS
+    });
+    let Some(node) = node.filter(|_| ret == SUCCESS) else {
+        return Err(ret);
+    };
+    let pop = |state: Option<&SimState>| -> Result<Option<(nvmlDevice_t, GpuEvent)>, Ret> {
+        let mut guard = lock();
+        let fake = guard
+            .as_mut()
+            .filter(|f| f.init_count > 0)
+            .ok_or(UNINITIALIZED)?;
+        // Freed by another thread meanwhile.
+        let set = fake.event_sets.get_mut(&key).ok_or(INVALID_ARGUMENT)?;
+        if let Some(state) = state {
+            set.take(state);
+        }
+        let Some(event) = set.queue.pop_front() else {
+            return Ok(None);
+        };
+        Ok(Some((
+            fake.device_handle(DeviceKey::Gpu(event.minor)),
+            event,
+        )))
+    };
+    if let Some(queued) = pop(None)? {
+        return Ok(queued);
+    }
+    loop {
+        let state = node.state().map_err(|_| UNKNOWN)?;
+        if let Some(found) = pop(Some(&state))? {
+            return Ok(found);
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(TIMEOUT);
+        }
+        std::thread::sleep(EVENT_POLL.min(deadline - now));
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlEventSetWait_v2(
+    set: nvmlEventSet_t,
+    data: *mut nvmlEventData_t,
+    timeout_ms: c_uint,
+) -> Ret {
+    if data.is_null() {
+        return INVALID_ARGUMENT;
+    }
+    match next_event("nvmlEventSetWait_v2", set, timeout_ms) {
+        Ok((device, event)) => {
+            let instance = |id: Option<u32>| id.unwrap_or(NO_INSTANCE);
+            out!(
+                data,
+                nvmlEventData_t {
+                    device,
+                    eventType: event_type(event.kind),
+                    eventData: match event.kind {
+                        GpuEventKind::Xid { code } => code,
+                        GpuEventKind::DoubleBitEcc => 0,
+                    },
+                    gpuInstanceId: instance(event.gpu_instance_id),
+                    computeInstanceId: instance(event.compute_instance_id),
+                }
+            );
+            SUCCESS
+        }
+        Err(code) => code,
+    }
+}
+
+/// `nvmlEventData_t` before R450: no instance ids.
+#[repr(C)]
+pub struct EventDataV1 {
+    device: nvmlDevice_t,
+    event_type: c_ulonglong,
+    event_data: c_ulonglong,
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlEventSetWait(
+    set: nvmlEventSet_t,
+    data: *mut EventDataV1,
+    timeout_ms: c_uint,
+) -> Ret {
+    if data.is_null() {
+        return INVALID_ARGUMENT;
+    }
+    match next_event("nvmlEventSetWait", set, timeout_ms) {
+        Ok((device, event)) => {
+            out!(
+                data,
+                EventDataV1 {
+                    device,
+                    event_type: event_type(event.kind),
+                    event_data: match event.kind {
+                        GpuEventKind::Xid { code } => code,
+                        GpuEventKind::DoubleBitEcc => 0,
+                    },
+                }
+            );
+            SUCCESS
+        }
+        Err(code) => code,
+    }
+}
+
+// NVML_TEMPERATURE_GPU is the only sensor. The probe's "does the GPU answer" call.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetTemperature(
+    device: nvmlDevice_t,
+    sensor: c_uint,
+    temperature: *mut c_uint,
+) -> Ret {
+    on_gpu(
+        "nvmlDeviceGetTemperature",
+        device,
+        false,
+        |fake, _, minor| {
+            if sensor != 0 {
+                return INVALID_ARGUMENT;
+            }
+            if let Err(code) = fake.answering(minor) {
+                return code;
+            }
+            out!(temperature, 35 + minor);
+            SUCCESS
+        },
+    )
+}
+
+/// Only `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION` is simulated; other fields answer `NOT_SUPPORTED`
+/// in their own `nvmlReturn`, as NVML does for fields a GPU lacks. The action is answered for a
+/// lost GPU too, as the simulator's probe does: it says what the lost GPU needs.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
+    device: nvmlDevice_t,
+    count: c_int,
+    values: *mut nvmlFieldValue_t,
+) -> Ret {
+    on_gpu(
+        "nvmlDeviceGetFieldValues",
+        device,
+        false,
+        |fake, _, minor| {
+            if count < 0 || (count > 0 && values.is_null()) {
+                return INVALID_ARGUMENT;
+            }
+            let action = match fake.current_gpu(minor) {
+                Ok(gpu) => gpu.recovery_action,
+                Err(code) => return code,
+            };
+            let now = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
+            for i in 0..count as usize {
+                // SAFETY: the caller's array holds `count` values, checked non-null above.
+                let value = unsafe { &mut *values.add(i) };
+                value.timestamp = now;
+                value.latencyUsec = 0;
+                if value.fieldId == FIELD_RECOVERY_ACTION {
+                    value.valueType = VALUE_TYPE_UNSIGNED_INT;
+                    value.value = nvmlValue_t { ullVal: 0 };
+                    value.value.uiVal = action;
+                    value.nvmlReturn = SUCCESS;
+                } else {
+                    value.nvmlReturn = NOT_SUPPORTED;
+                }
+            }
             SUCCESS
         },
     )

@@ -1,6 +1,8 @@
 //! The NVML backend, loaded against the fake libnvidia-ml, must discover exactly what the
 //! simulation backend reports, static MIG instances included.
-use std::path::{Path, PathBuf};
+mod common;
+use common::fake_library;
+use std::path::Path;
 use std::sync::Mutex;
 
 use gpu_dra::gpu::nvml::NvmlBackend;
@@ -9,22 +11,6 @@ use gpu_dra::gpu::{NodeInventory, Placement};
 
 /// The fake reads its configuration from the environment, which is per process.
 static ENV: Mutex<()> = Mutex::new(());
-
-fn fake_library() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    // Test builds leave the cdylib next to the test in target/<profile>/deps; plain builds put
-    // it in target/<profile>.
-    let deps = exe.parent().expect("deps dir");
-    let candidates = [
-        deps.join("libnvidia_ml.so"),
-        deps.parent().expect("target dir").join("libnvidia_ml.so"),
-    ];
-    candidates
-        .iter()
-        .find(|p| p.exists())
-        .cloned()
-        .unwrap_or_else(|| panic!("fake NVML not built; looked at {candidates:?}"))
-}
 
 fn discover_both(
     spec: &str,

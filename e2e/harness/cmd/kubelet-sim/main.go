@@ -1,11 +1,13 @@
 // kubelet-sim plays the kubelet's side of the DRA plugin protocol against a real plugin, on the
-// upstream k8s.io/kubelet gRPC stubs (pluginregistration/v1, dra/v1, dra/v1beta1).
+// upstream k8s.io/kubelet gRPC stubs (pluginregistration/v1, dra/v1, dra/v1beta1,
+// dra-health/v1, dra-health/v1alpha1).
 //
 // Usage:
 //
 //	kubelet-sim --registration-socket PATH [--expect-name NAME] [--timeout 10s] register
 //	kubelet-sim --registration-socket PATH ... prepare   --claim ns/name/uid [--claim ...] [--api v1|v1beta1] [--register]
 //	kubelet-sim --registration-socket PATH ... unprepare --claim ns/name/uid [--claim ...] [--api v1|v1beta1] [--register]
+//	kubelet-sim --registration-socket PATH ... watch     [--until [POOL/]DEVICE=STATUS] [--messages N] [--duration D]
 //
 // Flags may also follow the subcommand.
 //
@@ -21,14 +23,32 @@
 // failure it calls NotifyRegistrationStatus(false, error) as the kubelet does and exits 1.
 // prepare/unprepare: call NodePrepareResources/NodeUnprepareResources on the endpoint with the
 // chosen version (or --api); --register also sends NotifyRegistrationStatus(true) first.
+// watch: sends NotifyRegistrationStatus(true), then opens the device health stream as the 1.37
+// kubelet does: NodeWatchResources on the endpoint with the health service chosen at
+// registration (v1.DRAResourceHealth when the plugin lists it, else v1alpha1.DRAResourceHealth
+// read through the upstream v1 conversion wrapper); it fails when the plugin lists neither.
+// It stops with exit 0 once a message shows --until's device with that health (STATUS:
+// Unknown, Healthy or Unhealthy, case-insensitive; without POOL/ any pool matches), after
+// --messages N messages, or when --duration D has elapsed; with --until or --messages,
+// --duration is a deadline instead and elapsing is a failure. A stream error or end (EOF)
+// before that is a failure (exit 1); with none of the three flags it runs until the stream ends.
 //
-// Output: one JSON document on stdout (also on failure, with "ok": false and "error").
+// Output of register/prepare/unprepare: one JSON document on stdout (also on failure, with
+// "ok": false and "error").
 // For prepare/unprepare, "claims" lists each requested claim in order with the plugin's
 // per-claim answer (devices: request_names, pool_name, device_name, cdi_device_ids, share_id;
 // error); "missing": true marks a claim the response did not mention (the kubelet treats that
 // as a failure), "unexpected_claims" lists UIDs in the response that were not requested.
+// Output of watch: one JSON line per stream message on stdout, written as it arrives:
+//
+//	{"devices":[{"pool":"n1","device":"gpu-0","health":"Healthy","message":"...","lastUpdated":1700000000,"timeoutSeconds":30}]}
+//
+// (health: Unknown | Healthy | Unhealthy; lastUpdated: the message's last_updated_time, unix
+// seconds; timeoutSeconds: health_check_timeout_seconds). Nothing else goes to stdout; the chosen
+// health service, why the watch stopped, and errors go to stderr.
 // Exit status: 0 when the RPCs succeeded (even if a claim carries an error), 1 on a
-// registration/validation/transport failure, 2 on bad usage.
+// registration/validation/transport failure (watch: also a stream error or end, or a condition
+// not met within --duration), 2 on bad usage.
 package main
 
 import (
@@ -42,6 +62,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -122,8 +143,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.Var(&claims, "claim", "namespace/name/uid of a claim (repeatable; prepare/unprepare)")
 	api := fs.String("api", "", "force the DRA API version for prepare/unprepare: v1 | v1beta1 (default: the one registration chose)")
 	alsoRegister := fs.Bool("register", false, "prepare/unprepare: send NotifyRegistrationStatus(true) first")
+	var until untilFlag
+	fs.Var(&until, "until", "watch: exit 0 once a message shows this device with this health, `[POOL/]DEVICE=STATUS` (STATUS: Unknown|Healthy|Unhealthy)")
+	messages := fs.Int("messages", 0, "watch: exit 0 after this many stream messages (0: no limit)")
+	duration := fs.Duration("duration", 0, "watch: stop after this long, exit 0 (a deadline, exit 1, with --until or --messages; 0: none)")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: kubelet-sim --registration-socket PATH [flags] register|prepare|unprepare [flags]")
+		fmt.Fprintln(stderr, "usage: kubelet-sim --registration-socket PATH [flags] register|prepare|unprepare|watch [flags]")
 		fs.PrintDefaults()
 	}
 	// Global flags, the subcommand, then the rest (flags may appear on either side).
@@ -149,8 +174,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "kubelet-sim: %s needs at least one --claim namespace/name/uid\n", op)
 			return 2
 		}
+	case "watch":
+		if *messages < 0 || *duration < 0 {
+			fmt.Fprintln(stderr, "kubelet-sim: --messages and --duration must not be negative")
+			return 2
+		}
 	default:
-		fmt.Fprintf(stderr, "kubelet-sim: unknown operation %q (want register, prepare or unprepare)\n", op)
+		fmt.Fprintf(stderr, "kubelet-sim: unknown operation %q (want register, prepare, unprepare or watch)\n", op)
 		return 2
 	}
 	if *regSocket == "" {
@@ -160,6 +190,15 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if *api != "" && *api != "v1" && *api != "v1beta1" {
 		fmt.Fprintf(stderr, "kubelet-sim: --api must be v1 or v1beta1, got %q\n", *api)
 		return 2
+	}
+
+	if op == "watch" {
+		w := watchOpts{until: until.cond, messages: *messages, duration: *duration}
+		if err := runWatch(*regSocket, *expectName, *timeout, w, stdout, stderr); err != nil {
+			fmt.Fprintf(stderr, "kubelet-sim: watch failed: %v\n", err)
+			return 1
+		}
+		return 0
 	}
 
 	rep := &report{Operation: op}
@@ -207,6 +246,36 @@ func dialRegistration(ctx context.Context, path string, timeout time.Duration) (
 }
 
 func execute(rep *report, regSocket, expectName string, timeout time.Duration, op string, claims []claimRef, api string, notify bool) error {
+	if err := registerPlugin(rep, regSocket, expectName, timeout, notify); err != nil {
+		return err
+	}
+	if op == "register" {
+		return nil
+	}
+
+	if api == "" {
+		api = strings.TrimSuffix(rep.Version, ".DRAPlugin")
+	}
+	rep.API = api
+	draConn, err := dialDRA(rep.Endpoint)
+	if err != nil {
+		return fmt.Errorf("dial DRA endpoint %s: %w", rep.Endpoint, err)
+	}
+	defer draConn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	switch op {
+	case "prepare":
+		return prepare(ctx, rep, draConn, api, claims)
+	default:
+		return unprepare(ctx, rep, draConn, api, claims)
+	}
+}
+
+// registerPlugin does what the kubelet's plugin watcher and DRA handler do with a new
+// registration socket: GetInfo, validate (NotifyRegistrationStatus(false, error) on failure)
+// and, when notify is set, NotifyRegistrationStatus(true). It fills rep from the answer.
+func registerPlugin(rep *report, regSocket, expectName string, timeout time.Duration, notify bool) error {
 	if err := checkSocket(regSocket); err != nil {
 		return fmt.Errorf("registration socket: %w", err)
 	}
@@ -250,27 +319,7 @@ func execute(rep *report, regSocket, expectName string, timeout time.Duration, o
 		}
 		rep.Registered = true
 	}
-	if op == "register" {
-		return nil
-	}
-
-	if api == "" {
-		api = strings.TrimSuffix(rep.Version, ".DRAPlugin")
-	}
-	rep.API = api
-	draConn, err := dialDRA(rep.Endpoint)
-	if err != nil {
-		return fmt.Errorf("dial DRA endpoint %s: %w", rep.Endpoint, err)
-	}
-	defer draConn.Close()
-	ctx, cancel = context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	switch op {
-	case "prepare":
-		return prepare(ctx, rep, draConn, api, claims)
-	default:
-		return unprepare(ctx, rep, draConn, api, claims)
-	}
+	return nil
 }
 
 // validate mirrors the kubelet: operation_generator.go (type → handler) and
@@ -417,4 +466,201 @@ func nonNil(s []string) []string {
 		return []string{}
 	}
 	return s
+}
+
+// untilCond is watch's --until: a message that shows Device (in Pool, any pool when "") with
+// this health ends the watch successfully.
+type untilCond struct {
+	Pool, Device string
+	Health       healthv1.HealthStatus
+}
+
+func (c untilCond) String() string {
+	if c.Pool == "" {
+		return c.Device + "=" + healthName(c.Health)
+	}
+	return c.Pool + "/" + c.Device + "=" + healthName(c.Health)
+}
+
+type untilFlag struct{ cond *untilCond }
+
+func (u *untilFlag) String() string {
+	if u == nil || u.cond == nil {
+		return ""
+	}
+	return u.cond.String()
+}
+
+func (u *untilFlag) Set(v string) error {
+	if u.cond != nil {
+		return fmt.Errorf("only one --until is supported (already %s)", u.cond)
+	}
+	dev, status, ok := strings.Cut(v, "=")
+	if !ok {
+		return fmt.Errorf("want [POOL/]DEVICE=STATUS, got %q", v)
+	}
+	c := untilCond{Device: dev}
+	// Device names are DNS labels; pool names may contain slashes: split at the last one.
+	if i := strings.LastIndex(dev, "/"); i >= 0 {
+		c.Pool, c.Device = dev[:i], dev[i+1:]
+		if c.Pool == "" {
+			return fmt.Errorf("empty pool in %q", v)
+		}
+	}
+	if c.Device == "" {
+		return fmt.Errorf("empty device in %q", v)
+	}
+	found := false
+	for _, h := range []healthv1.HealthStatus{healthv1.HealthStatus_UNKNOWN, healthv1.HealthStatus_HEALTHY, healthv1.HealthStatus_UNHEALTHY} {
+		if strings.EqualFold(status, healthName(h)) {
+			c.Health, found = h, true
+		}
+	}
+	if !found {
+		return fmt.Errorf("health must be Unknown, Healthy or Unhealthy, got %q", status)
+	}
+	u.cond = &c
+	return nil
+}
+
+func (c *untilCond) matches(d *healthv1.DeviceHealth) bool {
+	return d.GetDevice().GetDeviceName() == c.Device && (c.Pool == "" || d.GetDevice().GetPoolName() == c.Pool) &&
+		d.GetHealth() == c.Health
+}
+
+// healthName is the enum's name as the kubelet writes it into ResourceHealth: Unknown, Healthy,
+// Unhealthy.
+func healthName(h healthv1.HealthStatus) string {
+	switch h {
+	case healthv1.HealthStatus_UNKNOWN:
+		return "Unknown"
+	case healthv1.HealthStatus_HEALTHY:
+		return "Healthy"
+	case healthv1.HealthStatus_UNHEALTHY:
+		return "Unhealthy"
+	default:
+		return fmt.Sprintf("HealthStatus(%d)", int32(h))
+	}
+}
+
+type healthDeviceOut struct {
+	Pool           string `json:"pool"`
+	Device         string `json:"device"`
+	Health         string `json:"health"`
+	Message        string `json:"message"`
+	LastUpdated    int64  `json:"lastUpdated"`
+	TimeoutSeconds int64  `json:"timeoutSeconds"`
+}
+
+// healthLine is one stream message, printed as one JSON line.
+type healthLine struct {
+	Devices []healthDeviceOut `json:"devices"`
+}
+
+type watchOpts struct {
+	until    *untilCond
+	messages int
+	duration time.Duration
+}
+
+// goal describes what the watch waits for, for messages; "" when it just runs.
+func (w watchOpts) goal() string {
+	var parts []string
+	if w.until != nil {
+		parts = append(parts, w.until.String())
+	}
+	if w.messages > 0 {
+		parts = append(parts, fmt.Sprintf("%d message(s)", w.messages))
+	}
+	return strings.Join(parts, " or ")
+}
+
+// runWatch registers with the plugin (NotifyRegistrationStatus(true), as the kubelet does before
+// it relies on a plugin), then opens the health stream and prints it; see the file comment.
+func runWatch(regSocket, expectName string, timeout time.Duration, w watchOpts, stdout, stderr io.Writer) error {
+	rep := &report{Operation: "watch"}
+	if err := registerPlugin(rep, regSocket, expectName, timeout, true); err != nil {
+		return err
+	}
+	if rep.HealthService == "" {
+		return fmt.Errorf("plugin %s does not advertise a device health service in its registration: supported_versions %q contains none of the health services the kubelet supports (%q)",
+			rep.Name, rep.SupportedVersions, healthServicesSupportedByKubelet)
+	}
+	conn, err := dialDRA(rep.Endpoint)
+	if err != nil {
+		return fmt.Errorf("dial DRA endpoint %s: %w", rep.Endpoint, err)
+	}
+	defer conn.Close()
+
+	// Like the kubelet: no deadline on the stream; --duration cancels it. (Not a context
+	// deadline: gRPC's own deadline timer may end the stream before ctx.Err() is set.)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var elapsed atomic.Bool
+	if w.duration > 0 {
+		timer := time.AfterFunc(w.duration, func() { elapsed.Store(true); cancel() })
+		defer timer.Stop()
+	}
+	// pkg/kubelet/cm/dra/plugin/dra_plugin.go, DRAPlugin.NodeWatchResources.
+	var client healthv1.DRAResourceHealthClient
+	switch rep.HealthService {
+	case healthv1.DRAResourceHealthService:
+		client = healthv1.NewDRAResourceHealthClient(conn)
+	default: // healthv1alpha1.DRAResourceHealthService
+		client = healthv1.V1Alpha1ClientWrapper{Client: healthv1alpha1.NewDRAResourceHealthClient(conn)}
+	}
+	fmt.Fprintf(stderr, "kubelet-sim: watch: plugin %s registered, NodeWatchResources on %s at %s\n", rep.Name, rep.HealthService, rep.Endpoint)
+	stream, err := client.NodeWatchResources(ctx, &healthv1.NodeWatchResourcesRequest{})
+	if err != nil {
+		return fmt.Errorf("NodeWatchResources (%s): %w", rep.HealthService, err)
+	}
+
+	goal := w.goal()
+	for n := 0; ; {
+		msg, err := stream.Recv()
+		if err != nil {
+			switch {
+			case elapsed.Load():
+				if goal != "" {
+					return fmt.Errorf("%s not seen within --duration %s (%d message(s) received)", goal, w.duration, n)
+				}
+				fmt.Fprintf(stderr, "kubelet-sim: watch: --duration %s elapsed, %d message(s) received\n", w.duration, n)
+				return nil
+			case errors.Is(err, io.EOF):
+				err = fmt.Errorf("health stream (%s) ended by the plugin (EOF) after %d message(s)", rep.HealthService, n)
+			default:
+				err = fmt.Errorf("health stream (%s) failed after %d message(s): %w", rep.HealthService, n, err)
+			}
+			if goal != "" {
+				err = fmt.Errorf("%w, before %s was seen", err, goal)
+			}
+			return err
+		}
+		n++
+		line := healthLine{Devices: []healthDeviceOut{}}
+		matched := false
+		for _, d := range msg.GetDevices() {
+			line.Devices = append(line.Devices, healthDeviceOut{
+				Pool: d.GetDevice().GetPoolName(), Device: d.GetDevice().GetDeviceName(), Health: healthName(d.GetHealth()),
+				Message: d.GetMessage(), LastUpdated: d.GetLastUpdatedTime(), TimeoutSeconds: d.GetHealthCheckTimeoutSeconds(),
+			})
+			matched = matched || (w.until != nil && w.until.matches(d))
+		}
+		b, err := json.Marshal(line)
+		if err != nil {
+			return fmt.Errorf("encode message %d: %w", n, err)
+		}
+		// One write per line, unbuffered: the e2e scripts tail this while it runs.
+		if _, err := stdout.Write(append(b, '\n')); err != nil {
+			return fmt.Errorf("write output: %w", err)
+		}
+		if matched {
+			fmt.Fprintf(stderr, "kubelet-sim: watch: message %d shows %s\n", n, w.until)
+			return nil
+		}
+		if w.messages > 0 && n >= w.messages {
+			fmt.Fprintf(stderr, "kubelet-sim: watch: %d message(s) received\n", n)
+			return nil
+		}
+	}
 }

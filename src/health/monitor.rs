@@ -1,0 +1,278 @@
+//! The health monitor task of `gpu-dra run`: NVML events (on a thread of their own, since
+//! waiting on an event set blocks) and a periodic probe of every GPU feed the [`HealthBook`];
+//! each change goes out as device taints, kubelet's health stream, a Node event, metrics and a
+//! log line. A periodic rescan re-discovers the hardware so that devices someone else made or
+//! removed are republished without a restart.
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use k8s_openapi::api::resource::v1::{DeviceTaint, ResourceSlice};
+use tokio::sync::{mpsc, watch};
+
+use super::{HealthBook, HealthChange, HealthConfig};
+use crate::gpu::GpuControl;
+use crate::gpu::events::GpuEvent;
+use crate::plugin::{DeviceHealth, DeviceHealthStatus, HealthReporter};
+use crate::prepare::driver::Driver;
+
+/// Where the monitor's conclusions go.
+pub trait HealthSink: Send + Sync {
+    /// The devices' taints are now these (devices without faults are absent).
+    fn taints_changed(&self, taints: BTreeMap<String, Vec<DeviceTaint>>);
+    /// A fault was raised or cleared (Node event, metrics).
+    fn changed(&self, change: &HealthChange);
+    /// An event arrived, ignored or not (the XID counter).
+    fn event_seen(&self, event: &GpuEvent);
+    /// Every published device's health, after each probe round.
+    fn device_health(&self, health: &[DeviceHealth]);
+}
+
+pub struct HealthMonitor {
+    pub config: HealthConfig,
+    pub control: Arc<dyn GpuControl>,
+    pub driver: Arc<Driver>,
+    pub book: HealthBook,
+    pub state_dir: PathBuf,
+    pub pool: String,
+    pub reporter: HealthReporter,
+    /// The slices being published: which devices exist.
+    pub desired: watch::Receiver<Arc<Vec<ResourceSlice>>>,
+    pub sink: Arc<dyn HealthSink>,
+}
+
+fn now_seconds() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+/// Reads events on a thread until the receiver is gone.
+fn spawn_event_thread(control: &Arc<dyn GpuControl>) -> Option<mpsc::UnboundedReceiver<GpuEvent>> {
+    let mut source = match control.event_source() {
+        Ok(source) => source,
+        Err(error) => {
+            tracing::error!(%error, "cannot register for GPU events; faults are found by the periodic probe only");
+            return None;
+        }
+    };
+    let (tx, rx) = mpsc::unbounded_channel();
+    let spawned = std::thread::Builder::new()
+        .name("gpu-events".into())
+        .spawn(move || {
+            while !tx.is_closed() {
+                match source.wait(Duration::from_secs(1)) {
+                    Ok(events) => {
+                        for event in events {
+                            if tx.send(event).is_err() {
+                                return;
+                            }
+                        }
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "waiting for GPU events failed; retrying");
+                        std::thread::sleep(Duration::from_secs(1));
+                    }
+                }
+            }
+        });
+    match spawned {
+        Ok(_) => Some(rx),
+        Err(error) => {
+            tracing::error!(%error, "cannot start the GPU event thread");
+            None
+        }
+    }
+}
+
+impl HealthMonitor {
+    /// Runs until `shutdown` turns true.
+    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
+        let mut events = spawn_event_thread(&self.control);
+        let mut probe = tokio::time::interval(self.config.probe_interval);
+        let mut rescan = tokio::time::interval(self.config.rescan_interval);
+        probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        rescan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        rescan.reset();
+        let mut last_taints = None;
+        loop {
+            tokio::select! {
+                event = recv(&mut events) => match event {
+                    Some(event) => {
+                        self.on_event(event).await;
+                        // A fault may come with hardware changes (a GPU lost, instances gone).
+                        self.rescan().await;
+                    }
+                    None => events = None,
+                },
+                _ = probe.tick() => self.probe_all().await,
+                _ = rescan.tick() => self.rescan().await,
+                _ = shutdown.changed() => break,
+            }
+            self.publish(&mut last_taints);
+        }
+    }
+
+    async fn on_event(&mut self, event: GpuEvent) {
+        self.sink.event_seen(&event);
+        let probe = self.probe_one(event.minor).await;
+        let inventory = self.driver.with_state(|s| s.inventory()).await;
+        let change = self
+            .book
+            .raise(&event, probe, &inventory, &self.config, now_seconds());
+        match change {
+            Some(change) => self.record(vec![change]),
+            None => tracing::debug!(
+                ?event,
+                "GPU event changes nothing (ignored or already known)"
+            ),
+        }
+    }
+
+    async fn probe_one(&self, minor: u32) -> Option<crate::gpu::events::GpuProbe> {
+        let control = self.control.clone();
+        match tokio::task::spawn_blocking(move || control.probe(minor)).await {
+            Ok(Ok(probe)) => Some(probe),
+            Ok(Err(error)) => {
+                tracing::warn!(gpu = minor, %error, "cannot probe GPU");
+                None
+            }
+            Err(error) => {
+                tracing::warn!(gpu = minor, %error, "GPU probe did not finish");
+                None
+            }
+        }
+    }
+
+    async fn probe_all(&mut self) {
+        let inventory = self.driver.with_state(|s| s.inventory()).await;
+        self.book.retain_gpus(&inventory);
+        let now = now_seconds();
+        let mut changes = Vec::new();
+        for gpu in &inventory.gpus {
+            if let Some(probe) = self.probe_one(gpu.minor).await {
+                changes.extend(self.book.probe(gpu.minor, probe, &self.config, now));
+            }
+        }
+        if !changes.is_empty() {
+            self.record(changes);
+            // A GPU back from a reset may have lost its MIG instances.
+            self.rescan().await;
+        }
+        self.report_stream();
+    }
+
+    async fn rescan(&self) {
+        match self.driver.rescan().await {
+            Ok(true) => tracing::info!("hardware changed; republishing"),
+            Ok(false) => {}
+            Err(error) => tracing::warn!(%error, "hardware rescan failed; keeping the last view"),
+        }
+    }
+
+    /// Logs, reports and persists changes.
+    fn record(&mut self, changes: Vec<HealthChange>) {
+        for change in &changes {
+            match change {
+                HealthChange::Raised(fault) => tracing::warn!(
+                    device = %change.describe(),
+                    taint = %fault.key,
+                    value = fault.value.as_deref().unwrap_or(""),
+                    effect = fault.effect.as_str(),
+                    "device unhealthy"
+                ),
+                HealthChange::Cleared(..) => {
+                    tracing::info!(device = %change.describe(), "device healthy again")
+                }
+            }
+            self.sink.changed(change);
+        }
+        if let Err(error) = self.book.save(&self.state_dir) {
+            tracing::error!(%error, "cannot persist device health; a restart may forget faults");
+        }
+        self.report_stream();
+    }
+
+    fn published_devices(&self) -> Vec<String> {
+        self.desired
+            .borrow()
+            .iter()
+            .filter_map(|s| s.spec.devices.as_ref())
+            .flatten()
+            .map(|d| d.name.clone())
+            .collect()
+    }
+
+    /// Sends the taints when they changed.
+    fn publish(&self, last: &mut Option<BTreeMap<String, Vec<DeviceTaint>>>) {
+        let devices = self.published_devices();
+        let taints = self.book.taints(devices.iter().map(String::as_str));
+        if last.as_ref() != Some(&taints) {
+            *last = Some(taints.clone());
+            self.sink.taints_changed(taints);
+        }
+    }
+
+    /// Kubelet's health stream: every published device, and prepared devices that vanished.
+    fn report_stream(&self) {
+        let devices = self.published_devices();
+        let now = SystemTime::now();
+        let timeout = Some(self.config.probe_interval * 3);
+        let entry = |device: &str, status, message: String| DeviceHealth {
+            pool_name: self.pool.clone(),
+            device_name: device.to_string(),
+            status,
+            message,
+            last_updated: now,
+            health_check_timeout: timeout,
+        };
+        let mut health: Vec<DeviceHealth> = devices
+            .iter()
+            .map(|device| {
+                let reasons: Vec<String> = self
+                    .book
+                    .faults_of(device)
+                    .map(|f| f.reason.clone())
+                    .collect();
+                if reasons.is_empty() {
+                    entry(device, DeviceHealthStatus::Healthy, String::new())
+                } else {
+                    entry(device, DeviceHealthStatus::Unhealthy, reasons.join("; "))
+                }
+            })
+            .collect();
+        let published: BTreeSet<&str> = devices.iter().map(String::as_str).collect();
+        let checkpoint = self.driver.state().checkpoint();
+        let vanished: BTreeSet<String> = checkpoint
+            .claims
+            .values()
+            .flat_map(|c| c.devices.iter())
+            .filter(|d| d.pool == self.pool && !published.contains(d.device.as_str()))
+            .map(|d| d.device.clone())
+            .collect();
+        for device in vanished {
+            let reasons: Vec<String> = self
+                .book
+                .faults_of(&device)
+                .map(|f| f.reason.clone())
+                .collect();
+            let message = if reasons.is_empty() {
+                "prepared, but no longer on the node".to_string()
+            } else {
+                reasons.join("; ")
+            };
+            health.push(entry(&device, DeviceHealthStatus::Unhealthy, message));
+        }
+        self.sink.device_health(&health);
+        self.reporter.replace_all(health);
+    }
+}
+
+async fn recv(events: &mut Option<mpsc::UnboundedReceiver<GpuEvent>>) -> Option<GpuEvent> {
+    match events {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
+}
