@@ -10,7 +10,9 @@
 #      Healthy → Unhealthy → Healthy;
 #   5. a double-bit ECC error taints with the effect configured for its class (NoExecute), and
 #      the taint survives a driver restart until the GPU is reset;
-#   6. a MIG device an admin makes in static mode is published without restarting the driver.
+#   6. a MIG device an admin makes in static mode is published without restarting the driver;
+#   7. when the admin destroys it under a prepared claim, the stream reports it Unhealthy and the
+#      claim stays in the checkpoint until kubelet unprepares it.
 #
 # Usage: e2e/health.sh   (GPU_DRA=path/to/gpu-dra, default target/debug/gpu-dra)
 set -euo pipefail
@@ -119,6 +121,37 @@ ok "a double-bit ECC error taints gpu-0 NoExecute (its class's effect); the tain
 sim create --gpu 2 --profile 1g.10gb >/dev/null
 wait_for "the admin-made MIG device published" 15 bash -c "kubectl get resourceslices -o json | jq -e '[.items[].spec.devices[]?.name] | index(\"gpu-2-mig-1g10gb-19-0\")'"
 ok "a MIG device made by an admin in static mode is published without a restart ($(device_names))"
+
+# ---------------------------------------------------------------- 7. vanished while prepared
+mig=gpu-2-mig-1g10gb-19-0
+kubectl apply -f - >&2 <<EOF
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: mig-a, namespace: default}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly:
+        deviceClassName: mig.nvidia.com
+---
+$(pod_using_claim mig-a mig-a)
+EOF
+wait_for "mig-a allocated" 60 bash -c "[[ \$(kubectl get resourceclaim mig-a -o jsonpath='{.status.allocation.devices.results[0].device}') == $mig ]]"
+uid=$(kubectl get resourceclaim mig-a -o jsonpath='{.metadata.uid}')
+out=$(kubelet prepare --claim "default/mig-a/$uid") || fail "prepare mig-a: $out"
+[[ $(jq -r '.claims[0].error' <<<"$out") == "" ]] || fail "prepare mig-a: $out"
+gi=$(sim show | jq '.gpus[2].gpu_instances[0].id')
+sim destroy --gpu 2 --gpu-instance "$gi" >/dev/null
+kubelet watch --until "$mig=Unhealthy" --duration 20s >"$WORK/watch2.jsonl" 2>"$WORK/watch2.log" ||
+    fail "the health stream did not report the vanished $mig Unhealthy: $(tail -n 2 "$WORK/watch2.log")"
+message=$(jq -r --arg d "$mig" '.devices[] | select(.device == $d) | .message' "$WORK/watch2.jsonl" | tail -n 1)
+[[ $message == *"no longer on the node"* ]] || fail "message for the vanished $mig: '$message'"
+jq -e --arg u "$uid" '.claims[$u].devices[0].device' "$WORK/state/checkpoint.json" >/dev/null ||
+    fail "the vanished device's claim left the checkpoint"
+out=$(kubelet unprepare --claim "default/mig-a/$uid") || fail "unprepare mig-a: $out"
+[[ $(jq -r '.claims[0].error' <<<"$out") == "" ]] || fail "unprepare mig-a: $out"
+ok "an admin destroyed $mig under a prepared claim: the stream says Unhealthy ($message), the checkpoint keeps the claim until unprepared"
 
 kill "$WATCH_PID" 2>/dev/null || true
 echo "$passed passed, 0 failed"
