@@ -1,5 +1,6 @@
 //! GPU models the simulator knows, with values from real `nvidia-smi` / NVML output
 //! (../shared/reference/mig-nvml.md §1.4; one driver release per product, see §1.5).
+//! Each model cites its sources; a value no published output shows is marked DERIVED, with how.
 use super::model::{Architecture, Version2};
 
 /// A simulated product.
@@ -48,10 +49,12 @@ pub struct ProfileRow {
 
 /// `NVML_BRAND_TESLA`.
 pub const BRAND_TESLA: u32 = 2;
+/// `NVML_BRAND_NVIDIA_RTX` (professional RTX boards, e.g. RTX A6000, RTX PRO 6000).
+pub const BRAND_NVIDIA_RTX: u32 = 13;
 /// `NVML_BRAND_NVIDIA`.
 pub const BRAND_NVIDIA: u32 = 14;
 
-/// The go-nvlib string of an NVML brand constant.
+/// The go-nvlib string of an NVML brand constant (`GetBrandAsString`).
 pub fn brand_name(brand: u32) -> &'static str {
     match brand {
         1 => "Quadro",
@@ -60,7 +63,16 @@ pub fn brand_name(brand: u32) -> &'static str {
         4 => "Grid",
         5 => "GeForce",
         6 => "Titan",
+        7 => "NvidiaVApps",
+        8 => "NvidiaVPC",
+        9 => "NvidiaVCS",
+        10 => "NvidiaVWS",
+        11 => "NvidiaCloudGaming",
+        12 => "QuadroRTX",
+        BRAND_NVIDIA_RTX => "NvidiaRTX",
         BRAND_NVIDIA => "Nvidia",
+        15 => "GeForceRTX",
+        16 => "TitanRTX",
         _ => "Unknown",
     }
 }
@@ -111,6 +123,9 @@ const EIGHT_EVEN: &[u32] = &[0, 2, 4, 6];
 const EIGHT_2G: &[u32] = &[0, 2, 4];
 const EIGHT_HALVES: &[u32] = &[0, 4];
 const ZERO: &[u32] = &[0];
+/// RTX PRO 6000 Blackwell: 12 placement units, a quarter of the GPU is 3 of them.
+const TWELVE_1G: &[u32] = &[0, 3, 6, 9];
+const TWELVE_2G: &[u32] = &[0, 6];
 
 // Engine arrays are [SM, CE, DEC, ENC, JPEG, OFA].
 static A100_40GB: &[ProfileRow] = &[
@@ -159,6 +174,110 @@ static H200_141GB: &[ProfileRow] = &[
     row(4, 0, 7, 1, 143104, [132, 8, 7, 0, 7, 1], 8, ZERO),
     row(7, 20, 1, 1, 16384, [16, 1, 1, 0, 1, 1], 1, EIGHT_1G),
     row(9, 15, 1, 4, 33024, [26, 1, 1, 0, 1, 0], 2, EIGHT_EVEN),
+];
+
+// H100 PCIe 80GB, driver 570.169: a public `nvidia-smi mig -lgip` transcript of a Scaleway
+// H100 PCIe (total 81559 MiB): every memory, SM and engine value. The memory sizes equal the SXM5
+// part's; the SMs are the PCIe part's 114. Placements: NVIDIA's MIG guide gives one H100 80GB
+// table for "PCIe and SXM5"; the 8-slice `-lgipp` of the other H100s is assumed (not published
+// for PCIe).
+static H100_PCIE_80GB: &[ProfileRow] = &[
+    row(0, 19, 1, 7, 9984, [14, 1, 1, 0, 1, 0], 1, EIGHT_1G),
+    row(1, 14, 2, 3, 20096, [30, 2, 2, 0, 2, 0], 2, EIGHT_2G),
+    row(2, 9, 3, 2, 40448, [46, 3, 3, 0, 3, 0], 4, EIGHT_HALVES),
+    row(3, 5, 4, 1, 40448, [62, 4, 4, 0, 4, 0], 4, ZERO),
+    row(4, 0, 7, 1, 81152, [114, 8, 7, 0, 7, 1], 8, ZERO),
+    row(7, 20, 1, 1, 9984, [14, 1, 1, 0, 1, 1], 1, EIGHT_1G),
+    row(9, 15, 1, 4, 20096, [14, 1, 1, 0, 1, 0], 2, EIGHT_EVEN),
+];
+
+// H100 NVL 94GB, driver 560.35.03: a public Azure `nvidia-smi mig -lgip` + `-lgipp` transcript
+// (total 95830 MiB; MIG devices 11008/22144/47488 MiB), same GiB as NVIDIA/gpu-operator#900.
+// Every value sourced.
+static H100_NVL_94GB: &[ProfileRow] = &[
+    row(0, 19, 1, 7, 11008, [16, 1, 1, 0, 1, 0], 1, EIGHT_1G),
+    row(1, 14, 2, 3, 22144, [32, 2, 2, 0, 2, 0], 2, EIGHT_2G),
+    row(2, 9, 3, 2, 47488, [60, 3, 3, 0, 3, 0], 4, EIGHT_HALVES),
+    row(3, 5, 4, 1, 47488, [64, 4, 4, 0, 4, 0], 4, ZERO),
+    row(4, 0, 7, 1, 95360, [132, 8, 7, 0, 7, 1], 8, ZERO),
+    row(7, 20, 1, 1, 11008, [16, 1, 1, 0, 1, 1], 1, EIGHT_1G),
+    row(9, 15, 1, 4, 22144, [26, 1, 1, 0, 1, 0], 2, EIGHT_EVEN),
+];
+
+// H20 96GB: no H20 `-lgip` output is published, so every row is DERIVED.
+// - Profile names (1g.12gb, 1g.12gb+me, 1g.24gb, 2g.24gb, 3g.48gb, 4g.48gb, 7g.96gb): NVIDIA vGPU
+//   docs (MIG-backed vGPU for H20 SXM5 96GB) and mig-parted (H20 0x2329 in the H100-96GB group).
+// - Ids 19/20/15/14/9/5/0 and the 8-slice placements: as on every Hopper part with output.
+// - Memory: the GH200 480GB's real `-lgip` (same 97871 MiB framebuffer; 11.00/23.00/46.50/93.00
+//   GiB, kf-cuanschutz/NVIDIA_Grace_Hopper_benchmarking_logs_).
+// - SMs: H100 SXM5's per row x 78/132 (H20 has 78 SMs), rounded down to an even count (SMs come in
+//   TPC pairs); 7g = all 78. Engines: Hopper's (CE/DEC/JPEG = slices, 7g 8 CE, OFA on 7g/+me).
+static H20_96GB: &[ProfileRow] = &[
+    row(0, 19, 1, 7, 11264, [8, 1, 1, 0, 1, 0], 1, EIGHT_1G),
+    row(1, 14, 2, 3, 23552, [18, 2, 2, 0, 2, 0], 2, EIGHT_2G),
+    row(2, 9, 3, 2, 47616, [34, 3, 3, 0, 3, 0], 4, EIGHT_HALVES),
+    row(3, 5, 4, 1, 47616, [36, 4, 4, 0, 4, 0], 4, ZERO),
+    row(4, 0, 7, 1, 95232, [78, 8, 7, 0, 7, 1], 8, ZERO),
+    row(7, 20, 1, 1, 11264, [8, 1, 1, 0, 1, 1], 1, EIGHT_1G),
+    row(9, 15, 1, 4, 23552, [14, 1, 1, 0, 1, 0], 2, EIGHT_EVEN),
+];
+
+// B200 180GB. Sourced (`nvidia-smi mig -lgip`, NVIDIA/mig-parted#166 = gpu-operator#1242): the
+// 1g, 1g+me, 1g.45gb and 2g rows, 22.00/44.25 GiB (mig-parted#187 shows 20.50 GiB for 1g on a
+// March 2025 driver; the newer GB200 output of mig-parted#227 is back at 22.00, so 22.00 is used).
+// No published output has the 3g/4g/7g rows; they are DERIVED:
+// - ids 9/5/0 and placements {0,4}:4, {0}:4, {0}:8: the 8-slice geometry of every other part;
+// - copy engines 6/8/16 and 7g OFA 1: NVIDIA's MIG guide table (its 2g row says 3 CE / 1 NVDEC,
+//   real output says 4 / 2, so only the guide's 3g/4g/7g values are taken);
+// - NVDEC/JPEG = compute slices (B200 has 7 of each; real 1g/2g rows show 1/1 and 2/2);
+// - SMs: 4g = 2 x 2g (true of every measured 8-slice part), 3g = 4g x 60/64 (Hopper's measured
+//   3g:4g) rounded down to an even count, 7g = all 148 SMs (the guide says "Full"; 148 from CUDA);
+// - memory: 7g = 99.5% of the 183359 MiB total rounded to 256 MiB (H100: 81152, H200: 143104 by
+//   the same rule), 3g/4g = 7g/2 - 256 MiB (H100/H200/H100 NVL are within 128 MiB of that).
+static B200_180GB: &[ProfileRow] = &[
+    row(0, 19, 1, 7, 22528, [18, 2, 1, 0, 1, 0], 1, EIGHT_1G),
+    row(1, 14, 2, 3, 45312, [36, 4, 2, 0, 2, 0], 2, EIGHT_2G),
+    row(2, 9, 3, 2, 91008, [66, 6, 3, 0, 3, 0], 4, EIGHT_HALVES),
+    row(3, 5, 4, 1, 91008, [72, 8, 4, 0, 4, 0], 4, ZERO),
+    row(4, 0, 7, 1, 182528, [148, 16, 7, 0, 7, 1], 8, ZERO),
+    row(7, 20, 1, 1, 22528, [18, 2, 1, 0, 1, 1], 1, EIGHT_1G),
+    row(9, 15, 1, 4, 45312, [30, 2, 1, 0, 1, 0], 2, EIGHT_EVEN),
+];
+
+// GB200 (186 GB). Sourced (`nvidia-smi mig -lgip`, NVIDIA/mig-parted#227, Aug 2025; the older
+// driver of gpu-operator#1303 named 1g "1g.24gb" at 20.00 GiB): 1g/1g+me 22.00 GiB, 1g.47gb and
+// 2g.47gb 45.50 GiB, SMs 18/32/38, CE 2/2/4, NVDEC and JPEG 1/1/2. Names of the other rows
+// (3g.93gb, 4g.93gb, 7g.186gb): mig-parted's default config for 0x2941. The 3g/4g/7g numbers are
+// DERIVED exactly as for B200 (SMs from 76 = 2 x 38 and the 152 SMs CUDA reports; memory from the
+// 189471 MiB total).
+static GB200_186GB: &[ProfileRow] = &[
+    row(0, 19, 1, 7, 22528, [18, 2, 1, 0, 1, 0], 1, EIGHT_1G),
+    row(1, 14, 2, 3, 46592, [38, 4, 2, 0, 2, 0], 2, EIGHT_2G),
+    row(2, 9, 3, 2, 93952, [70, 6, 3, 0, 3, 0], 4, EIGHT_HALVES),
+    row(3, 5, 4, 1, 93952, [76, 8, 4, 0, 4, 0], 4, ZERO),
+    row(4, 0, 7, 1, 188416, [152, 16, 7, 0, 7, 1], 8, ZERO),
+    row(7, 20, 1, 1, 22528, [18, 2, 1, 0, 1, 1], 1, EIGHT_1G),
+    row(9, 15, 1, 4, 46592, [32, 2, 1, 0, 1, 0], 2, EIGHT_EVEN),
+];
+
+// RTX PRO 6000 Blackwell Server Edition: a public `nvidia-smi mig -lgip` + `-lgipp` transcript
+// of an 8-GPU Server Edition node (total 97887 MiB; a 1g.24gb MIG device has 24192 MiB), with the
+// same ids, SMs and engines as GoogleCloudPlatform/container-engine-accelerators#564 and
+// bigstack-oss/cubecos#312. Every value sourced: 23.62/47.38/95.12 GiB; placements are in 12
+// units, {0,3,6,9}:3, {0,6}:6, {0}:12. Profile enums from the suffixes: +gfx 0xA/0xB/0xC,
+// -me 0xD/0xE, +me.all 0xF/0x10 (nvml.h). Rows are [SM, CE, DEC, ENC, JPEG, OFA] as elsewhere.
+static RTX_PRO_6000_96GB: &[ProfileRow] = &[
+    row(0x0, 14, 1, 4, 24192, [46, 1, 1, 1, 1, 0], 3, TWELVE_1G),
+    row(0x1, 5, 2, 2, 48512, [94, 2, 2, 2, 2, 0], 6, TWELVE_2G),
+    row(0x3, 0, 4, 1, 97408, [188, 4, 4, 4, 4, 1], 12, ZERO),
+    row(0x7, 21, 1, 1, 24192, [46, 1, 1, 1, 1, 1], 3, TWELVE_1G),
+    row(0xA, 47, 1, 4, 24192, [46, 1, 1, 1, 1, 0], 3, TWELVE_1G),
+    row(0xB, 35, 2, 2, 48512, [94, 2, 2, 2, 2, 0], 6, TWELVE_2G),
+    row(0xC, 32, 4, 1, 97408, [188, 4, 4, 4, 4, 1], 12, ZERO),
+    row(0xD, 67, 1, 4, 24192, [46, 1, 0, 0, 0, 0], 3, TWELVE_1G),
+    row(0xE, 66, 2, 2, 48512, [94, 2, 0, 0, 0, 0], 6, TWELVE_2G),
+    row(0xF, 65, 1, 1, 24192, [46, 1, 4, 4, 4, 1], 3, TWELVE_1G),
+    row(0x10, 64, 2, 1, 48512, [94, 2, 4, 4, 4, 1], 6, TWELVE_2G),
 ];
 
 /// Every simulated model.
@@ -215,6 +334,51 @@ pub static MODELS: &[SimModel] = &[
             profiles: H100_80GB,
         }),
     },
+    // Name and 81559 MiB: `nvidia-smi` of H100 PCIe nodes (e.g. driver 570.169); PCI 0x2331
+    // (pci.ids, mig-parted's H100-80GB filter).
+    SimModel {
+        key: "H100-PCIE-80GB",
+        product_name: "NVIDIA H100 PCIe",
+        brand: BRAND_NVIDIA,
+        architecture: Architecture::Hopper,
+        compute_capability: Version2::new(9, 0),
+        memory_mib: 81559,
+        pci_device_id: 0x2331_10DE,
+        mig: Some(MigTable {
+            memory_slices: 8,
+            profiles: H100_PCIE_80GB,
+        }),
+    },
+    // Name and 95830 MiB: `nvidia-smi` of H100 NVL nodes (driver 560.35.03); PCI 0x2321 (pci.ids
+    // "H100L 94GB", mig-parted's H100 NVL filter).
+    SimModel {
+        key: "H100-NVL-94GB",
+        product_name: "NVIDIA H100 NVL",
+        brand: BRAND_NVIDIA,
+        architecture: Architecture::Hopper,
+        compute_capability: Version2::new(9, 0),
+        memory_mib: 95830,
+        pci_device_id: 0x2321_10DE,
+        mig: Some(MigTable {
+            memory_slices: 8,
+            profiles: H100_NVL_94GB,
+        }),
+    },
+    // Name and 97871 MiB: `nvidia-smi` of H20 nodes; PCI 0x2329 (pci.ids "H20", mig-parted's H20
+    // filter). MIG table derived, see H20_96GB.
+    SimModel {
+        key: "H20-96GB",
+        product_name: "NVIDIA H20",
+        brand: BRAND_NVIDIA,
+        architecture: Architecture::Hopper,
+        compute_capability: Version2::new(9, 0),
+        memory_mib: 97871,
+        pci_device_id: 0x2329_10DE,
+        mig: Some(MigTable {
+            memory_slices: 8,
+            profiles: H20_96GB,
+        }),
+    },
     SimModel {
         key: "H200-SXM5-141GB",
         product_name: "NVIDIA H200",
@@ -228,6 +392,65 @@ pub static MODELS: &[SimModel] = &[
             profiles: H200_141GB,
         }),
     },
+    // Name and 183359 MiB: `nvidia-smi` of HGX B200 nodes on driver 580.95.05 (NVIDIA/TensorRT-LLM
+    // #10278); CC 10.0 from CUDA; PCI 0x2901 (pci.ids, mig-parted's B200 filter).
+    SimModel {
+        key: "B200-SXM6-180GB",
+        product_name: "NVIDIA B200",
+        brand: BRAND_NVIDIA,
+        architecture: Architecture::Blackwell,
+        compute_capability: Version2::new(10, 0),
+        memory_mib: 183359,
+        pci_device_id: 0x2901_10DE,
+        mig: Some(MigTable {
+            memory_slices: 8,
+            profiles: B200_180GB,
+        }),
+    },
+    // Name and 189471 MiB: `nvidia-smi` of GB200 NVL nodes; CC 10.0 from CUDA (e.g.
+    // sgl-project/sglang#11208); PCI 0x2941 (pci.ids "HGX GB200", mig-parted's GB200 filter).
+    SimModel {
+        key: "GB200-186GB",
+        product_name: "NVIDIA GB200",
+        brand: BRAND_NVIDIA,
+        architecture: Architecture::Blackwell,
+        compute_capability: Version2::new(10, 0),
+        memory_mib: 189471,
+        pci_device_id: 0x2941_10DE,
+        mig: Some(MigTable {
+            memory_slices: 8,
+            profiles: GB200_186GB,
+        }),
+    },
+    // Name and 97887 MiB: `nvidia-smi -L` / `--query-gpu` of Server Edition nodes; CC 12.0 from
+    // CUDA; PCI 0x2BB5 (pci.ids, mig-parted, bottlerocket-kernel-kit#300). Brand NVIDIA_RTX is
+    // inferred (professional RTX boards such as the RTX A6000 report "NVIDIA RTX"; no published
+    // `nvidia-smi -q` of this board was found). 12 placement units, 4 compute slices.
+    SimModel {
+        key: "RTX-PRO-6000-BSE-96GB",
+        product_name: "NVIDIA RTX PRO 6000 Blackwell Server Edition",
+        brand: BRAND_NVIDIA_RTX,
+        architecture: Architecture::Blackwell,
+        compute_capability: Version2::new(12, 0),
+        memory_mib: 97887,
+        pci_device_id: 0x2BB5_10DE,
+        mig: Some(MigTable {
+            memory_slices: 12,
+            profiles: RTX_PRO_6000_96GB,
+        }),
+    },
+    // Name, 46068 MiB and PCI 0x26B9: `nvidia-smi --query-gpu` of L40S nodes (driver 595.71.05,
+    // akash-network/provider-configs#99). Brand as L4's (inferred). Not MIG-capable.
+    SimModel {
+        key: "L40S",
+        product_name: "NVIDIA L40S",
+        brand: BRAND_NVIDIA,
+        architecture: Architecture::Ada,
+        compute_capability: Version2::new(8, 9),
+        memory_mib: 46068,
+        pci_device_id: 0x26B9_10DE,
+        mig: None,
+    },
     SimModel {
         key: "L4",
         product_name: "NVIDIA L4",
@@ -236,6 +459,18 @@ pub static MODELS: &[SimModel] = &[
         compute_capability: Version2::new(8, 9),
         memory_mib: 23034,
         pci_device_id: 0x27B8_10DE,
+        mig: None,
+    },
+    // Name and 23028 MiB (ECC on; 24564 MiB with ECC off): `nvidia-smi` of A10 nodes; PCI 0x2236
+    // (pci.ids). Brand as L4's (inferred). Not MIG-capable.
+    SimModel {
+        key: "A10",
+        product_name: "NVIDIA A10",
+        brand: BRAND_NVIDIA,
+        architecture: Architecture::Ampere,
+        compute_capability: Version2::new(8, 6),
+        memory_mib: 23028,
+        pci_device_id: 0x2236_10DE,
         mig: None,
     },
     SimModel {
@@ -326,6 +561,126 @@ mod tests {
                 "1g.35gb"
             ]
         );
+        assert_eq!(names("H100-PCIE-80GB"), names("H100-SXM5-80GB"));
+        assert_eq!(
+            names("H100-NVL-94GB"),
+            [
+                "1g.12gb",
+                "2g.24gb",
+                "3g.47gb",
+                "4g.47gb",
+                "7g.94gb",
+                "1g.12gb+me",
+                "1g.24gb"
+            ]
+        );
+        assert_eq!(
+            names("H20-96GB"),
+            [
+                "1g.12gb",
+                "2g.24gb",
+                "3g.48gb",
+                "4g.48gb",
+                "7g.96gb",
+                "1g.12gb+me",
+                "1g.24gb"
+            ]
+        );
+        assert_eq!(
+            names("B200-SXM6-180GB"),
+            [
+                "1g.23gb",
+                "2g.45gb",
+                "3g.90gb",
+                "4g.90gb",
+                "7g.180gb",
+                "1g.23gb+me",
+                "1g.45gb"
+            ]
+        );
+        assert_eq!(
+            names("GB200-186GB"),
+            [
+                "1g.23gb",
+                "2g.47gb",
+                "3g.93gb",
+                "4g.93gb",
+                "7g.186gb",
+                "1g.23gb+me",
+                "1g.47gb"
+            ]
+        );
+        assert_eq!(
+            names("RTX-PRO-6000-BSE-96GB"),
+            [
+                "1g.24gb",
+                "2g.48gb",
+                "4g.96gb",
+                "1g.24gb+me",
+                "1g.24gb+gfx",
+                "2g.48gb+gfx",
+                "4g.96gb+gfx",
+                "1g.24gb-me",
+                "2g.48gb-me",
+                "1g.24gb+me.all",
+                "2g.48gb+me.all"
+            ]
+        );
+    }
+
+    #[test]
+    fn keys_are_unique_and_lookups_ignore_case() {
+        for (i, m) in MODELS.iter().enumerate() {
+            assert!(
+                MODELS[..i]
+                    .iter()
+                    .all(|o| !o.key.eq_ignore_ascii_case(m.key)),
+                "duplicate key {}",
+                m.key
+            );
+            assert!(std::ptr::eq(model(&m.key.to_lowercase()).unwrap(), m));
+            // The vendor half of pciDeviceId is NVIDIA's.
+            assert_eq!(m.pci_device_id & 0xFFFF, 0x10DE, "{}", m.key);
+            assert_ne!(brand_name(m.brand), "Unknown", "{}", m.key);
+        }
+    }
+
+    #[test]
+    fn profile_rows_are_consistent() {
+        for m in MODELS {
+            let Some(mig) = &m.mig else { continue };
+            let full = mig
+                .profiles
+                .iter()
+                .find(|p| p.placement_size == mig.memory_slices)
+                .unwrap_or_else(|| panic!("{}: no full-GPU profile", m.key));
+            for p in mig.profiles {
+                let what = format!("{} profile {}", m.key, p.id);
+                assert_eq!(
+                    Some(p.slice_count),
+                    crate::gpu::mig::gi_profile_slices(p.profile_enum),
+                    "{what}: slices"
+                );
+                assert!(p.memory_mib < m.memory_mib, "{what}: memory");
+                assert!(p.memory_mib <= full.memory_mib, "{what}: memory");
+                assert!(p.multiprocessors <= full.multiprocessors, "{what}: SMs");
+                assert!(p.copy_engines <= full.copy_engines, "{what}: CEs");
+                // Unique ids and enums within a product.
+                assert_eq!(
+                    mig.profiles.iter().filter(|o| o.id == p.id).count(),
+                    1,
+                    "{what}: id"
+                );
+                assert_eq!(
+                    mig.profiles
+                        .iter()
+                        .filter(|o| o.profile_enum == p.profile_enum)
+                        .count(),
+                    1,
+                    "{what}: enum"
+                );
+            }
+        }
     }
 
     #[test]
@@ -340,13 +695,7 @@ mod tests {
                         m.key,
                         p.id
                     );
-                    assert_eq!(
-                        start % p.placement_size.min(4),
-                        0,
-                        "{} {} aligned",
-                        m.key,
-                        p.id
-                    );
+                    assert_eq!(start % p.placement_size, 0, "{} {} aligned", m.key, p.id);
                 }
                 // A profile never has more instances than placements.
                 assert!(

@@ -798,8 +798,17 @@ fn brand_name(brand: Brand) -> &'static str {
         Brand::GRID => 4,
         Brand::GeForce => 5,
         Brand::Titan => 6,
+        Brand::VApps => 7,
+        Brand::VPC => 8,
+        Brand::VCS => 9,
+        Brand::VWS => 10,
+        Brand::CloudGaming | Brand::VGaming => 11,
+        Brand::QuadroRTX => 12,
+        Brand::NvidiaRTX => catalog::BRAND_NVIDIA_RTX,
         Brand::Nvidia => catalog::BRAND_NVIDIA,
-        _ => 0,
+        Brand::GeForceRTX => 15,
+        Brand::TitanRTX => 16,
+        Brand::Unknown => 0,
     };
     catalog::brand_name(code)
 }

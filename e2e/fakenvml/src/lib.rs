@@ -933,7 +933,13 @@ pub unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(
         false,
         |fake, _, minor| {
             let max = match fake.gpu(minor).and_then(|g| g.mig.as_ref()) {
-                Some(mig) if mig.mode.current => mig.memory_slices.min(7),
+                // As many as the smallest profile allows (7 on H100, 4 on A30 and RTX PRO).
+                Some(mig) if mig.mode.current => mig
+                    .profiles
+                    .iter()
+                    .map(|p| p.instance_count)
+                    .max()
+                    .unwrap_or(0),
                 _ => 0,
             };
             out!(count, max);

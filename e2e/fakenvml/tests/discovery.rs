@@ -94,6 +94,28 @@ fn mixed_fleet_with_static_mig_matches() {
     assert_eq!(sim, nvml);
 }
 
+/// Today's GPUs: Blackwell (a 12-slice RTX PRO among them), Hopper variants, Ada, Ampere.
+#[test]
+fn newer_models_match_with_mig_on() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (sim, nvml) = discover_both(
+        "sim:1xB200-SXM6-180GB,1xGB200-186GB,1xH100-PCIE-80GB,1xH100-NVL-94GB,1xH20-96GB,1xRTX-PRO-6000-BSE-96GB,1xL40S,1xA10",
+        "n3",
+        &dir.path().join("s.json"),
+        |node| {
+            for minor in [0, 5] {
+                node.set_mig_mode(minor, true).expect("MIG on");
+            }
+        },
+    );
+    assert_eq!(nvml.gpus[5].brand, "NvidiaRTX");
+    assert_eq!(
+        nvml.gpus[0].mig.as_ref().expect("B200").profiles.len(),
+        sim.gpus[0].mig.as_ref().expect("B200").profiles.len()
+    );
+    assert_eq!(sim, nvml);
+}
+
 #[test]
 fn missing_configuration_looks_like_no_driver() {
     let _guard = ENV.lock().unwrap_or_else(|p| p.into_inner());
