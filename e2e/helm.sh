@@ -78,14 +78,7 @@ ok "ServiceAccount, ClusterRole/Binding, ValidatingAdmissionPolicy/Binding and D
 # ---------------------------------------------------------------- 3. the driver's identity
 token=$(kubectl -n "$NAMESPACE" create token "$RELEASE" --bound-object-kind Node --bound-object-name "$NODE" --duration 1h) \
     || fail "cannot create a Node-bound token for the chart's ServiceAccount"
-server=$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.server}')
-ca=$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.certificate-authority}')
-{
-    kubectl config --kubeconfig "$WORK/driver.kubeconfig" set-cluster e2e --server "$server" --certificate-authority "$ca"
-    kubectl config --kubeconfig "$WORK/driver.kubeconfig" set-credentials driver --token "$token"
-    kubectl config --kubeconfig "$WORK/driver.kubeconfig" set-context e2e --cluster e2e --user driver
-    kubectl config --kubeconfig "$WORK/driver.kubeconfig" use-context e2e
-} >/dev/null
+token_kubeconfig "$WORK/driver.kubeconfig" "$token"
 whoami=$(sa_kubectl auth whoami -o json) || fail "the token does not authenticate: $whoami"
 jq -e --arg user "$SA_USER" --arg node "$NODE" '.status.userInfo.username == $user
     and .status.userInfo.extra["authentication.kubernetes.io/node-name"] == [$node]' <<<"$whoami" >/dev/null \

@@ -129,3 +129,16 @@ spec:
     resourceClaimName: $2
 EOF
 }
+
+# token_kubeconfig FILE TOKEN: a kubeconfig for this cluster that authenticates with TOKEN only.
+token_kubeconfig() {
+    local server ca
+    server=$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.server}')
+    ca=$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.certificate-authority}')
+    {
+        kubectl config --kubeconfig "$1" set-cluster e2e --server "$server" --certificate-authority "$ca"
+        kubectl config --kubeconfig "$1" set-credentials user --token "$2"
+        kubectl config --kubeconfig "$1" set-context e2e --cluster e2e --user user
+        kubectl config --kubeconfig "$1" use-context e2e
+    } >/dev/null
+}
