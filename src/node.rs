@@ -107,6 +107,8 @@ pub struct NodeOptions {
     pub driver_root: Option<crate::prepare::driver_files::DriverRoot>,
     /// Devices several claims may share (`--consumable-shares`).
     pub consumable: crate::slices::consumable::ConsumableShares,
+    /// Device order within the pool (`--device-order`).
+    pub device_order: crate::slices::DeviceOrder,
     /// Set during a rolling update: this instance's id (pod UID).
     pub rolling_update_uid: Option<String>,
     /// How often prepared claims are checked against the API server.
@@ -291,6 +293,7 @@ impl NodeAgent {
         let node_name = options.discovery.node_name.clone();
         let mut slice_options = SliceOptions::new(&options.driver_name, &node_name);
         slice_options.consumable = options.consumable;
+        slice_options.order = options.device_order;
         let control = gpu::open_control(&options.discovery)?;
         let monitor_control = control.clone();
         // In a rolling update the other instance may be preparing right now: recover under the

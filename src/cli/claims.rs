@@ -1,14 +1,23 @@
-//! `gpu-dra match` and `gpu-dra explain`: allocate ResourceClaims offline exactly as
-//! kube-scheduler would, and explain the outcome device by device.
+//! `gpu-dra match` and `gpu-dra explain`: allocate what users `kubectl apply` (ResourceClaims,
+//! ResourceClaimTemplates, DeviceClasses in resource.k8s.io v1beta1/v1beta2/v1, Pods and
+//! workloads; see [`super::manifests`]) offline exactly as kube-scheduler would, pod by pod, and
+//! explain the outcome device by device.
+use std::collections::{BTreeSet, HashSet};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use clap::Args;
-use dra_allocator::explain::{self, Explanation};
-use dra_allocator::{AllocatedState, Allocator, Features, NodeInfo, Outcome, load};
-use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimStatus, ResourceSlice};
+use dra_allocator::explain::{self, Decision, Explanation, Problem};
+use dra_allocator::{AllocatedState, Allocator, Features, NodeInfo, Outcome};
+use dra_cel::SelectorCache;
+use k8s_openapi::api::resource::v1::{
+    DeviceClass, ResourceClaim, ResourceClaimStatus, ResourceSlice,
+};
 
 use super::CliError;
+use super::manifests::convert::{self, Kind};
+use super::manifests::{self, Manifests, Plan, Unit, claim_key};
 use super::slices::{OutputFormat, write_document};
 use crate::gpu::{self, DiscoveryConfig, GpuSource};
 use crate::slices::{self, SliceOptions};
@@ -16,13 +25,26 @@ use crate::slices::{self, SliceOptions};
 /// Inputs shared by `match` and `explain`.
 #[derive(Debug, Args)]
 pub struct ClaimInputs {
-    /// ResourceSlices: a YAML/JSON file or directory, or `sim:<N>x<MODEL>[,...]` for the
-    /// slices a simulated node publishes. Repeat for more.
-    #[arg(long = "slices", required = true, value_name = "FILE|DIR|sim:SPEC")]
+    /// ResourceSlices (resource.k8s.io v1, v1beta2 or v1beta1): a YAML/JSON file or directory,
+    /// or `sim:<N>x<MODEL>[,...]` for the slices a simulated node publishes. Repeat for more.
+    #[arg(long = "slices", value_name = "FILE|DIR|sim:SPEC")]
     pub slices: Vec<String>,
-    /// DeviceClasses: YAML/JSON files or directories. Repeat for more.
+    /// DeviceClasses (v1, v1beta2 or v1beta1): YAML/JSON files or directories. Repeat for more.
     #[arg(long = "classes", value_name = "FILE|DIR")]
     pub classes: Vec<PathBuf>,
+    /// What to allocate for, as `kubectl apply -f` takes it (file, directory or `-` for stdin;
+    /// repeat for more): multi-document YAML or JSON, `kind: List`, with Pods, Deployments,
+    /// ReplicaSets, StatefulSets, DaemonSets, Jobs, CronJobs, ResourceClaimTemplates,
+    /// ResourceClaims and DeviceClasses (the last two kinds in resource.k8s.io v1, v1beta2 or
+    /// v1beta1). Pods get their claims as kube-controller-manager makes them; claims no pod
+    /// uses are allocated too; DeviceClasses join --classes; other kinds are skipped.
+    #[arg(short = 'f', long = "filename", value_name = "FILE|DIR|-")]
+    pub filenames: Vec<String>,
+    /// Allocate every replica of a workload in turn, each with claims of its own from its
+    /// templates (claims named by several pods are allocated once). Without it one pod stands
+    /// for each workload.
+    #[arg(long)]
+    pub replicas: bool,
     /// Node to allocate on (also the node name of `sim:` slices).
     #[arg(long, default_value = "sim-node")]
     pub node: String,
@@ -35,16 +57,18 @@ pub struct ClaimInputs {
     /// Driver name of `sim:` slices.
     #[arg(long, default_value = slices::DEFAULT_DRIVER_NAME)]
     pub driver_name: String,
-    /// The ResourceClaim(s) of one pod; several claims are allocated together.
+    /// The ResourceClaim(s) of one pod, allocated together; the same as `-f CLAIM.yaml`.
     #[arg(value_name = "CLAIM.yaml")]
-    pub claim: PathBuf,
+    pub claim: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Example:\n  gpu-dra match --slices sim:1xT4,1xH100-SXM5-80GB \
-    --classes deviceclasses/ claim.yaml\n\nExit status: 0 allocated, 1 not satisfiable \
-    (explanation on stderr), 2 bad input."
+    after_help = "Examples:\n  gpu-dra match --slices sim:1xT4,1xH100-SXM5-80GB \
+    --classes deviceclasses/ claim.yaml\n  gpu-dra match --slices sim:4xH100-SXM5-80GB \
+    --classes deviceclasses/ -f training.yaml --replicas\n  gpu-dra match --print-v1 -f \
+    v1beta1-claims.yaml\n\nExit status: 0 allocated, 1 not satisfiable (explanation on \
+    stderr), 2 bad input."
 )]
 pub struct MatchArgs {
     #[command(flatten)]
@@ -52,24 +76,39 @@ pub struct MatchArgs {
     /// Output format.
     #[arg(short = 'o', long, value_enum, default_value = "yaml")]
     pub output: OutputFormat,
+    /// Allocate nothing: print the resource.k8s.io objects read (-f, CLAIM.yaml) as the API
+    /// server returns them in v1 (converted from v1beta1/v1beta2, defaults applied), then the
+    /// claims made for pods from templates, as a List. Needs no --slices or --classes.
+    #[arg(long)]
+    pub print_v1: bool,
 }
 
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Example:\n  gpu-dra explain --slices sim:1xT4,1xH100-SXM5-80GB \
-    --classes deviceclasses/ claim.yaml"
+    after_help = "Examples:\n  gpu-dra explain --slices sim:1xT4,1xH100-SXM5-80GB \
+    --classes deviceclasses/ claim.yaml\n  gpu-dra explain --slices sim:1xH100-SXM5-80GB \
+    --classes deviceclasses/ -f deployment.yaml --replicas\n  gpu-dra explain pod/trainer -n ml   \
+    (a live cluster: why is it Pending, or which devices it got; also `kubectl gpu-dra explain` \
+    with gpu-dra installed as kubectl-gpu_dra)"
 )]
 pub struct ExplainArgs {
     #[command(flatten)]
     pub inputs: ClaimInputs,
+    /// Live cluster (`explain pod/NAME` or `explain resourceclaim/NAME`): the namespace.
+    #[arg(short = 'n', long, default_value = "default")]
+    pub namespace: String,
+    /// Live cluster: kubeconfig (default: KUBECONFIG, ~/.kube/config, in-cluster).
+    #[arg(long, env = "KUBECONFIG_PATH")]
+    pub kubeconfig: Option<PathBuf>,
 }
 
 /// Everything loaded and ready to allocate.
 struct Loaded {
     allocator: Allocator,
     node: NodeInfo,
-    claims: Vec<ResourceClaim>,
+    plan: Plan,
     state: AllocatedState,
+    features: Features,
 }
 
 fn usage(e: impl std::fmt::Display) -> CliError {
@@ -89,30 +128,90 @@ fn simulated_slices(spec: &str, node: &str, driver: &str) -> Result<Vec<Resource
     Ok(slices::build(&inventory, &SliceOptions::new(driver, node))?)
 }
 
+/// Reads the positional claim file and the `-f` sources, and plans the pods' claims. Notes
+/// (skipped kinds, replica counts) go to stderr.
+fn read_inputs(inputs: &ClaimInputs, cel: &SelectorCache) -> Result<(Manifests, Plan), CliError> {
+    if inputs.claim.is_none() && inputs.filenames.is_empty() {
+        return Err(usage(
+            "nothing to allocate: give -f FILE|DIR|- (Pods, workloads, ResourceClaims, ...) or CLAIM.yaml",
+        ));
+    }
+    let mut m = Manifests::default();
+    if let Some(claim) = &inputs.claim {
+        m.add_sources(
+            &[claim.display().to_string()],
+            Some(Kind::ResourceClaim),
+            cel,
+        )
+        .map_err(usage)?;
+    }
+    m.add_sources(&inputs.filenames, None, cel).map_err(usage)?;
+    let plan = manifests::plan(&m, inputs.replicas).map_err(usage)?;
+    for note in m.notes.iter().chain(&plan.notes) {
+        eprintln!("note: {note}");
+    }
+    Ok((m, plan))
+}
+
 fn load(inputs: &ClaimInputs) -> Result<Loaded, CliError> {
+    let cel = Arc::new(SelectorCache::new());
     let mut all_slices = Vec::new();
     for source in &inputs.slices {
         if source.starts_with("sim:") {
             all_slices.extend(simulated_slices(source, &inputs.node, &inputs.driver_name)?);
         } else {
-            all_slices.extend(load::read_slices(&[PathBuf::from(source)]).map_err(usage)?);
+            let mut files = Manifests::default();
+            files
+                .add_typed(&[PathBuf::from(source)], Kind::ResourceSlice, &cel)
+                .map_err(usage)?;
+            all_slices.extend(files.slices.into_iter().map(|e| e.object));
         }
     }
-    let classes = load::read_classes(&inputs.classes).map_err(usage)?;
-    let claims = load::read_claims(std::slice::from_ref(&inputs.claim)).map_err(usage)?;
-    if claims.is_empty() {
-        return Err(usage(format!(
-            "{}: no ResourceClaim",
-            inputs.claim.display()
-        )));
+    let mut stock = Manifests::default();
+    stock
+        .add_typed(&inputs.classes, Kind::DeviceClass, &cel)
+        .map_err(usage)?;
+    let (m, plan) = read_inputs(inputs, &cel)?;
+    if plan.units.is_empty() {
+        return Err(usage(
+            "nothing to allocate: no ResourceClaim, and no pod asks for one (spec.resourceClaims)",
+        ));
     }
+    all_slices.extend(m.slices.into_iter().map(|e| e.object));
+    if all_slices.is_empty() {
+        return Err(usage(
+            "no ResourceSlices: give --slices FILE|DIR|sim:SPEC (or ResourceSlices with -f)",
+        ));
+    }
+    // DeviceClasses from -f come first: the scheduler's lister takes the first of a name, and
+    // the class a user applies replaces the stock one.
+    let own: BTreeSet<String> = m
+        .classes
+        .iter()
+        .filter_map(|e| e.object.metadata.name.clone())
+        .collect();
+    let mut classes: Vec<DeviceClass> = m.classes.into_iter().map(|e| e.object).collect();
+    for entry in stock.classes {
+        match &entry.object.metadata.name {
+            Some(name) if own.contains(name) => {
+                eprintln!("note: DeviceClass {name} from -f replaces the one in --classes");
+            }
+            _ => classes.push(entry.object),
+        }
+    }
+    check_classes(&plan, &classes)?;
     let features = Features::default();
     let mut state = AllocatedState::new();
-    for claim in load::read_claims(&inputs.allocated).map_err(usage)? {
-        let name = dra_allocator::claim_name(&claim);
+    let mut held = Manifests::default();
+    held.add_typed(&inputs.allocated, Kind::ResourceClaim, &cel)
+        .map_err(usage)?;
+    for entry in &held.claims {
+        let claim = &entry.object;
+        let name = dra_allocator::claim_name(claim);
         let Some(allocation) = claim.status.as_ref().and_then(|s| s.allocation.as_ref()) else {
             return Err(usage(format!(
-                "--allocated claim {name} has no status.allocation"
+                "--allocated claim {name} ({}) has no status.allocation",
+                entry.origin
             )));
         };
         state.mark(&name, allocation, &features).map_err(usage)?;
@@ -130,38 +229,223 @@ fn load(inputs: &ClaimInputs) -> Result<Loaded, CliError> {
         node.labels.insert(k.to_string(), v.to_string());
     }
     Ok(Loaded {
-        allocator: Allocator::new(features, all_slices, classes),
+        allocator: Allocator::shared(features, Arc::new(all_slices), Arc::new(classes), cel),
         node,
-        claims,
+        plan,
         state,
+        features,
     })
 }
 
-pub fn run_match(args: MatchArgs) -> Result<ExitCode, CliError> {
-    let loaded = load(&args.inputs)?;
-    let outcome = loaded
-        .allocator
-        .allocate(&loaded.node, &loaded.claims, &loaded.state);
-    let results = match outcome {
-        Ok(Outcome::Allocated(results)) => results,
-        Ok(Outcome::Unsatisfiable { .. }) | Err(_) => {
-            let explanation = explain::explain(
-                &loaded.allocator,
-                &loaded.node,
-                &loaded.claims,
-                &loaded.state,
-            );
-            eprint!("{}", short_explanation(&explanation));
-            return Ok(ExitCode::from(1));
+/// Every device class a claim to allocate names must exist: the scheduler would abort each
+/// attempt with "could not retrieve device class".
+fn check_classes(plan: &Plan, classes: &[DeviceClass]) -> Result<(), CliError> {
+    let known: BTreeSet<&str> = classes
+        .iter()
+        .filter_map(|c| c.metadata.name.as_deref())
+        .collect();
+    for claim in plan.units.iter().flat_map(|u| &u.claims) {
+        let (object, spec) = describe(plan, claim);
+        let requests = claim
+            .spec
+            .as_ref()
+            .and_then(|s| s.devices.as_ref())
+            .and_then(|d| d.requests.as_deref())
+            .unwrap_or_default();
+        for (i, request) in requests.iter().enumerate() {
+            let at = format!("{spec}.devices.requests[{i}]");
+            let mut wanted = Vec::new();
+            if let Some(exactly) = &request.exactly {
+                wanted.push((format!("{at}.exactly"), &exactly.device_class_name));
+            }
+            for (j, sub) in request.first_available.iter().flatten().enumerate() {
+                wanted.push((format!("{at}.firstAvailable[{j}]"), &sub.device_class_name));
+            }
+            for (field, class) in wanted {
+                if known.contains(class.as_str()) {
+                    continue;
+                }
+                let why = if known.is_empty() {
+                    "no DeviceClasses were given (--classes DIR, or DeviceClasses with -f)"
+                        .to_string()
+                } else {
+                    format!(
+                        "the DeviceClasses given are {}",
+                        known.iter().copied().collect::<Vec<_>>().join(", ")
+                    )
+                };
+                return Err(usage(format!(
+                    "{object}: {field}.deviceClassName: DeviceClass {class:?} not found; {why}"
+                )));
+            }
         }
+    }
+    Ok(())
+}
+
+/// The object a claim's spec is written in and the path of that spec.
+fn describe(plan: &Plan, claim: &ResourceClaim) -> (String, &'static str) {
+    let key = claim_key(claim);
+    match plan.provenance.get(&key) {
+        Some(p) => (p.object.clone(), p.spec_path),
+        None => (format!("ResourceClaim {key}"), "spec"),
+    }
+}
+
+/// One line per request that no device on the node can ever satisfy, whatever else is
+/// allocated: its class and selectors rule out every device (or all but too few).
+fn never_fits(plan: &Plan, explanation: &Explanation, claims: &[ResourceClaim]) -> Vec<String> {
+    if explanation.allocated() {
+        return Vec::new();
+    }
+    // Devices the request could ever get: none of its selectors rules them out.
+    let possible = |name: &str, report: &dra_allocator::explain::ClaimReport| {
+        let r = report.requests.iter().find(|r| r.name == name)?;
+        if r.error.is_some() {
+            return None;
+        }
+        let fit = r
+            .devices
+            .iter()
+            .filter(|d| {
+                !d.problems
+                    .iter()
+                    .any(|p| matches!(p, Problem::Selector { .. } | Problem::NotOnNode))
+            })
+            .count();
+        Some((fit, r.devices.len()))
     };
     let mut out = Vec::new();
-    for (mut claim, allocation) in loaded.claims.into_iter().zip(results) {
-        let status = claim
-            .status
-            .get_or_insert_with(ResourceClaimStatus::default);
-        status.allocation = Some(allocation);
-        out.push(serde_json::to_value(&claim).map_err(|e| CliError::Encode(e.to_string()))?);
+    for claim in claims {
+        let key = claim_key(claim);
+        let Some(report) = explanation.claims.iter().find(|c| c.claim == key) else {
+            continue;
+        };
+        let (object, spec) = describe(plan, claim);
+        let requests = claim
+            .spec
+            .as_ref()
+            .and_then(|s| s.devices.as_ref())
+            .and_then(|d| d.requests.as_deref())
+            .unwrap_or_default();
+        for (i, request) in requests.iter().enumerate() {
+            let at = format!("{spec}.devices.requests[{i}]");
+            let node = &explanation.node;
+            if let Some(exactly) = &request.exactly {
+                let Some((fit, total)) = possible(&request.name, report) else {
+                    continue;
+                };
+                let all = exactly.allocation_mode.as_deref() == Some("All");
+                let count = usize::try_from(exactly.count.unwrap_or(1)).unwrap_or(usize::MAX);
+                if fit == 0 {
+                    out.push(format!(
+                        "{object}: {at}.exactly: request {:?} never fits on node {node}: its class and selectors rule out all {total} devices",
+                        request.name
+                    ));
+                } else if !all && fit < count {
+                    out.push(format!(
+                        "{object}: {at}.exactly.count: request {:?} never fits on node {node}: it asks for {count} devices and only {fit} pass its class and selectors",
+                        request.name
+                    ));
+                }
+                continue;
+            }
+            let subs = request.first_available.as_deref().unwrap_or_default();
+            let never = subs.iter().all(|sub| {
+                let name = format!("{}/{}", request.name, sub.name);
+                let count = usize::try_from(sub.count.unwrap_or(1)).unwrap_or(usize::MAX);
+                let all = sub.allocation_mode.as_deref() == Some("All");
+                possible(&name, report).is_some_and(|(fit, _)| fit == 0 || (!all && fit < count))
+            });
+            if !subs.is_empty() && never {
+                out.push(format!(
+                    "{object}: {at}.firstAvailable: request {:?} never fits on node {node}: the class and selectors of each of its {} subrequests rule out the devices it needs",
+                    request.name,
+                    subs.len()
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// The claims of `unit` not yet allocated by an earlier pod.
+fn pending(unit: &Unit, done: &HashSet<String>) -> Vec<ResourceClaim> {
+    unit.claims
+        .iter()
+        .filter(|c| !done.contains(&claim_key(c)))
+        .cloned()
+        .collect()
+}
+
+fn print_v1(args: &MatchArgs) -> Result<ExitCode, CliError> {
+    let cel = SelectorCache::new();
+    let (m, plan) = read_inputs(&args.inputs, &cel)?;
+    let encode = |e: serde_json::Error| CliError::Encode(e.to_string());
+    let mut items: Vec<serde_json::Value> = m
+        .v1_objects()
+        .map_err(encode)?
+        .into_iter()
+        .map(|(_, v)| v)
+        .collect();
+    for claim in &plan.generated {
+        items.push(serde_json::to_value(claim).map_err(encode)?);
+    }
+    items.iter_mut().for_each(convert::omit_empty);
+    let document = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items});
+    write_document(&document, args.output)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn run_match(args: MatchArgs) -> Result<ExitCode, CliError> {
+    if args.print_v1 {
+        return print_v1(&args);
+    }
+    let loaded = load(&args.inputs)?;
+    let mut state = loaded.state.clone();
+    let mut done = HashSet::new();
+    let mut out = Vec::new();
+    let mut failed = false;
+    // Pod by pod, as the scheduler would place them: each allocation uses up its devices.
+    for unit in &loaded.plan.units {
+        let claims = pending(unit, &done);
+        if claims.is_empty() {
+            continue;
+        }
+        match loaded.allocator.allocate(&loaded.node, &claims, &state) {
+            Ok(Outcome::Allocated(results)) => {
+                for (mut claim, allocation) in claims.into_iter().zip(results) {
+                    let key = claim_key(&claim);
+                    state
+                        .mark(&key, &allocation, &loaded.features)
+                        .map_err(usage)?;
+                    done.insert(key);
+                    let status = claim
+                        .status
+                        .get_or_insert_with(ResourceClaimStatus::default);
+                    status.allocation = Some(allocation);
+                    let mut value = serde_json::to_value(&claim)
+                        .map_err(|e| CliError::Encode(e.to_string()))?;
+                    convert::omit_empty(&mut value);
+                    out.push(value);
+                }
+            }
+            Ok(Outcome::Unsatisfiable { .. }) | Err(_) => {
+                failed = true;
+                let explanation =
+                    explain::explain(&loaded.allocator, &loaded.node, &claims, &state);
+                if let Some(title) = &unit.title {
+                    eprintln!("{title}:");
+                }
+                for line in never_fits(&loaded.plan, &explanation, &claims) {
+                    eprintln!("{line}");
+                }
+                eprint!("{}", short_explanation(&explanation));
+            }
+        }
+    }
+    if failed {
+        return Ok(ExitCode::from(1));
     }
     let document = if out.len() == 1 {
         out.remove(0)
@@ -207,15 +491,65 @@ fn short_explanation(e: &Explanation) -> String {
 }
 
 pub fn run_explain(args: ExplainArgs) -> Result<ExitCode, CliError> {
+    // `pod/NAME` or `resourceclaim/NAME` that is not a file: ask the cluster.
+    if let Some(target) = args
+        .inputs
+        .claim
+        .as_ref()
+        .filter(|path| !path.exists())
+        .and_then(|path| super::live::LiveTarget::parse(&path.to_string_lossy()))
+    {
+        let only_node = (args.inputs.node != "sim-node").then_some(args.inputs.node.as_str());
+        return super::live::run(
+            &target,
+            &args.namespace,
+            args.kubeconfig.as_deref(),
+            only_node,
+        );
+    }
     let loaded = load(&args.inputs)?;
-    let explanation = explain::explain(
-        &loaded.allocator,
-        &loaded.node,
-        &loaded.claims,
-        &loaded.state,
-    );
-    print!("{}", explanation.render());
-    Ok(if explanation.allocated() {
+    let mut state = loaded.state.clone();
+    let mut done = HashSet::new();
+    let mut all_allocated = true;
+    let units = &loaded.plan.units;
+    // One claim file explains as it always did; pods get a heading each.
+    let headed = units.len() > 1 || units.iter().any(|u| u.title.is_some());
+    for (i, unit) in units.iter().enumerate() {
+        if headed {
+            if i > 0 {
+                println!();
+            }
+            println!(
+                "{}:",
+                unit.title
+                    .as_deref()
+                    .unwrap_or("ResourceClaims no pod uses")
+            );
+        }
+        let claims = pending(unit, &done);
+        if claims.is_empty() {
+            println!("  its claims are allocated already (by an earlier pod)");
+            continue;
+        }
+        let explanation = explain::explain(&loaded.allocator, &loaded.node, &claims, &state);
+        for line in never_fits(&loaded.plan, &explanation, &claims) {
+            println!("{line}");
+        }
+        print!("{}", explanation.render());
+        match &explanation.decision {
+            Decision::Allocated(results) => {
+                for (claim, allocation) in claims.iter().zip(results) {
+                    let key = claim_key(claim);
+                    state
+                        .mark(&key, allocation, &loaded.features)
+                        .map_err(usage)?;
+                    done.insert(key);
+                }
+            }
+            _ => all_allocated = false,
+        }
+    }
+    Ok(if all_allocated {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)

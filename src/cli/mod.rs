@@ -17,6 +17,10 @@ pub mod claims;
 pub mod demo;
 pub mod duration;
 #[cfg(feature = "tools")]
+pub mod live;
+#[cfg(feature = "tools")]
+pub mod manifests;
+#[cfg(feature = "tools")]
 pub mod packing_study;
 pub mod run;
 pub mod sim;
@@ -101,10 +105,12 @@ pub enum Command {
     #[cfg(feature = "tools")]
     #[command(subcommand)]
     Cel(cel::CelCommand),
-    /// Allocate a ResourceClaim offline as kube-scheduler would; print it with status.allocation.
+    /// Allocate ResourceClaims (or the claims of the pods and workloads in manifests) offline as
+    /// kube-scheduler would; print them with status.allocation.
     #[cfg(feature = "tools")]
     Match(claims::MatchArgs),
-    /// Explain, device by device, how kube-scheduler would allocate a ResourceClaim (or not).
+    /// Explain, device by device, how kube-scheduler would allocate claims (or not): offline, or
+    /// for a pod or claim of a live cluster (`explain pod/NAME -n NS`).
     #[cfg(feature = "tools")]
     Explain(claims::ExplainArgs),
 }

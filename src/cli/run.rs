@@ -11,7 +11,7 @@ use super::duration;
 use super::slices::GpuArgs;
 use crate::gpu::GpuSource;
 use crate::node::{NodeAgent, NodeOptions};
-use crate::slices::DEFAULT_DRIVER_NAME;
+use crate::slices::{DEFAULT_DRIVER_NAME, DeviceOrder};
 
 #[derive(Debug, Args)]
 #[command(after_help = "Example (a simulated node against a test cluster):\n  \
@@ -127,10 +127,24 @@ pub struct RunArgs {
     /// back), besides after every fault.
     #[arg(long, env = "GPU_DRA_RESCAN_INTERVAL", default_value = "10s", value_parser = duration::parse)]
     pub rescan_interval: Duration,
+    /// Device order within each node's pool: `packed` (best fit for dynamic MIG placements: the
+    /// scheduler takes the first device that fits, so the order decides where MIG devices land)
+    /// or `name` (NVIDIA's plain name order, for comparison).
+    #[arg(long, env = "GPU_DRA_DEVICE_ORDER", default_value = "packed", value_parser = device_order())]
+    pub device_order: DeviceOrder,
     /// How long one call to the API server may take before it is abandoned and retried.
     #[arg(long, env = "GPU_DRA_API_TIMEOUT", default_value = "20s", value_parser = duration::parse,
         alias = "api-timeout-seconds")]
     pub api_timeout: Duration,
+}
+
+/// `--device-order`: `packed` or `name`.
+fn device_order() -> impl clap::builder::TypedValueParser<Value = DeviceOrder> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(["packed", "name"]).map(|s| match s.as_str() {
+        "name" => DeviceOrder::Name,
+        _ => DeviceOrder::Packed,
+    })
 }
 
 /// NVIDIA's application XIDs (13, 31, 43, 45, 68, 109).
@@ -227,6 +241,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode, CliError> {
         driver_name: args.driver_name.clone(),
         mig_policy: args.gpu.mig,
         consumable: args.gpu.consumable_shares,
+        device_order: args.device_order,
         kubeconfig: args.kubeconfig.clone(),
         registrar_dir: args.registrar_dir.clone(),
         state_dir: args.state_dir.clone().unwrap_or_else(|| plugin_dir.clone()),
@@ -335,6 +350,26 @@ mod tests {
         let message = bad.expect_err("bad duration").to_string();
         assert!(
             message.contains("--gc-grace") && message.contains("unknown unit"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn device_order_flag_parses() {
+        assert_eq!(parse(&[]).1.device_order, DeviceOrder::Packed);
+        assert_eq!(
+            parse(&["--device-order", "name"]).1.device_order,
+            DeviceOrder::Name
+        );
+        assert_eq!(
+            parse(&["--device-order=packed"]).1.device_order,
+            DeviceOrder::Packed
+        );
+        let bad =
+            Cli::try_parse_from(["gpu-dra", "run", "--node-name", "n", "--device-order", "x"]);
+        let message = bad.expect_err("unknown order").to_string();
+        assert!(
+            message.contains("--device-order") && message.contains("packed, name"),
             "{message}"
         );
     }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use cel::common::ast::{EntryExpr, Expr, IdedExpr, LiteralValue};
 
 use super::decls::{DECLS, Func};
-use super::types::{Bindings, Type, join};
+use super::types::{Subst, Type, assignable, most_general, substitute};
 use super::value::{DomainsOf, Value};
 
 /// A checked program tree. Member-call receivers are the first argument.
@@ -100,8 +100,21 @@ pub struct Checker<'a> {
     /// How many calls named `format` enclose the expression being checked: the string-format
     /// validator exempts their literals from the homogeneous-literal check.
     in_format: usize,
-    /// Checked type of each expression, for validators that look at subexpressions.
+    /// Checked type of each expression, for validators that look at subexpressions (final
+    /// types after `check_root`).
     pub(crate) types: HashMap<u64, Type>,
+    /// Bindings of free type variables (cel-go's `mappings`).
+    mappings: Subst,
+    next_var: u32,
+    /// Aggregate literals for the homogeneous-literal validator, which looks at final types.
+    literals: Vec<Literal>,
+}
+
+/// An aggregate literal's element expressions (id, optional): a list's elements, or a map's
+/// (key, value) pairs.
+enum Literal {
+    List(Vec<(u64, bool)>),
+    Map(Vec<(u64, u64, bool)>),
 }
 
 fn type_value(name: &str) -> Option<Type> {
@@ -167,6 +180,112 @@ impl<'a> Checker<'a> {
             deferred: Vec::new(),
             in_format: 0,
             types: HashMap::new(),
+            mappings: Subst::new(),
+            next_var: 0,
+            literals: Vec::new(),
+        }
+    }
+
+    /// Checks a whole expression: the program tree and its final type (free type variables
+    /// become `dyn`), then runs the homogeneous-literal validator on the final types.
+    pub fn check_root(&mut self, e: &IdedExpr) -> (Node, Type) {
+        let (node, ty) = self.check(e);
+        let ty = substitute(&self.mappings, &ty, true);
+        for t in self.types.values_mut() {
+            *t = substitute(&self.mappings, t, true);
+        }
+        for lit in std::mem::take(&mut self.literals) {
+            let unwrap = |t: Type, opt: bool| match t {
+                Type::Optional(inner) if opt => (*inner).clone(),
+                t => t,
+            };
+            match lit {
+                Literal::List(elems) => {
+                    let mut first: Option<Type> = None;
+                    for (id, opt) in elems {
+                        let t = unwrap(self.final_type(id), opt);
+                        match &first {
+                            None => first = Some(t),
+                            Some(f) if *f != t && !matches!(t, Type::Error) => {
+                                self.defer(id, format!("expected type '{f}' but found '{t}'"));
+                                break;
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+                Literal::Map(entries) => {
+                    let mut first: Option<(Type, Type)> = None;
+                    for (kid, vid, opt) in entries {
+                        let kt = self.final_type(kid);
+                        let vt = unwrap(self.final_type(vid), opt);
+                        match &first {
+                            None => first = Some((kt, vt)),
+                            Some((fk, fv)) => {
+                                let (fk, fv) = (fk.clone(), fv.clone());
+                                if fk != kt {
+                                    self.defer(
+                                        kid,
+                                        format!("expected type '{fk}' but found '{kt}'"),
+                                    );
+                                }
+                                if fv != vt {
+                                    self.defer(
+                                        vid,
+                                        format!("expected type '{fv}' but found '{vt}'"),
+                                    );
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        (node, ty)
+    }
+
+    fn final_type(&self, id: u64) -> Type {
+        self.types.get(&id).cloned().unwrap_or(Type::Dyn)
+    }
+
+    fn fresh_var(&mut self) -> Type {
+        self.next_var += 1;
+        Type::Var(self.next_var - 1)
+    }
+
+    /// A type with the current bindings applied (free variables stay).
+    fn resolve(&self, t: &Type) -> Type {
+        substitute(&self.mappings, t, false)
+    }
+
+    /// cel-go's `isAssignable`: binds type variables only when the whole check succeeds.
+    fn is_assignable(&mut self, t1: &Type, t2: &Type) -> bool {
+        let mut m = self.mappings.clone();
+        if assignable(&mut m, t1, t2) {
+            self.mappings = m;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Replaces an overload's type parameters with fresh type variables.
+    fn instantiate(&mut self, t: &Type, vars: &mut [Option<Type>; 4]) -> Type {
+        match t {
+            Type::Param(p) => {
+                if vars[*p as usize].is_none() {
+                    vars[*p as usize] = Some(self.fresh_var());
+                }
+                vars[*p as usize].clone().unwrap_or(Type::Dyn)
+            }
+            Type::List(e) => Type::list(self.instantiate(e, vars)),
+            Type::Optional(e) => Type::optional(self.instantiate(e, vars)),
+            Type::TypeOf(e) => Type::TypeOf(Arc::new(self.instantiate(e, vars))),
+            Type::Map(k, v) => {
+                let k = self.instantiate(k, vars);
+                Type::map(k, self.instantiate(v, vars))
+            }
+            other => other.clone(),
         }
     }
 
@@ -241,11 +360,12 @@ impl<'a> Checker<'a> {
                 let mut elems = Vec::with_capacity(list.elements.len());
                 let mut optional = Vec::with_capacity(list.elements.len());
                 let mut elem_type: Option<Type> = None;
-                let mut first_type: Option<Type> = None;
-                let mut strict_reported = false;
+                let mut literal = Vec::with_capacity(list.elements.len());
                 for (i, el) in list.elements.iter().enumerate() {
-                    let (node, mut ty) = self.check(el);
+                    let (node, ty) = self.check(el);
+                    let mut ty = self.resolve(&ty);
                     let is_opt = list.optional_indices.contains(&i);
+                    literal.push((el.id, is_opt));
                     if is_opt {
                         ty = match ty {
                             Type::Optional(inner) => (*inner).clone(),
@@ -256,62 +376,41 @@ impl<'a> Checker<'a> {
                             }
                         };
                     }
-                    match &first_type {
-                        None => first_type = Some(ty.clone()),
-                        Some(first)
-                            if !strict_reported
-                                && self.in_format == 0
-                                && *first != ty
-                                && !matches!(ty, Type::Error) =>
-                        {
-                            strict_reported = true;
-                            self.defer(el.id, format!("expected type '{first}' but found '{ty}'"));
-                        }
-                        _ => {}
-                    }
-                    elem_type = Some(self.join_types(el.id, elem_type, ty));
+                    elem_type = Some(self.join_types(elem_type, ty));
                     elems.push(node);
                     optional.push(is_opt);
                 }
-                let t = Type::list(elem_type.unwrap_or(Type::Dyn));
+                if self.in_format == 0 {
+                    self.literals.push(Literal::List(literal));
+                }
+                // An empty list's element type is a free type variable.
+                let elem_type = match elem_type {
+                    Some(t) => t,
+                    None => self.fresh_var(),
+                };
+                let t = Type::list(elem_type);
                 (Node::List { elems, optional }, t)
             }
             Expr::Map(map) => {
                 let mut entries = Vec::with_capacity(map.entries.len());
                 let (mut kt, mut vt): (Option<Type>, Option<Type>) = (None, None);
-                let mut first: Option<(Type, Type)> = None;
+                let mut literal = Vec::with_capacity(map.entries.len());
                 for entry in &map.entries {
                     match &entry.expr {
                         EntryExpr::MapEntry(me) => {
                             let (kn, ktype) = self.check(&me.key);
-                            let (vn, mut vtype) = self.check(&me.value);
+                            let (vn, vtype) = self.check(&me.value);
+                            let ktype = self.resolve(&ktype);
+                            let mut vtype = self.resolve(&vtype);
                             if me.optional {
                                 vtype = match vtype {
                                     Type::Optional(inner) => (*inner).clone(),
                                     t => t,
                                 };
                             }
-                            match &first {
-                                None => first = Some((ktype.clone(), vtype.clone())),
-                                Some(_) if self.in_format > 0 => {}
-                                Some((fk, fv)) => {
-                                    let (fk, fv) = (fk.clone(), fv.clone());
-                                    if fk != ktype {
-                                        self.defer(
-                                            me.key.id,
-                                            format!("expected type '{fk}' but found '{ktype}'"),
-                                        );
-                                    }
-                                    if fv != vtype {
-                                        self.defer(
-                                            me.value.id,
-                                            format!("expected type '{fv}' but found '{vtype}'"),
-                                        );
-                                    }
-                                }
-                            }
-                            kt = Some(self.join_types(me.key.id, kt, ktype));
-                            vt = Some(self.join_types(me.value.id, vt, vtype));
+                            literal.push((me.key.id, me.value.id, me.optional));
+                            kt = Some(self.join_types(kt, ktype));
+                            vt = Some(self.join_types(vt, vtype));
                             entries.push((kn, vn, me.optional));
                         }
                         EntryExpr::StructField(_) => {
@@ -320,7 +419,15 @@ impl<'a> Checker<'a> {
                         }
                     }
                 }
-                let t = Type::map(kt.unwrap_or(Type::Dyn), vt.unwrap_or(Type::Dyn));
+                if self.in_format == 0 {
+                    self.literals.push(Literal::Map(literal));
+                }
+                // An empty map's key and value types are free type variables.
+                let (kt, vt) = match (kt, vt) {
+                    (Some(k), Some(v)) => (k, v),
+                    _ => (self.fresh_var(), self.fresh_var()),
+                };
+                let t = Type::map(kt, vt);
                 (Node::Map { entries }, t)
             }
             Expr::Struct(s) => self.error(
@@ -339,6 +446,11 @@ impl<'a> Checker<'a> {
                     );
                 }
                 let (range, range_type) = self.check(&c.iter_range);
+                let (init, init_type) = self.check(&c.accu_init);
+                let range_type = self.resolve(&range_type);
+                if matches!(range_type, Type::Var(_)) {
+                    self.is_assignable(&Type::Dyn, &range_type);
+                }
                 let (iter_type, iter2_type) = match &range_type {
                     Type::List(el) => {
                         if c.iter_var2.is_some() {
@@ -348,8 +460,9 @@ impl<'a> Checker<'a> {
                         }
                     }
                     Type::Map(k, v) => ((**k).clone(), (**v).clone()),
-                    t if t.is_dyn_like() => (Type::Dyn, Type::Dyn),
+                    t if t.is_dyn_like() || matches!(t, Type::Var(_)) => (Type::Dyn, Type::Dyn),
                     other => {
+                        let other = substitute(&self.mappings, other, true);
                         let msg = format!(
                             "expression of type '{other}' cannot be range of a comprehension (must be list, map, or dynamic)"
                         );
@@ -357,22 +470,21 @@ impl<'a> Checker<'a> {
                         (Type::Error, Type::Error)
                     }
                 };
-                let (init, init_type) = self.check(&c.accu_init);
+                // The accumulator keeps the initial value's type: for `map` and `filter` that
+                // is `list(T)` with a free T, which the step binds (cel-go's inference).
                 let accu_slot = self.push_scope(&c.accu_var, init_type.clone());
                 let iter_slot = self.push_scope(&c.iter_var, iter_type);
                 let iter2_slot = c.iter_var2.as_ref().map(|v| self.push_scope(v, iter2_type));
-                let (cond, _) = self.check(&c.loop_cond);
+                let (cond, cond_type) = self.check(&c.loop_cond);
+                self.assert_type(c.loop_cond.id, &Type::Bool, &cond_type);
                 let (step, step_type) = self.check(&c.loop_step);
-                // The accumulator takes the step's type (e.g. `[]` accumulating `list(int)`).
-                let accu_type = join(&init_type, &step_type).unwrap_or(step_type);
+                self.assert_type(c.loop_step.id, &init_type, &step_type);
                 if iter2_slot.is_some() {
                     self.scopes.pop();
                 }
                 self.scopes.pop();
-                if let Some(s) = self.scopes.last_mut() {
-                    s.ty = accu_type;
-                }
                 let (result, result_type) = self.check(&c.result);
+                let result_type = self.resolve(&result_type);
                 self.scopes.pop();
                 let node = Node::Comprehension(Box::new(Comprehension {
                     range,
@@ -389,15 +501,26 @@ impl<'a> Checker<'a> {
         }
     }
 
-    fn join_types(&mut self, id: u64, previous: Option<Type>, current: Type) -> Type {
+    /// cel-go's `joinTypes` for aggregate literal elements.
+    fn join_types(&mut self, previous: Option<Type>, current: Type) -> Type {
         match previous {
             None => current,
+            Some(prev) if self.is_assignable(&prev, &current) => most_general(&prev, &current),
             // Incompatible elements make the literal `dyn`; the homogeneous-literal
             // validator (deferred issues) reports them.
-            Some(prev) => {
-                let _ = id;
-                join(&prev, &current).unwrap_or(Type::Dyn)
-            }
+            Some(_) => Type::Dyn,
+        }
+    }
+
+    /// cel-go's `assertType`.
+    fn assert_type(&mut self, id: u64, expected: &Type, actual: &Type) {
+        if !self.is_assignable(expected, actual) {
+            let expected = substitute(&self.mappings, expected, true);
+            let actual = substitute(&self.mappings, actual, true);
+            self.error(
+                id,
+                format!("expected type '{expected}' but found '{actual}'"),
+            );
         }
     }
 
@@ -455,6 +578,10 @@ impl<'a> Checker<'a> {
             }
         }
         let (operand, operand_type) = self.check(&sel.operand);
+        let operand_type = self.resolve(&operand_type);
+        if matches!(operand_type, Type::Var(_)) {
+            self.is_assignable(&Type::Dyn, &operand_type);
+        }
         let field: Arc<str> = Arc::from(sel.field.as_str());
         let ty = match &operand_type {
             Type::Device => match &*field {
@@ -465,7 +592,7 @@ impl<'a> Checker<'a> {
                 _ => return self.error(e.id, format!("undefined field '{field}'")),
             },
             Type::Map(_, v) => (**v).clone(),
-            t if t.is_dyn_like() => Type::Dyn,
+            t if t.is_dyn_like() || matches!(t, Type::Var(_)) => Type::Dyn,
             other => {
                 return self.error(
                     e.id,
@@ -546,9 +673,10 @@ impl<'a> Checker<'a> {
                 "optMap" | "optFlatMap" if call.args.len() == 2 => {
                     if let Expr::Ident(var) = &call.args[0].expr {
                         let (target_node, target_type) = self.check(target);
+                        let target_type = self.resolve(&target_type);
                         let inner = match &target_type {
                             Type::Optional(t) => (**t).clone(),
-                            t if t.is_dyn_like() => Type::Dyn,
+                            t if t.is_dyn_like() || matches!(t, Type::Var(_)) => Type::Dyn,
                             other => {
                                 let msg = format!(
                                     "found no matching overload for '{name}' applied to '{other}.(dyn, dyn)'"
@@ -608,10 +736,14 @@ impl<'a> Checker<'a> {
             Some(ident(&args[1])?)
         };
         let (range, range_type) = self.check(target);
+        let range_type = self.resolve(&range_type);
+        if matches!(range_type, Type::Var(_)) {
+            self.is_assignable(&Type::Dyn, &range_type);
+        }
         let (k_type, v_type) = match &range_type {
             Type::List(el) => (Type::Int, (**el).clone()),
             Type::Map(k, v) => ((**k).clone(), (**v).clone()),
-            t if t.is_dyn_like() => (Type::Dyn, Type::Dyn),
+            t if t.is_dyn_like() || matches!(t, Type::Var(_)) => (Type::Dyn, Type::Dyn),
             other => {
                 let msg = format!(
                     "expression of type '{other}' cannot be range of a comprehension (must be list, map, or dynamic)"
@@ -801,7 +933,8 @@ impl<'a> Checker<'a> {
         if matches!(name, "_&&_" | "_||_") {
             let mut bad = false;
             for (arg, ty) in args.iter().zip(&types) {
-                if !matches!(ty, Type::Bool | Type::Dyn | Type::Error) {
+                if !self.is_assignable(ty, &Type::Bool) {
+                    let ty = self.resolve(ty);
                     self.error(arg.id, format!("expected type 'bool' but found '{ty}'"));
                     bad = true;
                 }
@@ -823,22 +956,34 @@ impl<'a> Checker<'a> {
             .iter()
             .filter(|s| s.member == member && s.params.len() == types.len())
         {
-            let mut bindings = Bindings::default();
-            if sig
+            // Each overload's type parameters become fresh type variables.
+            let mut vars: [Option<Type>; 4] = Default::default();
+            let params: Vec<Type> = sig
                 .params
                 .iter()
-                .zip(&types)
-                .all(|(p, a)| bindings.unify(p, a))
+                .map(|p| self.instantiate(p, &mut vars))
+                .collect();
+            let sig_result = self.instantiate(&sig.result, &mut vars);
+            let mut m = self.mappings.clone();
+            if types
+                .iter()
+                .zip(&params)
+                .all(|(a, p)| assignable(&mut m, a, p))
             {
-                let r = bindings.substitute(&sig.result);
+                self.mappings = m;
+                let r = self.resolve(&sig_result);
                 result = Some(match result {
                     None => r,
-                    Some(prev) if prev == r => prev,
+                    Some(prev) if prev == Type::Dyn || prev == r => prev,
                     Some(_) => Type::Dyn,
                 });
             }
         }
         let Some(result) = result else {
+            let types: Vec<Type> = types
+                .iter()
+                .map(|t| substitute(&self.mappings, t, true))
+                .collect();
             if types.iter().any(|t| matches!(t, Type::Error)) {
                 return (Node::Const(Value::Null), Type::Error);
             }
@@ -889,11 +1034,6 @@ impl<'a> Checker<'a> {
                 args: nodes,
             },
         };
-        let result = if matches!(result, Type::Param(_)) {
-            Type::Dyn
-        } else {
-            result
-        };
         (node, result)
     }
 
@@ -916,7 +1056,11 @@ impl<'a> Checker<'a> {
     fn format_arg_children(&self, e: &IdedExpr) -> Option<Vec<super::strfmt::ArgInfo>> {
         let info = |c: &IdedExpr| super::strfmt::ArgInfo {
             id: c.id,
-            ty: self.types.get(&c.id).cloned().unwrap_or(Type::Dyn),
+            ty: self
+                .types
+                .get(&c.id)
+                .map(|t| substitute(&self.mappings, t, true))
+                .unwrap_or(Type::Dyn),
             children: self.format_arg_children(c),
         };
         match &e.expr {

@@ -1859,7 +1859,7 @@ fn estimate_on_this_thread(source: &str) -> Result<u64, CelError> {
         .parse_with_source_info(source)
         .map_err(|_| CelError::Compile("compilation failed".into()))?;
     let mut checker = Checker::new(&info);
-    let (_, root_ty) = checker.check(&ast);
+    let (_, root_ty) = checker.check_root(&ast);
     let mut b = Builder {
         types: &checker.types,
         next_id: 1 << 48,

@@ -208,34 +208,41 @@ fn build() -> HashMap<&'static str, FuncDecl> {
     add(
         "_+_",
         Func::Add,
+        // cel-go's overload order: the first match binds free type variables.
         vec![
-            g(&[Int, Int], Int),
-            g(&[Uint, Uint], Uint),
-            g(&[Double, Double], Double),
-            g(&[Str, Str], Str),
             g(&[Bytes, Bytes], Bytes),
-            g(&[list(A), list(A)], list(A)),
-            g(&[Type::Timestamp, Type::Duration], Type::Timestamp),
-            g(&[Type::Duration, Type::Timestamp], Type::Timestamp),
+            g(&[Double, Double], Double),
             g(&[Type::Duration, Type::Duration], Type::Duration),
+            g(&[Type::Duration, Type::Timestamp], Type::Timestamp),
+            g(&[Type::Timestamp, Type::Duration], Type::Timestamp),
+            g(&[Int, Int], Int),
+            g(&[list(A), list(A)], list(A)),
+            g(&[Str, Str], Str),
+            g(&[Uint, Uint], Uint),
         ],
     );
     let arith = |extra: bool| {
-        let mut v = vec![g(&[Int, Int], Int), g(&[Uint, Uint], Uint)];
+        let mut v = Vec::new();
         if extra {
             v.push(g(&[Double, Double], Double));
         }
+        v.push(g(&[Int, Int], Int));
+        v.push(g(&[Uint, Uint], Uint));
         v
     };
-    let mut sub = arith(true);
-    sub.push(g(&[Type::Timestamp, Type::Timestamp], Type::Duration));
-    sub.push(g(&[Type::Timestamp, Type::Duration], Type::Timestamp));
-    sub.push(g(&[Type::Duration, Type::Duration], Type::Duration));
+    let sub = vec![
+        g(&[Double, Double], Double),
+        g(&[Type::Duration, Type::Duration], Type::Duration),
+        g(&[Int, Int], Int),
+        g(&[Type::Timestamp, Type::Duration], Type::Timestamp),
+        g(&[Type::Timestamp, Type::Timestamp], Type::Duration),
+        g(&[Uint, Uint], Uint),
+    ];
     add("_-_", Func::Sub, sub);
     add("_*_", Func::Mul, arith(true));
     add("_/_", Func::Div, arith(true));
     add("_%_", Func::Mod, arith(false));
-    add("-_", Func::Neg, vec![g(&[Int], Int), g(&[Double], Double)]);
+    add("-_", Func::Neg, vec![g(&[Double], Double), g(&[Int], Int)]);
     add("!_", Func::Not, vec![g(&[Bool], Bool)]);
     add("_&&_", Func::Not, vec![g(&[Bool, Bool], Bool)]);
     add("_||_", Func::Not, vec![g(&[Bool, Bool], Bool)]);

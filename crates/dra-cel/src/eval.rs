@@ -949,20 +949,35 @@ pub fn call(func: Func, args: &[Value], device: &DeviceView) -> R {
                             Some(Int(i)) => *i,
                             Some(_) => return overload_error(name, args),
                         };
-                        if start < 0 || start > len {
+                        // As cel-go's indexOfOffset: only a negative offset is an error; the
+                        // empty string matches at the offset clamped to the end, anything else
+                        // is not found past the end.
+                        if start < 0 {
                             return err(format!("index out of range: {start}"));
                         }
-                        rune_index_of(s, sub, start as usize)
+                        if sub.is_empty() {
+                            Some(start.min(len) as usize)
+                        } else if start >= len {
+                            None
+                        } else {
+                            rune_index_of(s, sub, start as usize)
+                        }
                     } else {
                         let start = match args.get(2) {
                             None => len,
                             Some(Int(i)) => *i,
                             Some(_) => return overload_error(name, args),
                         };
-                        if args.len() > 2 && (start < 0 || start > len) {
+                        if args.len() > 2 && start < 0 {
                             return err(format!("index out of range: {start}"));
                         }
-                        rune_last_index_of(s, sub, start as usize)
+                        if args.len() > 2 && sub.is_empty() {
+                            Some(start.min(len) as usize)
+                        } else if args.len() > 2 && start >= len {
+                            None
+                        } else {
+                            rune_last_index_of(s, sub, start as usize)
+                        }
                     };
                     Ok(Int(found.map(|p| p as i64).unwrap_or(-1)))
                 }

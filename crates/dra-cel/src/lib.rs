@@ -212,7 +212,7 @@ fn compile_on_this_thread(source: &str) -> Result<Selector, CelError> {
         ));
     }
     let mut checker = Checker::new(&info);
-    let (root, ty) = checker.check(&ast);
+    let (root, ty) = checker.check_root(&ast);
     if checker.issues.is_empty() {
         // cel-go's AST validators (homogeneous literals) run only after a clean check.
         checker.issues = std::mem::take(&mut checker.deferred);

@@ -1,4 +1,5 @@
 //! Static CEL types for the checker, formatted exactly as cel-go prints them in errors.
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
@@ -30,6 +31,8 @@ pub enum Type {
     Device,
     /// A type parameter in an overload signature (A, B, ...).
     Param(u8),
+    /// A free type variable of the checker (cel-go's `_varN`).
+    Var(u32),
 }
 
 impl Type {
@@ -73,89 +76,129 @@ impl fmt::Display for Type {
             Type::Url => f.write_str("kubernetes.URL"),
             Type::Device => f.write_str("kubernetes.DRADevice"),
             Type::Param(p) => write!(f, "{}", (b'A' + p) as char),
+            Type::Var(v) => write!(f, "_var{v}"),
         }
     }
 }
 
-/// Type-parameter bindings collected while matching one overload.
-#[derive(Default, Clone)]
-pub struct Bindings {
-    params: [Option<Type>; 4],
+/// Type substitutions of the checker's free type variables (cel-go's `mapping`).
+pub type Subst = HashMap<u32, Type>;
+
+/// cel-go's `substitute`: replaces bound type variables; unbound ones become `dyn` when
+/// `to_dyn` (the checker's final types), else stay variables.
+pub fn substitute(m: &Subst, t: &Type, to_dyn: bool) -> Type {
+    match t {
+        Type::Var(v) => match m.get(v) {
+            Some(s) => substitute(m, s, to_dyn),
+            None if to_dyn => Type::Dyn,
+            None => t.clone(),
+        },
+        Type::List(e) => Type::list(substitute(m, e, to_dyn)),
+        Type::Optional(e) => Type::optional(substitute(m, e, to_dyn)),
+        Type::TypeOf(e) => Type::TypeOf(Arc::new(substitute(m, e, to_dyn))),
+        Type::Map(k, v) => Type::map(substitute(m, k, to_dyn), substitute(m, v, to_dyn)),
+        other => other.clone(),
+    }
 }
 
-impl Bindings {
-    /// Whether `actual` can be passed where `pattern` is expected, binding parameters.
-    pub fn unify(&mut self, pattern: &Type, actual: &Type) -> bool {
-        if actual.is_dyn_like() && !matches!(pattern, Type::Param(_)) {
+/// cel-go's `internalIsAssignable`: whether a value of type `t1` can be used where `t2` is
+/// expected, binding free type variables in `m` (which the caller discards on failure).
+pub fn assignable(m: &mut Subst, t1: &Type, t2: &Type) -> bool {
+    if matches!(t2, Type::Var(_)) {
+        let (valid, has_sub) = valid_substitution(m, t1, t2);
+        if valid {
             return true;
         }
-        match (pattern, actual) {
-            (Type::Dyn, _) => true,
-            // null is assignable to the well-known message types.
-            (Type::Timestamp | Type::Duration, Type::Null) => true,
-            (Type::Param(p), _) => {
-                let slot = &mut self.params[*p as usize];
-                match slot {
-                    None => {
-                        *slot = Some(actual.clone());
-                        true
-                    }
-                    Some(bound) => {
-                        let bound = bound.clone();
-                        if let Some(joined) = join(&bound, actual) {
-                            self.params[*p as usize] = Some(joined);
-                            true
-                        } else {
-                            false
-                        }
-                    }
-                }
-            }
-            (Type::List(p), Type::List(a)) => self.unify(p, a),
-            (Type::Optional(p), Type::Optional(a)) => self.unify(p, a),
-            (Type::TypeOf(p), Type::TypeOf(a)) => {
-                // Type values of different types are still comparable.
-                let _ = self.unify(p, a);
-                true
-            }
-            (Type::Map(pk, pv), Type::Map(ak, av)) => self.unify(pk, ak) && self.unify(pv, av),
-            (p, a) => p == a,
+        if has_sub {
+            return false;
         }
     }
-
-    /// Replaces bound parameters; unbound ones become `dyn`.
-    pub fn substitute(&self, t: &Type) -> Type {
-        match t {
-            Type::Param(p) => self.params[*p as usize].clone().unwrap_or(Type::Dyn),
-            Type::List(e) => Type::list(self.substitute(e)),
-            Type::Optional(e) => Type::optional(self.substitute(e)),
-            Type::TypeOf(e) => Type::TypeOf(Arc::new(self.substitute(e))),
-            Type::Map(k, v) => Type::map(self.substitute(k), self.substitute(v)),
-            other => other.clone(),
+    if matches!(t1, Type::Var(_)) {
+        return valid_substitution(m, t2, t1).0;
+    }
+    if t1.is_dyn_like() || t2.is_dyn_like() {
+        return true;
+    }
+    match (t1, t2) {
+        // null is assignable to the well-known message types.
+        (Type::Null, Type::Timestamp | Type::Duration)
+        | (Type::Timestamp | Type::Duration, Type::Null) => true,
+        (Type::List(a), Type::List(b)) | (Type::Optional(a), Type::Optional(b)) => {
+            assignable(m, a, b)
         }
+        (Type::Map(ak, av), Type::Map(bk, bv)) => assignable(m, ak, bk) && assignable(m, av, bv),
+        // Type values of different types are still comparable.
+        (Type::TypeOf(_), Type::TypeOf(_)) => true,
+        (a, b) => a == b,
     }
 }
 
-/// The common type of two types if they are compatible (dyn absorbs), else None.
-pub fn join(a: &Type, b: &Type) -> Option<Type> {
-    // cel-go's `mostGeneral`: dyn wins; an already-failed expression takes the other type.
-    if matches!(a, Type::Error) {
-        return Some(b.clone());
+/// cel-go's `isValidTypeSubstitution` for the type variable `t2`: (valid, t2 already bound).
+fn valid_substitution(m: &mut Subst, t1: &Type, t2: &Type) -> (bool, bool) {
+    if t1 == t2 {
+        return (true, true);
     }
-    if matches!(b, Type::Error) || matches!(a, Type::Dyn) {
-        return Some(a.clone());
-    }
-    if matches!(b, Type::Dyn) {
-        return Some(Type::Dyn);
-    }
-    match (a, b) {
-        (Type::List(x), Type::List(y)) => join(x, y).map(Type::list),
-        (Type::Optional(x), Type::Optional(y)) => join(x, y).map(Type::optional),
-        (Type::TypeOf(x), Type::TypeOf(y)) => {
-            Some(Type::TypeOf(Arc::new(join(x, y).unwrap_or(Type::Dyn))))
+    let Type::Var(v) = t2 else {
+        return (false, false);
+    };
+    if let Some(sub) = m.get(v).cloned() {
+        if *t1 == sub {
+            return (true, true);
         }
-        (Type::Map(ak, av), Type::Map(bk, bv)) => Some(Type::map(join(ak, bk)?, join(av, bv)?)),
-        (x, y) if x == y => Some(x.clone()),
-        _ => None,
+        if assignable(m, t1, &sub) {
+            let general = most_general(t1, &sub);
+            if not_referenced_in(m, t2, &general) {
+                m.insert(*v, general);
+            }
+            return (true, true);
+        }
+        return (false, true);
+    }
+    if not_referenced_in(m, t2, t1) {
+        m.insert(*v, t1.clone());
+        return (true, false);
+    }
+    (false, false)
+}
+
+fn not_referenced_in(m: &Subst, t: &Type, within: &Type) -> bool {
+    if t == within {
+        return false;
+    }
+    match within {
+        Type::Var(w) => match m.get(w) {
+            None => true,
+            Some(sub) => not_referenced_in(m, t, sub),
+        },
+        Type::List(e) | Type::Optional(e) | Type::TypeOf(e) => not_referenced_in(m, t, e),
+        Type::Map(k, v) => not_referenced_in(m, t, k) && not_referenced_in(m, t, v),
+        _ => true,
+    }
+}
+
+/// cel-go's `isEqualOrLessSpecific`.
+fn less_specific(t1: &Type, t2: &Type) -> bool {
+    if matches!(t1, Type::Dyn | Type::Var(_)) {
+        return true;
+    }
+    if matches!(t2, Type::Dyn | Type::Var(_)) {
+        return false;
+    }
+    match (t1, t2) {
+        (Type::List(a), Type::List(b)) | (Type::Optional(a), Type::Optional(b)) => {
+            less_specific(a, b)
+        }
+        (Type::Map(ak, av), Type::Map(bk, bv)) => less_specific(ak, bk) && less_specific(av, bv),
+        (Type::TypeOf(_), Type::TypeOf(_)) => true,
+        (a, b) => a == b,
+    }
+}
+
+/// cel-go's `mostGeneral`.
+pub fn most_general(t1: &Type, t2: &Type) -> Type {
+    if less_specific(t1, t2) {
+        t1.clone()
+    } else {
+        t2.clone()
     }
 }

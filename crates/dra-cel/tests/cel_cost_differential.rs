@@ -133,6 +133,33 @@ fn generated() -> Vec<String> {
         "isSemver(device.driver)".into(),
         "lists.range(10).size() == 10".into(),
         "[[1],[2]].flatten().size() == 2".into(),
+        // Inferred element types of macro results and empty literals.
+        "[1,2].map(x, x * 2)[0] + 'a' == 'b'".into(),
+        "[1,2].map(x, x * 2)[0] == 'a'".into(),
+        "[1,2].map(x, x > 1, x * 2)[0] + 'a' == 'b'".into(),
+        "[1,2].filter(x, x > 1)[0] + 'a' == 'b'".into(),
+        "['a'].map(x, x + 'b') == [1]".into(),
+        "['a'].map(x, dyn(x))[0] + 1 == 2".into(),
+        "[1,2].map(x, [x])[0][0] + 'a' == 'b'".into(),
+        "{'a': 1}.map(k, k)[0] + 1 == 2".into(),
+        "[1,2].map(x, x * 2).sum() == 'a'".into(),
+        "[1,2].sortBy(x, -x)[0] + 'a' == 'b'".into(),
+        "[1, 2].exists(x, x > 1) + 1 == 2".into(),
+        "[[], [1]].size() == 1".into(),
+        "[[1], ['a']].size() == 2".into(),
+        "[].map(x, x + x)[0] + 'a' == 'b'".into(),
+        "[].map(x, x + x).size() == 0".into(),
+        "{}.size() == 0".into(),
+        "[] + [1] == [1]".into(),
+        "([] + [1])[0] + 'a' == 'b'".into(),
+        "cel.bind(a, [], a + [1] == a + ['s'])".into(),
+        "cel.bind(a, [], a + [1] == a + [2])".into(),
+        "device.attributes['x'].transformList(k, v, k)[0] + 1 == 2".into(),
+        format!("{s}.split('-').map(p, p.size())[0] + 'a' == 'b'"),
+        format!("{s}.split('-').map(p, p.size()).exists(n, n > 2)"),
+        format!("[{s}.split('-').map(p, p)[0], 'a'].size() == 2"),
+        format!("[{s}.split('-').filter(p, p != '')[0], 1].size() == 2"),
+        format!("{s}.split('-').map(p, p + 'x').map(q, q.size()).filter(n, n > 1).size() > 1"),
     ];
     // Nesting grows the estimate geometrically: walk each shape past the limit.
     let list = format!("{s}.split('')");
@@ -282,9 +309,16 @@ impl Gen {
             7 => format!("{}.sort()", self.list(d - 1)),
             8 => format!("{}.distinct()", self.list(d - 1)),
             9 => format!("{}.slice(0, 1)", self.list(d - 1)),
-            // Not arbitrary strings: our checker types `map`/`filter` results `list(dyn)`
-            // where cel-go infers `list(string)`, so the homogeneous-literal check differs.
-            10 => format!("[device.driver, {}]", self.lit()),
+            // Not arbitrary strings: Kubernetes' cost environment types attribute values
+            // `any`, which our checker spells `dyn` in homogeneous-literal errors.
+            10 if self.below(2) == 0 => format!("[device.driver, {}]", self.lit()),
+            10 => {
+                // The element type of a `map` result (`list(string)`) joins the literal's.
+                let v = self.fresh();
+                let l = self.list(d - 1);
+                let b = self.scoped(&v, |g| g.string(d - 1));
+                format!("[{l}.map({v}, {b} + '')[0], {}]", self.lit())
+            }
             11 => {
                 let v = self.fresh();
                 let l = self.list(d - 1);

@@ -388,6 +388,22 @@ fn atom(rng: &mut Rng, driver: &str) -> String {
             _ => format!("'{f}'.format([double({a}.index) / {n}.0, {i}]).size() {cmp} {len}"),
         };
     }
+    if rng.chance(4) {
+        // Inferred element types of macro results (compile errors must match cel-go's).
+        let other = rng.pick(&["'a'", "1", "1.5", "true", "[1]"]);
+        return match rng.below(10) {
+            0 => format!("{a}.ids.map(x, x * 2)[0] + {other} {cmp} {i}"),
+            1 => format!("{a}.ids.filter(x, x > {i})[0] == {other}"),
+            2 => format!("{a}.tags.map(t, t.size()).exists(n, n {cmp} {n})"),
+            3 => format!("{a}.tags.map(t, t + 'x')[0] == {other}"),
+            4 => format!("[{a}.tags.map(t, t)[0], {other}].size() == 2"),
+            5 => format!("[1, 2].map(x, x > {i}, x * {n})[0] + {other} {cmp} {i}"),
+            6 => format!("{a}.ids.transformList(k, v, v)[0] == {other}"),
+            7 => format!("([] + {a}.ids.map(x, x))[0] == {other}"),
+            8 => format!("{a}.versions.map(v, v.major()).filter(m, m > {i}).size() == {n}"),
+            _ => format!("{a}.tags.filter(t, t != '{s}').map(t, [t])[0][0] == {other}"),
+        };
+    }
     if rng.chance(12) {
         return match rng.below(20) {
             0 => format!("isIP('{ip}')"),

@@ -5,7 +5,7 @@
 //
 // Usage:
 //
-//	alloc-oracle --slices FILE --classes FILE --claims FILE [--allocated FILE]
+//	alloc-oracle --slices FILE --classes FILE --claims FILE [--allocated FILE] [--pods 2,1,...]
 //	             [--node NAME] [--node-labels k=v,...] [--feature-gates A=true,...] [--timeout 60s]
 //
 // Input files hold resource.k8s.io/v1 objects (ResourceSlice, DeviceClass, ResourceClaim) as
@@ -20,6 +20,10 @@
 // for the claims after it, as the scheduler's allocated-devices tracker would. Claims in
 // --allocated must carry status.allocation; their devices start out in use. A claim in --claims
 // that is already allocated is reported as an error (pass it with --allocated instead).
+//
+// --pods groups the claims into pods, in file order (sizes summing to the number of claims):
+// each pod's claims are allocated together in one Allocate call, as the scheduler does for a
+// pod with several claims; each claim of a pod that does not fit gets the pod's outcome.
 //
 // Output: one JSON document on stdout:
 //
@@ -98,6 +102,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	nodeLabels := fs.String("node-labels", "", "extra node labels, k=v,...")
 	gates := fs.String("feature-gates", "", "feature gates, kube-scheduler syntax (default: 1.37 defaults)")
 	timeout := fs.Duration("timeout", time.Minute, "overall allocation timeout")
+	pods := fs.String("pods", "", "claims per pod, in file order (e.g. 2,1,3); default: one claim per pod")
 	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
 	klog.InitFlags(klogFlags)
 	fs.Var(klogFlags.Lookup("v").Value, "v", "allocator log verbosity (klog, to stderr; 5-7 explain decisions)")
@@ -174,33 +179,51 @@ func run(args []string, stdout, stderr io.Writer) int {
 	celCache := draconfig.NewCELCache(64)
 	lister := classLister(classes)
 
+	sizes, err := podSizes(*pods, len(claims))
+	if err != nil {
+		return fail(2, "--pods: %v", err)
+	}
 	rep := report{Node: *nodeName, Claims: []claimResult{}}
-	for _, claim := range claims {
-		res := claimResult{Namespace: claim.Namespace, Name: claim.Name}
-		if claim.Status.Allocation != nil {
-			res.Error = "claim is already allocated (status.allocation set); pass it with --allocated"
-			rep.Claims = append(rep.Claims, res)
+	next := 0
+	for _, size := range sizes {
+		pod := claims[next : next+size]
+		next += size
+		results := make([]claimResult, len(pod))
+		already := false
+		for i, claim := range pod {
+			results[i] = claimResult{Namespace: claim.Namespace, Name: claim.Name}
+			if claim.Status.Allocation != nil {
+				already = true
+			}
+		}
+		if already {
+			for i := range results {
+				results[i].Error = "claim is already allocated (status.allocation set); pass it with --allocated"
+			}
+			rep.Claims = append(rep.Claims, results...)
 			continue
 		}
-		// A fresh allocator per claim, as each scheduling cycle builds one from the
-		// current allocated state.
+		// A fresh allocator per pod, as each scheduling cycle builds one from the current
+		// allocated state.
 		alloc, err := structured.NewAllocator(ctx, features, state, lister, slices, celCache)
 		if err != nil {
 			return fail(1, "create allocator: %v", err)
 		}
-		results, err := alloc.Allocate(ctx, node, []*resourceapi.ResourceClaim{claim})
-		switch {
-		case errors.Is(err, structured.ErrFailedAllocationOnNode):
-			res.Unsatisfiable, res.Reason = true, err.Error()
-		case err != nil:
-			res.Error = err.Error()
-		case len(results) == 0:
-			res.Unsatisfiable = true
-		default:
-			res.Allocation = &results[0]
-			markInUse(&state, res.Allocation, features.ConsumableCapacity)
+		allocations, err := alloc.Allocate(ctx, node, pod)
+		for i := range results {
+			switch {
+			case errors.Is(err, structured.ErrFailedAllocationOnNode):
+				results[i].Unsatisfiable, results[i].Reason = true, err.Error()
+			case err != nil:
+				results[i].Error = err.Error()
+			case len(allocations) == 0:
+				results[i].Unsatisfiable = true
+			default:
+				results[i].Allocation = &allocations[i]
+				markInUse(&state, results[i].Allocation, features.ConsumableCapacity)
+			}
 		}
-		rep.Claims = append(rep.Claims, res)
+		rep.Claims = append(rep.Claims, results...)
 	}
 
 	enc := json.NewEncoder(stdout)
@@ -209,6 +232,31 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return fail(1, "write output: %v", err)
 	}
 	return 0
+}
+
+// podSizes parses --pods; empty means one claim per pod.
+func podSizes(text string, claims int) ([]int, error) {
+	if text == "" {
+		sizes := make([]int, claims)
+		for i := range sizes {
+			sizes[i] = 1
+		}
+		return sizes, nil
+	}
+	var sizes []int
+	total := 0
+	for _, part := range strings.Split(text, ",") {
+		var n int
+		if _, err := fmt.Sscanf(part, "%d", &n); err != nil || n < 1 {
+			return nil, fmt.Errorf("%q is not a positive number of claims", part)
+		}
+		sizes = append(sizes, n)
+		total += n
+	}
+	if total != claims {
+		return nil, fmt.Errorf("the pods hold %d claims, --claims has %d", total, claims)
+	}
+	return sizes, nil
 }
 
 // markInUse mirrors foreachAllocatedDevice in the scheduler's DynamicResources plugin:

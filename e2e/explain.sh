@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# e2e: "why is my pod Pending?" on a live cluster. The driver publishes two simulated H100s
+# (dynamic MIG) on the control plane; the real kube-scheduler places pods; then
+# `gpu-dra explain pod/NAME` reads the cluster and must say:
+#
+#   1. a pod asking for a product the node does not have: the selector clause that is false;
+#   2. a pod whose matching devices are all taken: which claims hold them;
+#   3. a pod asking for a MIG device while whole-GPU claims hold the counters: the counters;
+#   4. a scheduled pod: which devices it got;
+#   5. the same explanation as the offline form fed the same objects (kubectl get … -o yaml);
+#   6. a missing permission: an error naming it; and `kubectl gpu-dra explain` as a kubectl plugin.
+#
+# Usage: e2e/explain.sh   (GPU_DRA=path/to/gpu-dra, default target/debug/gpu-dra)
+set -euo pipefail
+NAME=explain-e2e
+NODE=explain-node-1
+GPUS=sim:2xH100-SXM5-80GB
+# shellcheck source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+kubectl apply -f "$ROOT/deviceclasses/" >&2
+start_driver
+wait_for "devices published" 30 bash -c "kubectl get resourceslices -o json | jq -e '[.items[].spec.devices[]?.name] | index(\"gpu-1\")'"
+
+claim_and_pod() { # name class cel-expression
+    kubectl apply -f - >&2 <<EOF
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: $1, namespace: default}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly:
+        deviceClassName: $2
+        selectors:
+        - cel:
+            expression: '$3'
+---
+$(pod_using_claim "$1" "$1")
+EOF
+}
+pending() { kubectl get pod "$1" -o json | jq -e '.status.conditions[]? | select(.type == "PodScheduled" and .status == "False")' >/dev/null; }
+bound() { [[ -n $(kubectl get pod "$1" -o jsonpath='{.spec.nodeName}') ]]; }
+explain() { "$GPU_DRA" explain "$@" -n default --kubeconfig "$KUBECONFIG"; }
+
+# ---------------------------------------------------------------- 1. wrong product
+claim_and_pod wrong-product gpu.nvidia.com 'device.attributes["gpu.nvidia.com"].productName == "NVIDIA A100-SXM4-80GB"'
+wait_for "wrong-product Pending" 60 pending wrong-product
+out=$(explain pod/wrong-product) && fail "explain says wrong-product fits: $out"
+grep -q "node $NODE" <<<"$out" || fail "no verdict for $NODE: $out"
+grep -q 'productName == "NVIDIA A100-SXM4-80GB"' <<<"$out" || fail "the false selector is not named: $out"
+grep -q 'NVIDIA H100 80GB HBM3' <<<"$out" || fail "the value the selector saw is not shown: $out"
+ok "Pending pod asking for an A100: explain names the false selector and the H100s it saw"
+
+# ---------------------------------------------------------------- 2 and 4. taken; scheduled
+claim_and_pod whole-a gpu.nvidia.com 'device.attributes["gpu.nvidia.com"].type == "gpu"'
+claim_and_pod whole-b gpu.nvidia.com 'device.attributes["gpu.nvidia.com"].type == "gpu"'
+wait_for "whole-a and whole-b scheduled" 60 bash -c "[[ -n \$(kubectl get pod whole-a -o jsonpath='{.spec.nodeName}') && -n \$(kubectl get pod whole-b -o jsonpath='{.spec.nodeName}') ]]"
+claim_and_pod whole-c gpu.nvidia.com 'device.attributes["gpu.nvidia.com"].type == "gpu"'
+wait_for "whole-c Pending" 60 pending whole-c
+out=$(explain pod/whole-c) && fail "explain says whole-c fits: $out"
+grep -q "default/whole-a" <<<"$out" && grep -q "default/whole-b" <<<"$out" || fail "the claims holding the GPUs are not named: $out"
+ok "Pending pod whose GPUs are all taken: explain names the claims holding them"
+out=$(explain pod/whole-a) || fail "explain of a scheduled pod failed: $out"
+dev=$(kubectl get resourceclaim whole-a -o jsonpath='{.status.allocation.devices.results[0].device}')
+grep -q "allocated: $dev" <<<"$out" && grep -q "scheduled on node $NODE" <<<"$out" || fail "scheduled pod: $out"
+ok "scheduled pod: explain says it got $dev on $NODE"
+
+# ---------------------------------------------------------------- 3. counters
+claim_and_pod mig-1g mig.nvidia.com 'device.attributes["gpu.nvidia.com"].profile == "1g.10gb"'
+wait_for "mig-1g Pending" 60 pending mig-1g
+out=$(explain pod/mig-1g) && fail "explain says mig-1g fits: $out"
+grep -qi "counter" <<<"$out" || fail "the exhausted counters are not named: $out"
+ok "Pending MIG pod while whole-GPU claims hold the counters: explain says so"
+
+# ---------------------------------------------------------------- 5. same as offline
+kubectl get resourceslices -o yaml >"$WORK/slices.yaml"
+kubectl get resourceclaim whole-a whole-b -o yaml >"$WORK/allocated.yaml"
+kubectl get resourceclaim mig-1g -o yaml >"$WORK/claim.yaml"
+offline=$("$GPU_DRA" explain --slices "$WORK/slices.yaml" --classes "$ROOT/deviceclasses/" \
+    --allocated "$WORK/allocated.yaml" --node "$NODE" "$WORK/claim.yaml") && fail "offline explain says mig-1g fits"
+live=$(explain pod/mig-1g --node "$NODE" | sed '1,/^$/d') || true
+[[ $live == "$offline" ]] || fail "live and offline explanations differ:
+--- live
+$live
+--- offline
+$offline"
+ok "the live explanation equals the offline one for the same objects"
+
+# ---------------------------------------------------------------- 6. permissions; kubectl plugin
+kubectl create serviceaccount reader -n default >&2
+kubectl create role pod-reader -n default --verb get,list --resource pods >&2
+kubectl create rolebinding pod-reader -n default --role pod-reader --serviceaccount default:reader >&2
+token=$(kubectl create token reader -n default)
+token_kubeconfig "$WORK/reader.kubeconfig" "$token"
+out=$("$GPU_DRA" explain pod/mig-1g -n default --kubeconfig "$WORK/reader.kubeconfig" 2>&1) && fail "explain worked without permission: $out"
+grep -q "cannot get resourceclaim default/mig-1g" <<<"$out" && grep -q "forbidden" <<<"$out" && grep -q "needs get/list on" <<<"$out" ||
+    fail "the missing permission is not named: $out"
+ok "without permission to read claims: $(grep -o 'cannot get resourceclaim[^:]*' <<<"$out"): forbidden, and what it needs"
+mkdir -p "$WORK/bin"
+ln -s "$GPU_DRA" "$WORK/bin/kubectl-gpu_dra"
+plugin=$(PATH="$WORK/bin:$PATH" kubectl gpu-dra explain pod/whole-a -n default --kubeconfig "$KUBECONFIG") || fail "kubectl gpu-dra: $plugin"
+[[ $plugin == "$(explain pod/whole-a)" ]] || fail "kubectl gpu-dra explain differs: $plugin"
+ok "kubectl gpu-dra explain (kubectl-gpu_dra on PATH) gives the same answer"
+echo "$passed passed, 0 failed"

@@ -1,0 +1,367 @@
+//! `gpu-dra explain pod/NAME` and `explain resourceclaim/NAME` on a live cluster: "why is my pod
+//! Pending?" answered from what the scheduler sees — the pod's claims, the DeviceClasses, every
+//! ResourceSlice and every allocated claim — node by node, with the offline explainer.
+//! Read-only: it gets and lists, and a missing permission is an error naming it.
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::process::ExitCode;
+
+use dra_allocator::explain;
+use dra_allocator::{AllocatedState, Allocator, Features, NodeInfo};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::resource::v1::{
+    DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
+};
+use kube::api::{Api, ListParams};
+
+use super::CliError;
+
+/// What to explain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LiveTarget {
+    Pod(String),
+    Claim(String),
+}
+
+impl LiveTarget {
+    /// `pod/NAME` (also `pods/`, `po/`) or `resourceclaim/NAME` (also `resourceclaims/`); `None`
+    /// for anything else (a file path).
+    pub fn parse(text: &str) -> Option<Self> {
+        let (kind, name) = text.split_once('/')?;
+        if name.is_empty() || name.contains('/') {
+            return None;
+        }
+        match kind {
+            "pod" | "pods" | "po" => Some(Self::Pod(name.to_string())),
+            "resourceclaim" | "resourceclaims" | "resourceclaims.resource.k8s.io" => {
+                Some(Self::Claim(name.to_string()))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// What the command needs to read; named in the error when one is refused.
+const NEEDS: &str = "get/list on pods, resourceclaims, resourceclaimtemplates, deviceclasses, resourceslices and nodes";
+
+fn api_error(what: &str, error: kube::Error) -> CliError {
+    match &error {
+        kube::Error::Api(status) if status.code == 403 => CliError::Usage(format!(
+            "cannot {what}: forbidden ({}); gpu-dra explain needs {NEEDS}",
+            status.message
+        )),
+        kube::Error::Api(status) if status.code == 404 => {
+            CliError::Usage(format!("cannot {what}: not found"))
+        }
+        _ => CliError::Usage(format!("cannot {what}: {error}")),
+    }
+}
+
+/// The cluster as the scheduler sees it.
+struct ClusterView {
+    classes: Vec<DeviceClass>,
+    slices: Vec<ResourceSlice>,
+    claims: Vec<ResourceClaim>,
+    nodes: Vec<Node>,
+}
+
+async fn list<K>(api: Api<K>, what: &str) -> Result<Vec<K>, CliError>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    Ok(api
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| api_error(&format!("list {what}"), e))?
+        .items)
+}
+
+async fn view(client: &kube::Client) -> Result<ClusterView, CliError> {
+    Ok(ClusterView {
+        classes: list(Api::all(client.clone()), "deviceclasses").await?,
+        slices: list(Api::all(client.clone()), "resourceslices").await?,
+        claims: list(Api::all(client.clone()), "resourceclaims (all namespaces)").await?,
+        nodes: list(Api::all(client.clone()), "nodes").await?,
+    })
+}
+
+/// The pod's claims: by name, or generated from a template (looked up through the pod's status;
+/// when kube-controller-manager has not made it yet, built from the template as it would be).
+async fn claims_of_pod(
+    client: &kube::Client,
+    namespace: &str,
+    pod: &Pod,
+    notes: &mut Vec<String>,
+) -> Result<Vec<ResourceClaim>, CliError> {
+    let pod_name = pod.metadata.name.clone().unwrap_or_default();
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), namespace);
+    let templates: Api<ResourceClaimTemplate> = Api::namespaced(client.clone(), namespace);
+    let generated: BTreeMap<String, Option<String>> = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.resource_claim_statuses.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|s| (s.name.clone(), s.resource_claim_name.clone()))
+        .collect();
+    let mut out = Vec::new();
+    let entries = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.resource_claims.as_ref())
+        .cloned()
+        .unwrap_or_default();
+    if entries.is_empty() {
+        return Err(CliError::Usage(format!(
+            "pod {namespace}/{pod_name}: spec.resourceClaims is empty; it asks for no devices"
+        )));
+    }
+    for (index, entry) in entries.iter().enumerate() {
+        let field = format!("pod {namespace}/{pod_name}: spec.resourceClaims[{index}]");
+        let name = match (
+            &entry.resource_claim_name,
+            &entry.resource_claim_template_name,
+        ) {
+            (Some(name), _) => Some(name.clone()),
+            (None, Some(_)) => generated.get(&entry.name).cloned().flatten(),
+            (None, None) => {
+                return Err(CliError::Usage(format!(
+                    "{field}: neither resourceClaimName nor resourceClaimTemplateName"
+                )));
+            }
+        };
+        match name {
+            Some(name) => out.push(claims.get(&name).await.map_err(|e| {
+                api_error(
+                    &format!("get resourceclaim {namespace}/{name} ({field})"),
+                    e,
+                )
+            })?),
+            None => {
+                let template_name = entry
+                    .resource_claim_template_name
+                    .clone()
+                    .unwrap_or_default();
+                let template = templates.get(&template_name).await.map_err(|e| {
+                    api_error(
+                        &format!("get resourceclaimtemplate {namespace}/{template_name} ({field})"),
+                        e,
+                    )
+                })?;
+                notes.push(format!(
+                    "claim {:?} of the pod is not created yet (kube-controller-manager makes it from template {template_name}); explaining the template's claim",
+                    entry.name
+                ));
+                let spec = template.spec.map(|s| s.spec).ok_or_else(|| {
+                    CliError::Usage(format!(
+                        "resourceclaimtemplate {namespace}/{template_name}: spec is missing"
+                    ))
+                })?;
+                let mut claim = ResourceClaim {
+                    spec,
+                    ..Default::default()
+                };
+                claim.metadata.name = Some(format!("{pod_name}-{}", entry.name));
+                claim.metadata.namespace = Some(namespace.to_string());
+                out.push(claim);
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn claim_key(claim: &ResourceClaim) -> String {
+    format!(
+        "{}/{}",
+        claim.metadata.namespace.as_deref().unwrap_or(""),
+        claim.metadata.name.as_deref().unwrap_or("")
+    )
+}
+
+/// Who a node is, for slices that select nodes by label.
+fn node_info(node: &Node) -> NodeInfo {
+    let name = node.metadata.name.clone().unwrap_or_default();
+    let mut info = NodeInfo::named(&name);
+    if let Some(labels) = &node.metadata.labels {
+        info.labels.extend(labels.clone());
+    }
+    info
+}
+
+/// Prints where the claims' devices are, when every claim is allocated.
+fn report_allocated(claims: &[ResourceClaim], scheduled_on: Option<&str>) -> Option<String> {
+    let mut out = String::new();
+    for claim in claims {
+        let allocation = claim.status.as_ref()?.allocation.as_ref()?;
+        let devices: Vec<String> = allocation
+            .devices
+            .iter()
+            .flat_map(|d| d.results.iter().flatten())
+            .map(|r| {
+                format!(
+                    "{} ({}/{}, request {})",
+                    r.device, r.driver, r.pool, r.request
+                )
+            })
+            .collect();
+        out.push_str(&format!(
+            "Claim {} is allocated: {}\n",
+            claim_key(claim),
+            devices.join(", ")
+        ));
+    }
+    if let Some(node) = scheduled_on {
+        out.push_str(&format!("The pod is scheduled on node {node}.\n"));
+    }
+    Some(out)
+}
+
+/// Explains `target` in `namespace`. `only_node` limits the nodes looked at.
+pub fn run(
+    target: &LiveTarget,
+    namespace: &str,
+    kubeconfig: Option<&Path>,
+    only_node: Option<&str>,
+) -> Result<ExitCode, CliError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(run_async(target, namespace, kubeconfig, only_node))
+}
+
+async fn run_async(
+    target: &LiveTarget,
+    namespace: &str,
+    kubeconfig: Option<&Path>,
+    only_node: Option<&str>,
+) -> Result<ExitCode, CliError> {
+    let client = crate::node::kube_client(kubeconfig, &crate::kubeapi::ApiTimeouts::default())
+        .await
+        .map_err(|e| CliError::Node(Box::new(e)))?;
+    let mut notes = Vec::new();
+    let (claims, scheduled_on, title) = match target {
+        LiveTarget::Pod(name) => {
+            let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+            let pod = pods
+                .get(name)
+                .await
+                .map_err(|e| api_error(&format!("get pod {namespace}/{name}"), e))?;
+            let claims = claims_of_pod(&client, namespace, &pod, &mut notes).await?;
+            let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+            (claims, node, format!("Pod {namespace}/{name}"))
+        }
+        LiveTarget::Claim(name) => {
+            let api: Api<ResourceClaim> = Api::namespaced(client.clone(), namespace);
+            let claim = api
+                .get(name)
+                .await
+                .map_err(|e| api_error(&format!("get resourceclaim {namespace}/{name}"), e))?;
+            (
+                vec![claim],
+                None,
+                format!("ResourceClaim {namespace}/{name}"),
+            )
+        }
+    };
+    for note in &notes {
+        eprintln!("note: {note}");
+    }
+    if let Some(report) = report_allocated(&claims, scheduled_on.as_deref()) {
+        print!("{title}: allocated.\n{report}");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let view = view(&client).await?;
+    let own: BTreeSet<String> = claims.iter().map(claim_key).collect();
+    let features = Features::default();
+    let mut state = AllocatedState::new();
+    for claim in &view.claims {
+        if own.contains(&claim_key(claim)) {
+            continue;
+        }
+        if let Some(allocation) = claim.status.as_ref().and_then(|s| s.allocation.as_ref()) {
+            state
+                .mark(&claim_key(claim), allocation, &features)
+                .map_err(|e| CliError::Usage(format!("claim {}: {e}", claim_key(claim))))?;
+        }
+    }
+    // Partly allocated: the allocated claims' devices are fixed; explain the rest as the
+    // scheduler would (it allocates a pod's claims together, so this is rare).
+    let pending: Vec<ResourceClaim> = claims
+        .iter()
+        .filter(|c| {
+            c.status
+                .as_ref()
+                .and_then(|s| s.allocation.as_ref())
+                .is_none()
+        })
+        .cloned()
+        .collect();
+    let allocator = Allocator::new(features, view.slices, view.classes);
+    let mut nodes: Vec<NodeInfo> = view
+        .nodes
+        .iter()
+        .map(node_info)
+        .filter(|n| only_node.is_none_or(|only| n.name == only))
+        .collect();
+    nodes.sort_by(|a, b| a.name.cmp(&b.name));
+    if nodes.is_empty() {
+        return Err(CliError::Usage(match only_node {
+            Some(node) => format!("--node {node}: no such node"),
+            None => "the cluster has no nodes".into(),
+        }));
+    }
+    let mut explanations = Vec::new();
+    for node in &nodes {
+        explanations.push(explain::explain(&allocator, node, &pending, &state));
+    }
+    println!(
+        "{title}: {} claim(s) to allocate, {} node(s) looked at.",
+        pending.len(),
+        nodes.len()
+    );
+    for explanation in &explanations {
+        let verdict = explanation.render();
+        let first = verdict.lines().next().unwrap_or("");
+        println!("  node {}: {first}", explanation.node);
+    }
+    // In detail: the node that fits, else every node (one with the user's devices is what the
+    // reader is after; nodes without any matching slice say so in one line).
+    let fits = explanations.iter().find(|e| e.allocated());
+    println!();
+    match fits {
+        Some(explanation) => print!("{}", explanation.render()),
+        None => {
+            for explanation in &explanations {
+                print!("{}", explanation.render());
+                println!();
+            }
+        }
+    }
+    Ok(if fits.is_some() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_parse_like_kubectl_names() {
+        assert_eq!(
+            LiveTarget::parse("pod/p"),
+            Some(LiveTarget::Pod("p".into()))
+        );
+        assert_eq!(LiveTarget::parse("po/p"), Some(LiveTarget::Pod("p".into())));
+        assert_eq!(
+            LiveTarget::parse("resourceclaims/c"),
+            Some(LiveTarget::Claim("c".into()))
+        );
+        assert_eq!(LiveTarget::parse("claim.yaml"), None);
+        assert_eq!(LiveTarget::parse("dir/claim.yaml"), None);
+        assert_eq!(LiveTarget::parse("pod/"), None);
+        assert_eq!(LiveTarget::parse("deployments/d"), None);
+    }
+}

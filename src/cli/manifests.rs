@@ -1,0 +1,1153 @@
+//! What users `kubectl apply -f`, read for `match` and `explain`: multi-document YAML or JSON
+//! (also `kind: List`) holding Pods, workloads (Deployment, ReplicaSet, StatefulSet, DaemonSet,
+//! Job, CronJob), and resource.k8s.io ResourceClaims, ResourceClaimTemplates, DeviceClasses and
+//! ResourceSlices in v1beta1, v1beta2 or v1 ([`convert`] makes them v1 as the API server does,
+//! [`validate`] applies its create-time checks). Other kinds are skipped with a note.
+//!
+//! A pod's claims are made the way kube-controller-manager's resourceclaim controller makes
+//! them: `resourceClaimName` names an existing claim (shared, allocated once), and
+//! `resourceClaimTemplateName` gets a claim of its own from the template, named
+//! `<pod>-<pod claim>-<5 characters>`. Generated names are derived from the inputs (the API
+//! server's are random), so the same manifests always give the same names.
+pub mod convert;
+pub mod validate;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt;
+use std::io::Read as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use dra_cel::SelectorCache;
+use k8s_openapi::api::resource::v1::{
+    DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use serde_json::{Map, Value};
+
+use convert::{FieldError, Kind, V1Object, Version};
+
+/// The annotation kube-controller-manager puts on claims it makes from a template.
+const POD_CLAIM_NAME_ANNOTATION: &str = "resource.kubernetes.io/pod-claim-name";
+/// Objects without a namespace go where `kubectl apply` puts them with a default context.
+pub const DEFAULT_NAMESPACE: &str = "default";
+
+/// Where a document came from: file (`-` is stdin), YAML document and List item, from 1.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Origin {
+    pub file: Arc<str>,
+    pub document: usize,
+    pub item: Option<usize>,
+}
+
+impl fmt::Display for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}, document {}", self.file, self.document)?;
+        if let Some(item) = self.item {
+            write!(f, ", item {item}")?;
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    #[error("{file}: {message}")]
+    Read { file: String, message: String },
+    #[error("{origin}: {message}")]
+    Document { origin: Origin, message: String },
+    /// `ResourceClaim default/x (f.yaml, document 2): spec.devices...: Required value`.
+    #[error("{object} ({origin}): {}", at_field(.field, .message))]
+    Field {
+        object: String,
+        origin: Origin,
+        field: String,
+        message: String,
+    },
+}
+
+fn at_field(field: &str, message: &str) -> String {
+    if field.is_empty() {
+        message.to_string()
+    } else {
+        format!("{field}: {message}")
+    }
+}
+
+/// One document (or List item) of a source.
+#[derive(Debug, Clone)]
+pub struct Doc {
+    pub value: Value,
+    pub origin: Origin,
+}
+
+/// An object with where it came from; `seq` orders everything read.
+#[derive(Debug, Clone)]
+pub struct Entry<T> {
+    pub object: T,
+    pub origin: Origin,
+    pub seq: usize,
+}
+
+/// Reads `source`: a file, a directory (its `*.yaml`, `*.yml`, `*.json`, by name, as
+/// `kubectl apply -f DIR`), or `-` for stdin.
+pub fn read_source(source: &str) -> Result<Vec<Doc>, ManifestError> {
+    let read_error = |file: &Path, e: std::io::Error| ManifestError::Read {
+        file: file.display().to_string(),
+        message: e.to_string(),
+    };
+    if source == "-" {
+        let mut text = String::new();
+        std::io::stdin()
+            .read_to_string(&mut text)
+            .map_err(|e| read_error(Path::new("-"), e))?;
+        return parse_text(&text, "-");
+    }
+    let path = PathBuf::from(source);
+    let mut files = Vec::new();
+    if path.is_dir() {
+        for entry in std::fs::read_dir(&path).map_err(|e| read_error(&path, e))? {
+            let p = entry.map_err(|e| read_error(&path, e))?.path();
+            let wanted = p
+                .extension()
+                .and_then(|e| e.to_str())
+                .is_some_and(|e| matches!(e, "yaml" | "yml" | "json"));
+            if wanted && p.is_file() {
+                files.push(p);
+            }
+        }
+        files.sort();
+    } else {
+        files.push(path);
+    }
+    let mut docs = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).map_err(|e| read_error(&file, e))?;
+        docs.extend(parse_text(&text, &file.display().to_string())?);
+    }
+    Ok(docs)
+}
+
+/// The documents of one file: a YAML stream, or a JSON stream (objects, arrays).
+pub fn parse_text(text: &str, file: &str) -> Result<Vec<Doc>, ManifestError> {
+    let file: Arc<str> = Arc::from(file);
+    let parse_error = |document: usize, e: &dyn fmt::Display| ManifestError::Read {
+        file: file.to_string(),
+        message: format!("document {document}: {e}"),
+    };
+    let mut values = Vec::new();
+    let trimmed = text.trim_start();
+    if trimmed.starts_with('{') || trimmed.starts_with('[') {
+        for (i, value) in serde_json::Deserializer::from_str(text)
+            .into_iter::<Value>()
+            .enumerate()
+        {
+            values.push(value.map_err(|e| parse_error(i + 1, &e))?);
+        }
+    } else {
+        for (i, document) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
+            let value: Value =
+                serde::Deserialize::deserialize(document).map_err(|e| parse_error(i + 1, &e))?;
+            values.push(value);
+        }
+    }
+    let mut docs = Vec::new();
+    for (i, value) in values.into_iter().enumerate() {
+        let origin = Origin {
+            file: file.clone(),
+            document: i + 1,
+            item: None,
+        };
+        let items = match value {
+            Value::Null => continue,
+            Value::Array(items) => items,
+            Value::Object(mut map) if is_list(&map) => match map.remove("items") {
+                Some(Value::Array(items)) => items,
+                Some(Value::Null) | None => Vec::new(),
+                Some(_) => {
+                    return Err(ManifestError::Document {
+                        origin,
+                        message: "items: must be a list".into(),
+                    });
+                }
+            },
+            other => {
+                docs.push(Doc {
+                    value: other,
+                    origin,
+                });
+                continue;
+            }
+        };
+        for (n, item) in items.into_iter().enumerate() {
+            if item.is_null() {
+                continue;
+            }
+            docs.push(Doc {
+                value: item,
+                origin: Origin {
+                    item: Some(n + 1),
+                    ..origin.clone()
+                },
+            });
+        }
+    }
+    Ok(docs)
+}
+
+fn is_list(map: &Map<String, Value>) -> bool {
+    map.contains_key("items")
+        && map
+            .get("kind")
+            .and_then(Value::as_str)
+            .is_some_and(|k| k.ends_with("List"))
+}
+
+/// A Pod, or a workload whose pod template may ask for claims.
+#[derive(Debug, Clone)]
+pub struct Workload {
+    pub kind: &'static str,
+    pub namespace: String,
+    pub name: String,
+    /// Field path of the pod spec (`spec`, `spec.template.spec`, ...).
+    pub spec_path: &'static str,
+    pub claims: Vec<PodClaim>,
+    pub replicas: Replicas,
+}
+
+impl Workload {
+    fn describe(&self) -> String {
+        format!("{} {}/{}", self.kind, self.namespace, self.name)
+    }
+}
+
+/// One entry of a pod's `spec.resourceClaims`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodClaim {
+    pub name: String,
+    pub source: ClaimRef,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimRef {
+    Named(String),
+    Template(String),
+}
+
+/// How many pods a workload runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Replicas {
+    /// `spec.replicas` of a Deployment, ReplicaSet or StatefulSet (1 for a Pod).
+    Replicas(u64),
+    /// Pods of a Job that run at once: parallelism, at most completions.
+    Parallel(u64),
+    /// A DaemonSet: one pod on every node; here, the one node.
+    PerNode,
+}
+
+impl Replicas {
+    fn count(self) -> u64 {
+        match self {
+            Self::Replicas(n) | Self::Parallel(n) => n,
+            Self::PerNode => 1,
+        }
+    }
+}
+
+/// Everything read from the sources, converted to v1.
+#[derive(Debug, Default)]
+pub struct Manifests {
+    pub claims: Vec<Entry<ResourceClaim>>,
+    pub templates: Vec<Entry<ResourceClaimTemplate>>,
+    pub classes: Vec<Entry<DeviceClass>>,
+    pub slices: Vec<Entry<ResourceSlice>>,
+    pub workloads: Vec<Entry<Workload>>,
+    /// One line per skipped object.
+    pub notes: Vec<String>,
+    next_seq: usize,
+}
+
+/// The namespace and name written in a document, for messages before it is decoded.
+fn raw_identity(value: &Value, namespaced: bool) -> String {
+    let meta = value.get("metadata");
+    let get = |key: &str| meta.and_then(|m| m.get(key)).and_then(Value::as_str);
+    let name = get("name")
+        .or_else(|| get("generateName"))
+        .unwrap_or("<no name>");
+    if namespaced {
+        format!("{}/{name}", get("namespace").unwrap_or(DEFAULT_NAMESPACE))
+    } else {
+        name.to_string()
+    }
+}
+
+fn field_error(object: &str, origin: &Origin, e: FieldError) -> ManifestError {
+    ManifestError::Field {
+        object: object.to_string(),
+        origin: origin.clone(),
+        field: e.field,
+        message: e.message,
+    }
+}
+
+/// A kind with a pod spec: its API group/version and where the pod spec is.
+struct PodKind {
+    kind: &'static str,
+    group_version: &'static str,
+    spec_path: &'static [&'static str],
+    spec_field: &'static str,
+}
+
+fn pod_kind(kind: &str) -> Option<PodKind> {
+    const POD: (&[&str], &str) = (&["spec"], "spec");
+    const TEMPLATE: (&[&str], &str) = (&["spec", "template", "spec"], "spec.template.spec");
+    const CRON: (&[&str], &str) = (
+        &["spec", "jobTemplate", "spec", "template", "spec"],
+        "spec.jobTemplate.spec.template.spec",
+    );
+    let (kind, group_version, (spec_path, spec_field)) = match kind {
+        "Pod" => ("Pod", "v1", POD),
+        "Deployment" => ("Deployment", "apps/v1", TEMPLATE),
+        "ReplicaSet" => ("ReplicaSet", "apps/v1", TEMPLATE),
+        "StatefulSet" => ("StatefulSet", "apps/v1", TEMPLATE),
+        "DaemonSet" => ("DaemonSet", "apps/v1", TEMPLATE),
+        "Job" => ("Job", "batch/v1", TEMPLATE),
+        "CronJob" => ("CronJob", "batch/v1", CRON),
+        _ => return None,
+    };
+    Some(PodKind {
+        kind,
+        group_version,
+        spec_path,
+        spec_field,
+    })
+}
+
+impl Manifests {
+    /// Reads `-f` sources: any mix of the kinds this module knows; others are noted and
+    /// skipped. `default_kind` is assumed for documents without `kind` (the positional
+    /// `CLAIM.yaml`, which never needed one).
+    pub fn add_sources(
+        &mut self,
+        sources: &[String],
+        default_kind: Option<Kind>,
+        cel: &SelectorCache,
+    ) -> Result<(), ManifestError> {
+        for source in sources {
+            for doc in read_source(source)? {
+                self.add_document(doc, default_kind, None, cel)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads files that must hold `kind` only (`--classes`, `--slices`, `--allocated`).
+    pub fn add_typed(
+        &mut self,
+        paths: &[PathBuf],
+        kind: Kind,
+        cel: &SelectorCache,
+    ) -> Result<(), ManifestError> {
+        for path in paths {
+            for doc in read_source(&path.display().to_string())? {
+                self.add_document(doc, Some(kind), Some(kind), cel)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn add_document(
+        &mut self,
+        doc: Doc,
+        default_kind: Option<Kind>,
+        only: Option<Kind>,
+        cel: &SelectorCache,
+    ) -> Result<(), ManifestError> {
+        let Doc { mut value, origin } = doc;
+        let document_error = |message: String| ManifestError::Document {
+            origin: origin.clone(),
+            message,
+        };
+        let Value::Object(map) = &mut value else {
+            return Err(document_error("not an object".into()));
+        };
+        // Files of one kind never needed `kind` or `apiVersion`: v1 of that kind is assumed.
+        if let Some(kind) = default_kind {
+            let named = map.get("kind").and_then(Value::as_str);
+            if named.is_none_or(|k| k == kind.name()) {
+                map.insert("kind".into(), Value::from(kind.name()));
+                map.entry("apiVersion")
+                    .or_insert_with(|| Value::from(Version::V1.api_version()));
+            }
+        }
+        let kind = map
+            .get("kind")
+            .and_then(Value::as_str)
+            .ok_or_else(|| document_error("kind is not set".into()))?
+            .to_string();
+        let api_version = map
+            .get("apiVersion")
+            .and_then(Value::as_str)
+            .ok_or_else(|| document_error(format!("{kind}: apiVersion is not set")))?
+            .to_string();
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        if let Some(expected) = only
+            && kind != expected.name()
+        {
+            return Err(document_error(format!(
+                "expected a {}, found a {kind}",
+                expected.name()
+            )));
+        }
+        if let Some(k) = Kind::parse(&kind) {
+            let object = format!("{kind} {}", raw_identity(&value, k.namespaced()));
+            let version = Version::parse(&api_version).ok_or_else(|| {
+                field_error(
+                    &object,
+                    &origin,
+                    FieldError::new(
+                        "apiVersion",
+                        format!(
+                            "{api_version:?} does not serve {kind}; use resource.k8s.io/v1 (or v1beta2, v1beta1)"
+                        ),
+                    ),
+                )
+            })?;
+            return self.add_resource(
+                k,
+                version,
+                &value,
+                &object,
+                origin,
+                seq,
+                only.is_none(),
+                cel,
+            );
+        }
+        if let Some(pk) = pod_kind(&kind) {
+            let object = format!("{kind} {}", raw_identity(&value, true));
+            if api_version != pk.group_version {
+                return Err(field_error(
+                    &object,
+                    &origin,
+                    FieldError::new(
+                        "apiVersion",
+                        format!(
+                            "{api_version:?} does not serve {kind}; use {}",
+                            pk.group_version
+                        ),
+                    ),
+                ));
+            }
+            let workload = parse_workload(&pk, &value, &origin, seq)
+                .map_err(|e| field_error(&object, &origin, e))?;
+            self.workloads.push(Entry {
+                object: workload,
+                origin,
+                seq,
+            });
+            return Ok(());
+        }
+        self.notes.push(format!(
+            "skipped {kind} {} ({origin}): not a Pod, workload or DRA object",
+            raw_identity(&value, false)
+        ));
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn add_resource(
+        &mut self,
+        kind: Kind,
+        version: Version,
+        value: &Value,
+        object: &str,
+        origin: Origin,
+        seq: usize,
+        validate_claims: bool,
+        cel: &SelectorCache,
+    ) -> Result<(), ManifestError> {
+        let fail = |e: FieldError| field_error(object, &origin, e);
+        let converted = convert::to_v1(kind, version, value).map_err(fail)?;
+        match converted {
+            V1Object::Claim(claim) => {
+                let mut claim = *claim;
+                name_object(&mut claim.metadata, true, &origin).map_err(fail)?;
+                if validate_claims {
+                    validate::claim_spec(claim.spec.as_ref(), "spec", cel).map_err(fail)?;
+                }
+                self.claims.push(Entry {
+                    object: claim,
+                    origin,
+                    seq,
+                });
+            }
+            V1Object::Template(template) => {
+                let mut template = *template;
+                name_object(&mut template.metadata, true, &origin).map_err(fail)?;
+                template_metadata(template.spec.as_ref().and_then(|s| s.metadata.as_ref()))
+                    .map_err(fail)?;
+                let spec = template.spec.as_ref().and_then(|s| s.spec.as_ref());
+                validate::claim_spec(spec, "spec.spec", cel).map_err(fail)?;
+                self.templates.push(Entry {
+                    object: template,
+                    origin,
+                    seq,
+                });
+            }
+            V1Object::Class(class) => {
+                let mut class = *class;
+                name_object(&mut class.metadata, false, &origin).map_err(fail)?;
+                validate::class_spec(class.spec.as_ref(), cel).map_err(fail)?;
+                self.classes.push(Entry {
+                    object: class,
+                    origin,
+                    seq,
+                });
+            }
+            V1Object::Slice(slice) => {
+                let mut slice = *slice;
+                name_object(&mut slice.metadata, false, &origin).map_err(fail)?;
+                self.slices.push(Entry {
+                    object: slice,
+                    origin,
+                    seq,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The resource.k8s.io objects read, as v1 JSON, in input order.
+    pub fn v1_objects(&self) -> Result<Vec<(usize, Value)>, serde_json::Error> {
+        let mut out = Vec::new();
+        for e in &self.classes {
+            out.push((e.seq, serde_json::to_value(&e.object)?));
+        }
+        for e in &self.templates {
+            out.push((e.seq, serde_json::to_value(&e.object)?));
+        }
+        for e in &self.claims {
+            out.push((e.seq, serde_json::to_value(&e.object)?));
+        }
+        for e in &self.slices {
+            out.push((e.seq, serde_json::to_value(&e.object)?));
+        }
+        out.sort_by_key(|(seq, _)| *seq);
+        Ok(out)
+    }
+}
+
+/// Fills in the namespace (namespaced kinds) and a name from `generateName`; checks the name.
+fn name_object(meta: &mut ObjectMeta, namespaced: bool, origin: &Origin) -> Result<(), FieldError> {
+    if namespaced && meta.namespace.as_deref().unwrap_or("").is_empty() {
+        meta.namespace = Some(DEFAULT_NAMESPACE.to_string());
+    }
+    if meta.name.as_deref().unwrap_or("").is_empty() {
+        match meta.generate_name.as_deref().filter(|g| !g.is_empty()) {
+            Some(base) => meta.name = Some(generated_name(base, &origin.to_string())),
+            None => return Err(FieldError::new("metadata.name", "Required value")),
+        }
+    }
+    validate::dns_subdomain(meta.name.as_deref().unwrap_or(""), "metadata.name")
+}
+
+/// "ObjectMeta may contain labels and annotations ... No other fields are allowed".
+fn template_metadata(meta: Option<&ObjectMeta>) -> Result<(), FieldError> {
+    let Some(meta) = meta else { return Ok(()) };
+    let allowed = ObjectMeta {
+        labels: meta.labels.clone(),
+        annotations: meta.annotations.clone(),
+        ..Default::default()
+    };
+    if *meta != allowed {
+        return Err(FieldError::new(
+            "spec.metadata",
+            "Forbidden: only labels and annotations may be set",
+        ));
+    }
+    Ok(())
+}
+
+fn at_path<'a>(value: &'a Value, path: &[&str]) -> Option<&'a Value> {
+    path.iter().try_fold(value, |v, key| v.get(*key))
+}
+
+/// A non-negative integer field (absent or null: `default`).
+fn count_field(value: &Value, path: &[&str], default: u64) -> Result<u64, FieldError> {
+    match at_path(value, path) {
+        None | Some(Value::Null) => Ok(default),
+        Some(v) => v.as_u64().ok_or_else(|| {
+            FieldError::new(
+                path.join("."),
+                format!("Invalid value: {v}: must be greater than or equal to 0"),
+            )
+        }),
+    }
+}
+
+fn parse_workload(
+    pk: &PodKind,
+    value: &Value,
+    origin: &Origin,
+    seq: usize,
+) -> Result<Workload, FieldError> {
+    let meta = value.get("metadata").unwrap_or(&Value::Null);
+    let text = |key: &str| meta.get(key).and_then(Value::as_str).unwrap_or("");
+    let namespace = match text("namespace") {
+        "" => DEFAULT_NAMESPACE.to_string(),
+        ns => ns.to_string(),
+    };
+    let name = match (text("name"), text("generateName")) {
+        ("", "") => return Err(FieldError::new("metadata.name", "Required value")),
+        ("", base) => generated_name(base, &format!("{origin}#{seq}")),
+        (name, _) => name.to_string(),
+    };
+    validate::dns_subdomain(&name, "metadata.name")?;
+    let field = format!("{}.resourceClaims", pk.spec_field);
+    let mut claims = Vec::new();
+    let mut names = HashSet::new();
+    let entries = match at_path(value, pk.spec_path).and_then(|s| s.get("resourceClaims")) {
+        None | Some(Value::Null) => &[][..],
+        Some(Value::Array(entries)) => entries.as_slice(),
+        Some(_) => return Err(FieldError::new(field, "must be a list")),
+    };
+    for (i, entry) in entries.iter().enumerate() {
+        let at = format!("{field}[{i}]");
+        let Value::Object(map) = entry else {
+            return Err(FieldError::new(at, "must be an object"));
+        };
+        for (key, v) in map {
+            let known = matches!(
+                key.as_str(),
+                "name" | "resourceClaimName" | "resourceClaimTemplateName"
+            );
+            if !known && !v.is_null() {
+                return Err(FieldError::new(convert::child(&at, key), "unknown field"));
+            }
+        }
+        let get = |key: &str| -> Result<Option<String>, FieldError> {
+            match map.get(key) {
+                None | Some(Value::Null) => Ok(None),
+                Some(Value::String(s)) if s.is_empty() => Ok(None),
+                Some(Value::String(s)) => Ok(Some(s.clone())),
+                Some(other) => Err(FieldError::new(
+                    format!("{at}.{key}"),
+                    format!("Invalid value: {other}: must be a string"),
+                )),
+            }
+        };
+        let name =
+            get("name")?.ok_or_else(|| FieldError::new(format!("{at}.name"), "Required value"))?;
+        if !names.insert(name.clone()) {
+            return Err(FieldError::new(
+                format!("{at}.name"),
+                format!("Duplicate value: {name:?}"),
+            ));
+        }
+        let source = match (get("resourceClaimName")?, get("resourceClaimTemplateName")?) {
+            (Some(claim), None) => ClaimRef::Named(claim),
+            (None, Some(template)) => ClaimRef::Template(template),
+            (None, None) => {
+                return Err(FieldError::new(
+                    at,
+                    "Required value: must specify one of: `resourceClaimName`, `resourceClaimTemplateName`",
+                ));
+            }
+            (Some(_), Some(_)) => {
+                return Err(FieldError::new(
+                    at,
+                    "Invalid value: at most one of `resourceClaimName` or `resourceClaimTemplateName` may be specified",
+                ));
+            }
+        };
+        claims.push(PodClaim { name, source });
+    }
+    let job = |spec: &[&'static str]| -> Result<Replicas, FieldError> {
+        let with = |key: &'static str| [spec, &[key]].concat();
+        let parallelism = count_field(value, &with("parallelism"), 1)?;
+        let completions = count_field(value, &with("completions"), u64::MAX)?;
+        Ok(Replicas::Parallel(parallelism.min(completions)))
+    };
+    let replicas = match pk.kind {
+        "Pod" => Replicas::Replicas(1),
+        "DaemonSet" => Replicas::PerNode,
+        "Job" => job(&["spec"])?,
+        "CronJob" => job(&["spec", "jobTemplate", "spec"])?,
+        _ => Replicas::Replicas(count_field(value, &["spec", "replicas"], 1)?),
+    };
+    Ok(Workload {
+        kind: pk.kind,
+        namespace,
+        name,
+        spec_path: pk.spec_field,
+        claims,
+        replicas,
+    })
+}
+
+/// The characters the API server's name generator appends (`names.SimpleNameGenerator`).
+const NAME_ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+
+/// `n` name characters derived from `seed` (the API server picks them at random).
+fn name_chars(seed: &str, n: usize) -> String {
+    let mut out = String::with_capacity(n);
+    let mut round = 0u32;
+    while out.len() < n {
+        let id = uuid::Uuid::new_v5(
+            &uuid::Uuid::NAMESPACE_OID,
+            format!("{seed}#{round}").as_bytes(),
+        );
+        for b in id.as_bytes() {
+            if out.len() == n {
+                break;
+            }
+            out.push(char::from(
+                NAME_ALPHABET[usize::from(*b) % NAME_ALPHABET.len()],
+            ));
+        }
+        round += 1;
+    }
+    out
+}
+
+/// `generateName` as the API server completes it: the base cut to 58 bytes, 5 characters added.
+fn generated_name(base: &str, seed: &str) -> String {
+    format!("{}{}", truncate(base, 58), name_chars(seed, 5))
+}
+
+fn truncate(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+fn uid(seed: &str) -> String {
+    uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, seed.as_bytes()).to_string()
+}
+
+/// Where a claim's spec is written, for messages that name a field of it.
+#[derive(Debug, Clone)]
+pub struct Provenance {
+    /// `ResourceClaim default/x (f.yaml, document 2)`, or the template it was made from.
+    pub object: String,
+    /// `spec`, or `spec.spec` in a template.
+    pub spec_path: &'static str,
+}
+
+/// The claims of one pod, allocated together (or claims no pod uses).
+#[derive(Debug, Clone)]
+pub struct Unit {
+    /// `Pod default/p`, ...; `None` for the claims no pod uses.
+    pub title: Option<String>,
+    pub claims: Vec<ResourceClaim>,
+}
+
+/// What to allocate, in input order.
+#[derive(Debug, Default)]
+pub struct Plan {
+    pub units: Vec<Unit>,
+    /// Replica counts and pods without claims, one line each.
+    pub notes: Vec<String>,
+    /// The claims made from templates, in unit order.
+    pub generated: Vec<ResourceClaim>,
+    /// Per claim (`namespace/name`).
+    pub provenance: HashMap<String, Provenance>,
+}
+
+pub fn claim_key(claim: &ResourceClaim) -> String {
+    format!(
+        "{}/{}",
+        claim.metadata.namespace.as_deref().unwrap_or(""),
+        claim.metadata.name.as_deref().unwrap_or("")
+    )
+}
+
+/// Indexes objects by `namespace/name`; a second definition is an error.
+fn index<'a, T>(
+    entries: &'a [Entry<T>],
+    kind: &str,
+    meta: impl Fn(&T) -> &ObjectMeta,
+) -> Result<BTreeMap<String, &'a Entry<T>>, ManifestError> {
+    let mut out: BTreeMap<String, &Entry<T>> = BTreeMap::new();
+    for entry in entries {
+        let m = meta(&entry.object);
+        let key = format!(
+            "{}/{}",
+            m.namespace.as_deref().unwrap_or(""),
+            m.name.as_deref().unwrap_or("")
+        );
+        if let Some(first) = out.get(&key) {
+            return Err(ManifestError::Field {
+                object: format!("{kind} {key}"),
+                origin: entry.origin.clone(),
+                field: "metadata.name".into(),
+                message: format!("Duplicate value: already defined in {}", first.origin),
+            });
+        }
+        out.insert(key, entry);
+    }
+    Ok(out)
+}
+
+/// A claim made from `template` for pod claim `pod_claim` of pod `pod`, as the resourceclaim
+/// controller makes it (`handleClaim`) and the API server names it.
+fn claim_from_template(
+    pod: &str,
+    pod_uid: &str,
+    namespace: &str,
+    pod_claim: &str,
+    template: &ResourceClaimTemplate,
+) -> ResourceClaim {
+    let mut generate_name = format!("{pod}-{pod_claim}-");
+    // Both parts are cut in proportion, so a long pod name does not swallow the claim name.
+    const MAX_BASE_LEN: usize = 57;
+    if generate_name.len() > MAX_BASE_LEN {
+        let len = generate_name.len();
+        generate_name = format!(
+            "{}-{}",
+            truncate(pod, pod.len() * MAX_BASE_LEN / len),
+            truncate(pod_claim, pod_claim.len() * MAX_BASE_LEN / len)
+        );
+    }
+    let name = generated_name(&generate_name, &format!("{namespace}/{pod}/{pod_claim}"));
+    let template_meta = template.spec.as_ref().and_then(|s| s.metadata.as_ref());
+    let mut annotations = template_meta
+        .and_then(|m| m.annotations.clone())
+        .unwrap_or_default();
+    annotations.insert(POD_CLAIM_NAME_ANNOTATION.into(), pod_claim.into());
+    ResourceClaim {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            generate_name: Some(generate_name),
+            namespace: Some(namespace.to_string()),
+            uid: Some(uid(&format!("ResourceClaim/{namespace}/{name}"))),
+            annotations: Some(annotations),
+            labels: template_meta.and_then(|m| m.labels.clone()),
+            owner_references: Some(vec![OwnerReference {
+                api_version: "v1".into(),
+                kind: "Pod".into(),
+                name: pod.to_string(),
+                uid: pod_uid.to_string(),
+                controller: Some(true),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        },
+        spec: template.spec.as_ref().and_then(|s| s.spec.clone()),
+        status: None,
+    }
+}
+
+/// The name replica `replica` of a workload's pods gets, in the style of its controller.
+fn pod_name(w: &Workload, replica: u64) -> String {
+    let seed = format!("{}/{}/{}", w.kind, w.namespace, w.name);
+    let suffix = name_chars(&format!("{seed}/{replica}"), 5);
+    match w.kind {
+        "Pod" => w.name.clone(),
+        "StatefulSet" => format!("{}-{replica}", w.name),
+        // Pods of the Deployment's ReplicaSet `<name>-<pod-template-hash>`.
+        "Deployment" => format!("{}-{}-{suffix}", w.name, name_chars(&seed, 10)),
+        // Pods of the CronJob's Job `<name>-<scheduled minute>`.
+        "CronJob" => {
+            let minute = uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, seed.as_bytes()).as_u128()
+                % 90_000_000
+                + 10_000_000;
+            format!("{}-{minute}-{suffix}", w.name)
+        }
+        _ => format!("{}-{suffix}", w.name),
+    }
+}
+
+fn replica_note(w: &Workload, all: bool) -> Option<String> {
+    let what = w.describe();
+    let n = w.replicas.count();
+    let (count, unit) = match w.replicas {
+        Replicas::Replicas(_) if w.kind == "Pod" => return None,
+        Replicas::Replicas(1) | Replicas::Parallel(1) => return None,
+        Replicas::Replicas(n) => (n, "replicas"),
+        Replicas::Parallel(n) => (n, "pods at once (parallelism)"),
+        Replicas::PerNode => {
+            return Some(format!(
+                "{what}: one pod per node; allocating the one on this node"
+            ));
+        }
+    };
+    Some(match (all, n) {
+        (true, 0) => format!("{what}: {count} {unit}; nothing to allocate"),
+        (false, 0) => format!("{what}: {count} {unit}; allocating one pod's claims anyway"),
+        (true, _) => format!("{what}: {count} {unit}, allocating each in turn"),
+        (false, _) => format!(
+            "{what}: {count} {unit}, allocating one pod's claims; --replicas places them all"
+        ),
+    })
+}
+
+/// Builds the pods' claims and orders everything to allocate. With `all_replicas`, every
+/// replica of a workload is a pod of its own; otherwise one pod stands for the workload.
+pub fn plan(m: &Manifests, all_replicas: bool) -> Result<Plan, ManifestError> {
+    let claims = index(&m.claims, "ResourceClaim", |c| &c.metadata)?;
+    let templates = index(&m.templates, "ResourceClaimTemplate", |t| &t.metadata)?;
+    let mut plan = Plan::default();
+    for (key, entry) in &claims {
+        plan.provenance.insert(
+            key.clone(),
+            Provenance {
+                object: format!("ResourceClaim {key} ({})", entry.origin),
+                spec_path: "spec",
+            },
+        );
+    }
+    let mut used = HashSet::new();
+    let mut units: Vec<(usize, Unit)> = Vec::new();
+    for entry in &m.workloads {
+        let w = &entry.object;
+        let fail = |field: String, message: String| ManifestError::Field {
+            object: w.describe(),
+            origin: entry.origin.clone(),
+            field,
+            message,
+        };
+        if w.claims.is_empty() {
+            plan.notes.push(format!(
+                "{}: no {}.resourceClaims; nothing to allocate",
+                w.describe(),
+                w.spec_path
+            ));
+            continue;
+        }
+        plan.notes.extend(replica_note(w, all_replicas));
+        let total = w.replicas.count();
+        let pods = if all_replicas { total } else { 1 };
+        for replica in 0..pods {
+            let pod = pod_name(w, replica);
+            let pod_uid = uid(&format!("Pod/{}/{pod}", w.namespace));
+            let mut pod_claims = Vec::new();
+            for (i, pc) in w.claims.iter().enumerate() {
+                let at = format!("{}.resourceClaims[{i}]", w.spec_path);
+                match &pc.source {
+                    ClaimRef::Named(name) => {
+                        let key = format!("{}/{name}", w.namespace);
+                        let found = claims.get(&key).ok_or_else(|| {
+                            fail(
+                                format!("{at}.resourceClaimName"),
+                                format!(
+                                    "ResourceClaim {key} is not in the inputs (give it with -f)"
+                                ),
+                            )
+                        })?;
+                        used.insert(key);
+                        pod_claims.push(found.object.clone());
+                    }
+                    ClaimRef::Template(name) => {
+                        let key = format!("{}/{name}", w.namespace);
+                        let found = templates.get(&key).ok_or_else(|| {
+                            fail(
+                                format!("{at}.resourceClaimTemplateName"),
+                                format!(
+                                    "ResourceClaimTemplate {key} is not in the inputs (give it with -f)"
+                                ),
+                            )
+                        })?;
+                        let claim = claim_from_template(
+                            &pod,
+                            &pod_uid,
+                            &w.namespace,
+                            &pc.name,
+                            &found.object,
+                        );
+                        plan.provenance.insert(
+                            claim_key(&claim),
+                            Provenance {
+                                object: format!(
+                                    "ResourceClaimTemplate {key} ({}), claim {} of pod {pod}",
+                                    found.origin, pc.name
+                                ),
+                                spec_path: "spec.spec",
+                            },
+                        );
+                        plan.generated.push(claim.clone());
+                        pod_claims.push(claim);
+                    }
+                }
+            }
+            let title = match (w.kind, all_replicas) {
+                ("Pod", _) => format!("Pod {}/{pod}", w.namespace),
+                (_, true) => format!(
+                    "Pod {}/{pod} ({}, replica {} of {total})",
+                    w.namespace,
+                    w.describe(),
+                    replica + 1
+                ),
+                (_, false) => format!("Pod {}/{pod} of {}", w.namespace, w.describe()),
+            };
+            units.push((
+                entry.seq,
+                Unit {
+                    title: Some(title),
+                    claims: pod_claims,
+                },
+            ));
+        }
+    }
+    // Claims no pod uses are allocated together, as one pod's (what `match CLAIM.yaml` did).
+    let unused: Vec<&Entry<ResourceClaim>> = m
+        .claims
+        .iter()
+        .filter(|e| !used.contains(&claim_key(&e.object)))
+        .collect();
+    if let Some(first) = unused.first() {
+        units.push((
+            first.seq,
+            Unit {
+                title: None,
+                claims: unused.iter().map(|e| e.object.clone()).collect(),
+            },
+        ));
+    }
+    units.sort_by_key(|(seq, _)| *seq);
+    plan.units = units.into_iter().map(|(_, u)| u).collect();
+    Ok(plan)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MANIFESTS: &str = r#"
+apiVersion: v1
+kind: Namespace
+metadata: {name: ml}
+---
+apiVersion: resource.k8s.io/v1beta1
+kind: ResourceClaimTemplate
+metadata: {name: one-gpu, namespace: ml}
+spec:
+  metadata:
+    labels: {team: ml}
+  spec:
+    devices:
+      requests:
+      - name: gpu
+        deviceClassName: gpu.nvidia.com
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: trainer, namespace: ml}
+spec:
+  replicas: 2
+  template:
+    spec:
+      containers: [{name: c, image: x, resources: {claims: [{name: gpu}]}}]
+      resourceClaims:
+      - name: gpu
+        resourceClaimTemplateName: one-gpu
+      - name: shared
+        resourceClaimName: shared
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: shared, namespace: ml}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly: {deviceClassName: gpu.nvidia.com}
+"#;
+
+    fn read(text: &str) -> Result<Manifests, ManifestError> {
+        let mut m = Manifests::default();
+        for doc in parse_text(text, "t.yaml")? {
+            m.add_document(doc, None, None, &SelectorCache::new())?;
+        }
+        Ok(m)
+    }
+
+    #[test]
+    fn a_deployment_gets_claims_per_replica_and_shares_named_ones() {
+        let m = read(MANIFESTS).unwrap();
+        assert_eq!(m.notes.len(), 1, "{:?}", m.notes);
+        assert!(m.notes[0].starts_with("skipped Namespace ml (t.yaml, document 1): not a Pod"));
+        let one = plan(&m, false).unwrap();
+        assert_eq!(one.units.len(), 1);
+        assert_eq!(one.units[0].claims.len(), 2);
+        assert!(one.notes[0].contains("2 replicas, allocating one pod's claims"));
+        let all = plan(&m, true).unwrap();
+        assert_eq!(all.units.len(), 2);
+        let generated: Vec<String> = all.generated.iter().map(claim_key).collect();
+        assert_eq!(generated.len(), 2);
+        assert_ne!(generated[0], generated[1]);
+        let claim = &all.generated[0];
+        let pod = &claim.metadata.owner_references.as_ref().unwrap()[0].name;
+        assert!(pod.starts_with("trainer-"), "{pod}");
+        assert!(
+            claim
+                .metadata
+                .name
+                .as_deref()
+                .unwrap()
+                .starts_with(&format!("{pod}-gpu-"))
+        );
+        assert_eq!(
+            claim.metadata.labels.as_ref().unwrap()["team"],
+            "ml",
+            "template labels are copied"
+        );
+        assert_eq!(
+            claim.metadata.annotations.as_ref().unwrap()[POD_CLAIM_NAME_ANNOTATION],
+            "gpu"
+        );
+        // The shared claim is in both pods' units, under its own name.
+        for unit in &all.units {
+            assert!(unit.claims.iter().any(|c| claim_key(c) == "ml/shared"));
+        }
+    }
+
+    #[test]
+    fn a_missing_template_names_the_pod_and_field() {
+        let text = MANIFESTS.replace(
+            "resourceClaimTemplateName: one-gpu",
+            "resourceClaimTemplateName: two-gpus",
+        );
+        let err = plan(&read(&text).unwrap(), false).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "Deployment ml/trainer (t.yaml, document 3): spec.template.spec.resourceClaims[0].resourceClaimTemplateName: ResourceClaimTemplate ml/two-gpus is not in the inputs (give it with -f)"
+        );
+    }
+
+    #[test]
+    fn long_names_are_cut_like_the_controller_does() {
+        let template = ResourceClaimTemplate::default();
+        let pod = "a".repeat(60);
+        let claim = claim_from_template(&pod, "uid", "default", "gpu-claim", &template);
+        let generate_name = claim.metadata.generate_name.unwrap();
+        // 57 * 60 / 71 = 48 and 57 * 9 / 71 = 7, joined by '-'.
+        assert_eq!(generate_name, format!("{}-gpu-cla", "a".repeat(48)));
+        assert_eq!(claim.metadata.name.unwrap().len(), generate_name.len() + 5);
+    }
+
+    #[test]
+    fn lists_and_json_streams_keep_document_numbers() {
+        let docs = parse_text(
+            r#"{"kind": "List", "apiVersion": "v1", "items": [{"kind": "A"}, {"kind": "B"}]} {"kind": "C"}"#,
+            "f.json",
+        )
+        .unwrap();
+        let origins: Vec<String> = docs.iter().map(|d| d.origin.to_string()).collect();
+        assert_eq!(
+            origins,
+            [
+                "f.json, document 1, item 1",
+                "f.json, document 1, item 2",
+                "f.json, document 2"
+            ]
+        );
+    }
+}

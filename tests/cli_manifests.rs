@@ -1,0 +1,737 @@
+//! `gpu-dra match -f` and `explain -f` on what users `kubectl apply`: multi-document manifests
+//! with workloads and resource.k8s.io objects in v1beta1, v1beta2 and v1
+//! (tests/fixtures/manifests/*/training.yaml hold the same objects in each version).
+#![cfg(feature = "tools")]
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
+
+const VERSIONS: [&str; 3] = ["v1", "v1beta1", "v1beta2"];
+
+fn repo(path: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join(path)
+        .display()
+        .to_string()
+}
+
+fn fixture(version: &str) -> String {
+    repo(&format!("tests/fixtures/manifests/{version}/training.yaml"))
+}
+
+fn gpu_dra(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_gpu-dra"))
+        .args(args)
+        .env_remove("GPU_DRA_GPUS")
+        .output()
+        .expect("runs")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// `match` (or `explain`) on `gpus` with the stock classes and `extra` arguments.
+fn run(command: &str, gpus: &str, extra: &[&str]) -> Output {
+    let classes = repo("deviceclasses");
+    let slices = format!("sim:{gpus}");
+    let mut args = vec![command, "--slices", &slices, "--classes", &classes];
+    args.extend_from_slice(extra);
+    gpu_dra(&args)
+}
+
+fn json(out: &Output) -> Value {
+    assert!(
+        out.status.success(),
+        "exit {:?}\nstderr: {}",
+        out.status.code(),
+        text(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON output")
+}
+
+/// `name → [request=device, ...]` of each allocated claim, in output order.
+fn allocations(list: &Value) -> Vec<(String, Vec<String>)> {
+    list["items"]
+        .as_array()
+        .expect("a List")
+        .iter()
+        .map(|claim| {
+            let results = claim["status"]["allocation"]["devices"]["results"]
+                .as_array()
+                .expect("results")
+                .iter()
+                .map(|r| {
+                    format!(
+                        "{}={}",
+                        r["request"].as_str().unwrap_or(""),
+                        r["device"].as_str().unwrap_or("")
+                    )
+                })
+                .collect();
+            (
+                claim["metadata"]["name"].as_str().unwrap_or("").to_string(),
+                results,
+            )
+        })
+        .collect()
+}
+
+/// stderr without the `note:` lines.
+fn errors(out: &Output) -> Vec<String> {
+    text(&out.stderr)
+        .lines()
+        .filter(|l| !l.starts_with("note: "))
+        .map(str::to_string)
+        .collect()
+}
+
+fn item<'a>(list: &'a Value, kind: &str, name: &str) -> &'a Value {
+    list["items"]
+        .as_array()
+        .expect("a List")
+        .iter()
+        .find(|i| i["kind"] == kind && i["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name} in {list}"))
+}
+
+#[test]
+fn all_three_versions_convert_to_the_same_v1_objects() {
+    let printed: Vec<Value> = VERSIONS
+        .iter()
+        .map(|v| {
+            json(&gpu_dra(&[
+                "match",
+                "--print-v1",
+                "-o",
+                "json",
+                "-f",
+                &fixture(v),
+            ]))
+        })
+        .collect();
+    assert_eq!(printed[0], printed[1], "v1beta1 differs from v1");
+    assert_eq!(printed[0], printed[2], "v1beta2 differs from v1");
+    let list = &printed[0];
+    let kinds: Vec<&str> = list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["kind"].as_str().unwrap())
+        .collect();
+    // The class, two templates, the claim, then one claim per pod template reference.
+    assert_eq!(
+        kinds,
+        [
+            "DeviceClass",
+            "ResourceClaimTemplate",
+            "ResourceClaimTemplate",
+            "ResourceClaim",
+            "ResourceClaim",
+            "ResourceClaim",
+            "ResourceClaim"
+        ]
+    );
+    for i in list["items"].as_array().unwrap() {
+        assert_eq!(i["apiVersion"], "resource.k8s.io/v1");
+    }
+    // Defaults as the API server applies them.
+    assert_eq!(
+        item(list, "ResourceClaim", "notebook-gpu")["spec"]["devices"]["requests"][0],
+        serde_json::json!({"name": "gpu", "exactly": {
+            "deviceClassName": "h100.example.com", "allocationMode": "ExactCount", "count": 1}})
+    );
+    let one_gpu = &item(list, "ResourceClaimTemplate", "one-gpu")["spec"]["spec"]["devices"]["requests"]
+        [0]["exactly"];
+    assert_eq!(one_gpu["tolerations"][0]["operator"], "Equal");
+    assert_eq!(one_gpu["count"], 1);
+    let mig =
+        &item(list, "ResourceClaimTemplate", "small-mig")["spec"]["spec"]["devices"]["requests"][0];
+    assert_eq!(mig.get("exactly"), None);
+    assert_eq!(mig["firstAvailable"][0]["allocationMode"], "ExactCount");
+}
+
+#[test]
+fn generated_claims_look_like_the_controllers() {
+    let list = json(&gpu_dra(&[
+        "match",
+        "--print-v1",
+        "-o",
+        "json",
+        "-f",
+        &fixture("v1"),
+    ]));
+    let generated: Vec<&Value> = list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i["metadata"]["ownerReferences"].is_array())
+        .collect();
+    assert_eq!(generated.len(), 3, "trainer, eval and nightly: {list}");
+    for claim in &generated {
+        let owner = &claim["metadata"]["ownerReferences"][0];
+        assert_eq!(owner["kind"], "Pod");
+        assert_eq!(owner["controller"], true);
+        let pod = owner["name"].as_str().unwrap();
+        let pod_claim = claim["metadata"]["annotations"]["resource.kubernetes.io/pod-claim-name"]
+            .as_str()
+            .unwrap();
+        let generate_name = format!("{pod}-{pod_claim}-");
+        assert_eq!(claim["metadata"]["generateName"], generate_name.as_str());
+        let name = claim["metadata"]["name"].as_str().unwrap();
+        assert!(name.starts_with(&generate_name) && name.len() == generate_name.len() + 5);
+        assert_eq!(claim["metadata"]["namespace"], "ml");
+    }
+    let trainer = generated
+        .iter()
+        .find(|c| {
+            c["metadata"]["ownerReferences"][0]["name"]
+                .as_str()
+                .unwrap()
+                .starts_with("trainer-")
+        })
+        .expect("the trainer pod's claim");
+    assert_eq!(
+        trainer["metadata"]["labels"]["team"], "ml",
+        "template labels"
+    );
+    assert_eq!(
+        trainer["spec"],
+        item(&list, "ResourceClaimTemplate", "one-gpu")["spec"]["spec"]
+    );
+    // The same inputs always give the same names.
+    let again = json(&gpu_dra(&[
+        "match",
+        "--print-v1",
+        "-o",
+        "json",
+        "-f",
+        &fixture("v1"),
+    ]));
+    assert_eq!(list, again);
+}
+
+#[test]
+fn all_three_versions_allocate_the_same_devices() {
+    let results: Vec<_> = VERSIONS
+        .iter()
+        .map(|v| {
+            allocations(&json(&run(
+                "match",
+                "4xH100-SXM5-80GB",
+                &["-o", "json", "-f", &fixture(v)],
+            )))
+        })
+        .collect();
+    assert_eq!(results[0], results[1], "v1beta1 allocates differently");
+    assert_eq!(results[0], results[2], "v1beta2 allocates differently");
+    let names: Vec<&str> = results[0].iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names.len(), 4, "{results:?}");
+    assert!(names[0].starts_with("trainer-"), "{names:?}");
+    assert!(names[1].starts_with("eval-"), "{names:?}");
+    assert!(names[2].starts_with("nightly-"), "{names:?}");
+    assert_eq!(names[3], "notebook-gpu");
+    // Whole GPUs for the trainer, the nightly job and the notebook; a 1g.10gb MIG device for
+    // the eval job (its first choice).
+    let devices: Vec<&str> = results[0]
+        .iter()
+        .flat_map(|(_, r)| r.iter().map(String::as_str))
+        .collect();
+    assert_eq!(devices[0], "gpu=gpu-0");
+    assert!(devices[1].starts_with("mig/one-g=gpu-") && devices[1].contains("-mig-1g10gb-"));
+    assert_eq!(devices[2], "gpu=gpu-2");
+    assert_eq!(devices[3], "gpu=gpu-3");
+}
+
+#[test]
+fn replicas_place_every_pod_with_claims_of_its_own() {
+    let out = run(
+        "match",
+        "5xH100-SXM5-80GB",
+        &["-o", "json", "--replicas", "-f", &fixture("v1beta1")],
+    );
+    let stderr = text(&out.stderr);
+    let results = allocations(&json(&out));
+    assert!(
+        stderr.contains("note: Deployment ml/trainer: 2 replicas, allocating each in turn"),
+        "{stderr}"
+    );
+    let trainers: Vec<_> = results
+        .iter()
+        .filter(|(n, _)| n.starts_with("trainer-"))
+        .collect();
+    assert_eq!(trainers.len(), 2, "{results:?}");
+    assert_ne!(
+        trainers[0].0, trainers[1].0,
+        "each replica has its own claim"
+    );
+    assert_ne!(trainers[0].1, trainers[1].1, "and its own GPU");
+    assert_eq!(results.len(), 5, "{results:?}");
+    // Four GPUs cannot hold two trainers, the nightly job, the notebook and a MIG device.
+    let out = run(
+        "match",
+        "4xH100-SXM5-80GB",
+        &["--replicas", "-f", &fixture("v1")],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(out.stdout.is_empty());
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("Pod ml/notebook:"), "{stderr}");
+    assert!(stderr.contains("once ml/trainer-"), "{stderr}");
+    // Without --replicas one pod stands for the Deployment, and everything fits.
+    let out = run("match", "4xH100-SXM5-80GB", &["-f", &fixture("v1")]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains(
+            "note: Deployment ml/trainer: 2 replicas, allocating one pod's claims; --replicas places them all"
+        ),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn a_claim_named_by_two_pods_is_allocated_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("two-pods.yaml");
+    let manifest = std::fs::read_to_string(fixture("v1")).expect("fixture");
+    let second_pod = manifest
+        .split("\n---\n")
+        .last()
+        .expect("the notebook pod")
+        .replace("name: notebook\n", "name: notebook-2\n");
+    std::fs::write(&path, format!("{manifest}\n---\n{second_pod}")).expect("write");
+    let out = run(
+        "match",
+        "4xH100-SXM5-80GB",
+        &["-o", "json", "-f", &path.display().to_string()],
+    );
+    let results = allocations(&json(&out));
+    let shared: Vec<_> = results
+        .iter()
+        .filter(|(n, _)| n == "notebook-gpu")
+        .collect();
+    assert_eq!(shared.len(), 1, "{results:?}");
+    let out = run(
+        "explain",
+        "4xH100-SXM5-80GB",
+        &["-f", &path.display().to_string()],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let report = text(&out.stdout);
+    assert!(
+        report
+            .contains("Pod ml/notebook-2:\n  its claims are allocated already (by an earlier pod)"),
+        "{report}"
+    );
+}
+
+#[test]
+fn other_kinds_are_skipped_with_a_note() {
+    let out = run("match", "4xH100-SXM5-80GB", &["-f", &fixture("v1beta2")]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stderr = text(&out.stderr);
+    let file = fixture("v1beta2");
+    for skipped in [
+        format!(
+            "note: skipped Namespace ml ({file}, document 1): not a Pod, workload or DRA object"
+        ),
+        format!(
+            "note: skipped ConfigMap settings ({file}, document 2): not a Pod, workload or DRA object"
+        ),
+    ] {
+        assert!(stderr.contains(&skipped), "{stderr}");
+    }
+}
+
+#[test]
+fn explain_heads_each_pod() {
+    let out = run("explain", "4xH100-SXM5-80GB", &["-f", &fixture("v1beta1")]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let report = text(&out.stdout);
+    for heading in [
+        "Pod ml/trainer-",
+        "of Deployment ml/trainer:",
+        "of Job ml/eval:",
+        "of CronJob ml/nightly:",
+        "Pod ml/notebook:",
+    ] {
+        assert!(report.contains(heading), "no {heading:?} in:\n{report}");
+    }
+    assert!(
+        report.contains("Request gpu (class h100.example.com)"),
+        "{report}"
+    );
+}
+
+#[test]
+fn lists_json_and_stdin_are_read() {
+    let list = json(&gpu_dra(&[
+        "match",
+        "--print-v1",
+        "-o",
+        "json",
+        "-f",
+        &fixture("v1beta1"),
+    ]));
+    // The converted objects, fed back as one JSON List on stdin, convert to themselves.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gpu-dra"))
+        .args(["match", "--print-v1", "-o", "json", "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("runs");
+    let input = serde_json::json!({"apiVersion": "v1", "kind": "List", "items":
+        list["items"].as_array().unwrap().iter().filter(|i| i["metadata"].get("ownerReferences").is_none()).collect::<Vec<_>>()});
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(input.to_string().as_bytes())
+        .expect("write");
+    let out = child.wait_with_output().expect("runs");
+    let again = json(&out);
+    assert_eq!(again["items"], input["items"]);
+}
+
+/// Writes `text` to a file and runs `match` on it; returns the one error line (exit 2).
+fn error_of(file_text: &str) -> (String, String) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("manifest.yaml");
+    std::fs::write(&path, file_text).expect("write");
+    let file = path.display().to_string();
+    let out = run("match", "4xH100-SXM5-80GB", &["-f", &file]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    let errors = errors(&out);
+    assert_eq!(errors.len(), 1, "one line: {errors:?}");
+    (errors[0].clone(), file)
+}
+
+fn replaced(version: &str, from: &str, to: &str) -> String {
+    let text = std::fs::read_to_string(fixture(version)).expect("fixture");
+    assert_eq!(
+        text.matches(from).count(),
+        1,
+        "{from:?} once in the {version} fixture"
+    );
+    text.replacen(from, to, 1)
+}
+
+#[test]
+fn unknown_fields_name_object_document_and_field() {
+    // v1 has no inline deviceClassName; v1beta1 has no `exactly`.
+    let (line, file) = error_of(&replaced(
+        "v1",
+        "      exactly:\n        deviceClassName: h100.example.com\n",
+        "      deviceClassName: h100.example.com\n      exactly:\n",
+    ));
+    assert_eq!(
+        line,
+        format!(
+            "error: ResourceClaim ml/notebook-gpu ({file}, document 6): spec.devices.requests[0].deviceClassName: unknown field"
+        )
+    );
+    let (line, file) = error_of(&replaced(
+        "v1beta1",
+        "    - name: gpu\n      deviceClassName: h100.example.com\n",
+        "    - name: gpu\n      exactly: {deviceClassName: h100.example.com}\n",
+    ));
+    assert_eq!(
+        line,
+        format!(
+            "error: ResourceClaim ml/notebook-gpu ({file}, document 6): spec.devices.requests[0].exactly: unknown field"
+        )
+    );
+}
+
+#[test]
+fn invalid_values_name_object_and_field() {
+    let (line, file) = error_of(&replaced(
+        "v1",
+        "        allocationMode: ExactCount\n        count: 1\n",
+        "        allocationMode: ExactCount\n        count: -1\n",
+    ));
+    assert_eq!(
+        line,
+        format!(
+            "error: ResourceClaim ml/notebook-gpu ({file}, document 6): spec.devices.requests[0].exactly.count: Invalid value: -1: must be greater than zero"
+        )
+    );
+    let (line, _) = error_of(&replaced(
+        "v1",
+        "        allocationMode: ExactCount\n        count: 1\n",
+        "        allocationMode: ExactCount\n        count: one\n",
+    ));
+    assert!(
+        line.contains("ResourceClaim ml/notebook-gpu")
+            && line
+                .contains("spec.devices.requests[0].exactly.count: invalid type: string \"one\""),
+        "{line}"
+    );
+    let (line, _) = error_of(&replaced(
+        "v1beta2",
+        "          count: 1\n",
+        "          allocationMode: Some\n",
+    ));
+    assert!(
+        line.contains("ResourceClaimTemplate ml/small-mig")
+            && line.contains("spec.spec.devices.requests[0].firstAvailable[1].allocationMode: Unsupported value: \"Some\""),
+        "{line}"
+    );
+    let (line, file) = error_of(&replaced(
+        "v1",
+        "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\n",
+        "apiVersion: resource.k8s.io/v1alpha3\nkind: ResourceClaim\n",
+    ));
+    assert_eq!(
+        line,
+        format!(
+            "error: ResourceClaim ml/notebook-gpu ({file}, document 6): apiVersion: \"resource.k8s.io/v1alpha3\" does not serve ResourceClaim; use resource.k8s.io/v1 (or v1beta2, v1beta1)"
+        )
+    );
+}
+
+#[test]
+fn a_missing_claim_or_template_names_the_pod_and_field() {
+    let (line, file) = error_of(&replaced(
+        "v1",
+        "    resourceClaimName: notebook-gpu\n",
+        "    resourceClaimName: notebook-gpus\n",
+    ));
+    assert_eq!(
+        line,
+        format!(
+            "error: Pod ml/notebook ({file}, document 10): spec.resourceClaims[0].resourceClaimName: ResourceClaim ml/notebook-gpus is not in the inputs (give it with -f)"
+        )
+    );
+    let (line, file) = error_of(&replaced(
+        "v1beta1",
+        "            resourceClaimTemplateName: one-gpu\n",
+        "            resourceClaimTemplateName: one-gpu-typo\n",
+    ));
+    assert_eq!(
+        line,
+        format!(
+            "error: CronJob ml/nightly ({file}, document 9): spec.jobTemplate.spec.template.spec.resourceClaims[0].resourceClaimTemplateName: ResourceClaimTemplate ml/one-gpu-typo is not in the inputs (give it with -f)"
+        )
+    );
+}
+
+#[test]
+fn an_unknown_device_class_names_the_template_and_field() {
+    let (line, file) = error_of(&replaced(
+        "v1beta1",
+        "        deviceClassName: gpu.nvidia.com\n",
+        "        deviceClassName: gpu.nvidia.co\n",
+    ));
+    assert!(
+        line.starts_with(&format!(
+            "error: ResourceClaimTemplate ml/one-gpu ({file}, document 4), claim gpu of pod trainer-"
+        )),
+        "{line}"
+    );
+    assert!(
+        line.ends_with(": spec.spec.devices.requests[0].exactly.deviceClassName: DeviceClass \"gpu.nvidia.co\" not found; the DeviceClasses given are gpu.nvidia.com, h100.example.com, mig.nvidia.com"),
+        "{line}"
+    );
+}
+
+#[test]
+fn a_selector_that_does_not_compile_names_the_field() {
+    let (line, file) = error_of(&replaced(
+        "v1beta2",
+        ".compareTo(quantity('40Gi')) >= 0",
+        ".compareTo(quantity('40Gi')) >=",
+    ));
+    assert!(
+        line.starts_with(&format!(
+            "error: ResourceClaimTemplate ml/one-gpu ({file}, document 4): spec.spec.devices.requests[0].exactly.selectors[0].cel.expression: does not compile: "
+        )),
+        "{line}"
+    );
+    let (line, _) = error_of(&replaced(
+        "v1",
+        "startsWith('NVIDIA H100')",
+        "startsWith('NVIDIA H100'",
+    ));
+    assert!(
+        line.contains("DeviceClass h100.example.com (")
+            && line.contains("): spec.selectors[1].cel.expression: does not compile: "),
+        "{line}"
+    );
+}
+
+#[test]
+fn a_claim_that_can_never_fit_says_so_in_one_line() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("big.yaml");
+    std::fs::write(
+        &path,
+        replaced("v1beta1", "quantity('40Gi')", "quantity('200Gi')"),
+    )
+    .expect("write");
+    let file = path.display().to_string();
+    let out = run("match", "4xH100-SXM5-80GB", &["-f", &file]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    let never: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("never fits"))
+        .collect();
+    assert_eq!(never.len(), 2, "trainer and nightly: {stderr}");
+    assert!(
+        never[0].starts_with(&format!(
+            "ResourceClaimTemplate ml/one-gpu ({file}, document 4), claim gpu of pod trainer-"
+        )),
+        "{}",
+        never[0]
+    );
+    assert!(
+        never[0].ends_with(": spec.spec.devices.requests[0].exactly: request \"gpu\" never fits on node sim-node: its class and selectors rule out all 104 devices"),
+        "{}",
+        never[0]
+    );
+    // Too many devices for what matches.
+    std::fs::write(
+        &path,
+        replaced(
+            "v1",
+            "        allocationMode: ExactCount\n        count: 1\n",
+            "        allocationMode: ExactCount\n        count: 5\n",
+        ),
+    )
+    .expect("write");
+    let out = run("explain", "4xH100-SXM5-80GB", &["-f", &file]);
+    assert_eq!(out.status.code(), Some(1));
+    let report = text(&out.stdout);
+    assert!(
+        report.contains(&format!("ResourceClaim ml/notebook-gpu ({file}, document 6): spec.devices.requests[0].exactly.count: request \"gpu\" never fits on node sim-node: it asks for 5 devices and only 4 pass its class and selectors")),
+        "{report}"
+    );
+}
+
+#[test]
+fn nothing_to_allocate_is_a_usage_error() {
+    let out = run("match", "1xT4", &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("give -f FILE|DIR|-"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn v1beta1_corners_convert_as_the_api_server_does() {
+    // e2e/convert.sh checks these against kube-apiserver; here, the shapes that matter.
+    let list = json(&gpu_dra(&[
+        "match",
+        "--print-v1",
+        "-o",
+        "json",
+        "-f",
+        &repo("tests/fixtures/manifests/v1beta1/conversion-cases.yaml"),
+    ]));
+    let request = |name: &str, i: usize| {
+        item(&list, "ResourceClaim", name)["spec"]["devices"]["requests"][i].clone()
+    };
+    assert_eq!(
+        request("all-gpus", 0)["exactly"],
+        serde_json::json!({"deviceClassName": "gpu.nvidia.com", "allocationMode": "All"})
+    );
+    // An empty selector list makes an exact request, and goes (omitempty) once converted.
+    assert_eq!(
+        request("empty-selectors", 0)["exactly"],
+        serde_json::json!({"deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount",
+            "count": 2, "adminAccess": false})
+    );
+    let first = request("pair", 0);
+    assert_eq!(first["exactly"]["capacity"]["requests"]["memory"], "10Gi");
+    assert_eq!(first["exactly"]["tolerations"][0]["operator"], "Exists");
+    assert_eq!(first["exactly"]["tolerations"][1]["operator"], "Equal");
+    let second = request("pair", 1);
+    assert_eq!(second.get("exactly"), None);
+    assert_eq!(
+        second["firstAvailable"][0]["tolerations"][0]["operator"],
+        "Equal"
+    );
+    assert_eq!(second["firstAvailable"][1]["count"], 1);
+    let slice = &item(
+        &list,
+        "ResourceSlice",
+        "conversion-node-1-conversion.example.com",
+    )["spec"];
+    assert_eq!(slice.get("nodeName"), None);
+    assert_eq!(slice["allNodes"], true);
+    assert_eq!(
+        slice["devices"][0],
+        serde_json::json!({"name": "dev-0", "attributes": {"model": {"string": "X1"},
+            "cores": {"int": 8}}, "capacity": {"memory": {"value": "16Gi"}}})
+    );
+    assert_eq!(
+        slice["devices"][1].get("attributes"),
+        None,
+        "an empty map is not copied"
+    );
+}
+
+#[test]
+fn v1beta1_slices_and_classes_allocate_like_v1_ones() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let slices = gpu_dra(&[
+        "slices",
+        "--gpus",
+        "sim:4xH100-SXM5-80GB",
+        "--node-name",
+        "sim-node",
+        "-o",
+        "json",
+    ]);
+    let mut list: Value = serde_json::from_slice(&slices.stdout).expect("slices");
+    // The v1beta1 form: everything but the name of a device under `basic`.
+    for slice in list["items"].as_array_mut().expect("items") {
+        slice["apiVersion"] = "resource.k8s.io/v1beta1".into();
+        for device in slice["spec"]["devices"]
+            .as_array_mut()
+            .into_iter()
+            .flatten()
+        {
+            let map = device.as_object_mut().expect("device");
+            let name = map.remove("name").expect("name");
+            let basic = Value::Object(std::mem::take(map));
+            map.insert("name".into(), name);
+            map.insert("basic".into(), basic);
+        }
+    }
+    let slices_file = dir.path().join("slices.json");
+    std::fs::write(&slices_file, list.to_string()).expect("write");
+    let classes_dir = dir.path().join("classes");
+    std::fs::create_dir(&classes_dir).expect("mkdir");
+    for class in ["gpu.nvidia.com", "mig.nvidia.com"] {
+        let text = std::fs::read_to_string(repo(&format!("deviceclasses/{class}.yaml")))
+            .expect("class")
+            .replace("resource.k8s.io/v1\n", "resource.k8s.io/v1beta1\n");
+        assert!(text.contains("v1beta1"));
+        std::fs::write(classes_dir.join(format!("{class}.yaml")), text).expect("write");
+    }
+    let old = allocations(&json(&gpu_dra(&[
+        "match",
+        "-o",
+        "json",
+        "--slices",
+        &slices_file.display().to_string(),
+        "--classes",
+        &classes_dir.display().to_string(),
+        "-f",
+        &fixture("v1beta1"),
+    ])));
+    let new = allocations(&json(&run(
+        "match",
+        "4xH100-SXM5-80GB",
+        &["-o", "json", "-f", &fixture("v1")],
+    )));
+    assert_eq!(old, new);
+}
