@@ -22,24 +22,6 @@ kubectl apply -f "$ROOT/deviceclasses/" >&2
 start_driver
 wait_for "devices published" 30 bash -c "kubectl get resourceslices -o json | jq -e '[.items[].spec.devices[]?.name] | index(\"gpu-1\")'"
 
-claim_and_pod() { # name class cel-expression
-    kubectl apply -f - >&2 <<EOF
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {name: $1, namespace: default}
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly:
-        deviceClassName: $2
-        selectors:
-        - cel:
-            expression: '$3'
----
-$(pod_using_claim "$1" "$1")
-EOF
-}
 pending() { kubectl get pod "$1" -o json | jq -e '.status.conditions[]? | select(.type == "PodScheduled" and .status == "False")' >/dev/null; }
 bound() { [[ -n $(kubectl get pod "$1" -o jsonpath='{.spec.nodeName}') ]]; }
 explain() { "$GPU_DRA" explain "$@" -n default --kubeconfig "$KUBECONFIG"; }

@@ -58,26 +58,9 @@ wait_for "the GPU loss seen by the probe" 10 bash -c "[[ \$(kubectl get resource
 ok "XID 79 on gpu-0: tainted xid=79 in ${elapsed_ms} ms, then gpu-lost; the health stream says Unhealthy ($message)"
 
 # ---------------------------------------------------------------- 2. schedule around it
-claim_and_pod() { # name
-    kubectl apply -f - >&2 <<EOF
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {name: $1, namespace: default}
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly:
-        deviceClassName: gpu.nvidia.com
-        selectors:
-        - cel:
-            expression: device.attributes["gpu.nvidia.com"].productName == "NVIDIA H100 80GB HBM3"
----
-$(pod_using_claim "$1" "$1")
-EOF
-}
+H100='device.attributes["gpu.nvidia.com"].productName == "NVIDIA H100 80GB HBM3"'
 allocated() { kubectl get resourceclaim "$1" -o jsonpath='{.status.allocation.devices.results[0].device}'; }
-claim_and_pod h100-a
+claim_and_pod h100-a gpu.nvidia.com "$H100"
 wait_for "h100-a allocated" 60 bash -c "[[ -n \$(kubectl get resourceclaim h100-a -o jsonpath='{.status.allocation.devices.results[0].device}') ]]"
 [[ $(allocated h100-a) == gpu-1 ]] || fail "h100-a got $(allocated h100-a), not the healthy gpu-1"
 ok "a new claim for an H100 is allocated the healthy gpu-1"
@@ -94,7 +77,7 @@ ok "XID 31 (ignored by default) changes nothing"
 # ---------------------------------------------------------------- 4. reset
 sim inject --gpu 0 --reset >/dev/null
 wait_for "gpu-0 untainted after the reset" 10 bash -c "[[ \$(kubectl get resourceslices -o json | jq -c '[.items[].spec.devices[]? | select(.name == \"gpu-0\") | .taints // [] | length] | add') == 0 ]]"
-claim_and_pod h100-b
+claim_and_pod h100-b gpu.nvidia.com "$H100"
 wait_for "h100-b allocated" 60 bash -c "[[ -n \$(kubectl get resourceclaim h100-b -o jsonpath='{.status.allocation.devices.results[0].device}') ]]"
 [[ $(allocated h100-b) == gpu-0 ]] || fail "h100-b got $(allocated h100-b), not gpu-0 back in service"
 wait_for "the health stream reports gpu-0 Healthy again" 10 bash -c "[[ \$(jq -r '.devices[] | select(.device == \"gpu-0\") | .health' '$WORK/watch.jsonl' | tail -n 1) == Healthy ]]"

@@ -142,3 +142,24 @@ token_kubeconfig() {
         kubectl config --kubeconfig "$1" use-context e2e
     } >/dev/null
 }
+
+# claim_and_pod NAME CLASS CEL: a ResourceClaim for one device of CLASS matching CEL, and a pod
+# using it.
+claim_and_pod() { # name class cel-expression
+    kubectl apply -f - >&2 <<EOF
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: $1, namespace: default}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly:
+        deviceClassName: $2
+        selectors:
+        - cel:
+            expression: '$3'
+---
+$(pod_using_claim "$1" "$1")
+EOF
+}

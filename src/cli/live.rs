@@ -15,6 +15,7 @@ use k8s_openapi::api::resource::v1::{
 use kube::api::{Api, ListParams};
 
 use super::CliError;
+use super::manifests::claim_key;
 
 /// What to explain.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -152,30 +153,23 @@ async fn claims_of_pod(
                     "claim {:?} of the pod is not created yet (kube-controller-manager makes it from template {template_name}); explaining the template's claim",
                     entry.name
                 ));
-                let spec = template.spec.map(|s| s.spec).ok_or_else(|| {
-                    CliError::Usage(format!(
+                if template.spec.is_none() {
+                    return Err(CliError::Usage(format!(
                         "resourceclaimtemplate {namespace}/{template_name}: spec is missing"
-                    ))
-                })?;
-                let mut claim = ResourceClaim {
-                    spec,
-                    ..Default::default()
-                };
-                claim.metadata.name = Some(format!("{pod_name}-{}", entry.name));
-                claim.metadata.namespace = Some(namespace.to_string());
-                out.push(claim);
+                    )));
+                }
+                let pod_uid = pod.metadata.uid.clone().unwrap_or_default();
+                out.push(super::manifests::claim_from_template(
+                    &pod_name,
+                    &pod_uid,
+                    namespace,
+                    &entry.name,
+                    &template,
+                ));
             }
         }
     }
     Ok(out)
-}
-
-fn claim_key(claim: &ResourceClaim) -> String {
-    format!(
-        "{}/{}",
-        claim.metadata.namespace.as_deref().unwrap_or(""),
-        claim.metadata.name.as_deref().unwrap_or("")
-    )
 }
 
 /// Who a node is, for slices that select nodes by label.

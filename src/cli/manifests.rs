@@ -798,7 +798,7 @@ fn index<'a, T>(
 
 /// A claim made from `template` for pod claim `pod_claim` of pod `pod`, as the resourceclaim
 /// controller makes it (`handleClaim`) and the API server names it.
-fn claim_from_template(
+pub(crate) fn claim_from_template(
     pod: &str,
     pod_uid: &str,
     namespace: &str,
