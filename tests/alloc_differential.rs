@@ -10,6 +10,10 @@
 //! fit", or fatal error) must be identical. Share IDs are random in Go, so only their
 //! presence is compared; consumed capacities are compared by value.
 //!
+//! A second suite groups claims into pods of one to three, each pod allocated in one call as
+//! the scheduler does (`alloc-oracle --pods`). Both sides stop a pod's search after the same
+//! filter timeout; a pod only one side finished in time ends that scenario's comparison.
+//!
 //! `ALLOC_ORACLE` names the oracle binary (`cd e2e/harness && go build -o /tmp/alloc-oracle
 //! ./cmd/alloc-oracle`). Plain `cargo test` lists the test as ignored, with that reason;
 //! `cargo test -- --include-ignored` (e2e/run-tests) runs it, and without the oracle it fails.
@@ -27,6 +31,10 @@ const SCENARIOS: u64 = 240;
 const NODE: &str = "node-a";
 const OTHER_NODE: &str = "node-b";
 const DRIVER: &str = "gpu.nvidia.com";
+/// Both allocators give up on a pod after this long (kube-scheduler's filterTimeout, shortened).
+const FILTER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
+/// The end of the scheduler's timeout error, `node NAME: timed out trying to allocate devices`.
+const TIMED_OUT: &str = "timed out trying to allocate devices";
 
 /// SplitMix64: small, deterministic, good enough for test data.
 struct Rng(u64);
@@ -733,6 +741,8 @@ fn allocated(rng: &mut Rng, slices: &[Value]) -> Vec<Value> {
 struct Scenario {
     slices: Vec<Value>,
     claims: Vec<Value>,
+    /// Claims per pod, in order; empty: one claim per pod.
+    pods: Vec<usize>,
     allocated: Vec<Value>,
 }
 
@@ -750,6 +760,7 @@ fn scenario(seed: u64) -> Scenario {
     Scenario {
         slices,
         claims,
+        pods: Vec::new(),
         allocated,
     }
 }
@@ -763,6 +774,8 @@ enum Verdict {
     Allocated(Value),
     Unsatisfiable(String),
     Error(String),
+    /// The search ran past the filter timeout (only the timed-out side's answer is known).
+    TimedOut,
 }
 
 fn typed<T: serde::de::DeserializeOwned>(values: &[Value]) -> Vec<T> {
@@ -810,13 +823,18 @@ fn normalize(mut allocation: Value) -> Value {
     allocation
 }
 
-fn ours(s: &Scenario) -> Vec<Verdict> {
-    let features = Features::default();
-    let allocator = Allocator::new(
-        features,
+fn our_allocator(s: &Scenario) -> Allocator {
+    Allocator::new(
+        Features::default(),
         typed::<ResourceSlice>(&s.slices),
         typed::<DeviceClass>(&classes()),
-    );
+    )
+    .with_filter_timeout(Some(FILTER_TIMEOUT))
+}
+
+fn ours(s: &Scenario) -> Vec<Verdict> {
+    let features = Features::default();
+    let allocator = our_allocator(s);
     let mut state = AllocatedState::new();
     for c in typed::<ResourceClaim>(&s.allocated) {
         let allocation = c
@@ -827,22 +845,45 @@ fn ours(s: &Scenario) -> Vec<Verdict> {
         state.mark("holder", allocation, &features).expect("mark");
     }
     let node = NodeInfo::named(NODE);
+    let claims = typed::<ResourceClaim>(&s.claims);
     let mut out = Vec::new();
-    for claim in typed::<ResourceClaim>(&s.claims) {
-        let verdict = match allocator.allocate(&node, std::slice::from_ref(&claim), &state) {
-            Ok(Outcome::Allocated(mut results)) => {
-                let result = results.remove(0);
-                state.mark("claim", &result, &features).expect("mark");
-                Verdict::Allocated(normalize(serde_json::to_value(&result).expect("json")))
+    for pod in pods_of(&claims, &s.pods) {
+        match allocator.allocate(&node, pod, &state) {
+            Ok(Outcome::Allocated(results)) => {
+                for result in results {
+                    state.mark("claim", &result, &features).expect("mark");
+                    out.push(Verdict::Allocated(normalize(
+                        serde_json::to_value(&result).expect("json"),
+                    )));
+                }
             }
-            Ok(Outcome::Unsatisfiable { reason }) => {
-                Verdict::Unsatisfiable(reason.unwrap_or_default())
+            Ok(Outcome::Unsatisfiable { reason }) => out.extend(
+                pod.iter()
+                    .map(|_| Verdict::Unsatisfiable(reason.clone().unwrap_or_default())),
+            ),
+            Err(e) if e.to_string().ends_with(TIMED_OUT) => {
+                out.extend(pod.iter().map(|_| Verdict::TimedOut))
             }
-            Err(e) => Verdict::Error(e.to_string()),
-        };
-        out.push(verdict);
+            Err(e) => out.extend(pod.iter().map(|_| Verdict::Error(e.to_string()))),
+        }
     }
     out
+}
+
+/// A scenario's claims split into pods of the given sizes (all of size 1 when none given).
+fn pods_of<'c>(claims: &'c [ResourceClaim], sizes: &[usize]) -> Vec<&'c [ResourceClaim]> {
+    if sizes.is_empty() {
+        return claims.chunks(1).collect();
+    }
+    let mut pods = Vec::new();
+    let mut rest = claims;
+    for &n in sizes {
+        let (pod, tail) = rest.split_at(n);
+        pods.push(pod);
+        rest = tail;
+    }
+    assert!(rest.is_empty(), "pod sizes do not add up to the claims");
+    pods
 }
 
 fn write(dir: &Path, name: &str, values: &[Value]) -> PathBuf {
@@ -865,6 +906,12 @@ fn theirs(oracle: &Path, dir: &Path, s: &Scenario) -> Vec<Verdict> {
         cmd.arg("--allocated")
             .arg(write(dir, "allocated.json", &s.allocated));
     }
+    if !s.pods.is_empty() {
+        let sizes: Vec<String> = s.pods.iter().map(usize::to_string).collect();
+        cmd.arg("--pods").arg(sizes.join(","));
+    }
+    cmd.arg("--filter-timeout")
+        .arg(format!("{}ms", FILTER_TIMEOUT.as_millis()));
     let out = cmd.output().expect("alloc-oracle runs");
     assert!(
         out.status.success(),
@@ -878,7 +925,9 @@ fn theirs(oracle: &Path, dir: &Path, s: &Scenario) -> Vec<Verdict> {
         .expect("claims")
         .iter()
         .map(|c| {
-            if let Some(e) = c.get("error").and_then(Value::as_str) {
+            if c.get("timedOut") == Some(&json!(true)) {
+                Verdict::TimedOut
+            } else if let Some(e) = c.get("error").and_then(Value::as_str) {
                 Verdict::Error(e.to_string())
             } else if c.get("unsatisfiable") == Some(&json!(true)) {
                 Verdict::Unsatisfiable(c["reason"].as_str().unwrap_or("").to_string())
@@ -887,6 +936,30 @@ fn theirs(oracle: &Path, dir: &Path, s: &Scenario) -> Vec<Verdict> {
             }
         })
         .collect()
+}
+
+/// Keeps a scenario's inputs for a closer look at its first mismatch.
+fn keep_inputs(tag: &str, seed: u64, s: &Scenario) {
+    let keep = std::env::temp_dir().join(format!("{tag}-{seed}"));
+    let _ = std::fs::create_dir_all(&keep);
+    write(&keep, "slices.json", &s.slices);
+    write(&keep, "classes.json", &classes());
+    write(&keep, "claims.json", &s.claims);
+    write(&keep, "allocated.json", &s.allocated);
+    eprintln!(
+        "first mismatch inputs: {} (pods {:?})",
+        keep.display(),
+        s.pods
+    );
+}
+
+fn assert_no_mismatches(mismatches: &[String]) {
+    assert!(
+        mismatches.is_empty(),
+        "{} mismatches:\n{}",
+        mismatches.len(),
+        mismatches[..mismatches.len().min(10)].join("\n")
+    );
 }
 
 #[test]
@@ -906,7 +979,7 @@ fn allocations_match_kubernetes() {
             match b {
                 Verdict::Allocated(_) => allocated += 1,
                 Verdict::Unsatisfiable(_) => unsatisfiable += 1,
-                Verdict::Error(_) => errors += 1,
+                Verdict::Error(_) | Verdict::TimedOut => errors += 1,
             }
             if std::env::var_os("ALLOC_DIFF_DUMP").is_some() {
                 eprintln!("seed {seed} claim {i}: {b:?}");
@@ -916,14 +989,7 @@ fn allocations_match_kubernetes() {
                     "seed {seed} claim {i}:\n  ours:       {a:?}\n  kubernetes: {b:?}"
                 ));
                 if mismatches.len() == 1 {
-                    // Keep the first failing inputs for a closer look.
-                    let keep = std::env::temp_dir().join(format!("alloc-mismatch-{seed}"));
-                    let _ = std::fs::create_dir_all(&keep);
-                    write(&keep, "slices.json", &s.slices);
-                    write(&keep, "classes.json", &classes());
-                    write(&keep, "claims.json", &s.claims);
-                    write(&keep, "allocated.json", &s.allocated);
-                    eprintln!("first mismatch inputs: {}", keep.display());
+                    keep_inputs("alloc-mismatch", seed, &s);
                 }
             }
         }
@@ -933,21 +999,116 @@ fn allocations_match_kubernetes() {
          {unsatisfiable} unsatisfiable, {errors} errors; {} mismatches",
         mismatches.len()
     );
-    assert!(
-        mismatches.is_empty(),
-        "{} mismatches:\n{}",
-        mismatches.len(),
-        mismatches
-            .iter()
-            .take(10)
-            .cloned()
-            .collect::<Vec<_>>()
-            .join("\n")
-    );
+    assert_no_mismatches(&mismatches);
     // The generator must keep exercising every outcome.
     assert!(
         allocated * 3 > claims,
         "too few allocations: {allocated}/{claims}"
     );
     assert!(unsatisfiable > 20 && errors > 5, "outcomes too uniform");
+}
+
+/// Scenarios with several claims per pod: each pod's claims are allocated in one call (one
+/// scheduling cycle), so they compete for devices, counters and shares, and a pod fits only
+/// if all of its claims do.
+const POD_SCENARIOS: u64 = 200;
+
+/// A scenario whose claims are grouped into pods of one to three. Claims that are a fatal
+/// error on their own are left out and most that never fit (the single-claim test covers
+/// both), so that pods mostly fail or succeed by how their claims interact.
+fn pod_scenario(seed: u64) -> Scenario {
+    let mut s = scenario(10_000 + seed);
+    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x90d5);
+    let extra = 2 + rng.below(4);
+    let first = s.claims.len();
+    s.claims
+        .extend((0..extra).map(|i| claim(&mut rng, first + i)));
+    let allocator = our_allocator(&s);
+    let node = NodeInfo::named(NODE);
+    let empty = AllocatedState::new();
+    s.claims.retain(|c| {
+        let claim = typed::<ResourceClaim>(std::slice::from_ref(c));
+        match allocator.allocate(&node, &claim, &empty) {
+            Ok(Outcome::Allocated(_)) => true,
+            Ok(Outcome::Unsatisfiable { .. }) => rng.chance(25),
+            Err(_) => false,
+        }
+    });
+    let mut left = s.claims.len();
+    while left > 0 {
+        let size = (1 + rng.below(3)).min(left);
+        s.pods.push(size);
+        left -= size;
+    }
+    s
+}
+
+#[test]
+#[ignore = "needs ALLOC_ORACLE, the Go allocator oracle (e2e/run-tests builds it and runs ignored tests)"]
+fn pods_with_several_claims_match_kubernetes() {
+    let oracle = oracle();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut mismatches = Vec::new();
+    let (mut multi, mut multi_allocated, mut pods, mut timed_out) = (0, 0, 0, 0);
+    for seed in 0..POD_SCENARIOS {
+        let s = pod_scenario(seed);
+        let mine = ours(&s);
+        let go = theirs(&oracle, dir.path(), &s);
+        assert_eq!(mine.len(), go.len(), "seed {seed}: claim count");
+        let mut at = 0;
+        for (p, &size) in s.pods.iter().enumerate() {
+            let (a, b) = (&mine[at..at + size], &go[at..at + size]);
+            at += size;
+            pods += 1;
+            if a.contains(&Verdict::TimedOut) || b.contains(&Verdict::TimedOut) {
+                timed_out += 1;
+                if a != b {
+                    // One side gave up in time, the other did not: their states differ from
+                    // here on, so the rest of the scenario cannot be compared.
+                    let side = if a.contains(&Verdict::TimedOut) {
+                        "ours"
+                    } else {
+                        "kubernetes"
+                    };
+                    eprintln!("seed {seed} pod {p}: only {side} timed out; rest skipped");
+                    break;
+                }
+                continue;
+            }
+            if size > 1 {
+                multi += 1;
+                if matches!(b[0], Verdict::Allocated(_)) {
+                    multi_allocated += 1;
+                }
+            }
+            if a != b {
+                mismatches.push(format!(
+                    "seed {seed} pod {p} ({size} claims):\n  ours:       {a:?}\n  kubernetes: {b:?}"
+                ));
+                if mismatches.len() == 1 {
+                    keep_inputs("alloc-pod-mismatch", seed, &s);
+                }
+                // Later pods see different allocated devices.
+                break;
+            }
+        }
+    }
+    eprintln!(
+        "alloc_differential pods: {POD_SCENARIOS} scenarios, {pods} pods, {multi} with several \
+         claims ({multi_allocated} allocated), {timed_out} timed out; {} mismatches",
+        mismatches.len()
+    );
+    assert_no_mismatches(&mismatches);
+    assert!(
+        multi >= 100,
+        "only {multi} pods with several claims compared"
+    );
+    assert!(
+        multi_allocated * 4 > multi,
+        "too few multi-claim pods allocated: {multi_allocated}/{multi}"
+    );
+    assert!(
+        timed_out * 20 <= pods,
+        "{timed_out} of {pods} pods timed out: the generator makes searches too hard"
+    );
 }

@@ -414,3 +414,33 @@ fn claims_of_one_pod_are_allocated_together() {
         other => panic!("{other:?}"),
     }
 }
+
+/// A search the scheduler cannot finish (30 distinct NUMA nodes wanted among 60 GPUs on 29)
+/// gives up after the filter timeout with kube-scheduler's error instead of running for ever.
+#[test]
+fn a_search_past_the_filter_timeout_fails_with_the_schedulers_error() {
+    let devices = (0..60)
+        .map(|i| gpu(&format!("gpu-{i}"), "80Gi", i % 29))
+        .collect();
+    let slices: Vec<ResourceSlice> =
+        serde_json::from_value(json!([slice("s", "p", devices)])).expect("slices");
+    let alloc = Allocator::new(Features::default(), slices, classes())
+        .with_filter_timeout(Some(std::time::Duration::from_millis(200)));
+    let c = claim(
+        "distinct",
+        json!({
+            "requests": [{"name": "r", "exactly": {"deviceClassName": "gpu", "count": 30}}],
+            "constraints": [{"distinctAttribute": "resource.kubernetes.io/numaNode"}],
+        }),
+    );
+    let started = std::time::Instant::now();
+    let err = alloc
+        .allocate(&NodeInfo::named(NODE), &[c], &AllocatedState::new())
+        .expect_err("the search times out");
+    assert_eq!(
+        err.to_string(),
+        format!("node {NODE}: timed out trying to allocate devices")
+    );
+    // Liveness, not speed: the exhaustive search would take years.
+    assert!(started.elapsed() < std::time::Duration::from_secs(30));
+}

@@ -57,6 +57,10 @@ pub struct ClaimInputs {
     /// Driver name of `sim:` slices.
     #[arg(long, default_value = slices::DEFAULT_DRIVER_NAME)]
     pub driver_name: String,
+    /// How long one pod's allocation may search before giving up, as kube-scheduler's
+    /// DynamicResources `filterTimeout` (its default 10s; `0` searches without limit).
+    #[arg(long, default_value = "10s", value_parser = super::duration::parse)]
+    pub filter_timeout: std::time::Duration,
     /// The ResourceClaim(s) of one pod, allocated together; the same as `-f CLAIM.yaml`.
     #[arg(value_name = "CLAIM.yaml")]
     pub claim: Option<PathBuf>,
@@ -229,7 +233,8 @@ fn load(inputs: &ClaimInputs) -> Result<Loaded, CliError> {
         node.labels.insert(k.to_string(), v.to_string());
     }
     Ok(Loaded {
-        allocator: Allocator::shared(features, Arc::new(all_slices), Arc::new(classes), cel),
+        allocator: Allocator::shared(features, Arc::new(all_slices), Arc::new(classes), cel)
+            .with_filter_timeout(Some(inputs.filter_timeout)),
         node,
         plan,
         state,

@@ -24,6 +24,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::rc::Rc;
 use std::sync::Arc;
+use std::time::Duration;
 
 use dra_cel::{CelError, DeviceView, Selector, SelectorCache};
 use k8s_openapi::api::resource::v1::{AllocationResult, DeviceClass, ResourceClaim, ResourceSlice};
@@ -216,7 +217,12 @@ pub struct Allocator {
     selector_index: RefCell<HashMap<String, usize>>,
     selectors: RefCell<Vec<SelectorEntry>>,
     pools: RefCell<HashMap<NodeInfo, Rc<pools::NodePools>>>,
+    filter_timeout: Option<Duration>,
 }
+
+/// kube-scheduler's default DynamicResources `filterTimeout`: an allocation attempt on one node
+/// that searches longer gives up (the pod is retried with backoff).
+pub const DEFAULT_FILTER_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl Allocator {
     pub fn new(features: Features, slices: Vec<ResourceSlice>, classes: Vec<DeviceClass>) -> Self {
@@ -262,7 +268,21 @@ impl Allocator {
             selector_index: RefCell::new(HashMap::new()),
             selectors: RefCell::new(Vec::new()),
             pools: RefCell::new(HashMap::new()),
+            filter_timeout: Some(DEFAULT_FILTER_TIMEOUT),
         }
+    }
+
+    /// Bounds each [`allocate`](Self::allocate) call as kube-scheduler's `filterTimeout`
+    /// does (default [`DEFAULT_FILTER_TIMEOUT`]; `None` searches without limit, like a
+    /// scheduler configured with `filterTimeout: 0s`). A search that runs out of time fails
+    /// with the scheduler's error, `node NAME: timed out trying to allocate devices`.
+    pub fn with_filter_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.filter_timeout = timeout.filter(|t| !t.is_zero());
+        self
+    }
+
+    pub fn filter_timeout(&self) -> Option<Duration> {
+        self.filter_timeout
     }
 
     pub fn features(&self) -> &Features {

@@ -3,6 +3,7 @@
 //! every pick is checked against use, selectors, capacity, counters, taints and constraints,
 //! and undone when a later step fails.
 use std::cell::RefCell;
+use std::time::Instant;
 
 use dra_cel::CelError;
 use k8s_openapi::api::resource::v1::{
@@ -34,6 +35,8 @@ pub(crate) enum Halt {
     /// `errAllocationResultMaxSizeExceeded`: some claim would exceed 32 results.
     MaxSize,
     Fatal(String),
+    /// The filter timeout ran out (`context.DeadlineExceeded` in the scheduler).
+    TimedOut,
 }
 
 type Step = Result<bool, Halt>;
@@ -290,7 +293,14 @@ pub(crate) struct Run<'a> {
     consumed_counters: Vec<Vec<Vec<Quantity>>>,
     pub results: Vec<Vec<Pick>>,
     shares_made: u64,
+    /// When the filter timeout runs out; checked every `DEADLINE_CHECK_INTERVAL` steps.
+    deadline: Option<Instant>,
+    steps: u64,
 }
+
+/// `allocateOne` calls between clock reads: cheap enough to be invisible, frequent enough to
+/// stop within milliseconds of the deadline.
+const DEADLINE_CHECK_INTERVAL: u64 = 1024;
 
 fn requests_of(claim: &ResourceClaim) -> &[DeviceRequest] {
     super::device_claim(claim)
@@ -363,6 +373,8 @@ impl<'a> Run<'a> {
             selected_sub: Vec::new(),
             constraints: Vec::new(),
             memo: RefCell::new(Vec::new()),
+            deadline: alloc.filter_timeout().map(|t| Instant::now() + t),
+            steps: 0,
             allocated_whole,
             shared_in_state,
             current_capacity,
@@ -1075,6 +1087,12 @@ impl<'a> Run<'a> {
     /// `start` is the first candidate to consider (later devices of the same request never
     /// go back, so each set of devices is tried once, not in every order).
     pub fn allocate_one(&mut self, at: At, in_subrequest: bool, start: usize) -> Step {
+        self.steps += 1;
+        if self.steps.is_multiple_of(DEADLINE_CHECK_INTERVAL)
+            && self.deadline.is_some_and(|d| Instant::now() >= d)
+        {
+            return Err(Halt::TimedOut);
+        }
         if at.claim >= self.claims.len() {
             return Ok(true);
         }
@@ -1212,6 +1230,10 @@ pub(crate) fn allocate(
     match run.allocate_one(At::default(), false, 0) {
         Err(Halt::Fatal(m)) => Err(AllocError(m)),
         Err(Halt::MaxSize) => Err(AllocError("allocation max size exceeded".to_string())),
+        Err(Halt::TimedOut) => Err(AllocError(format!(
+            "node {}: timed out trying to allocate devices",
+            node.name
+        ))),
         Ok(false) => {
             let invalid = pools.pools.iter().any(|p| p.invalid.is_some());
             Ok(Outcome::Unsatisfiable {

@@ -7,6 +7,7 @@
 //
 //	alloc-oracle --slices FILE --classes FILE --claims FILE [--allocated FILE] [--pods 2,1,...]
 //	             [--node NAME] [--node-labels k=v,...] [--feature-gates A=true,...] [--timeout 60s]
+//	             [--filter-timeout 10s]
 //
 // Input files hold resource.k8s.io/v1 objects (ResourceSlice, DeviceClass, ResourceClaim) as
 // one YAML/JSON object, multi-document YAML, a `kind: List` with `items`, or a JSON array.
@@ -41,7 +42,9 @@
 //     wrapping structured.ErrFailedAllocationOnNode, whose text is the reason) — the scheduler
 //     would mark the node unschedulable for the pod;
 //   - error: a fatal allocator error (CEL compile/runtime error, missing class, ...) — the
-//     scheduler would abort the scheduling attempt with this error.
+//     scheduler would abort the scheduling attempt with this error. A pod whose allocation
+//     searched longer than --filter-timeout gets the scheduler's timeout error and
+//     "timedOut": true.
 //
 // Exit status: 0 when it ran (whatever the per-claim outcomes), 1 on bad input, 2 on bad flags.
 package main
@@ -80,6 +83,7 @@ type claimResult struct {
 	Unsatisfiable bool                          `json:"unsatisfiable,omitempty"`
 	Reason        string                        `json:"reason,omitempty"`
 	Error         string                        `json:"error,omitempty"`
+	TimedOut      bool                          `json:"timedOut,omitempty"`
 }
 
 type report struct {
@@ -102,6 +106,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	nodeLabels := fs.String("node-labels", "", "extra node labels, k=v,...")
 	gates := fs.String("feature-gates", "", "feature gates, kube-scheduler syntax (default: 1.37 defaults)")
 	timeout := fs.Duration("timeout", time.Minute, "overall allocation timeout")
+	filterTimeout := fs.Duration("filter-timeout", 10*time.Second, "per-pod allocation timeout, as kube-scheduler's DynamicResources filterTimeout (0: none)")
 	pods := fs.String("pods", "", "claims per pod, in file order (e.g. 2,1,3); default: one claim per pod")
 	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
 	klog.InitFlags(klogFlags)
@@ -209,9 +214,18 @@ func run(args []string, stdout, stderr io.Writer) int {
 		if err != nil {
 			return fail(1, "create allocator: %v", err)
 		}
-		allocations, err := alloc.Allocate(ctx, node, pod)
+		podCtx, podCancel := ctx, context.CancelFunc(func() {})
+		if *filterTimeout > 0 {
+			podCtx, podCancel = context.WithTimeout(ctx, *filterTimeout)
+		}
+		allocations, err := alloc.Allocate(podCtx, node, pod)
+		podCancel()
 		for i := range results {
 			switch {
+			case errors.Is(err, context.DeadlineExceeded):
+				// The scheduler's message: a transient error, the pod is retried with backoff.
+				results[i].Error = fmt.Sprintf("node %s: timed out trying to allocate devices", *nodeName)
+				results[i].TimedOut = true
 			case errors.Is(err, structured.ErrFailedAllocationOnNode):
 				results[i].Unsatisfiable, results[i].Reason = true, err.Error()
 			case err != nil:

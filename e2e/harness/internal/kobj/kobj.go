@@ -4,6 +4,7 @@
 package kobj
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -33,7 +34,13 @@ func ReadFile[T any](path, apiVersion, kind string) ([]*T, error) {
 
 // Read is ReadFile on a stream.
 func Read[T any](r io.Reader, apiVersion, kind string) ([]*T, error) {
-	dec := utilyaml.NewYAMLOrJSONDecoder(r, 4096)
+	// apimachinery's decoder reads a JSON input of exactly 4096 bytes (its stream's buffer)
+	// with no trailing newline as empty: end every input with one.
+	data, err := io.ReadAll(r)
+	if err != nil {
+		return nil, err
+	}
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(append(data, '\n')), 4096)
 	var out []*T
 	for doc := 1; ; doc++ {
 		var v any
