@@ -426,14 +426,18 @@ impl NodeAgent {
             },
         );
         let mut publisher_shutdown = shutdown_rx.clone();
+        let standby_metrics = metrics.clone();
         let publish_task = tokio::spawn(async move {
             let Some(lock) = publisher_lock else {
                 return publication.await;
             };
+            // Held by the instance this one replaces: its slices stay current meanwhile.
+            standby_metrics.set_publisher_standby(true);
             let held = tokio::select! {
                 held = lock.acquire() => held,
                 _ = publisher_shutdown.changed() => return,
             };
+            standby_metrics.set_publisher_standby(false);
             match held {
                 Ok(_guard) => {
                     tracing::info!(lock = %lock.path().display(), "publishing ResourceSlices for this node");

@@ -117,11 +117,15 @@ impl RequestMetrics {
 pub struct Readiness {
     pub registered: bool,
     pub slices_synced: bool,
+    /// A seamless upgrade's new instance while the old one still publishes the node's slices
+    /// (it holds the publisher lock): ready to serve kubelet, so the DaemonSet rollout can
+    /// retire the old pod, after which this one takes over publishing.
+    pub publisher_standby: bool,
 }
 
 impl Readiness {
     pub fn is_ready(&self) -> bool {
-        self.registered && self.slices_synced
+        self.registered && (self.slices_synced || self.publisher_standby)
     }
 
     /// What is still missing, for the `/readyz` body.
@@ -130,7 +134,7 @@ impl Readiness {
         if !self.registered {
             missing.push("not registered with kubelet");
         }
-        if !self.slices_synced {
+        if !self.slices_synced && !self.publisher_standby {
             missing.push("ResourceSlices not published yet");
         }
         missing
@@ -154,6 +158,7 @@ pub struct Metrics {
     ecc_errors: Family<GpuLabel, Counter>,
     registered: AtomicBool,
     slices_synced: AtomicBool,
+    publisher_standby: AtomicBool,
 }
 
 impl Default for Metrics {
@@ -243,6 +248,7 @@ impl Metrics {
             slice_sync_errors,
             registered: AtomicBool::new(false),
             slices_synced: AtomicBool::new(false),
+            publisher_standby: AtomicBool::new(false),
         }
     }
 
@@ -351,6 +357,11 @@ impl Metrics {
         }
     }
 
+    /// Whether this instance waits for another one (the pod it replaces) to stop publishing.
+    pub fn set_publisher_standby(&self, standby: bool) {
+        self.publisher_standby.store(standby, Ordering::Relaxed);
+    }
+
     /// Records kubelet's latest verdict on the plugin registration.
     pub fn observe_registration(&self, registration: &KubeletRegistration) {
         self.registered.store(
@@ -363,6 +374,7 @@ impl Metrics {
         Readiness {
             registered: self.registered.load(Ordering::Relaxed),
             slices_synced: self.slices_synced.load(Ordering::Relaxed),
+            publisher_standby: self.publisher_standby.load(Ordering::Relaxed),
         }
     }
 

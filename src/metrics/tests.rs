@@ -319,3 +319,21 @@ fn device_health_and_gpu_faults_are_exposed() {
         None
     );
 }
+
+#[test]
+fn a_standby_instance_is_ready_while_the_instance_it_replaces_publishes() {
+    let metrics = Metrics::new();
+    metrics.observe_registration(&KubeletRegistration::Registered);
+    assert!(!metrics.readiness().is_ready(), "nothing published yet");
+    assert_eq!(
+        metrics.readiness().missing(),
+        ["ResourceSlices not published yet"]
+    );
+    // A seamless upgrade's new pod: the old one holds the publisher lock and keeps the slices
+    // current, so the rollout may proceed.
+    metrics.set_publisher_standby(true);
+    assert!(metrics.readiness().is_ready());
+    // It took over: ready again only once its own first sync is done.
+    metrics.set_publisher_standby(false);
+    assert!(!metrics.readiness().is_ready());
+}
