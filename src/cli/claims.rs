@@ -51,6 +51,11 @@ pub struct ClaimInputs {
     /// Extra node labels `k=v,...` for slices that select nodes by label.
     #[arg(long, value_name = "K=V,...")]
     pub node_labels: Option<String>,
+    /// kube-scheduler feature gates `A=true,B=false,...` on top of the 1.37 defaults: allocate
+    /// as a scheduler started with them would (DRA gates only; e.g. the e2e cluster's
+    /// K8S_FEATURE_GATES). The node's kubelet is taken to run with them too.
+    #[arg(long, value_name = "GATE=BOOL,...", default_value = "")]
+    pub feature_gates: String,
     /// Claims that are already allocated (status.allocation set): their devices are in use.
     #[arg(long = "allocated", value_name = "FILE|DIR")]
     pub allocated: Vec<PathBuf>,
@@ -200,7 +205,8 @@ fn load(inputs: &ClaimInputs) -> Result<Loaded, CliError> {
         }
     }
     check_classes(&plan, &classes)?;
-    let features = Features::default();
+    let features = Features::from_feature_gates(&inputs.feature_gates)
+        .map_err(|e| usage(format!("--feature-gates: {e}")))?;
     let mut state = AllocatedState::new();
     let mut held = Manifests::default();
     held.add_typed(&inputs.allocated, Kind::ResourceClaim, &cel)
@@ -217,6 +223,11 @@ fn load(inputs: &ClaimInputs) -> Result<Loaded, CliError> {
         state.mark(&name, allocation, &features).map_err(usage)?;
     }
     let mut node = NodeInfo::named(&inputs.node);
+    // A kubelet with DRAOptionalNodeOperations declares it (nodedeclaredfeatures).
+    if features.optional_node_operations {
+        node.declared_features
+            .push(dra_allocator::OPTIONAL_NODE_OPERATIONS.to_string());
+    }
     for pair in inputs
         .node_labels
         .iter()

@@ -179,6 +179,13 @@ fn node_info(node: &Node) -> NodeInfo {
     if let Some(labels) = &node.metadata.labels {
         info.labels.extend(labels.clone());
     }
+    if let Some(declared) = node
+        .status
+        .as_ref()
+        .and_then(|s| s.declared_features.as_ref())
+    {
+        info.declared_features = declared.clone();
+    }
     info
 }
 

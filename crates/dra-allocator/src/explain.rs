@@ -13,7 +13,9 @@ use regex::Regex;
 
 use super::capacity::{self, Amount};
 use super::nodesel::node_matches;
-use super::search::{AttrValue, Run, attr_value, blocking_taint, lookup_attribute};
+use super::search::{
+    AttrSet, AttrValue, Run, attr_set, attr_value, blocking_taint, lookup_attribute,
+};
 use super::{AllocatedState, Allocator, DeviceId, NodeInfo, Outcome, device_claim, kobj};
 use k8s_quantity::Quantity;
 
@@ -718,12 +720,20 @@ fn explain_constraints(
                     continue;
                 };
                 let device = run.device(index);
-                let value = match lookup_attribute(device, &d.id.driver, attribute).map(attr_value)
-                {
+                let found = lookup_attribute(device, &d.id.driver, attribute);
+                let value = match found.map(attr_value) {
                     Some(AttrValue::Str(s)) => format!("'{s}'"),
                     Some(AttrValue::Int(i)) => i.to_string(),
                     Some(AttrValue::Bool(b)) => b.to_string(),
                     Some(AttrValue::Version(v)) => v.to_string(),
+                    // With list-type attributes, lists match by common elements.
+                    Some(AttrValue::Other) if run.alloc.features().list_type_attributes => found
+                        .and_then(attr_set)
+                        .map_or("(no value)".to_string(), |set| match set {
+                            AttrSet::Int(v) => format!("{v:?}"),
+                            AttrSet::Bool(v) => format!("{v:?}"),
+                            AttrSet::Str(v) | AttrSet::Version(v) => format!("{v:?}"),
+                        }),
                     Some(AttrValue::Other) => "(list: never matches)".to_string(),
                     None => "(missing)".to_string(),
                 };

@@ -13,6 +13,7 @@
 //! [`AllocatedState`] as the scheduler's allocated-devices tracker does.
 mod capacity;
 pub mod explain;
+pub mod gates;
 pub mod load;
 mod nodesel;
 mod pools;
@@ -29,18 +30,24 @@ use dra_cel::{CelError, DeviceView, Selector, SelectorCache};
 use k8s_openapi::api::resource::v1::{AllocationResult, DeviceClass, ResourceClaim, ResourceSlice};
 use k8s_quantity::Quantity;
 
-pub use search::Outcome;
+pub use search::{OPTIONAL_NODE_OPERATIONS, Outcome};
 
-/// Allocator switches; each mirrors a `structured.Features` field (and so a feature gate).
+/// Allocator switches; each mirrors a `structured.Features` field (and so a feature gate),
+/// fields sorted as in Go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Features {
     pub admin_access: bool,
-    pub prioritized_list: bool,
-    pub partitionable_devices: bool,
-    pub device_taints: bool,
-    pub device_binding_and_status: bool,
+    pub compatibility_groups: bool,
     pub consumable_capacity: bool,
+    /// Not reproduced: [`Features::from_feature_gates`] refuses to turn it on.
+    pub derived_attributes: bool,
+    pub device_binding_and_status: bool,
+    pub device_taints: bool,
     pub fractional_capacity_range: bool,
+    pub list_type_attributes: bool,
+    pub optional_node_operations: bool,
+    pub partitionable_devices: bool,
+    pub prioritized_list: bool,
 }
 
 impl Features {
@@ -49,13 +56,33 @@ impl Features {
     /// version reaches 1.37, so a default 1.37 scheduler still rounds capacity in integers.
     pub const KUBERNETES_1_37: Features = Features {
         admin_access: true,
-        prioritized_list: true,
-        partitionable_devices: true,
-        device_taints: true,
-        device_binding_and_status: true,
+        compatibility_groups: false,
         consumable_capacity: true,
+        derived_attributes: false,
+        device_binding_and_status: true,
+        device_taints: true,
         fractional_capacity_range: false,
+        list_type_attributes: false,
+        optional_node_operations: false,
+        partitionable_devices: true,
+        prioritized_list: true,
     };
+
+    /// The features kube-scheduler 1.37 derives from its `--feature-gates` value (applied on
+    /// top of the 1.37 defaults, validated as `featuregate` does).
+    pub fn from_feature_gates(spec: &str) -> Result<Features, gates::GateError> {
+        gates::features(spec)
+    }
+
+    /// Whether `NewAllocator` picks the "experimental" implementation: any feature the
+    /// "incubating" one does not support is on. A few behaviours differ even for switches
+    /// that are off (devices of slices with `skipNodeOperations` become unallocatable).
+    pub fn experimental(&self) -> bool {
+        self.compatibility_groups
+            || self.derived_attributes
+            || self.list_type_attributes
+            || self.optional_node_operations
+    }
 }
 
 impl Default for Features {
@@ -168,6 +195,9 @@ impl AllocatedState {
 pub struct NodeInfo {
     pub name: String,
     pub labels: BTreeMap<String, String>,
+    /// `status.declaredFeatures`: the experimental allocator only hands out devices of slices
+    /// with `skipNodeOperations` on nodes declaring `DRAOptionalNodeOperations`.
+    pub declared_features: Vec<String>,
 }
 
 impl NodeInfo {
@@ -178,6 +208,7 @@ impl NodeInfo {
         Self {
             name: name.to_string(),
             labels,
+            declared_features: Vec::new(),
         }
     }
 }

@@ -6,7 +6,8 @@
 // Usage:
 //
 //	alloc-oracle --slices FILE --classes FILE --claims FILE [--allocated FILE] [--pods 2,1,...]
-//	             [--node NAME] [--node-labels k=v,...] [--feature-gates A=true,...] [--timeout 60s]
+//	             [--node NAME] [--node-labels k=v,...] [--node-declared-features F,...]
+//	             [--feature-gates A=true,...] [--timeout 60s]
 //
 // Input files hold resource.k8s.io/v1 objects (ResourceSlice, DeviceClass, ResourceClaim) as
 // one YAML/JSON object, multi-document YAML, a `kind: List` with `items`, or a JSON array.
@@ -100,6 +101,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	allocatedFile := fs.String("allocated", "", "already allocated ResourceClaims (optional)")
 	nodeName := fs.String("node", "sim-node-1", "node to allocate on")
 	nodeLabels := fs.String("node-labels", "", "extra node labels, k=v,...")
+	declared := fs.String("node-declared-features", "", "node status.declaredFeatures, comma-separated (e.g. DRAOptionalNodeOperations)")
 	gates := fs.String("feature-gates", "", "feature gates, kube-scheduler syntax (default: 1.37 defaults)")
 	timeout := fs.Duration("timeout", time.Minute, "overall allocation timeout")
 	pods := fs.String("pods", "", "claims per pod, in file order (e.g. 2,1,3); default: one claim per pod")
@@ -172,6 +174,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 
 	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: *nodeName, Labels: labels}}
+	if *declared != "" {
+		// What the node's kubelet declares (nodedeclaredfeatures): the experimental allocator
+		// only hands out devices of slices with skipNodeOperations on nodes declaring
+		// DRAOptionalNodeOperations.
+		node.Status.DeclaredFeatures = strings.Split(*declared, ",")
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
 	ctx = klog.NewContext(ctx, klog.Background().WithValues("node", *nodeName))
