@@ -511,11 +511,15 @@ pub fn run_explain(args: ExplainArgs) -> Result<ExitCode, CliError> {
         .and_then(|path| super::live::LiveTarget::parse(&path.to_string_lossy()))
     {
         let only_node = (args.inputs.node != "sim-node").then_some(args.inputs.node.as_str());
+        // The cluster's scheduler gates are not visible through the API: the user names them.
+        let features = Features::from_feature_gates(&args.inputs.feature_gates)
+            .map_err(|e| usage(format!("--feature-gates: {e}")))?;
         return super::live::run(
             &target,
             &args.namespace,
             args.kubeconfig.as_deref(),
             only_node,
+            features,
         );
     }
     let loaded = load(&args.inputs)?;

@@ -223,11 +223,14 @@ pub fn run(
     namespace: &str,
     kubeconfig: Option<&Path>,
     only_node: Option<&str>,
+    features: Features,
 ) -> Result<ExitCode, CliError> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(run_async(target, namespace, kubeconfig, only_node))
+    runtime.block_on(run_async(
+        target, namespace, kubeconfig, only_node, features,
+    ))
 }
 
 async fn run_async(
@@ -235,6 +238,7 @@ async fn run_async(
     namespace: &str,
     kubeconfig: Option<&Path>,
     only_node: Option<&str>,
+    features: Features,
 ) -> Result<ExitCode, CliError> {
     let client = crate::node::kube_client(kubeconfig, &crate::kubeapi::ApiTimeouts::default())
         .await
@@ -273,7 +277,6 @@ async fn run_async(
     }
     let view = view(&client).await?;
     let own: BTreeSet<String> = claims.iter().map(claim_key).collect();
-    let features = Features::default();
     let mut state = AllocatedState::new();
     for claim in &view.claims {
         if own.contains(&claim_key(claim)) {

@@ -4,9 +4,13 @@
 //!
 //! The reference is `k8s.io/dynamic-resource-allocation/structured` v0.37, the "incubating"
 //! implementation: with the 1.37 default feature gates (consumable capacity, binding conditions)
-//! that is the one `NewAllocator` picks. Search order, backtracking, memoization boundaries and
-//! error texts follow it; only the data layout is ours (devices are flattened into one candidate
-//! list per node, selector results are cached across calls, device views are built once).
+//! that is the one `NewAllocator` picks. With alpha gates on (list-type attributes, compatibility
+//! groups, optional node operations: the e2e cluster's `K8S_FEATURE_GATES`) it picks the
+//! "experimental" one, whose differences are reproduced behind the same [`Features`] switches
+//! (see [`Features::from_feature_gates`]); derived attributes are not. Search order,
+//! backtracking, memoization boundaries and error texts follow Go; only the data layout is ours
+//! (devices are flattened into one candidate list per node, selector results are cached across
+//! calls, device views are built once).
 //!
 //! Entry point: [`Allocator::allocate`] allocates the claims of one pod on one node, like one
 //! scheduling cycle; callers that allocate several pods in a row mark each result in an
