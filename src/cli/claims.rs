@@ -319,9 +319,12 @@ fn never_fits(plan: &Plan, explanation: &Explanation, claims: &[ResourceClaim]) 
             .devices
             .iter()
             .filter(|d| {
-                !d.problems
-                    .iter()
-                    .any(|p| matches!(p, Problem::Selector { .. } | Problem::NotOnNode))
+                !d.problems.iter().any(|p| {
+                    matches!(
+                        p,
+                        Problem::Selector { .. } | Problem::NotOnNode | Problem::NodeOperations(_)
+                    )
+                })
             })
             .count();
         Some((fit, r.devices.len()))

@@ -28,6 +28,37 @@ pub enum Decision {
     Error(String),
 }
 
+/// The reason `allocateDevice` (experimental) refuses every device of a slice with
+/// `skipNodeOperations`, if it does.
+fn node_operations_problem(run: &Run<'_>, slice: usize) -> Option<Problem> {
+    let features = run.alloc.features();
+    let skips = run.alloc.slices()[slice]
+        .spec
+        .skip_node_operations
+        .as_ref()
+        .filter(|s| !s.is_empty())?;
+    if !features.experimental() {
+        return None;
+    }
+    let ops = skips.join(", ");
+    if !features.optional_node_operations {
+        return Some(Problem::NodeOperations(format!(
+            "its slice skips node operations ({ops}), which needs the DRAOptionalNodeOperations feature gate"
+        )));
+    }
+    let declared = run
+        .node
+        .declared_features
+        .iter()
+        .any(|f| f == super::OPTIONAL_NODE_OPERATIONS);
+    (!declared).then(|| {
+        Problem::NodeOperations(format!(
+            "its slice skips node operations ({ops}), and the node does not declare {}",
+            super::OPTIONAL_NODE_OPERATIONS
+        ))
+    })
+}
+
 /// Why one device was not usable for one request.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Problem {
@@ -45,6 +76,9 @@ pub enum Problem {
         clauses: Vec<(String, String)>,
     },
     NotOnNode,
+    /// The device's slice lets the node skip operations (`skipNodeOperations`), which the
+    /// experimental allocator only allows with DRAOptionalNodeOperations, on nodes declaring it.
+    NodeOperations(String),
     Capacity(String),
     /// Shared counters (of the physical GPU) are used up; `held_by` are allocated devices
     /// drawing on the same counter sets.
@@ -313,6 +347,9 @@ fn explain_claim(
                     if on_node != Ok(true) {
                         problems.push(Problem::NotOnNode);
                     }
+                }
+                if let Some(p) = node_operations_problem(run, candidate.slice) {
+                    problems.push(p);
                 }
                 if alloc.features().consumable_capacity
                     && let Some(p) = capacity_problem(run, index, wanted.capacity.as_deref())
@@ -800,6 +837,7 @@ fn describe_problem(p: &Problem) -> String {
             }
         }
         Problem::NotOnNode => "device is not available on this node".to_string(),
+        Problem::NodeOperations(s) => s.clone(),
         Problem::Capacity(s) => format!("capacity: {s}"),
         Problem::Counters { detail, held_by } if held_by.is_empty() => {
             format!("shared counters used up: {detail}")
