@@ -1116,6 +1116,15 @@ fn gates_scenario(seed: u64) -> (Scenario, bool) {
                 }
             }
         }
+        if rng.chance(4)
+            && let Some(body) = devices["requests"][0].get_mut("exactly")
+        {
+            // DRADerivedAttributes is off in both passes: the request is refused, in Go's words.
+            body["derivedAttributes"] = json!([{
+                "name": "derived/numa",
+                "expression": "device.attributes['resource.kubernetes.io'].numaNode",
+            }]);
+        }
         if rng.chance(10)
             && let Some(body) = devices["requests"][0].get_mut("exactly")
         {
@@ -1136,6 +1145,7 @@ struct Exercised {
     list_constrained: usize,
     grouped: usize,
     skip_ops: usize,
+    derived_refused: usize,
 }
 
 fn exercised(s: &Scenario, verdicts: &[Verdict], counts: &mut Exercised) {
@@ -1162,6 +1172,11 @@ fn exercised(s: &Scenario, verdicts: &[Verdict], counts: &mut Exercised) {
         })
         .collect();
     for (claim, v) in s.claims.iter().zip(verdicts) {
+        if let Verdict::Error(e) = v
+            && e.contains("derived attributes")
+        {
+            counts.derived_refused += 1;
+        }
         let Verdict::Allocated(a) = v else { continue };
         let results = a["devices"]["results"]
             .as_array()
@@ -1294,6 +1309,7 @@ fn allocations_match_kubernetes_with_cluster_gates() {
             assert!(counts.list_constrained > 20, "{counts:?}");
             assert!(counts.grouped > 20, "{counts:?}");
             assert!(counts.skip_ops > 20, "{counts:?}");
+            assert!(counts.derived_refused > 5, "{counts:?}");
         } else {
             assert_eq!(counts.grouped + counts.skip_ops, 0, "{counts:?}");
         }
