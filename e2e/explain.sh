@@ -24,7 +24,9 @@ wait_for "devices published" 30 bash -c "kubectl get resourceslices -o json | jq
 
 pending() { kubectl get pod "$1" -o json | jq -e '.status.conditions[]? | select(.type == "PodScheduled" and .status == "False")' >/dev/null; }
 bound() { [[ -n $(kubectl get pod "$1" -o jsonpath='{.spec.nodeName}') ]]; }
-explain() { "$GPU_DRA" explain "$@" -n default --kubeconfig "$KUBECONFIG"; }
+# The cluster's scheduler runs with K8S_FEATURE_GATES; explain as that scheduler would.
+GATES=$(source "$ROOT/e2e/versions.env" && echo "$K8S_FEATURE_GATES")
+explain() { "$GPU_DRA" explain "$@" -n default --kubeconfig "$KUBECONFIG" --feature-gates "$GATES"; }
 
 # ---------------------------------------------------------------- 1. wrong product
 claim_and_pod wrong-product gpu.nvidia.com 'device.attributes["gpu.nvidia.com"].productName == "NVIDIA A100-SXM4-80GB"'

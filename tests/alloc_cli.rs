@@ -179,3 +179,26 @@ fn bad_input_is_a_usage_error() {
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains("/nonexistent.yaml"));
 }
+
+/// `--feature-gates` takes kube-scheduler's syntax; the e2e cluster's gates are accepted and
+/// a gate the allocator does not know is a usage error naming it.
+#[test]
+fn feature_gates_as_the_scheduler_takes_them() {
+    let gates = include_str!("../e2e/versions.env")
+        .lines()
+        .find_map(|l| l.strip_prefix("K8S_FEATURE_GATES="))
+        .expect("K8S_FEATURE_GATES")
+        .trim();
+    let out = example("match", &["-o", "json", "--feature-gates", gates]);
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    let out = example("match", &["--feature-gates", "NoSuchGate=true"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("--feature-gates: unrecognized feature gate: NoSuchGate"),
+        "stderr: {}",
+        text(&out.stderr)
+    );
+    let out = example("match", &["--feature-gates", "DRADerivedAttributes=true"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("not supported"));
+}

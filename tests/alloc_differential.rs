@@ -823,9 +823,9 @@ fn normalize(mut allocation: Value) -> Value {
     allocation
 }
 
-fn our_allocator(s: &Scenario) -> Allocator {
+fn our_allocator(s: &Scenario, features: Features) -> Allocator {
     Allocator::new(
-        Features::default(),
+        features,
         typed::<ResourceSlice>(&s.slices),
         typed::<DeviceClass>(&classes()),
     )
@@ -833,8 +833,11 @@ fn our_allocator(s: &Scenario) -> Allocator {
 }
 
 fn ours(s: &Scenario) -> Vec<Verdict> {
-    let features = Features::default();
-    let allocator = our_allocator(s);
+    ours_with(s, Features::default(), &NodeInfo::named(NODE))
+}
+
+fn ours_with(s: &Scenario, features: Features, node: &NodeInfo) -> Vec<Verdict> {
+    let allocator = our_allocator(s, features);
     let mut state = AllocatedState::new();
     for c in typed::<ResourceClaim>(&s.allocated) {
         let allocation = c
@@ -844,11 +847,10 @@ fn ours(s: &Scenario) -> Vec<Verdict> {
             .expect("allocated");
         state.mark("holder", allocation, &features).expect("mark");
     }
-    let node = NodeInfo::named(NODE);
     let claims = typed::<ResourceClaim>(&s.claims);
     let mut out = Vec::new();
     for pod in pods_of(&claims, &s.pods) {
-        match allocator.allocate(&node, pod, &state) {
+        match allocator.allocate(node, pod, &state) {
             Ok(Outcome::Allocated(results)) => {
                 for result in results {
                     state.mark("claim", &result, &features).expect("mark");
@@ -893,7 +895,13 @@ fn write(dir: &Path, name: &str, values: &[Value]) -> PathBuf {
 }
 
 fn theirs(oracle: &Path, dir: &Path, s: &Scenario) -> Vec<Verdict> {
+    theirs_with(oracle, dir, s, &[])
+}
+
+/// `extra`: more oracle flags (`--feature-gates`, `--node-declared-features`).
+fn theirs_with(oracle: &Path, dir: &Path, s: &Scenario, extra: &[String]) -> Vec<Verdict> {
     let mut cmd = Command::new(oracle);
+    cmd.args(extra);
     cmd.arg("--slices")
         .arg(write(dir, "slices.json", &s.slices))
         .arg("--classes")
@@ -1023,7 +1031,7 @@ fn pod_scenario(seed: u64) -> Scenario {
     let first = s.claims.len();
     s.claims
         .extend((0..extra).map(|i| claim(&mut rng, first + i)));
-    let allocator = our_allocator(&s);
+    let allocator = our_allocator(&s, Features::default());
     let node = NodeInfo::named(NODE);
     let empty = AllocatedState::new();
     s.claims.retain(|c| {
@@ -1041,6 +1049,261 @@ fn pod_scenario(seed: u64) -> Scenario {
         left -= size;
     }
     s
+}
+
+// ---------------------------------------------------------------------------------------
+// Second pass: the e2e cluster's feature gates
+
+/// `K8S_FEATURE_GATES` of e2e/versions.env: the gates kube-scheduler runs with in e2e.
+fn cluster_gates() -> String {
+    include_str!("../e2e/versions.env")
+        .lines()
+        .find_map(|l| l.strip_prefix("K8S_FEATURE_GATES="))
+        .expect("K8S_FEATURE_GATES in e2e/versions.env")
+        .trim()
+        .to_string()
+}
+
+/// List-valued attributes (and, rarely, scalar ones under the same names, which the
+/// list-aware constraints treat as one-element sets).
+fn add_list_attributes(rng: &mut Rng, device: &mut Value) {
+    let Some(attrs) = device["attributes"].as_object_mut() else {
+        return;
+    };
+    let domains = ["nvl-a", "nvl-b", "nvl-c"];
+    let pick_strs = |rng: &mut Rng| -> Vec<&str> {
+        let v: Vec<&str> = domains.iter().copied().filter(|_| rng.chance(45)).collect();
+        if v.is_empty() {
+            vec![*rng.pick(&domains)]
+        } else {
+            v
+        }
+    };
+    if rng.chance(80) {
+        let v = if rng.chance(12) {
+            json!({"string": *rng.pick(&domains)})
+        } else {
+            json!({"strings": pick_strs(rng)})
+        };
+        attrs.insert("nvlinkDomains".into(), v);
+    }
+    if rng.chance(70) {
+        let mut cpus: Vec<i64> = (0..4).filter(|_| rng.chance(35)).collect();
+        if cpus.is_empty() {
+            cpus.push(rng.below(4) as i64);
+        }
+        let v = if rng.chance(12) {
+            json!({"int": cpus[0]})
+        } else {
+            json!({"ints": cpus})
+        };
+        attrs.insert("cpuSets".into(), v);
+    }
+    if rng.chance(50) {
+        let v = match rng.below(4) {
+            0 => json!({"version": "12.8.0"}),
+            1 => json!({"versions": ["12.4.0", "12.8.0"]}),
+            2 => json!({"versions": ["13.0.0"]}),
+            _ => json!({"versions": ["12.4.0"]}),
+        };
+        attrs.insert("cudaVersions".into(), v);
+    }
+    if rng.chance(30) {
+        // Same name, different value types: never a common element.
+        let v = if rng.chance(50) {
+            json!({"ints": [4, 5]})
+        } else {
+            json!({"strings": ["4"]})
+        };
+        attrs.insert("linkGen".into(), v);
+    }
+    if rng.chance(15) {
+        attrs.insert("nvlinkUp".into(), json!({"bools": [true]}));
+    }
+}
+
+/// Compatibility groups by MIG profile (small/large partitions do not mix), the full GPU
+/// and shared devices in groups of their own, some devices without any.
+fn compatibility_groups(rng: &mut Rng, name: &str) -> Option<Value> {
+    if rng.chance(20) {
+        return None;
+    }
+    let groups = if name.contains("mig-1g") {
+        json!(["small", "mixed"])
+    } else if name.contains("mig-2g") {
+        json!(["small"])
+    } else if name.contains("mig-3g") {
+        json!(["large", "mixed"])
+    } else if name.contains("mig-7g") {
+        json!(["large"])
+    } else {
+        json!(*rng.pick(&[&["whole"][..], &["whole", "large"][..], &["mps"][..]]))
+    };
+    Some(groups)
+}
+
+/// A scenario with list attributes, list-attribute constraints and selectors, compatibility
+/// groups and slices with skipNodeOperations; the bool says whether the node declares
+/// DRAOptionalNodeOperations.
+fn gates_scenario(seed: u64) -> (Scenario, bool) {
+    let mut s = scenario(seed);
+    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9) ^ 0x6a7e5);
+    let with_groups = rng.chance(60);
+    for slice in &mut s.slices {
+        if rng.chance(25) && slice["spec"]["devices"].is_array() {
+            let ops = [
+                json!(["NodePrepareResources"]),
+                json!(["*"]),
+                json!(["NodePrepareResources", "NodeUnprepareResources"]),
+            ];
+            slice["spec"]["skipNodeOperations"] = rng.pick(&ops).clone();
+        }
+        let Some(devices) = slice["spec"]["devices"].as_array_mut() else {
+            continue;
+        };
+        for d in devices.iter_mut() {
+            add_list_attributes(&mut rng, d);
+            let name = d["name"].as_str().unwrap_or("").to_string();
+            if !with_groups {
+                continue;
+            }
+            for c in d["consumesCounters"].as_array_mut().into_iter().flatten() {
+                if let Some(g) = compatibility_groups(&mut rng, &name) {
+                    c["compatibilityGroups"] = g;
+                }
+            }
+        }
+    }
+    let list_constraints = [
+        ("matchAttribute", "gpu.nvidia.com/nvlinkDomains"),
+        ("matchAttribute", "gpu.nvidia.com/cpuSets"),
+        ("distinctAttribute", "gpu.nvidia.com/cpuSets"),
+        ("distinctAttribute", "gpu.nvidia.com/nvlinkDomains"),
+        ("matchAttribute", "gpu.nvidia.com/cudaVersions"),
+        ("matchAttribute", "gpu.nvidia.com/linkGen"),
+        ("distinctAttribute", "gpu.nvidia.com/nvlinkUp"),
+    ];
+    let list_selectors = [
+        "has(device.attributes['gpu.nvidia.com'].nvlinkDomains)",
+        "!has(device.attributes['gpu.nvidia.com'].cpuSets) || device.attributes['gpu.nvidia.com'].cpuSets == [0] || device.attributes['gpu.nvidia.com'].cpuSets == 0",
+    ];
+    for claim in &mut s.claims {
+        let devices = &mut claim["spec"]["devices"];
+        if rng.chance(55) {
+            let (kind, attr) = *rng.pick(&list_constraints);
+            let c = json!({kind: attr});
+            match devices["constraints"].as_array_mut() {
+                Some(list) => list.push(c),
+                None => devices["constraints"] = json!([c]),
+            }
+            // More devices per request, so that the constraints have something to compare.
+            for r in devices["requests"].as_array_mut().into_iter().flatten() {
+                if let Some(body) = r.get_mut("exactly")
+                    && body.get("count").is_none()
+                    && body.get("allocationMode").is_none()
+                    && rng.chance(50)
+                {
+                    body["count"] = json!(2 + rng.below(2));
+                }
+            }
+        }
+        if rng.chance(4)
+            && let Some(body) = devices["requests"][0].get_mut("exactly")
+        {
+            // DRADerivedAttributes is off in both passes: the request is refused, in Go's words.
+            body["derivedAttributes"] = json!([{
+                "name": "derived/numa",
+                "expression": "device.attributes['resource.kubernetes.io'].numaNode",
+            }]);
+        }
+        if rng.chance(10)
+            && let Some(body) = devices["requests"][0].get_mut("exactly")
+        {
+            let sel = json!({"cel": {"expression": *rng.pick(&list_selectors)}});
+            match body["selectors"].as_array_mut() {
+                Some(list) => list.push(sel),
+                None => body["selectors"] = json!([sel]),
+            }
+        }
+    }
+    let declares = rng.chance(80);
+    (s, declares)
+}
+
+/// How often the gated features decided something, from the oracle's allocations.
+#[derive(Debug, Default)]
+struct Exercised {
+    list_constrained: usize,
+    grouped: usize,
+    skip_ops: usize,
+    derived_refused: usize,
+}
+
+fn exercised(s: &Scenario, verdicts: &[Verdict], counts: &mut Exercised) {
+    let grouped: std::collections::HashSet<(String, String)> = s
+        .slices
+        .iter()
+        .flat_map(|slice| {
+            let pool = slice["spec"]["pool"]["name"]
+                .as_str()
+                .unwrap_or("")
+                .to_string();
+            slice["spec"]["devices"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|d| {
+                    d["consumesCounters"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .any(|c| c.get("compatibilityGroups").is_some())
+                })
+                .map(move |d| (pool.clone(), d["name"].as_str().unwrap_or("").to_string()))
+        })
+        .collect();
+    for (claim, v) in s.claims.iter().zip(verdicts) {
+        if let Verdict::Error(e) = v
+            && e.contains("derived attributes")
+        {
+            counts.derived_refused += 1;
+        }
+        let Verdict::Allocated(a) = v else { continue };
+        let results = a["devices"]["results"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let list_constraint = claim["spec"]["devices"]["constraints"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| {
+                [
+                    "nvlinkDomains",
+                    "cpuSets",
+                    "cudaVersions",
+                    "linkGen",
+                    "nvlinkUp",
+                ]
+                .iter()
+                .any(|n| c.to_string().contains(n))
+            });
+        if list_constraint && results.len() >= 2 {
+            counts.list_constrained += 1;
+        }
+        for r in &results {
+            let key = (
+                r["pool"].as_str().unwrap_or("").to_string(),
+                r["device"].as_str().unwrap_or("").to_string(),
+            );
+            if grouped.contains(&key) {
+                counts.grouped += 1;
+            }
+            if r.get("skipNodeOperations").is_some() {
+                counts.skip_ops += 1;
+            }
+        }
+    }
 }
 
 #[test]
@@ -1111,4 +1374,105 @@ fn pods_with_several_claims_match_kubernetes() {
         timed_out * 20 <= pods,
         "{timed_out} of {pods} pods timed out: the generator makes searches too hard"
     );
+}
+
+#[test]
+#[ignore = "needs ALLOC_ORACLE, the Go allocator oracle (e2e/run-tests builds it and runs ignored tests)"]
+fn allocations_match_kubernetes_with_cluster_gates() {
+    let oracle = oracle();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gates = cluster_gates();
+    let cluster = Features::from_feature_gates(&gates).expect("cluster gates");
+    assert!(
+        cluster.experimental(),
+        "the cluster's gates select the experimental allocator"
+    );
+    // The same scenarios under the default gates too: slices with compatibility groups are
+    // then ignored, list attributes never match, skipNodeOperations is not looked at.
+    let passes = [
+        ("default", String::new(), Features::default()),
+        ("cluster", gates, cluster),
+    ];
+    for (pass, gates, features) in passes {
+        let mut mismatches = Vec::new();
+        let mut counts = Exercised::default();
+        let (mut allocated, mut unsatisfiable, mut errors, mut claims) = (0, 0, 0, 0);
+        for seed in 0..SCENARIOS {
+            let (s, declares) = gates_scenario(seed);
+            let mut node = NodeInfo::named(NODE);
+            let mut extra = Vec::new();
+            if !gates.is_empty() {
+                extra.push(format!("--feature-gates={gates}"));
+            }
+            if declares {
+                node.declared_features
+                    .push("DRAOptionalNodeOperations".to_string());
+                extra.push("--node-declared-features=DRAOptionalNodeOperations".to_string());
+            }
+            let mine = ours_with(&s, features, &node);
+            let go = theirs_with(&oracle, dir.path(), &s, &extra);
+            assert_eq!(mine.len(), go.len(), "{pass} seed {seed}: claim count");
+            exercised(&s, &go, &mut counts);
+            for (i, (a, b)) in mine.iter().zip(&go).enumerate() {
+                claims += 1;
+                match b {
+                    Verdict::Allocated(_) => allocated += 1,
+                    Verdict::Unsatisfiable(_) => unsatisfiable += 1,
+                    Verdict::Error(_) | Verdict::TimedOut => errors += 1,
+                }
+                if std::env::var_os("ALLOC_DIFF_DUMP").is_some() {
+                    eprintln!("{pass} seed {seed} claim {i}: {b:?}");
+                }
+                if a != b {
+                    mismatches.push(format!(
+                        "{pass} seed {seed} claim {i}:\n  ours:       {a:?}\n  kubernetes: {b:?}"
+                    ));
+                    if mismatches.len() == 1 {
+                        let keep = std::env::temp_dir().join(format!("alloc-gates-{pass}-{seed}"));
+                        let _ = std::fs::create_dir_all(&keep);
+                        write(&keep, "slices.json", &s.slices);
+                        write(&keep, "classes.json", &classes());
+                        write(&keep, "claims.json", &s.claims);
+                        write(&keep, "allocated.json", &s.allocated);
+                        eprintln!(
+                            "first mismatch inputs: {} (flags {extra:?})",
+                            keep.display()
+                        );
+                    }
+                }
+            }
+        }
+        eprintln!(
+            "alloc_differential ({pass} gates): {SCENARIOS} scenarios, {claims} claims: \
+             {allocated} allocated, {unsatisfiable} unsatisfiable, {errors} errors; \
+             exercised {counts:?}; {} mismatches",
+            mismatches.len()
+        );
+        assert!(
+            mismatches.is_empty(),
+            "{pass} gates: {} mismatches:\n{}",
+            mismatches.len(),
+            mismatches
+                .iter()
+                .take(10)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        // Under the default gates list attributes never match, so constrained claims fail.
+        let share = if pass == "cluster" { 4 } else { 8 };
+        assert!(
+            allocated * share > claims,
+            "{pass}: too few allocations: {allocated}/{claims}"
+        );
+        if pass == "cluster" {
+            // The gated behaviours must actually decide allocations.
+            assert!(counts.list_constrained > 20, "{counts:?}");
+            assert!(counts.grouped > 20, "{counts:?}");
+            assert!(counts.skip_ops > 20, "{counts:?}");
+            assert!(counts.derived_refused > 5, "{counts:?}");
+        } else {
+            assert_eq!(counts.grouped + counts.skip_ops, 0, "{counts:?}");
+        }
+    }
 }

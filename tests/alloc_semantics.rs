@@ -444,3 +444,91 @@ fn a_search_past_the_filter_timeout_fails_with_the_schedulers_error() {
     // Liveness, not speed: the exhaustive search would take years.
     assert!(started.elapsed() < std::time::Duration::from_secs(30));
 }
+
+/// The e2e cluster's gates (alpha ones included) switch on the experimental allocator's rules.
+fn gated(slices: Vec<Value>) -> Allocator {
+    let gates = "DRAListTypeAttributes=true,DRAOptionalNodeOperations=true,\
+                 DRADeviceCompatibilityGroups=true";
+    let features = Features::from_feature_gates(gates).expect("gates");
+    let slices: Vec<ResourceSlice> = serde_json::from_value(Value::Array(slices)).expect("slices");
+    Allocator::new(features, slices, classes())
+}
+
+fn with_attr(mut device: Value, name: &str, value: Value) -> Value {
+    device["attributes"][name] = value;
+    device
+}
+
+#[test]
+fn list_attributes_match_by_common_elements_with_the_gate() {
+    let slices = || {
+        vec![slice(
+            "s",
+            NODE,
+            vec![
+                with_attr(
+                    gpu("gpu-0", "80Gi", 0),
+                    "links",
+                    json!({"strings": ["x", "y"]}),
+                ),
+                with_attr(gpu("gpu-1", "80Gi", 0), "links", json!({"strings": ["z"]})),
+                with_attr(gpu("gpu-2", "80Gi", 0), "links", json!({"string": "y"})),
+            ],
+        )]
+    };
+    let c = claim(
+        "pair",
+        json!({
+            "requests": [exact("a", "gpu", json!({"count": 2}))],
+            "constraints": [{"matchAttribute": "gpu.nvidia.com/links"}],
+        }),
+    );
+    let state = AllocatedState::new();
+    // Without the gate lists never match (and a scalar only equals scalars).
+    let plain = allocate(&allocator(slices()), std::slice::from_ref(&c), &state);
+    assert!(matches!(plain, Outcome::Unsatisfiable { .. }), "{plain:?}");
+    let node = NodeInfo::named(NODE);
+    let with = gated(slices()).allocate(&node, &[c], &state).expect("ok");
+    assert_eq!(picked(&only(with)), "a=gpu-0,a=gpu-2");
+}
+
+#[test]
+fn skip_node_operations_need_the_gate_and_a_declaring_node() {
+    let mut s = slice("s", NODE, vec![gpu("gpu-0", "80Gi", 0)]);
+    s["spec"]["skipNodeOperations"] = json!(["NodePrepareResources"]);
+    let c = claim("one", json!({"requests": [exact("a", "gpu", json!({}))]}));
+    let state = AllocatedState::new();
+    // The default (incubating) allocator does not look at the field.
+    let plain = only(allocate(
+        &allocator(vec![s.clone()]),
+        std::slice::from_ref(&c),
+        &state,
+    ));
+    assert_eq!(
+        plain.devices.unwrap().results.unwrap()[0].skip_node_operations,
+        None
+    );
+    let alloc = gated(vec![s]);
+    let mut node = NodeInfo::named(NODE);
+    let refused = alloc
+        .allocate(&node, std::slice::from_ref(&c), &state)
+        .expect("ok");
+    assert!(
+        matches!(refused, Outcome::Unsatisfiable { .. }),
+        "{refused:?}"
+    );
+    let why =
+        dra_allocator::explain::explain(&alloc, &node, std::slice::from_ref(&c), &state).render();
+    assert!(
+        why.contains("does not declare DRAOptionalNodeOperations"),
+        "{why}"
+    );
+    node.declared_features
+        .push(dra_allocator::OPTIONAL_NODE_OPERATIONS.to_string());
+    let taken = only(alloc.allocate(&node, &[c], &state).expect("ok"));
+    let result = &taken.devices.unwrap().results.unwrap()[0];
+    assert_eq!(
+        result.skip_node_operations,
+        Some(vec!["NodePrepareResources".to_string()])
+    );
+}

@@ -51,6 +51,11 @@ pub struct ClaimInputs {
     /// Extra node labels `k=v,...` for slices that select nodes by label.
     #[arg(long, value_name = "K=V,...")]
     pub node_labels: Option<String>,
+    /// kube-scheduler feature gates `A=true,B=false,...` on top of the 1.37 defaults: allocate
+    /// as a scheduler started with them would (DRA gates only; e.g. the e2e cluster's
+    /// K8S_FEATURE_GATES). The node's kubelet is taken to run with them too.
+    #[arg(long, value_name = "GATE=BOOL,...", default_value = "")]
+    pub feature_gates: String,
     /// Claims that are already allocated (status.allocation set): their devices are in use.
     #[arg(long = "allocated", value_name = "FILE|DIR")]
     pub allocated: Vec<PathBuf>,
@@ -204,7 +209,8 @@ fn load(inputs: &ClaimInputs) -> Result<Loaded, CliError> {
         }
     }
     check_classes(&plan, &classes)?;
-    let features = Features::default();
+    let features = Features::from_feature_gates(&inputs.feature_gates)
+        .map_err(|e| usage(format!("--feature-gates: {e}")))?;
     let mut state = AllocatedState::new();
     let mut held = Manifests::default();
     held.add_typed(&inputs.allocated, Kind::ResourceClaim, &cel)
@@ -221,6 +227,11 @@ fn load(inputs: &ClaimInputs) -> Result<Loaded, CliError> {
         state.mark(&name, allocation, &features).map_err(usage)?;
     }
     let mut node = NodeInfo::named(&inputs.node);
+    // A kubelet with DRAOptionalNodeOperations declares it (nodedeclaredfeatures).
+    if features.optional_node_operations {
+        node.declared_features
+            .push(dra_allocator::OPTIONAL_NODE_OPERATIONS.to_string());
+    }
     for pair in inputs
         .node_labels
         .iter()
@@ -313,9 +324,12 @@ fn never_fits(plan: &Plan, explanation: &Explanation, claims: &[ResourceClaim]) 
             .devices
             .iter()
             .filter(|d| {
-                !d.problems
-                    .iter()
-                    .any(|p| matches!(p, Problem::Selector { .. } | Problem::NotOnNode))
+                !d.problems.iter().any(|p| {
+                    matches!(
+                        p,
+                        Problem::Selector { .. } | Problem::NotOnNode | Problem::NodeOperations(_)
+                    )
+                })
             })
             .count();
         Some((fit, r.devices.len()))
@@ -505,11 +519,15 @@ pub fn run_explain(args: ExplainArgs) -> Result<ExitCode, CliError> {
         .and_then(|path| super::live::LiveTarget::parse(&path.to_string_lossy()))
     {
         let only_node = (args.inputs.node != "sim-node").then_some(args.inputs.node.as_str());
+        // The cluster's scheduler gates are not visible through the API: the user names them.
+        let features = Features::from_feature_gates(&args.inputs.feature_gates)
+            .map_err(|e| usage(format!("--feature-gates: {e}")))?;
         return super::live::run(
             &target,
             &args.namespace,
             args.kubeconfig.as_deref(),
             only_node,
+            features,
         );
     }
     let loaded = load(&args.inputs)?;

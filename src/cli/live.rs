@@ -179,6 +179,13 @@ fn node_info(node: &Node) -> NodeInfo {
     if let Some(labels) = &node.metadata.labels {
         info.labels.extend(labels.clone());
     }
+    if let Some(declared) = node
+        .status
+        .as_ref()
+        .and_then(|s| s.declared_features.as_ref())
+    {
+        info.declared_features = declared.clone();
+    }
     info
 }
 
@@ -216,11 +223,14 @@ pub fn run(
     namespace: &str,
     kubeconfig: Option<&Path>,
     only_node: Option<&str>,
+    features: Features,
 ) -> Result<ExitCode, CliError> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(run_async(target, namespace, kubeconfig, only_node))
+    runtime.block_on(run_async(
+        target, namespace, kubeconfig, only_node, features,
+    ))
 }
 
 async fn run_async(
@@ -228,6 +238,7 @@ async fn run_async(
     namespace: &str,
     kubeconfig: Option<&Path>,
     only_node: Option<&str>,
+    features: Features,
 ) -> Result<ExitCode, CliError> {
     let client = crate::node::kube_client(kubeconfig, &crate::kubeapi::ApiTimeouts::default())
         .await
@@ -266,7 +277,6 @@ async fn run_async(
     }
     let view = view(&client).await?;
     let own: BTreeSet<String> = claims.iter().map(claim_key).collect();
-    let features = Features::default();
     let mut state = AllocatedState::new();
     for claim in &view.claims {
         if own.contains(&claim_key(claim)) {

@@ -13,7 +13,9 @@ use regex::Regex;
 
 use super::capacity::{self, Amount};
 use super::nodesel::node_matches;
-use super::search::{AttrValue, Run, attr_value, blocking_taint, lookup_attribute};
+use super::search::{
+    AttrSet, AttrValue, Run, attr_set, attr_value, blocking_taint, lookup_attribute,
+};
 use super::{AllocatedState, Allocator, DeviceId, NodeInfo, Outcome, device_claim, kobj};
 use k8s_quantity::Quantity;
 
@@ -24,6 +26,37 @@ pub enum Decision {
     Unsatisfiable(Option<String>),
     /// kube-scheduler aborts the attempt (and retries with backoff) with this error.
     Error(String),
+}
+
+/// The reason `allocateDevice` (experimental) refuses every device of a slice with
+/// `skipNodeOperations`, if it does.
+fn node_operations_problem(run: &Run<'_>, slice: usize) -> Option<Problem> {
+    let features = run.alloc.features();
+    let skips = run.alloc.slices()[slice]
+        .spec
+        .skip_node_operations
+        .as_ref()
+        .filter(|s| !s.is_empty())?;
+    if !features.experimental() {
+        return None;
+    }
+    let ops = skips.join(", ");
+    if !features.optional_node_operations {
+        return Some(Problem::NodeOperations(format!(
+            "its slice skips node operations ({ops}), which needs the DRAOptionalNodeOperations feature gate"
+        )));
+    }
+    let declared = run
+        .node
+        .declared_features
+        .iter()
+        .any(|f| f == super::OPTIONAL_NODE_OPERATIONS);
+    (!declared).then(|| {
+        Problem::NodeOperations(format!(
+            "its slice skips node operations ({ops}), and the node does not declare {}",
+            super::OPTIONAL_NODE_OPERATIONS
+        ))
+    })
 }
 
 /// Why one device was not usable for one request.
@@ -43,6 +76,9 @@ pub enum Problem {
         clauses: Vec<(String, String)>,
     },
     NotOnNode,
+    /// The device's slice lets the node skip operations (`skipNodeOperations`), which the
+    /// experimental allocator only allows with DRAOptionalNodeOperations, on nodes declaring it.
+    NodeOperations(String),
     Capacity(String),
     /// Shared counters (of the physical GPU) are used up; `held_by` are allocated devices
     /// drawing on the same counter sets.
@@ -311,6 +347,9 @@ fn explain_claim(
                     if on_node != Ok(true) {
                         problems.push(Problem::NotOnNode);
                     }
+                }
+                if let Some(p) = node_operations_problem(run, candidate.slice) {
+                    problems.push(p);
                 }
                 if alloc.features().consumable_capacity
                     && let Some(p) = capacity_problem(run, index, wanted.capacity.as_deref())
@@ -718,12 +757,20 @@ fn explain_constraints(
                     continue;
                 };
                 let device = run.device(index);
-                let value = match lookup_attribute(device, &d.id.driver, attribute).map(attr_value)
-                {
+                let found = lookup_attribute(device, &d.id.driver, attribute);
+                let value = match found.map(attr_value) {
                     Some(AttrValue::Str(s)) => format!("'{s}'"),
                     Some(AttrValue::Int(i)) => i.to_string(),
                     Some(AttrValue::Bool(b)) => b.to_string(),
                     Some(AttrValue::Version(v)) => v.to_string(),
+                    // With list-type attributes, lists match by common elements.
+                    Some(AttrValue::Other) if run.alloc.features().list_type_attributes => found
+                        .and_then(attr_set)
+                        .map_or("(no value)".to_string(), |set| match set {
+                            AttrSet::Int(v) => format!("{v:?}"),
+                            AttrSet::Bool(v) => format!("{v:?}"),
+                            AttrSet::Str(v) | AttrSet::Version(v) => format!("{v:?}"),
+                        }),
                     Some(AttrValue::Other) => "(list: never matches)".to_string(),
                     None => "(missing)".to_string(),
                 };
@@ -790,6 +837,7 @@ fn describe_problem(p: &Problem) -> String {
             }
         }
         Problem::NotOnNode => "device is not available on this node".to_string(),
+        Problem::NodeOperations(s) => s.clone(),
         Problem::Capacity(s) => format!("capacity: {s}"),
         Problem::Counters { detail, held_by } if held_by.is_empty() => {
             format!("shared counters used up: {detail}")

@@ -4,15 +4,20 @@
 //!
 //! The reference is `k8s.io/dynamic-resource-allocation/structured` v0.37, the "incubating"
 //! implementation: with the 1.37 default feature gates (consumable capacity, binding conditions)
-//! that is the one `NewAllocator` picks. Search order, backtracking, memoization boundaries and
-//! error texts follow it; only the data layout is ours (devices are flattened into one candidate
-//! list per node, selector results are cached across calls, device views are built once).
+//! that is the one `NewAllocator` picks. With alpha gates on (list-type attributes, compatibility
+//! groups, optional node operations: the e2e cluster's `K8S_FEATURE_GATES`) it picks the
+//! "experimental" one, whose differences are reproduced behind the same [`Features`] switches
+//! (see [`Features::from_feature_gates`]); derived attributes are not. Search order,
+//! backtracking, memoization boundaries and error texts follow Go; only the data layout is ours
+//! (devices are flattened into one candidate list per node, selector results are cached across
+//! calls, device views are built once).
 //!
 //! Entry point: [`Allocator::allocate`] allocates the claims of one pod on one node, like one
 //! scheduling cycle; callers that allocate several pods in a row mark each result in an
 //! [`AllocatedState`] as the scheduler's allocated-devices tracker does.
 mod capacity;
 pub mod explain;
+pub mod gates;
 pub mod load;
 mod nodesel;
 mod pools;
@@ -30,18 +35,24 @@ use dra_cel::{CelError, DeviceView, Selector, SelectorCache};
 use k8s_openapi::api::resource::v1::{AllocationResult, DeviceClass, ResourceClaim, ResourceSlice};
 use k8s_quantity::Quantity;
 
-pub use search::Outcome;
+pub use search::{OPTIONAL_NODE_OPERATIONS, Outcome};
 
-/// Allocator switches; each mirrors a `structured.Features` field (and so a feature gate).
+/// Allocator switches; each mirrors a `structured.Features` field (and so a feature gate),
+/// fields sorted as in Go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Features {
     pub admin_access: bool,
-    pub prioritized_list: bool,
-    pub partitionable_devices: bool,
-    pub device_taints: bool,
-    pub device_binding_and_status: bool,
+    pub compatibility_groups: bool,
     pub consumable_capacity: bool,
+    /// Not reproduced: [`Features::from_feature_gates`] refuses to turn it on.
+    pub derived_attributes: bool,
+    pub device_binding_and_status: bool,
+    pub device_taints: bool,
     pub fractional_capacity_range: bool,
+    pub list_type_attributes: bool,
+    pub optional_node_operations: bool,
+    pub partitionable_devices: bool,
+    pub prioritized_list: bool,
 }
 
 impl Features {
@@ -50,13 +61,33 @@ impl Features {
     /// version reaches 1.37, so a default 1.37 scheduler still rounds capacity in integers.
     pub const KUBERNETES_1_37: Features = Features {
         admin_access: true,
-        prioritized_list: true,
-        partitionable_devices: true,
-        device_taints: true,
-        device_binding_and_status: true,
+        compatibility_groups: false,
         consumable_capacity: true,
+        derived_attributes: false,
+        device_binding_and_status: true,
+        device_taints: true,
         fractional_capacity_range: false,
+        list_type_attributes: false,
+        optional_node_operations: false,
+        partitionable_devices: true,
+        prioritized_list: true,
     };
+
+    /// The features kube-scheduler 1.37 derives from its `--feature-gates` value (applied on
+    /// top of the 1.37 defaults, validated as `featuregate` does).
+    pub fn from_feature_gates(spec: &str) -> Result<Features, gates::GateError> {
+        gates::features(spec)
+    }
+
+    /// Whether `NewAllocator` picks the "experimental" implementation: any feature the
+    /// "incubating" one does not support is on. A few behaviours differ even for switches
+    /// that are off (devices of slices with `skipNodeOperations` become unallocatable).
+    pub fn experimental(&self) -> bool {
+        self.compatibility_groups
+            || self.derived_attributes
+            || self.list_type_attributes
+            || self.optional_node_operations
+    }
 }
 
 impl Default for Features {
@@ -169,6 +200,9 @@ impl AllocatedState {
 pub struct NodeInfo {
     pub name: String,
     pub labels: BTreeMap<String, String>,
+    /// `status.declaredFeatures`: the experimental allocator only hands out devices of slices
+    /// with `skipNodeOperations` on nodes declaring `DRAOptionalNodeOperations`.
+    pub declared_features: Vec<String>,
 }
 
 impl NodeInfo {
@@ -179,6 +213,7 @@ impl NodeInfo {
         Self {
             name: name.to_string(),
             labels,
+            declared_features: Vec::new(),
         }
     }
 }

@@ -35,6 +35,9 @@ pub(crate) struct Pool {
     /// Devices of this pool outside the node's slices that consume counters: counted when
     /// allocated, never candidates.
     pub other_consumers: Vec<(DeviceId, Vec<Consumption>)>,
+    /// Slices of this pool that do not target the node (`DeviceSlicesNotTargetingNode`):
+    /// their allocated devices seed the compatibility-group intersections.
+    pub other_slices: Vec<usize>,
 }
 
 impl Pool {
@@ -47,6 +50,7 @@ impl Pool {
             slices: Vec::new(),
             counter_sets: Vec::new(),
             other_consumers: Vec::new(),
+            other_slices: Vec::new(),
         }
     }
 
@@ -155,8 +159,9 @@ pub(crate) fn gather(alloc: &Allocator, node: &NodeInfo) -> Result<NodePools, Al
         {
             continue;
         }
-        // Compatibility groups (alpha, off): such slices are ignored, leaving the pool incomplete.
-        if uses_compatibility_groups(slice) {
+        // Without the compatibility-groups feature such slices are ignored (co-allocation
+        // cannot be checked), leaving the pool incomplete.
+        if !features.compatibility_groups && uses_compatibility_groups(slice) {
             continue;
         }
         let slice_name = slice.metadata.name.as_deref().unwrap_or("");
@@ -233,7 +238,10 @@ pub(crate) fn gather(alloc: &Allocator, node: &NodeInfo) -> Result<NodePools, Al
             if obsolete {
                 continue;
             }
-            all.retain(|&i| !uses_compatibility_groups(&slices[i]));
+            if !features.compatibility_groups {
+                // Consistent with the filter above: ignored slices do not count.
+                all.retain(|&i| !uses_compatibility_groups(&slices[i]));
+            }
             if all.len() as i64 != wanted {
                 let mut p = Pool::unusable(&driver, &pool_name);
                 p.incomplete = true;
@@ -383,6 +391,7 @@ fn build_pool(
         .into_iter()
         .map(|(name, counters)| CounterSetDef { name, counters })
         .collect();
+    pool.other_slices = other_slices.clone();
     for &s in &other_slices {
         for d in devices(&slices[s]) {
             let consumes = resolve_consumption(&pool, d)?;

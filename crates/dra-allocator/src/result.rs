@@ -42,7 +42,17 @@ pub(crate) fn build(run: &Run<'_>) -> Result<Vec<AllocationResult>, AllocError> 
                 } else {
                     None
                 },
-                skip_node_operations: None,
+                // The experimental allocator copies the slice's list (only devices whose
+                // node may skip them get this far); incubating never sets it.
+                skip_node_operations: if run.alloc.features.experimental() {
+                    run.alloc.slices[run.candidate(pick.candidate).slice]
+                        .spec
+                        .skip_node_operations
+                        .clone()
+                        .filter(|s| !s.is_empty())
+                } else {
+                    None
+                },
             });
         }
         let config = configs(run, ci);

@@ -3,6 +3,7 @@
 //! every pick is checked against use, selectors, capacity, counters, taints and constraints,
 //! and undone when a later step fails.
 use std::cell::RefCell;
+use std::collections::{BTreeSet, HashMap};
 use std::time::Instant;
 
 use dra_cel::CelError;
@@ -16,6 +17,10 @@ use super::nodesel::node_matches;
 use super::pools::{Candidate, NodePools};
 use super::{AllocError, AllocatedState, Allocator, DeviceId, NodeInfo, kobj};
 use k8s_quantity::Quantity;
+
+/// The node feature (`status.declaredFeatures`) devices of slices with `skipNodeOperations`
+/// need.
+pub const OPTIONAL_NODE_OPERATIONS: &str = "DRAOptionalNodeOperations";
 
 /// `AllocationResultsMaxSize`: devices per claim.
 pub const MAX_RESULTS_PER_CLAIM: i64 = 32;
@@ -93,9 +98,71 @@ pub(crate) struct Constraint<'a> {
     pub distinct: bool,
     pub requests: Vec<&'a str>,
     pub attribute: &'a str,
+    /// ListTypeAttributes: compare values as sets (scalars are one-element sets).
+    list: bool,
     first: Option<AttrValue<'a>>,
     count: usize,
     seen: Vec<AttrValue<'a>>,
+    /// List mode, match: the running intersection after each added device (a stack, so
+    /// removing a device restores the previous one). Distinct: each added device's set.
+    sets: Vec<AttrSet<'a>>,
+}
+
+/// `deviceAttributeListAsSet`: an attribute's values as a set of one type.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum AttrSet<'a> {
+    Int(BTreeSet<i64>),
+    Bool(BTreeSet<bool>),
+    Str(BTreeSet<&'a str>),
+    Version(BTreeSet<&'a str>),
+}
+
+/// `attributeAsSet`: non-empty lists first (ints, bools, strings, versions), then scalars;
+/// None for an attribute with neither.
+pub(crate) fn attr_set(attr: &DeviceAttribute) -> Option<AttrSet<'_>> {
+    fn strs(v: &[String]) -> BTreeSet<&str> {
+        v.iter().map(String::as_str).collect()
+    }
+    match attr {
+        DeviceAttribute { ints: Some(v), .. } if !v.is_empty() => {
+            Some(AttrSet::Int(v.iter().copied().collect()))
+        }
+        DeviceAttribute { bools: Some(v), .. } if !v.is_empty() => {
+            Some(AttrSet::Bool(v.iter().copied().collect()))
+        }
+        DeviceAttribute {
+            strings: Some(v), ..
+        } if !v.is_empty() => Some(AttrSet::Str(strs(v))),
+        DeviceAttribute {
+            versions: Some(v), ..
+        } if !v.is_empty() => Some(AttrSet::Version(strs(v))),
+        DeviceAttribute { int: Some(i), .. } => Some(AttrSet::Int(BTreeSet::from([*i]))),
+        DeviceAttribute { bool: Some(b), .. } => Some(AttrSet::Bool(BTreeSet::from([*b]))),
+        DeviceAttribute {
+            string: Some(s), ..
+        } => Some(AttrSet::Str(BTreeSet::from([s.as_str()]))),
+        DeviceAttribute {
+            version: Some(v), ..
+        } => Some(AttrSet::Version(BTreeSet::from([v.as_str()]))),
+        _ => None,
+    }
+}
+
+impl<'a> AttrSet<'a> {
+    /// The common elements of two sets of one type; None when empty or of other types.
+    pub fn intersection(&self, other: &AttrSet<'a>) -> Option<AttrSet<'a>> {
+        fn common<T: Ord + Copy>(a: &BTreeSet<T>, b: &BTreeSet<T>) -> Option<BTreeSet<T>> {
+            let c: BTreeSet<T> = a.intersection(b).copied().collect();
+            (!c.is_empty()).then_some(c)
+        }
+        match (self, other) {
+            (AttrSet::Int(a), AttrSet::Int(b)) => common(a, b).map(AttrSet::Int),
+            (AttrSet::Bool(a), AttrSet::Bool(b)) => common(a, b).map(AttrSet::Bool),
+            (AttrSet::Str(a), AttrSet::Str(b)) => common(a, b).map(AttrSet::Str),
+            (AttrSet::Version(a), AttrSet::Version(b)) => common(a, b).map(AttrSet::Version),
+            _ => None,
+        }
+    }
 }
 
 /// An attribute value as constraints compare it (scalars only; anything else never matches).
@@ -140,14 +207,16 @@ pub(crate) fn lookup_attribute<'d>(
 }
 
 impl<'a> Constraint<'a> {
-    pub fn new(distinct: bool, requests: Vec<&'a str>, attribute: &'a str) -> Self {
+    pub fn new(distinct: bool, requests: Vec<&'a str>, attribute: &'a str, list: bool) -> Self {
         Self {
             distinct,
             requests,
             attribute,
+            list,
             first: None,
             count: 0,
             seen: Vec::new(),
+            sets: Vec::new(),
         }
     }
 
@@ -183,6 +252,9 @@ impl<'a> Constraint<'a> {
         let Some(attr) = lookup_attribute(device, driver, self.attribute) else {
             return false;
         };
+        if self.list {
+            return self.add_set(attr);
+        }
         let value = attr_value(attr);
         if self.distinct {
             let clash = self.seen.iter().any(|seen| match value {
@@ -211,8 +283,36 @@ impl<'a> Constraint<'a> {
         true
     }
 
+    /// ListTypeAttributes: match needs a non-empty running intersection, distinct needs the
+    /// device's set disjoint from every earlier device's.
+    fn add_set(&mut self, attr: &'a DeviceAttribute) -> bool {
+        let Some(set) = attr_set(attr) else {
+            return false;
+        };
+        if self.distinct {
+            if self.sets.iter().any(|s| s.intersection(&set).is_some()) {
+                return false;
+            }
+            self.sets.push(set);
+            return true;
+        }
+        let next = match self.sets.last() {
+            None => set,
+            Some(current) => match current.intersection(&set) {
+                Some(narrowed) => narrowed,
+                None => return false,
+            },
+        };
+        self.sets.push(next);
+        true
+    }
+
     pub fn remove(&mut self, request: &str, sub: Option<&str>) {
         if !self.applies_to(request, sub) {
+            return;
+        }
+        if self.list {
+            self.sets.pop();
             return;
         }
         if self.distinct {
@@ -253,6 +353,53 @@ pub(crate) fn blocking_taint<'d>(
     })
 }
 
+/// `compatibilityGroupIntersection`: what the devices placed on one counter set so far
+/// allow. A device without groups only goes with other devices without groups, which a
+/// plain intersection cannot express, hence `all_empty`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct GroupIntersection {
+    has_members: bool,
+    all_empty: bool,
+    groups: BTreeSet<String>,
+}
+
+impl GroupIntersection {
+    fn admits(&self, groups: &BTreeSet<String>) -> bool {
+        if !self.has_members {
+            return true;
+        }
+        if groups.is_empty() {
+            return self.all_empty;
+        }
+        if self.all_empty {
+            return false;
+        }
+        self.groups.intersection(groups).next().is_some()
+    }
+
+    fn add(&self, groups: &BTreeSet<String>) -> GroupIntersection {
+        if !self.has_members {
+            return GroupIntersection {
+                has_members: true,
+                all_empty: groups.is_empty(),
+                groups: groups.clone(),
+            };
+        }
+        if self.all_empty || groups.is_empty() {
+            return self.clone();
+        }
+        GroupIntersection {
+            has_members: true,
+            all_empty: false,
+            groups: self.groups.intersection(groups).cloned().collect(),
+        }
+    }
+}
+
+fn group_set(c: &k8s_openapi::api::resource::v1::DeviceCounterConsumption) -> BTreeSet<String> {
+    c.compatibility_groups.iter().flatten().cloned().collect()
+}
+
 /// Everything `allocateDevice` changed for one pick, so it can be undone.
 struct Undo {
     candidate: usize,
@@ -260,6 +407,8 @@ struct Undo {
     request: usize,
     sub: usize,
     counters_reserved: bool,
+    /// Compatibility-group intersections replaced by this pick: (pool, counter set, before).
+    groups_replaced: Vec<(usize, String, Option<GroupIntersection>)>,
     constraints_added: usize,
     marked: bool,
     capacity_inserted: Option<Vec<(String, Quantity)>>,
@@ -291,6 +440,10 @@ pub(crate) struct Run<'a> {
     /// Per pool: counters left after allocated devices, computed on first use.
     available: Vec<Option<Vec<Vec<Quantity>>>>,
     consumed_counters: Vec<Vec<Vec<Quantity>>>,
+    /// Per pool: compatibility-group intersections of allocated devices, on first use.
+    groups_baseline: Vec<Option<HashMap<String, GroupIntersection>>>,
+    /// Per pool: the running intersections including this attempt's picks.
+    groups_running: Vec<HashMap<String, GroupIntersection>>,
     pub results: Vec<Vec<Pick>>,
     shares_made: u64,
     /// When the filter timeout runs out; checked every `DEADLINE_CHECK_INTERVAL` steps.
@@ -391,6 +544,8 @@ impl<'a> Run<'a> {
                         .collect()
                 })
                 .collect(),
+            groups_baseline: (0..pools.pools.len()).map(|_| None).collect(),
+            groups_running: vec![HashMap::new(); pools.pools.len()],
             results: vec![Vec::new(); claims.len()],
             shares_made: 0,
         }
@@ -514,10 +669,11 @@ impl<'a> Run<'a> {
                 .enumerate()
             {
                 let requests = c.requests.iter().flatten().map(String::as_str).collect();
+                let list = features.list_type_attributes;
                 let constraint = if let Some(attr) = &c.match_attribute {
-                    Constraint::new(false, requests, attr)
+                    Constraint::new(false, requests, attr, list)
                 } else if let Some(attr) = &c.distinct_attribute {
-                    Constraint::new(true, requests, attr)
+                    Constraint::new(true, requests, attr, list)
                 } else {
                     return Err(AllocError(format!(
                         "claim {obj}, constraint #{i}: empty constraint (unsupported constraint type?)"
@@ -874,6 +1030,75 @@ impl<'a> Run<'a> {
         Ok(left)
     }
 
+    /// `compatibilityGroupsBaselineForPool`: per counter set, the intersection of the groups
+    /// of the pool's allocated devices (node's slices first, then the others).
+    fn groups_baseline(&self, pool_index: usize) -> HashMap<String, GroupIntersection> {
+        let pool = &self.pools.pools[pool_index];
+        let mut baseline: HashMap<String, GroupIntersection> = HashMap::new();
+        for &slice in pool.slices.iter().chain(&pool.other_slices) {
+            for device in self.alloc.slices[slice].spec.devices.iter().flatten() {
+                let id = DeviceId::new(&pool.driver, &pool.name, &device.name);
+                if !self.state.is_allocated(&id) {
+                    continue;
+                }
+                for c in device.consumes_counters.iter().flatten() {
+                    let entry = baseline.entry(c.counter_set.clone()).or_default();
+                    *entry = entry.add(&group_set(c));
+                }
+            }
+        }
+        baseline
+    }
+
+    /// `checkAndConsumeCompatibilityGroups`: folds the candidate's groups into the running
+    /// intersection of every counter set it draws from, or changes nothing and returns None
+    /// when one of them does not admit it.
+    #[allow(clippy::type_complexity)]
+    fn consume_groups(
+        &mut self,
+        index: usize,
+    ) -> Option<Vec<(usize, String, Option<GroupIntersection>)>> {
+        let pool_index = self.candidate(index).pool;
+        if self.groups_baseline[pool_index].is_none() {
+            self.groups_baseline[pool_index] = Some(self.groups_baseline(pool_index));
+        }
+        let device = self.device(index);
+        let mut replaced = Vec::new();
+        for c in device.consumes_counters.iter().flatten() {
+            let running = &self.groups_running[pool_index];
+            let previous = running.get(&c.counter_set).cloned();
+            let current = match &previous {
+                Some(p) => p.clone(),
+                None => self.groups_baseline[pool_index]
+                    .as_ref()
+                    .and_then(|b| b.get(&c.counter_set))
+                    .cloned()
+                    .unwrap_or_default(),
+            };
+            let groups = group_set(c);
+            if !current.admits(&groups) {
+                self.restore_groups(std::mem::take(&mut replaced));
+                return None;
+            }
+            replaced.push((pool_index, c.counter_set.clone(), previous));
+            self.groups_running[pool_index].insert(c.counter_set.clone(), current.add(&groups));
+        }
+        Some(replaced)
+    }
+
+    fn restore_groups(&mut self, replaced: Vec<(usize, String, Option<GroupIntersection>)>) {
+        for (pool, set, previous) in replaced.into_iter().rev() {
+            match previous {
+                Some(p) => {
+                    self.groups_running[pool].insert(set, p);
+                }
+                None => {
+                    self.groups_running[pool].remove(&set);
+                }
+            }
+        }
+    }
+
     fn new_share_id(&mut self, claim: usize, index: usize) -> String {
         self.shares_made += 1;
         let claim = &self.claims[claim];
@@ -905,6 +1130,26 @@ impl<'a> Run<'a> {
         if !admin && self.device_in_use(index) {
             return Ok(None);
         }
+        // Only the experimental allocator knows about optional node operations; it hands
+        // out such devices only with the feature on and on nodes declaring it.
+        if features.experimental() {
+            let c = self.candidate(index);
+            let skips = self.alloc.slices[c.slice]
+                .spec
+                .skip_node_operations
+                .as_ref()
+                .is_some_and(|s| !s.is_empty());
+            if skips
+                && (!features.optional_node_operations
+                    || !self
+                        .node
+                        .declared_features
+                        .iter()
+                        .any(|f| f == OPTIONAL_NODE_OPERATIONS))
+            {
+                return Ok(None);
+            }
+        }
         let consumes = device
             .consumes_counters
             .as_ref()
@@ -920,17 +1165,32 @@ impl<'a> Run<'a> {
             request: at.request,
             sub: at.sub,
             counters_reserved: false,
+            groups_replaced: Vec::new(),
             constraints_added: 0,
             marked: false,
             capacity_inserted: None,
             capacity_existed: false,
             previous_results: self.results[claim].len(),
         };
-        if !skip_counters && consumes {
-            if !self.reserve_counters(index).map_err(Halt::Fatal)? {
-                return Ok(None);
+        // Checked before the counters, so a rejection has nothing to undo yet.
+        if features.compatibility_groups && !skip_counters && consumes {
+            match self.consume_groups(index) {
+                Some(replaced) => undo.groups_replaced = replaced,
+                None => return Ok(None),
             }
-            undo.counters_reserved = true;
+        }
+        if !skip_counters && consumes {
+            match self.reserve_counters(index) {
+                Ok(true) => undo.counters_reserved = true,
+                Ok(false) => {
+                    self.rollback(undo);
+                    return Ok(None);
+                }
+                Err(e) => {
+                    self.rollback(undo);
+                    return Err(Halt::Fatal(e));
+                }
+            }
         }
         if features.device_taints {
             let req = &self.reqs[claim][at.request][at.sub];
@@ -1081,6 +1341,7 @@ impl<'a> Run<'a> {
         if undo.counters_reserved {
             self.release_counters(index);
         }
+        self.restore_groups(undo.groups_replaced);
     }
 
     /// `allocateOne`: finds a device for position `at`, then recurses for the next one.

@@ -827,6 +827,8 @@ struct Coster {
     entries: HashMap<u64, Entry>,
     /// The first error cel-go's cost environment reports, and the node it is reported at.
     error: Option<(u64, String)>,
+    /// DRAListTypeAttributes: attribute values are `dyn` (iterable) instead of `any`.
+    list: bool,
 }
 
 fn lit_int(x: &X) -> Option<i64> {
@@ -1049,6 +1051,10 @@ impl Coster {
 
     /// Whether the API server types the expression as `any` (an attribute value).
     fn is_any(&self, e: &X) -> bool {
+        // With DRAListTypeAttributes attribute values are `dyn` like any other.
+        if self.list {
+            return false;
+        }
         match &e.k {
             K::Comp(c) if c.accu != ACCU => self.is_any(&c.result),
             K::Call { func, args, .. } if func == "_?_:_" && args.len() == 3 => {
@@ -1077,7 +1083,7 @@ impl Coster {
             }
         }
         match decl_of(&self.get_path(e).read()) {
-            Some(Decl::OuterAttrs | Decl::InnerAttrs) => {
+            Some(Decl::OuterAttrs | Decl::InnerAttrs) if !self.list => {
                 e.ty.to_string().replace("dyn", "google.protobuf.Any")
             }
             _ => e.ty.to_string(),
@@ -1105,7 +1111,11 @@ impl Coster {
     fn cost_comprehension(&mut self, e: &X, c: &Comp) -> Est {
         let mut sum = self.cost(&c.range);
         // The API server types attribute values as `any`, which cannot be iterated.
-        if wild(&c.range.ty) && decl_of(&self.get_path(&c.range).read()) == Some(Decl::Attr) {
+        // (With DRAListTypeAttributes they are `dyn`, which can.)
+        if !self.list
+            && wild(&c.range.ty)
+            && decl_of(&self.get_path(&c.range).read()) == Some(Decl::Attr)
+        {
             self.error.get_or_insert_with(|| {
                 (c.range.id, "expression of type 'any' cannot be range of a comprehension (must be list, map, or dynamic)".into())
             });
@@ -1197,7 +1207,8 @@ impl Coster {
             }
             return fixed(1).add(c);
         }
-        if func == "includes" {
+        // DRAListTypeAttributes adds the Kubernetes `includes` library to the environment.
+        if func == "includes" && !self.list {
             self.error.get_or_insert_with(|| {
                 (
                     e.id,
@@ -1836,20 +1847,36 @@ fn sortable(el: &Type, ids: &mut Vec<&'static str>, s: &'static str, o: &'static
 const ATTRIBUTES_DYN: &str = "map(string, map(string, dyn))";
 const ATTRIBUTES_ANY: &str = "map(string, map(string, any))";
 
+/// The feature gates kube-apiserver's NewExpressions environment depends on
+/// (`cel.Features`); consumable capacity is always on (1.37 default).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CostFeatures {
+    /// DRAListTypeAttributes (alpha, off by default).
+    pub list_type_attributes: bool,
+}
+
 /// The worst-case cost kube-apiserver estimates for a selector (`CompilationResult.MaxCost`
 /// in the NewExpressions environment); validation rejects it above [`super::MAX_COST`].
 pub fn estimate_cost(expression: &str) -> Result<u64, CelError> {
-    let source = expression.to_string();
-    super::on_compile_thread(move || estimate_on_this_thread(&source))
+    estimate_cost_with(expression, CostFeatures::default())
 }
 
-fn estimate_on_this_thread(source: &str) -> Result<u64, CelError> {
+/// [`estimate_cost`] for an API server with these gates.
+pub fn estimate_cost_with(expression: &str, features: CostFeatures) -> Result<u64, CelError> {
+    let source = expression.to_string();
+    super::on_compile_thread(move || estimate_on_this_thread(&source, features))
+}
+
+fn estimate_on_this_thread(source: &str, features: CostFeatures) -> Result<u64, CelError> {
     // Same parse and check as `compile` (its errors are the API server's too, but for the type
     // of attribute values, which this environment declares `any`).
     // A result that is not a selector's is reported below, in this environment's type names.
     let wrong_output = match super::compile(source) {
         Ok(_) => false,
         Err(CelError::Compile(m)) if m.starts_with("must evaluate to bool") => true,
+        Err(CelError::Compile(m)) if features.list_type_attributes => {
+            return Err(CelError::Compile(m));
+        }
         Err(CelError::Compile(m)) => {
             return Err(CelError::Compile(m.replace(ATTRIBUTES_DYN, ATTRIBUTES_ANY)));
         }
@@ -1873,6 +1900,7 @@ fn estimate_on_this_thread(source: &str) -> Result<u64, CelError> {
         sizes: HashMap::new(),
         entries: HashMap::new(),
         error: None,
+        list: features.list_type_attributes,
     };
     let cost = c.cost(&root);
     if let Some((id, e)) = c.error {
@@ -1886,7 +1914,13 @@ fn estimate_on_this_thread(source: &str) -> Result<u64, CelError> {
         )));
     }
     // The API server's attribute type is `any`: other dynamic results are not selectors.
-    if wrong_output || (wild(&root_ty) && !c.is_any(&root)) {
+    // With DRAListTypeAttributes the attribute type is `dyn`: every dynamic result passes.
+    let rejected = if features.list_type_attributes {
+        wrong_output && !wild(&root_ty)
+    } else {
+        wrong_output || (wild(&root_ty) && !c.is_any(&root))
+    };
+    if rejected {
         return Err(CelError::Compile(format!(
             "must evaluate to bool or the unknown type, not {}",
             c.shown_type(&root)

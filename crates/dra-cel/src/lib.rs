@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex};
 use cel::common::ast::{Expr, IdedExpr, SourceInfo};
 
 use check::{Checker, Node};
-pub use cost::estimate_cost;
+pub use cost::{CostFeatures, estimate_cost, estimate_cost_with};
 pub use device::{DeviceError, DeviceView};
 use eval::Ctx;
 use value::Value;

@@ -441,3 +441,94 @@ fn estimated_cost_matches_kubernetes() {
     );
     assert_eq!(mismatches, 0);
 }
+
+/// `K8S_FEATURE_GATES` of e2e/versions.env: kube-apiserver's gates in the e2e cluster.
+fn cluster_gates() -> String {
+    include_str!("../../../e2e/versions.env")
+        .lines()
+        .find_map(|l| l.strip_prefix("K8S_FEATURE_GATES="))
+        .expect("K8S_FEATURE_GATES in e2e/versions.env")
+        .trim()
+        .to_string()
+}
+
+/// Selectors over list-valued attributes, which DRAListTypeAttributes types as `dyn`.
+fn list_attribute_exprs() -> Vec<String> {
+    let a = "device.attributes['gpu.nvidia.com']";
+    vec![
+        format!("{a}.nvlinkDomains.exists(d, d == 'a')"),
+        format!("{a}.nvlinkDomains.all(d, d.startsWith('nvl'))"),
+        format!("'a' in {a}.nvlinkDomains"),
+        format!("{a}.nvlinkDomains.size() > 1"),
+        format!("{a}.cpuSets.includes(1)"),
+        format!("{a}.cpuSets"),
+        format!("{a}.cpuSets == [0]"),
+        format!("{a}.nvlinkDomains.map(d, d + 'x').size() > 0"),
+        format!("{a}.nvlinkDomains.filter(d, d.matches('^nvl')).size() > 0"),
+        format!("{a}.nvlinkDomains.exists(d, {a}.cpuSets.exists(c, c == 1))"),
+        "device.attributes.exists(d, device.attributes[d].exists(k, device.attributes[d][k].exists(v, v == 'a')))".into(),
+        format!("dyn({a}.productName)"),
+        "dyn(1)".into(),
+        format!("{a}.productName + 'x'"),
+        format!("[{a}.productName]"),
+    ]
+}
+
+/// The estimate under the e2e cluster's gates (DRAListTypeAttributes on).
+#[test]
+#[ignore = "needs CEL_ORACLE, the Go cel-oracle on the pinned Kubernetes modules (e2e/run-tests builds it and runs ignored tests)"]
+fn estimated_cost_matches_kubernetes_with_cluster_gates() {
+    let oracle = std::env::var("CEL_ORACLE").expect(
+        "CEL_ORACLE is not set: build e2e/harness/cmd/cel-oracle and point CEL_ORACLE at it",
+    );
+    let exprs: Vec<String> = corpus()
+        .into_iter()
+        .chain(list_attribute_exprs())
+        .filter(|e| e.len() <= MAX_EXPRESSION_LENGTH)
+        .collect();
+    let mut input = String::new();
+    for e in &exprs {
+        input.push_str(&json!({ "expression": e }).to_string());
+        input.push('\n');
+    }
+    let mut child = Command::new(&oracle)
+        .arg("--estimate-cost")
+        .arg(format!("--feature-gates={}", cluster_gates()))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start cel-oracle");
+    let mut stdin = child.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()));
+    let answers: Vec<Json> = BufReader::new(child.stdout.take().unwrap())
+        .lines()
+        .map(|l| serde_json::from_str(&l.unwrap()).unwrap())
+        .collect();
+    writer.join().unwrap().unwrap();
+    assert!(child.wait().unwrap().success());
+    assert_eq!(answers.len(), exprs.len());
+    let features = dra_cel::CostFeatures {
+        list_type_attributes: true,
+    };
+    let mut mismatches = 0;
+    for (e, want) in exprs.iter().zip(&answers) {
+        let ours = dra_cel::estimate_cost_with(e, features);
+        let ok = match (&ours, want.get("cost").and_then(Json::as_u64)) {
+            (Ok(c), Some(w)) => *c == w,
+            (Err(e), None) => {
+                normalise(&json!({"error": {"kind": e.kind(), "message": e.message()}}))
+                    == normalise(want)
+            }
+            _ => false,
+        };
+        if !ok {
+            mismatches += 1;
+            eprintln!("MISMATCH {e:?}\n  ours: {ours:?}\n  k8s:  {want}");
+        }
+    }
+    eprintln!(
+        "cluster gates: {} expressions, {mismatches} mismatches",
+        exprs.len()
+    );
+    assert_eq!(mismatches, 0);
+}

@@ -699,3 +699,61 @@ fn matches_kubernetes_on_generated_and_upstream_corpus() {
         inputs.len()
     );
 }
+
+/// The scheduler evaluates selectors in the StoredExpressions environment, which ignores the
+/// DRA feature gates (DRAListTypeAttributes, DRAConsumableCapacity): the same corpus must
+/// evaluate identically with the e2e cluster's gates (`K8S_FEATURE_GATES`).
+#[test]
+#[ignore = "needs CEL_ORACLE, the Go cel-oracle on the pinned Kubernetes modules (e2e/run-tests builds it and runs ignored tests)"]
+fn matches_kubernetes_with_cluster_gates() {
+    let oracle = std::env::var("CEL_ORACLE").expect(
+        "CEL_ORACLE is not set: build e2e/harness/cmd/cel-oracle and point CEL_ORACLE at it",
+    );
+    let gates = include_str!("../../../e2e/versions.env")
+        .lines()
+        .find_map(|l| l.strip_prefix("K8S_FEATURE_GATES="))
+        .expect("K8S_FEATURE_GATES in e2e/versions.env")
+        .trim()
+        .to_string();
+    let inputs = corpus();
+    let mut child = Command::new(&oracle)
+        .arg(format!("--feature-gates={gates}"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {oracle}: {e}"));
+    let mut stdin = child.stdin.take().expect("oracle stdin");
+    let payload: String = inputs.iter().map(|l| format!("{l}\n")).collect();
+    let writer = std::thread::spawn(move || stdin.write_all(payload.as_bytes()));
+    let reader = BufReader::new(child.stdout.take().expect("oracle stdout"));
+    let theirs: Vec<Json> = reader
+        .lines()
+        .map(|l| serde_json::from_str(&l.expect("oracle line")).expect("oracle json"))
+        .collect();
+    writer.join().expect("writer").expect("write to oracle");
+    assert!(child.wait().expect("oracle exit").success());
+    assert_eq!(theirs.len(), inputs.len(), "oracle answered every line");
+    let cache = SelectorCache::new();
+    let mismatches: Vec<String> = inputs
+        .iter()
+        .zip(&theirs)
+        .filter_map(|(input, expected)| {
+            let got = ours(&cache, input);
+            (normalise(&got) != normalise(expected)).then(|| {
+                format!(
+                    "expression: {}\n ours:   {got}\n theirs: {expected}",
+                    input["expression"]
+                )
+            })
+        })
+        .collect();
+    eprintln!(
+        "cluster gates: {} pairs compared, {} mismatches",
+        inputs.len(),
+        mismatches.len()
+    );
+    for m in mismatches.iter().take(30) {
+        eprintln!("{m}");
+    }
+    assert!(mismatches.is_empty());
+}

@@ -6,8 +6,8 @@
 // Usage:
 //
 //	alloc-oracle --slices FILE --classes FILE --claims FILE [--allocated FILE] [--pods 2,1,...]
-//	             [--node NAME] [--node-labels k=v,...] [--feature-gates A=true,...] [--timeout 60s]
-//	             [--filter-timeout 10s]
+//	             [--node NAME] [--node-labels k=v,...] [--node-declared-features F,...]
+//	             [--feature-gates A=true,...] [--timeout 60s] [--filter-timeout 10s]
 //
 // Input files hold resource.k8s.io/v1 objects (ResourceSlice, DeviceClass, ResourceClaim) as
 // one YAML/JSON object, multi-document YAML, a `kind: List` with `items`, or a JSON array.
@@ -104,6 +104,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	allocatedFile := fs.String("allocated", "", "already allocated ResourceClaims (optional)")
 	nodeName := fs.String("node", "sim-node-1", "node to allocate on")
 	nodeLabels := fs.String("node-labels", "", "extra node labels, k=v,...")
+	declared := fs.String("node-declared-features", "", "node status.declaredFeatures, comma-separated (e.g. DRAOptionalNodeOperations)")
 	gates := fs.String("feature-gates", "", "feature gates, kube-scheduler syntax (default: 1.37 defaults)")
 	timeout := fs.Duration("timeout", time.Minute, "overall allocation timeout")
 	filterTimeout := fs.Duration("filter-timeout", 10*time.Second, "per-pod allocation timeout, as kube-scheduler's DynamicResources filterTimeout (0: none)")
@@ -177,6 +178,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 
 	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: *nodeName, Labels: labels}}
+	if *declared != "" {
+		// What the node's kubelet declares (nodedeclaredfeatures): the experimental allocator
+		// only hands out devices of slices with skipNodeOperations on nodes declaring
+		// DRAOptionalNodeOperations.
+		node.Status.DeclaredFeatures = strings.Split(*declared, ",")
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
 	ctx = klog.NewContext(ctx, klog.Background().WithValues("node", *nodeName))

@@ -237,3 +237,26 @@ func TestBadInput(t *testing.T) {
 		t.Errorf("missing flags: want 2, got %d", code)
 	}
 }
+
+// With DRAOptionalNodeOperations the experimental allocator only hands out devices of slices
+// with skipNodeOperations on nodes that declare the feature, and copies the list into results.
+func TestNodeDeclaredFeatures(t *testing.T) {
+	slices := strings.Replace(slicesYAML, "  pool: {name: node-a,",
+		"  skipNodeOperations: [NodePrepareResources]\n  pool: {name: node-a,", 1)
+	dir := writeFiles(t, map[string]string{
+		"slices.yaml":  slices,
+		"classes.json": classesJSON,
+		"claims.yaml":  claimYAML("any-1", oneGPU),
+	})
+	gates := "--feature-gates=DRAOptionalNodeOperations=true"
+	if got := devices(runOracle(t, dir, gates).Claims[0]); got != "unsatisfiable" {
+		t.Errorf("undeclared node: got %s", got)
+	}
+	rep := runOracle(t, dir, gates, "--node-declared-features=DRAOptionalNodeOperations")
+	if got := devices(rep.Claims[0]); got != "gpu=gpu.nvidia.com/node-a/gpu-0" {
+		t.Fatalf("declaring node: got %s", got)
+	}
+	if ops := rep.Claims[0].Allocation.Devices.Results[0].SkipNodeOperations; len(ops) != 1 || ops[0] != "NodePrepareResources" {
+		t.Errorf("skipNodeOperations in result: %v", ops)
+	}
+}
