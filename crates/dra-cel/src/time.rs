@@ -1,6 +1,13 @@
 //! `google.protobuf.Duration` and `google.protobuf.Timestamp` as cel-go's standard library has
 //! them: Go's `time.ParseDuration` and RFC 3339 `time.Parse`, the range checks of
 //! `common/types` (years 0001..9999), its overflow-checked arithmetic and its accessors.
+//!
+//! Time zones come from chrono-tz's copy of the tz database; Go reads the host's zoneinfo
+//! files (Debian's tzdata in Kubernetes' images). They agree for canonical zones (checked
+//! against the oracle from year 1 to 9999) but not for the history of names that upstream has
+//! since turned into links and Debian still builds from their old definitions: before 1970
+//! for zones such as `Europe/Amsterdam`, and in the 1970s too for `WET`, `CET`, `MET`, `EET`
+//! and the `EST5EDT`-style names.
 use std::fmt::Write as _;
 
 use chrono::{DateTime, Datelike, NaiveDateTime, Offset, TimeZone, Timelike};
@@ -260,24 +267,46 @@ fn iana_offset(name: &str, at: i64) -> Result<i64, String> {
     if name.contains("..") || name.starts_with('/') || name.starts_with('\\') {
         return Err("time: invalid location name".into());
     }
-    let zone: chrono_tz::Tz = name.parse().map_err(|_| {
-        // Go reads the zone database's files: a region's directory fails to read.
-        let directory = format!("{name}/");
-        if chrono_tz::TZ_VARIANTS
-            .iter()
-            .any(|z| z.name().starts_with(&directory))
-        {
-            "is a directory".to_string()
-        } else {
-            format!("unknown time zone {name}")
-        }
-    })?;
+    // Zones whose files Debian's tzdata (the scheduler image's, and Go's source) still ships
+    // with their own definitions, where chrono-tz follows upstream's links or has no entry.
+    let name = match name {
+        "EST" => return Ok(-5 * 3600),
+        "MST" => return Ok(-7 * 3600),
+        "HST" => return Ok(-10 * 3600),
+        "Factory" | "localtime" => return Ok(0),
+        "posixrules" => "America/New_York",
+        other => other,
+    };
+    let zone: chrono_tz::Tz = name.parse().map_err(|_| missing_zone_error(name))?;
     let utc = DateTime::from_timestamp(at, 0)
         .unwrap_or_default()
         .naive_utc();
     Ok(i64::from(
         zone.offset_from_utc_datetime(&utc).fix().local_minus_utc(),
     ))
+}
+
+/// Go's error for a zone name that is no file of the zone database: reading a region's
+/// directory (`America`), a file as a directory (`UTC/`), or nothing there.
+fn missing_zone_error(name: &str) -> String {
+    let exists = |zone: &str| chrono_tz::TZ_VARIANTS.iter().any(|z| z.name() == zone);
+    let directory = if name.ends_with('/') {
+        name.to_string()
+    } else {
+        format!("{name}/")
+    };
+    if chrono_tz::TZ_VARIANTS
+        .iter()
+        .any(|z| z.name().starts_with(&directory))
+    {
+        return "is a directory".into();
+    }
+    if let Some(file) = name.strip_suffix('/') {
+        if exists(file) {
+            return "not a directory".into();
+        }
+    }
+    format!("unknown time zone {name}")
 }
 
 /// Go's `strconv.Atoi`, with its error texts.

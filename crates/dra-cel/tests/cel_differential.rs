@@ -338,6 +338,12 @@ const ZONES: &[&str] = &[
     "Mars/Olympus",
     "europe/berlin",
     "../etc/passwd",
+    "EST",
+    "Factory",
+    "posixrules",
+    "Local",
+    "America",
+    "UTC/",
 ];
 const TIME_ACCESSORS: &[&str] = &[
     "getFullYear",
@@ -864,7 +870,12 @@ fn gen_expr(rng: &mut Rng, driver: &str, depth: usize) -> String {
 }
 
 fn corpus() -> Vec<Json> {
-    let mut rng = Rng(0x5eed_ce10_d1ff_u64 | 1);
+    // CEL_SEED explores other corpora (the default one is what CI runs).
+    let seed = std::env::var("CEL_SEED")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .unwrap_or(0x5eed_ce10_d1ff_u64);
+    let mut rng = Rng(seed | 1);
     let mut lines = Vec::new();
     let fixtures = include_str!("../../../e2e/cel-fixtures/kubernetes-expressions.jsonl");
     let k8s_device = json!({"name": "dev", "attributes": {
