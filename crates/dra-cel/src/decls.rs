@@ -636,7 +636,8 @@ fn build() -> HashMap<&'static str, FuncDecl> {
     add(
         "optional.none",
         Func::OptionalNone,
-        vec![g(&[], Type::optional(Dyn))],
+        // `optional_type(V)`: a free type, bound by its use (`optional.none().orValue(true)`).
+        vec![g(&[], opt_a.clone())],
     );
     add(
         "optional.ofNonZeroValue",

@@ -277,3 +277,15 @@ fn unknown_qualified_names_report_their_root() {
         "{e}"
     );
 }
+
+#[test]
+fn optional_none_has_a_free_type() {
+    // cel-go declares `optional.none()` as `optional_type(V)`: its use binds V.
+    let e = run("(optional.none().orValue(true)) ? (quantity('1')) : (true)").unwrap_err();
+    assert!(
+        e.message().contains(
+            "found no matching overload for '_?_:_' applied to '(bool, kubernetes.Quantity, bool)'"
+        ),
+        "{e}"
+    );
+}
