@@ -301,10 +301,8 @@ fn missing_zone_error(name: &str) -> String {
     {
         return "is a directory".into();
     }
-    if let Some(file) = name.strip_suffix('/') {
-        if exists(file) {
-            return "not a directory".into();
-        }
+    if name.strip_suffix('/').is_some_and(exists) {
+        return "not a directory".into();
     }
     format!("unknown time zone {name}")
 }
