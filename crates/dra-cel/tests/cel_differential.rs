@@ -6,7 +6,7 @@
 //! same message, with two normalisations: for compile errors only the first reported issue
 //! line is compared (cel-go may list several), and Go regexp parse errors compare only their
 //! `error parsing regexp:` prefix (Go's and Rust's regex parsers word errors differently).
-//!
+//! `CEL_SEED=<n>` generates another corpus.
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 
