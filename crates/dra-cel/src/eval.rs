@@ -841,6 +841,9 @@ pub fn call(func: Func, args: &[Value], device: &DeviceView) -> R {
             Map(m) => Ok(Bool(m.contains(a0))),
             _ => no_such_overload(),
         },
+        Func::Index | Func::OptIndex if matches!(a1, Duration(_) | Timestamp(_)) => {
+            err(invalid_qualifier(a1))
+        }
         Func::Index => index_value(a0, a1, device),
         Func::Size => match materialize(a0, device) {
             String(s) => Ok(Int(s.chars().count() as i64)),
@@ -1528,6 +1531,11 @@ pub fn call(func: Func, args: &[Value], device: &DeviceView) -> R {
     }
 }
 
+/// cel-go's error for an index its attribute qualifiers cannot take (durations, timestamps).
+pub fn invalid_qualifier(index: &Value) -> String {
+    format!("invalid qualifier type: {}", index.go_type_name())
+}
+
 /// A timestamp or duration accessor; the optional second argument is a time zone.
 fn time_field(field: time::TimeField, args: &[Value]) -> R {
     match args {
@@ -1773,7 +1781,7 @@ pub fn eval(node: &Node, ctx: &mut Ctx<'_>) -> R {
                 };
                 if let Some(slot) = out
                     .iter_mut()
-                    .find(|(k2, _)| matches!(k2.equals(&key), Equality::Equal(true)))
+                    .find(|(k2, _)| super::value::same_literal_key(k2, &key))
                 {
                     slot.1 = val;
                 } else {

@@ -284,6 +284,17 @@ mod fold {
                         return Ok(Node::Const(folded));
                     }
                 }
+                // A constant index becomes an attribute qualifier when the program is built.
+                let time_index = match (func, args.get(1)) {
+                    (
+                        Func::Index | Func::OptIndex,
+                        Some(Node::Const(index @ (Value::Duration(_) | Value::Timestamp(_)))),
+                    ) => Some(index),
+                    _ => None,
+                };
+                if let Some(index) = time_index {
+                    return Err(super::eval::invalid_qualifier(index));
+                }
                 if func == Func::In {
                     if let Some(Node::Const(Value::List(l))) = args.get(1) {
                         if l.is_empty() {
@@ -341,9 +352,10 @@ mod fold {
                     let mut out: Vec<(Value, Value)> = Vec::new();
                     for (k, v, _) in entries {
                         if let (Node::Const(k), Node::Const(v)) = (k, v) {
-                            if let Some(slot) = out.iter_mut().find(|(k2, _)| {
-                                matches!(k2.equals(&k), super::value::Equality::Equal(true))
-                            }) {
+                            if let Some(slot) = out
+                                .iter_mut()
+                                .find(|(k2, _)| super::value::same_literal_key(k2, &k))
+                            {
                                 slot.1 = v;
                             } else {
                                 out.push((k, v));

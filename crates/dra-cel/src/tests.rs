@@ -289,3 +289,25 @@ fn optional_none_has_a_free_type() {
         "{e}"
     );
 }
+
+#[test]
+fn timestamp_map_keys_compare_locations_as_go() {
+    // Go shares fixed zones of whole hours between parses, not others; `+00:00` is Local.
+    let key_in = |a: &str, b: &str| run(&format!("timestamp('{a}') in {{timestamp('{b}'): 1}}"));
+    assert_eq!(
+        key_in("2021-01-01T01:00:00+01:00", "2021-01-01T01:00:00+01:00"),
+        Ok(true)
+    );
+    assert_eq!(
+        key_in("2021-01-01T01:00:00+05:30", "2021-01-01T01:00:00+05:30"),
+        Ok(false)
+    );
+    assert_eq!(
+        key_in("2021-01-01T00:00:00+00:00", "2021-01-01T00:00:00Z"),
+        Ok(false)
+    );
+    assert_eq!(
+        run("cel.bind(t, timestamp('2021-01-01T01:00:00+05:30'), t in {t: 1})"),
+        Ok(true)
+    );
+}

@@ -23,7 +23,7 @@ pub const INTEGER_OVERFLOW: &str = "integer overflow";
 pub const TIMESTAMP_OVERFLOW: &str = "timestamp overflow";
 
 /// A timestamp: an instant (seconds and nanoseconds since the Unix epoch) and the UTC offset it
-/// was written with. Go keeps a time's location; only `string()` shows it.
+/// was written with. Go keeps a time's location; `string()` shows it, and map keys compare it.
 #[derive(Debug, Clone, Copy)]
 pub struct Timestamp {
     pub seconds: i64,
@@ -31,6 +31,36 @@ pub struct Timestamp {
     pub nanos: u32,
     /// Seconds east of UTC.
     pub offset: i32,
+    pub location: Location,
+}
+
+/// The identity of a Go `time.Time`'s location, which Go map keys (CEL map keys) compare.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Location {
+    /// UTC (`Z`, `timestamp(int)`).
+    Utc,
+    /// `time.Local` (UTC in Kubernetes' images): what Go's parser picks for a `+00:00` offset.
+    Local,
+    /// A fixed offset of whole hours from -12 to +14, which Go shares between parses.
+    SharedFixed,
+    /// Any other fixed offset: a new location for every parse.
+    Fixed(u64),
+}
+
+impl Location {
+    /// The location Go's RFC 3339 parser gives a time written with `offset`.
+    fn parsed(offset: i64, zulu: bool) -> Location {
+        static NEXT_FIXED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        if zulu {
+            Location::Utc
+        } else if offset == 0 {
+            Location::Local
+        } else if offset % 3600 == 0 && (-12 * 3600..=14 * 3600).contains(&offset) {
+            Location::SharedFixed
+        } else {
+            Location::Fixed(NEXT_FIXED.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+        }
+    }
 }
 
 impl Timestamp {
@@ -44,6 +74,11 @@ impl Timestamp {
 
     pub fn cmp_instant(&self, other: &Timestamp) -> std::cmp::Ordering {
         self.instant().cmp(&other.instant())
+    }
+
+    /// Whether Go map keys holding these times are the same key (the instant and the location).
+    pub fn same_key(&self, other: &Timestamp) -> bool {
+        self.same_instant(other) && self.offset == other.offset && self.location == other.location
     }
 
     /// Go's `Time.IsZero`: January 1, year 1, 00:00:00 UTC.
@@ -60,6 +95,7 @@ impl Timestamp {
             seconds,
             nanos: 0,
             offset: 0,
+            location: Location::Utc,
         })
     }
 
@@ -129,6 +165,7 @@ impl Timestamp {
             seconds,
             nanos: sub as u32,
             offset: self.offset,
+            location: self.location,
         })
     }
 
@@ -505,7 +542,8 @@ fn parse_rfc3339(s: &[u8]) -> Option<Timestamp> {
         }
         rest = &rest[end..];
     }
-    let offset: i64 = if rest.first() == Some(&b'Z') {
+    let zulu = rest.first() == Some(&b'Z');
+    let offset: i64 = if zulu {
         rest = &rest[1..];
         0
     } else {
@@ -542,6 +580,7 @@ fn parse_rfc3339(s: &[u8]) -> Option<Timestamp> {
         seconds: local_seconds - offset,
         nanos: nanos as u32,
         offset: offset as i32,
+        location: Location::parsed(offset, zulu),
     })
 }
 

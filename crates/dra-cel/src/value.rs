@@ -77,6 +77,15 @@ impl MapValue {
     }
 }
 
+/// Whether two keys of a map literal are the same entry (the later one replaces the earlier).
+pub fn same_literal_key(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        // Go map keys: a timestamp's location is part of it.
+        (Value::Timestamp(x), Value::Timestamp(y)) => x.same_key(y),
+        _ => matches!(a.equals(b), Equality::Equal(true)),
+    }
+}
+
 /// Map-key equality: numeric keys compare across int/uint/double as cel-go does.
 fn key_equal(a: &Value, b: &Value) -> bool {
     match (a, b) {
@@ -84,7 +93,7 @@ fn key_equal(a: &Value, b: &Value) -> bool {
         (Value::Bool(x), Value::Bool(y)) => x == y,
         // Go map keys compare by value: a timestamp's zone is part of it.
         (Value::Duration(x), Value::Duration(y)) => x == y,
-        (Value::Timestamp(x), Value::Timestamp(y)) => x.same_instant(y) && x.offset == y.offset,
+        (Value::Timestamp(x), Value::Timestamp(y)) => x.same_key(y),
         _ => numeric_cmp(a, b) == Some(Ordering::Equal),
     }
 }

@@ -811,6 +811,16 @@ fn time_atom(rng: &mut Rng, a: &str) -> String {
                 "dyn(timestamp(0))",
                 "timestamp('2021-01-01T00:00:00Z') == null",
                 "[duration('1s')].filter(d, false).sum() == duration('0s')",
+                // Go map keys: a timestamp's location is part of it.
+                "timestamp('2021-01-01T01:00:00+05:30') in {timestamp('2021-01-01T01:00:00+05:30'): 1}",
+                "timestamp('2021-01-01T01:00:00+01:00') in {timestamp('2021-01-01T01:00:00+01:00'): 1}",
+                "timestamp('2021-01-01T01:00:00+00:00') in {timestamp('2021-01-01T01:00:00Z'): 1}",
+                "cel.bind(t, timestamp('2021-01-01T01:00:00+05:30'), t in {t: 1})",
+                "{timestamp(1): 1, timestamp('1970-01-01T00:00:01Z'): 2}.size() == 1",
+                "{duration('1s'): 1, duration('1000ms'): 2}[duration(string(1) + 's')] == 2",
+                "{duration('1s'): 1}[duration('1s')] == 1",
+                "{timestamp(1): 1}[?timestamp(1)].hasValue()",
+                "dyn([1])[timestamp(int('1'))] == 1",
             ])
             .to_string(),
         18 => rng
