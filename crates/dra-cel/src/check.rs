@@ -558,23 +558,22 @@ impl<'a> Checker<'a> {
             if let Some(q) = qualified_name(e) {
                 let root = q.split('.').next().unwrap_or_default();
                 // The IP/CIDR libraries declare their types under qualified names.
-                if matches!(q.as_str(), "net.IP" | "net.CIDR") && self.lookup_local(root).is_none()
-                {
-                    let t = if q == "net.IP" { Type::Ip } else { Type::Cidr };
+                let qualified_type = match q.as_str() {
+                    "net.IP" => Some(Type::Ip),
+                    "net.CIDR" => Some(Type::Cidr),
+                    // The standard library declares the well-known types' names as type values.
+                    "google.protobuf.Duration" => Some(Type::Duration),
+                    "google.protobuf.Timestamp" => Some(Type::Timestamp),
+                    _ => None,
+                };
+                if let (Some(t), None) = (qualified_type, self.lookup_local(root)) {
                     return (
                         Node::Const(Value::Type(Arc::from(q.as_str()))),
                         Type::TypeOf(Arc::new(t)),
                     );
                 }
-                if root != "device"
-                    && self.lookup_local(root).is_none()
-                    && type_value(root).is_none()
-                {
-                    return self.error(
-                        e.id,
-                        format!("undeclared reference to '{q}' (in container '')"),
-                    );
-                }
+                // Anything else is checked operand first, as cel-go does: an unknown root is
+                // reported by itself ("undeclared reference to 'foo'" for `foo.bar`).
             }
         }
         let (operand, operand_type) = self.check(&sel.operand);
@@ -997,6 +996,9 @@ impl<'a> Checker<'a> {
         if name == "matches" {
             self.validate_regex_literal(&nodes, args, member);
         }
+        if matches!(name, "duration" | "timestamp") && !member {
+            self.validate_time_literal(name, decl.func, &nodes, args);
+        }
         if name == "format" {
             if let (Some(target), [list]) = (target, args) {
                 self.validate_format_call(id, target, list);
@@ -1029,6 +1031,32 @@ impl<'a> Checker<'a> {
                 Some(n) => Node::NotStrictlyFalse(Box::new(n)),
                 None => Node::Const(Value::Null),
             },
+            "sort"
+                if member
+                    && matches!(
+                        substitute(&self.mappings, &types[0], true),
+                        Type::List(el) if matches!(
+                            *el,
+                            Type::Int | Type::Uint | Type::Double | Type::Bool | Type::Duration
+                                | Type::Timestamp | Type::String | Type::Bytes
+                        )
+                    ) =>
+            {
+                Node::Call {
+                    func: Func::SortTracked,
+                    args: nodes,
+                }
+            }
+            "sum"
+                if member
+                    && substitute(&self.mappings, &types[0], true)
+                        == Type::list(Type::Duration) =>
+            {
+                Node::Call {
+                    func: Func::SumDurations,
+                    args: nodes,
+                }
+            }
             _ => Node::Call {
                 func: decl.func,
                 args: nodes,
@@ -1076,6 +1104,44 @@ impl<'a> Checker<'a> {
                     .collect(),
             ),
             _ => None,
+        }
+    }
+
+    /// cel-go's duration and timestamp literal validators: a literal argument must convert.
+    fn validate_time_literal(&mut self, name: &str, func: Func, nodes: &[Node], args: &[IdedExpr]) {
+        let ([Node::Const(value)], [arg]) = (nodes, args) else {
+            return;
+        };
+        if !matches!(arg.expr, Expr::Literal(_)) {
+            return;
+        }
+        if super::eval::convert(func, value).is_err() {
+            // An AST validator: reported only when type checking found nothing. cel-go places
+            // a negative number literal at its sign; the cel crate at its digits.
+            let mut offset = self.source_info.offset_for(arg.id).map(|(start, _)| start);
+            // Offsets are in bytes.
+            if matches!(value, Value::Int(i) if *i < 0) {
+                offset = offset.map(|start| self.sign_before(start));
+            }
+            self.deferred.push(CheckIssue {
+                offset,
+                message: format!("invalid {name} argument"),
+            });
+        }
+    }
+
+    /// The offset of the `-` (whitespace allowed in between) before a number at `start`.
+    fn sign_before(&self, start: u32) -> u32 {
+        let source = self.source_info.source.as_bytes();
+        let before = source.get(..start as usize).unwrap_or_default();
+        let mut at = before.len();
+        while at > 0 && before[at - 1].is_ascii_whitespace() {
+            at -= 1;
+        }
+        if at > 0 && before[at - 1] == b'-' {
+            (at - 1) as u32
+        } else {
+            start
         }
     }
 

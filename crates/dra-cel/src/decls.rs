@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::sync::LazyLock;
 
+use super::time::TimeField;
 use super::types::Type;
 
 /// Runtime functions. One variant per CEL function name; overloads dispatch on values.
@@ -67,6 +68,9 @@ pub enum Func {
     FindAll,
     IsSorted,
     Sum,
+    /// `sum()` of a list statically typed `list(google.protobuf.Duration)`: its empty sum is a
+    /// zero duration (Kubernetes' typed overload), not 0.
+    SumDurations,
     Min,
     Max,
     Includes,
@@ -76,6 +80,9 @@ pub enum Func {
     Distinct,
     Reverse,
     Sort,
+    /// `sort()` of a list whose element type picks one typed overload: cel-go's cost tracker for
+    /// it reads the receiver as a list even when it is an error, and panics.
+    SortTracked,
     First,
     Last,
     SetsContains,
@@ -123,6 +130,11 @@ pub enum Func {
     GetEscapedPath,
     GetQuery,
     StringFormat,
+    /// `duration(x)` and `timestamp(x)` conversions.
+    ToDuration,
+    ToTimestamp,
+    /// Timestamp and duration accessors (`getHours()`, `getFullYear(tz)` ...).
+    TimeGet(TimeField),
 }
 
 pub struct Sig {
@@ -293,7 +305,9 @@ fn build() -> HashMap<&'static str, FuncDecl> {
             g(&[Int], Int),
             g(&[Uint], Int),
             g(&[Double], Int),
+            g(&[Type::Duration], Int),
             g(&[Str], Int),
+            g(&[Type::Timestamp], Int),
         ],
     );
     add(
@@ -326,6 +340,8 @@ fn build() -> HashMap<&'static str, FuncDecl> {
             g(&[Double], Str),
             g(&[Bool], Str),
             g(&[Bytes], Str),
+            g(&[Type::Duration], Str),
+            g(&[Type::Timestamp], Str),
             g(&[Type::Ip], Str),
             g(&[Type::Cidr], Str),
         ],
@@ -341,6 +357,45 @@ fn build() -> HashMap<&'static str, FuncDecl> {
         vec![g(&[Bytes], Bytes), g(&[Str], Bytes)],
     );
     add("dyn", Func::ToDyn, vec![g(&[A], Dyn)]);
+    let (dur, ts) = (Type::Duration, Type::Timestamp);
+    add(
+        "duration",
+        Func::ToDuration,
+        vec![
+            g(std::slice::from_ref(&dur), dur.clone()),
+            g(&[Str], dur.clone()),
+        ],
+    );
+    add(
+        "timestamp",
+        Func::ToTimestamp,
+        vec![
+            g(std::slice::from_ref(&ts), ts.clone()),
+            g(&[Int], ts.clone()),
+            g(&[Str], ts.clone()),
+        ],
+    );
+    for field in [
+        TimeField::FullYear,
+        TimeField::Month,
+        TimeField::DayOfYear,
+        TimeField::DayOfMonth,
+        TimeField::Date,
+        TimeField::DayOfWeek,
+        TimeField::Hours,
+        TimeField::Minutes,
+        TimeField::Seconds,
+        TimeField::Milliseconds,
+    ] {
+        let mut sigs = vec![
+            m(std::slice::from_ref(&ts), Int),
+            m(&[ts.clone(), Str], Int),
+        ];
+        if field.on_durations() {
+            sigs.push(m(std::slice::from_ref(&dur), Int));
+        }
+        add(field.name(), Func::TimeGet(field), sigs);
+    }
     add(
         "type",
         Func::TypeOf,
@@ -581,7 +636,8 @@ fn build() -> HashMap<&'static str, FuncDecl> {
     add(
         "optional.none",
         Func::OptionalNone,
-        vec![g(&[], Type::optional(Dyn))],
+        // `optional_type(V)`: a free type, bound by its use (`optional.none().orValue(true)`).
+        vec![g(&[], opt_a.clone())],
     );
     add(
         "optional.ofNonZeroValue",

@@ -10,7 +10,7 @@ use super::decls::Func;
 use super::device::DeviceView;
 use super::semver::Semver;
 use super::value::{DomainsOf, Equality, MapValue, Value, numeric_cmp};
-use super::{format, net, strfmt, url};
+use super::{format, net, strfmt, time, url};
 
 /// A runtime error. `abort` errors (cost limit) are never absorbed by `&&`, `||` or macros.
 #[derive(Debug, Clone, PartialEq)]
@@ -111,7 +111,12 @@ fn call_cost(func: Func, args: &[Value], result: &Value) -> u64 {
             str_cost * regex_cost
         }
         Func::Contains => ceil_tenth(size(0)) * ceil_tenth(size(1)),
-        Func::IsSorted | Func::Sum | Func::Max | Func::Min | Func::Includes => size(0),
+        Func::IsSorted
+        | Func::Sum
+        | Func::SumDurations
+        | Func::Max
+        | Func::Min
+        | Func::Includes => size(0),
         Func::IndexOf | Func::LastIndexOf => match args.first() {
             Some(Value::List(_)) => size(0),
             _ => 1,
@@ -349,6 +354,8 @@ fn compare(a: &Value, b: &Value, op: &str) -> Result<Ordering, EvalError> {
         (Value::String(x), Value::String(y)) => Some(x.cmp(y)),
         (Value::Bytes(x), Value::Bytes(y)) => Some(x.cmp(y)),
         (Value::Bool(x), Value::Bool(y)) => Some(x.cmp(y)),
+        (Value::Duration(x), Value::Duration(y)) => Some(x.cmp(y)),
+        (Value::Timestamp(x), Value::Timestamp(y)) => Some(x.cmp_instant(y)),
         (Value::Int(_) | Value::Uint(_) | Value::Double(_), _) => match numeric_cmp(a, b) {
             Some(o) => Some(o),
             None => {
@@ -359,7 +366,14 @@ fn compare(a: &Value, b: &Value, op: &str) -> Result<Ordering, EvalError> {
                 None
             }
         },
-        (Value::String(_) | Value::Bytes(_) | Value::Bool(_), _) => None,
+        (
+            Value::String(_)
+            | Value::Bytes(_)
+            | Value::Bool(_)
+            | Value::Duration(_)
+            | Value::Timestamp(_),
+            _,
+        ) => None,
         _ => return trait_less(),
     };
     match ord {
@@ -476,6 +490,9 @@ fn arith(func: Func, a: &Value, b: &Value) -> R {
             v.extend(y.iter().cloned());
             Ok(List(Arc::new(v)))
         }
+        (Func::Add | Func::Sub, Duration(_) | Timestamp(_), _) => time_arith(func, a, b),
+        // Without the operator's trait, cel-go asks the value as a receiver, which declines.
+        (_, Duration(_) | Timestamp(_), _) => no_such_overload(),
         (Func::Add, Int(_) | Uint(_) | Double(_) | String(_) | Bytes(_) | List(_), _) => {
             no_such_overload()
         }
@@ -486,6 +503,28 @@ fn arith(func: Func, a: &Value, b: &Value) -> R {
         }
         _ => err(format!("no such overload: {op}")),
     }
+}
+
+/// `+` and `-` on durations and timestamps (cel-go's checked time arithmetic).
+fn time_arith(func: Func, a: &Value, b: &Value) -> R {
+    use Value::{Duration, Timestamp};
+    let result = match (func, a, b) {
+        (Func::Add, Duration(x), Duration(y)) => x
+            .checked_add(*y)
+            .map(Duration)
+            .ok_or(time::INTEGER_OVERFLOW),
+        (Func::Sub, Duration(x), Duration(y)) => x
+            .checked_sub(*y)
+            .map(Duration)
+            .ok_or(time::INTEGER_OVERFLOW),
+        (Func::Add, Duration(d), Timestamp(t)) | (Func::Add, Timestamp(t), Duration(d)) => {
+            t.add_duration(*d).map(Timestamp)
+        }
+        (Func::Sub, Timestamp(t), Duration(d)) => t.sub_duration(*d).map(Timestamp),
+        (Func::Sub, Timestamp(t), Timestamp(u)) => t.since(u).map(Duration),
+        _ => return no_such_overload(),
+    };
+    result.map_err(EvalError::new)
 }
 
 fn overload_error<T>(name: &str, args: &[Value]) -> Result<T, EvalError> {
@@ -511,6 +550,8 @@ pub fn convert(func: Func, v: &Value) -> R {
         Func::ToString => "string",
         Func::ToBool => "bool",
         Func::ToBytes => "bytes",
+        Func::ToDuration => "duration",
+        Func::ToTimestamp => "timestamp",
         _ => "dyn",
     };
     let bad = || overload_error(name, std::slice::from_ref(v));
@@ -536,6 +577,9 @@ pub fn convert(func: Func, v: &Value) -> R {
                 .parse::<i64>()
                 .map(Int)
                 .map_err(|_| EvalError::new("type conversion error from 'string' to 'int'")),
+            // Nanoseconds, and Unix seconds.
+            Duration(d) => Ok(Int(*d)),
+            Timestamp(t) => Ok(Int(t.seconds)),
             _ => bad(),
         },
         Func::ToUint => match v {
@@ -577,6 +621,8 @@ pub fn convert(func: Func, v: &Value) -> R {
             },
             Ip(a) => Ok(Value::string(&a.to_string())),
             Cidr(c) => Ok(Value::string(&c.to_string())),
+            Duration(d) => Ok(Value::string(&time::format_duration(*d))),
+            Timestamp(t) => Ok(Value::string(&t.to_rfc3339())),
             _ => bad(),
         },
         Func::ToBool => match v {
@@ -591,6 +637,27 @@ pub fn convert(func: Func, v: &Value) -> R {
         Func::ToBytes => match v {
             Bytes(b) => Ok(Bytes(b.clone())),
             String(s) => Ok(Bytes(Arc::from(s.as_bytes()))),
+            _ => bad(),
+        },
+        Func::ToDuration => match v {
+            Duration(d) => Ok(Duration(*d)),
+            String(s) => time::parse_duration(s).map(Duration).ok_or_else(|| {
+                EvalError::new("type conversion error from 'string' to 'google.protobuf.Duration'")
+            }),
+            _ => bad(),
+        },
+        Func::ToTimestamp => match v {
+            Timestamp(t) => Ok(Timestamp(*t)),
+            Int(i) => time::Timestamp::from_unix(*i)
+                .map(Timestamp)
+                .map_err(EvalError::new),
+            String(s) => match time::Timestamp::parse(s) {
+                Ok(Some(t)) => Ok(Timestamp(t)),
+                Ok(None) => {
+                    err("type conversion error from 'string' to 'google.protobuf.Timestamp'")
+                }
+                Err(e) => err(e),
+            },
             _ => bad(),
         },
         _ => bad(),
@@ -750,7 +817,12 @@ pub fn call(func: Func, args: &[Value], device: &DeviceView) -> R {
                 .map(Int)
                 .ok_or_else(|| EvalError::new("integer overflow")),
             Double(d) => Ok(Double(-d)),
-            Uint(_) | String(_) | Bytes(_) | Bool(_) => no_such_overload(),
+            // Durations negate at run time (`-dyn(d)`), though no overload declares it.
+            Duration(d) => d
+                .checked_neg()
+                .map(Duration)
+                .ok_or_else(|| EvalError::new(time::INTEGER_OVERFLOW)),
+            Uint(_) | String(_) | Bytes(_) | Bool(_) | Timestamp(_) => no_such_overload(),
             _ => err("no such overload: -_"),
         },
         Func::Not => match a0 {
@@ -769,12 +841,16 @@ pub fn call(func: Func, args: &[Value], device: &DeviceView) -> R {
             Map(m) => Ok(Bool(m.contains(a0))),
             _ => no_such_overload(),
         },
+        Func::Index | Func::OptIndex if matches!(a1, Duration(_) | Timestamp(_)) => {
+            err(invalid_qualifier(a1))
+        }
         Func::Index => index_value(a0, a1, device),
         Func::Size => match materialize(a0, device) {
             String(s) => Ok(Int(s.chars().count() as i64)),
             Bytes(b) => Ok(Int(b.len() as i64)),
             List(l) => Ok(Int(l.len() as i64)),
             Map(m) => Ok(Int(m.entries.len() as i64)),
+            Duration(_) | Timestamp(_) => no_such_overload(),
             _ => err("no such overload: size"),
         },
         Func::Contains | Func::StartsWith | Func::EndsWith => match (a0, a1) {
@@ -823,7 +899,10 @@ pub fn call(func: Func, args: &[Value], device: &DeviceView) -> R {
         | Func::ToBool
         | Func::ToBytes
         | Func::ToDyn
+        | Func::ToDuration
+        | Func::ToTimestamp
         | Func::TypeOf => convert(func, a0),
+        Func::TimeGet(field) => time_field(field, args),
         Func::Quantity => match a0 {
             String(s) => k8s_quantity::Quantity::parse(s)
                 .map(|q| Value::Quantity(Arc::new(q)))
@@ -1064,10 +1143,10 @@ pub fn call(func: Func, args: &[Value], device: &DeviceView) -> R {
             args,
             0,
         )?))),
-        Func::IsSorted | Func::Sum | Func::Min | Func::Max => {
+        Func::IsSorted | Func::Sum | Func::SumDurations | Func::Min | Func::Max => {
             let name = match func {
                 Func::IsSorted => "isSorted",
-                Func::Sum => "sum",
+                Func::Sum | Func::SumDurations => "sum",
                 Func::Min => "min",
                 _ => "max",
             };
@@ -1081,10 +1160,10 @@ pub fn call(func: Func, args: &[Value], device: &DeviceView) -> R {
                     }
                     Ok(Bool(true))
                 }
-                Func::Sum => {
+                Func::Sum | Func::SumDurations => {
                     let mut acc: Option<Value> = None;
                     for el in l.iter() {
-                        if !matches!(el, Int(_) | Uint(_) | Double(_)) {
+                        if !matches!(el, Int(_) | Uint(_) | Double(_) | Duration(_)) {
                             return overload_error(name, args);
                         }
                         acc = Some(match acc {
@@ -1092,7 +1171,12 @@ pub fn call(func: Func, args: &[Value], device: &DeviceView) -> R {
                             Some(a) => arith(Func::Add, &a, el)?,
                         });
                     }
-                    Ok(acc.unwrap_or(Int(0)))
+                    let zero = if func == Func::SumDurations {
+                        Duration(0)
+                    } else {
+                        Int(0)
+                    };
+                    Ok(acc.unwrap_or(zero))
                 }
                 _ => {
                     let Some(first) = l.first() else {
@@ -1178,7 +1262,7 @@ pub fn call(func: Func, args: &[Value], device: &DeviceView) -> R {
             let l = list_arg("reverse", args, 0)?;
             Ok(list_value(l.iter().rev().cloned().collect()))
         }
-        Func::Sort => {
+        Func::Sort | Func::SortTracked => {
             let l = list_arg("sort", args, 0)?;
             let mut out = l.to_vec();
             let mut failure = None;
@@ -1237,6 +1321,8 @@ pub fn call(func: Func, args: &[Value], device: &DeviceView) -> R {
                 List(l) => l.is_empty(),
                 Map(m) => m.entries.is_empty(),
                 Optional(o) => o.is_none(),
+                Duration(d) => *d == 0,
+                Timestamp(t) => t.is_zero(),
                 _ => false,
             };
             Ok(Optional(if zero {
@@ -1445,6 +1531,25 @@ pub fn call(func: Func, args: &[Value], device: &DeviceView) -> R {
     }
 }
 
+/// cel-go's error for an index its attribute qualifiers cannot take (durations, timestamps).
+pub fn invalid_qualifier(index: &Value) -> String {
+    format!("invalid qualifier type: {}", index.go_type_name())
+}
+
+/// A timestamp or duration accessor; the optional second argument is a time zone.
+fn time_field(field: time::TimeField, args: &[Value]) -> R {
+    match args {
+        [Value::Timestamp(t)] => t.fields_in(None),
+        [Value::Timestamp(t), Value::String(zone)] => t.fields_in(Some(zone)),
+        [Value::Duration(d)] if field.on_durations() => {
+            return Ok(Value::Int(field.of_duration(*d)));
+        }
+        _ => return overload_error(field.name(), args),
+    }
+    .map(|civil| Value::Int(field.of_timestamp(&civil)))
+    .map_err(EvalError::new)
+}
+
 fn opt_select(v: &Value, field: &str, device: &DeviceView) -> R {
     match has_field(v, field, device)? {
         Value::Bool(true) => Ok(Value::Optional(Some(Arc::new(select_field(
@@ -1617,7 +1722,7 @@ pub fn eval(node: &Node, ctx: &mut Ctx<'_>) -> R {
                     Ok(v) => values.push(v),
                     // cel-go's `distinct` is not strict: an error receiver panics inside it,
                     // which fails the whole evaluation.
-                    Err(e) if *func == Func::Distinct && !e.abort => {
+                    Err(e) if matches!(func, Func::Distinct | Func::SortTracked) && !e.abort => {
                         return Err(EvalError {
                             message: Arc::from(
                                 "internal error: interface conversion: *types.Err is not traits.Lister: missing method Add",
@@ -1655,7 +1760,12 @@ pub fn eval(node: &Node, ctx: &mut Ctx<'_>) -> R {
                 let key = eval(k, ctx)?;
                 if !matches!(
                     key,
-                    Value::String(_) | Value::Int(_) | Value::Uint(_) | Value::Bool(_)
+                    Value::String(_)
+                        | Value::Int(_)
+                        | Value::Uint(_)
+                        | Value::Bool(_)
+                        | Value::Duration(_)
+                        | Value::Timestamp(_)
                 ) {
                     return err(format!("unsupported key type: {}", key.type_name()));
                 }
@@ -1671,7 +1781,7 @@ pub fn eval(node: &Node, ctx: &mut Ctx<'_>) -> R {
                 };
                 if let Some(slot) = out
                     .iter_mut()
-                    .find(|(k2, _)| matches!(k2.equals(&key), Equality::Equal(true)))
+                    .find(|(k2, _)| super::value::same_literal_key(k2, &key))
                 {
                     slot.1 = val;
                 } else {

@@ -16,6 +16,7 @@ mod net;
 mod regex;
 pub mod semver;
 mod strfmt;
+mod time;
 mod types;
 mod url;
 mod value;
@@ -238,7 +239,7 @@ fn compile_on_this_thread(source: &str) -> Result<Selector, CelError> {
         let shown = if ty == types::Type::Null {
             "null_type".to_string()
         } else {
-            ty.to_string()
+            ty.full_name()
         };
         return Err(CelError::Compile(format!(
             "must evaluate to bool or the unknown type, not {shown}"
@@ -272,6 +273,8 @@ mod fold {
                         | Func::ToBool
                         | Func::ToBytes
                         | Func::ToDyn
+                        | Func::ToDuration
+                        | Func::ToTimestamp
                         | Func::TypeOf
                 );
                 if is_conversion && args.len() == 1 {
@@ -280,6 +283,17 @@ mod fold {
                             super::eval::convert(func, v).map_err(|e| e.message.to_string())?;
                         return Ok(Node::Const(folded));
                     }
+                }
+                // A constant index becomes an attribute qualifier when the program is built.
+                let time_index = match (func, args.get(1)) {
+                    (
+                        Func::Index | Func::OptIndex,
+                        Some(Node::Const(index @ (Value::Duration(_) | Value::Timestamp(_)))),
+                    ) => Some(index),
+                    _ => None,
+                };
+                if let Some(index) = time_index {
+                    return Err(super::eval::invalid_qualifier(index));
                 }
                 if func == Func::In {
                     if let Some(Node::Const(Value::List(l))) = args.get(1) {
@@ -325,7 +339,12 @@ mod fold {
                     matches!(
                         k,
                         Node::Const(
-                            Value::String(_) | Value::Int(_) | Value::Uint(_) | Value::Bool(_)
+                            Value::String(_)
+                                | Value::Int(_)
+                                | Value::Uint(_)
+                                | Value::Bool(_)
+                                | Value::Duration(_)
+                                | Value::Timestamp(_)
                         )
                     )
                 });
@@ -333,9 +352,10 @@ mod fold {
                     let mut out: Vec<(Value, Value)> = Vec::new();
                     for (k, v, _) in entries {
                         if let (Node::Const(k), Node::Const(v)) = (k, v) {
-                            if let Some(slot) = out.iter_mut().find(|(k2, _)| {
-                                matches!(k2.equals(&k), super::value::Equality::Equal(true))
-                            }) {
+                            if let Some(slot) = out
+                                .iter_mut()
+                                .find(|(k2, _)| super::value::same_literal_key(k2, &k))
+                            {
                                 slot.1 = v;
                             } else {
                                 out.push((k, v));
@@ -420,6 +440,8 @@ fn not_bool_message(v: &Value) -> String {
         Value::Cidr(_) => "type conversion error from 'CIDR' to 'bool'".to_string(),
         Value::Format(_) => "type conversion error from 'Format' to 'bool'".to_string(),
         Value::Url(_) => "type conversion error from 'URL' to 'bool'".to_string(),
+        Value::Duration(_) => "type conversion error from 'Duration' to 'bool'".to_string(),
+        Value::Timestamp(_) => "type conversion error from 'Timestamp' to 'bool'".to_string(),
         Value::Optional(None) => "optional.none() dereference".to_string(),
         Value::Optional(Some(_)) => "type conversion error from optional to 'bool'".to_string(),
         Value::Type(_) => "type conversion not supported for 'type'".to_string(),

@@ -337,6 +337,8 @@ fn format_string(v: &Value) -> Result<String, String> {
         }),
         Value::Type(name) => Ok(name.to_string()),
         Value::Null => Ok("null".into()),
+        Value::Duration(d) => Ok(super::time::format_duration(*d)),
+        Value::Timestamp(t) => Ok(t.to_rfc3339()),
         other => Err(string_clause_error(other.type_name())),
     }
 }
@@ -362,6 +364,9 @@ fn format_element(v: &Value) -> Result<String, String> {
             Ok(if *d > 0.0 { "\"+Inf\"" } else { "\"-Inf\"" }.into())
         }
         Value::Double(d) => Ok(format!("{d:.6}")),
+        // Printed as CEL literals.
+        Value::Duration(_) => Ok(format!("duration({})", go_quote(&format_string(v)?))),
+        Value::Timestamp(_) => Ok(format!("timestamp({})", go_quote(&format_string(v)?))),
         other => Err(format!("no formatting function for {}", other.type_name())),
     }
 }
@@ -467,6 +472,9 @@ fn type_name(t: &Type) -> String {
         Type::TypeOf(_) => "type".into(),
         Type::Optional(_) => "optional_type".into(),
         Type::Null => "null_type".into(),
+        // Runtime type names (`TypeName()`), not the checker's short spellings.
+        Type::Duration => "google.protobuf.Duration".into(),
+        Type::Timestamp => "google.protobuf.Timestamp".into(),
         other => other.to_string(),
     }
 }

@@ -131,3 +131,183 @@ fn deep_nesting_is_rejected_not_overflowed() {
     let chain = vec!["1"; 2500].join(" + ");
     assert_eq!(run(&format!("{chain} > 0")).unwrap_err().kind(), "compile");
 }
+
+/// An expression's runtime error text.
+fn runtime_error(expr: &str) -> String {
+    match run(expr) {
+        Err(CelError::Runtime(m)) => m,
+        other => panic!("{expr}: expected a runtime error, got {other:?}"),
+    }
+}
+
+#[test]
+fn durations_and_timestamps() {
+    for expr in [
+        "duration('1h2m3.5s') == duration('3723.5s')",
+        "duration('-1.5h') < duration('0')",
+        "string(duration('1h30m')) == '5400s'",
+        "string(duration('-1ns')) == '-0.000000001s'",
+        "int(duration('1s')) == 1000000000",
+        "duration('25h').getHours() == 25",
+        "duration('-90s').getMinutes() == -1",
+        "duration('1.9999s').getMilliseconds() == 1999",
+        "type(duration('1s')) == google.protobuf.Duration",
+        "string(timestamp('2021-01-01T10:20:30.120+01:00')) == '2021-01-01T10:20:30.12+01:00'",
+        "int(timestamp('1970-01-01T00:00:01Z')) == 1",
+        "timestamp(1) == timestamp('1970-01-01T01:00:01+01:00')",
+        "timestamp('2023-07-14T10:30:45.123Z').getMonth() == 6",
+        "timestamp('2023-07-14T10:30:45.123Z').getMilliseconds() == 123",
+        "timestamp('2023-01-01T05:30:00Z').getFullYear('-08:00') == 2022",
+        "timestamp('2023-01-01T05:00:00Z').getDayOfYear('America/Los_Angeles') == 364",
+        "timestamp('2023-07-01T05:00:00Z').getDayOfMonth('America/Los_Angeles') == 29",
+        "timestamp('2023-07-01T05:00:00Z').getDate() == 1",
+        "timestamp('2023-07-02T05:00:00Z').getDayOfWeek() == 0",
+        "timestamp('2023-01-01T00:00:00Z') + duration('24h1m2s') == timestamp('2023-01-02T00:01:02Z')",
+        "timestamp('2023-01-10T12:00:00Z') - timestamp('2023-01-10T00:00:00Z') == duration('12h')",
+        "string(timestamp('2021-01-01T00:00:00+05:30') + duration('1h')) == '2021-01-01T01:00:00+05:30'",
+        "type(timestamp(0)) == google.protobuf.Timestamp",
+        "!optional.ofNonZeroValue(timestamp(-62135596800)).hasValue()",
+        "[duration('2s'), duration('1s')].sum() == duration('3s')",
+        "[timestamp(2), timestamp(1)].min() == timestamp(1)",
+        "-dyn(duration('1s')) == duration('-1s')",
+        "'%s'.format([[timestamp(0), duration('1.5s')]]) == '[timestamp(\"1970-01-01T00:00:00Z\"), duration(\"1.5s\")]'",
+    ] {
+        assert_eq!(run(expr), Ok(true), "{expr}");
+    }
+}
+
+#[test]
+fn time_errors_have_cel_go_texts() {
+    let max = "duration('2562047h47m16.854775807s')";
+    assert_eq!(
+        runtime_error(&format!("{max} + duration('1ns') > {max}")),
+        "integer overflow"
+    );
+    assert_eq!(
+        runtime_error("timestamp('9999-12-31T23:59:59Z') + duration('1s') > timestamp(0)"),
+        "timestamp overflow"
+    );
+    assert_eq!(
+        runtime_error("timestamp(0) - timestamp('0001-01-01T00:00:00Z') > duration('0s')"),
+        "integer overflow"
+    );
+    let a = "device.attributes['gpu.nvidia.com']";
+    assert_eq!(
+        runtime_error(&format!("duration({a}.productName) > duration('0s')")),
+        "type conversion error from 'string' to 'google.protobuf.Duration'"
+    );
+    assert_eq!(
+        runtime_error("timestamp(1).getHours('Mars/Olympus') == 1"),
+        "unknown time zone Mars/Olympus"
+    );
+    assert_eq!(
+        runtime_error("timestamp(1).getHours('+ab:00') == 1"),
+        "strconv.Atoi: parsing \"+ab\": invalid syntax"
+    );
+    assert_eq!(
+        runtime_error("dyn(1).getHours() == 1"),
+        "no such overload: getHours(int)"
+    );
+    // Literal arguments are validated at compile time (cel.ValidateDurationLiterals).
+    let e = run("duration('1d') > duration('0s')").unwrap_err();
+    assert_eq!(e.kind(), "compile");
+    assert!(e.message().contains("invalid duration argument"), "{e}");
+    let e = run("timestamp(253402300800) > timestamp(0)").unwrap_err();
+    assert!(e.message().contains("invalid timestamp argument"), "{e}");
+    // A constant that is not a literal fails when the program is built.
+    assert_eq!(
+        run("duration(string(1)) > duration('0s')")
+            .unwrap_err()
+            .message(),
+        "program instantiation failed: type conversion error from 'string' to 'google.protobuf.Duration'"
+    );
+    // No negation overload is declared for durations.
+    assert!(
+        run("-duration('1s') < duration('0s')")
+            .unwrap_err()
+            .message()
+            .contains("found no matching overload for '-_' applied to '(duration)'")
+    );
+}
+
+#[test]
+fn time_zones_as_kubernetes() {
+    // Values observed from the Go oracle (the zone database's history, before 1970 and after
+    // 2037 included).
+    for (expr, want) in [
+        ("timestamp(-2000000000).getHours('America/New_York')", 15),
+        ("timestamp(4000000000).getHours('America/New_York')", 3),
+        ("timestamp(4100000000).getHours('Europe/Berlin')", 17),
+        ("timestamp(-3000000000).getMinutes('America/New_York')", 43),
+        ("timestamp(-62135596800).getMinutes('Asia/Kolkata')", 53),
+        (
+            "timestamp(253402300799).getMinutes('Australia/Lord_Howe')",
+            59,
+        ),
+    ] {
+        assert_eq!(
+            runtime_error(&format!("[true][{expr}]")),
+            format!("index out of bounds: {want}"),
+            "{expr}"
+        );
+    }
+    assert_eq!(run("timestamp(1).getHours('Local') == 0"), Ok(true));
+    assert_eq!(
+        runtime_error("timestamp(1).getHours('America') == 0"),
+        "is a directory"
+    );
+    assert_eq!(
+        runtime_error("timestamp(1).getHours('../x') == 0"),
+        "time: invalid location name"
+    );
+}
+
+#[test]
+fn unknown_qualified_names_report_their_root() {
+    let e = run("google.protobuf.Other == 1").unwrap_err();
+    assert!(
+        e.message()
+            .starts_with("compilation failed: ERROR: <input>:1:1: undeclared reference to 'google' (in container '')"),
+        "{e}"
+    );
+    let e = run("google.protobuf.Duration.x == 1").unwrap_err();
+    assert!(
+        e.message()
+            .contains("type 'type(duration)' does not support field selection"),
+        "{e}"
+    );
+}
+
+#[test]
+fn optional_none_has_a_free_type() {
+    // cel-go declares `optional.none()` as `optional_type(V)`: its use binds V.
+    let e = run("(optional.none().orValue(true)) ? (quantity('1')) : (true)").unwrap_err();
+    assert!(
+        e.message().contains(
+            "found no matching overload for '_?_:_' applied to '(bool, kubernetes.Quantity, bool)'"
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn timestamp_map_keys_compare_locations_as_go() {
+    // Go shares fixed zones of whole hours between parses, not others; `+00:00` is Local.
+    let key_in = |a: &str, b: &str| run(&format!("timestamp('{a}') in {{timestamp('{b}'): 1}}"));
+    assert_eq!(
+        key_in("2021-01-01T01:00:00+01:00", "2021-01-01T01:00:00+01:00"),
+        Ok(true)
+    );
+    assert_eq!(
+        key_in("2021-01-01T01:00:00+05:30", "2021-01-01T01:00:00+05:30"),
+        Ok(false)
+    );
+    assert_eq!(
+        key_in("2021-01-01T00:00:00+00:00", "2021-01-01T00:00:00Z"),
+        Ok(false)
+    );
+    assert_eq!(
+        run("cel.bind(t, timestamp('2021-01-01T01:00:00+05:30'), t in {t: 1})"),
+        Ok(true)
+    );
+}

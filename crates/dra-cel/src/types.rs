@@ -50,6 +50,22 @@ impl Type {
     }
 }
 
+impl Type {
+    /// cel-go's `Type.String()`: like the checker's spelling, but the well-known types by their
+    /// full names (`type(google.protobuf.Timestamp)`).
+    pub fn full_name(&self) -> String {
+        match self {
+            Type::Duration => "google.protobuf.Duration".into(),
+            Type::Timestamp => "google.protobuf.Timestamp".into(),
+            Type::List(e) => format!("list({})", e.full_name()),
+            Type::Map(k, v) => format!("map({}, {})", k.full_name(), v.full_name()),
+            Type::Optional(t) => format!("optional_type({})", t.full_name()),
+            Type::TypeOf(t) => format!("type({})", t.full_name()),
+            other => other.to_string(),
+        }
+    }
+}
+
 impl fmt::Display for Type {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -62,8 +78,9 @@ impl fmt::Display for Type {
             Type::Double => f.write_str("double"),
             Type::String => f.write_str("string"),
             Type::Bytes => f.write_str("bytes"),
-            Type::Duration => f.write_str("google.protobuf.Duration"),
-            Type::Timestamp => f.write_str("google.protobuf.Timestamp"),
+            // cel-go's FormatCELType spells the well-known types short.
+            Type::Duration => f.write_str("duration"),
+            Type::Timestamp => f.write_str("timestamp"),
             Type::List(e) => write!(f, "list({e})"),
             Type::Map(k, v) => write!(f, "map({k}, {v})"),
             Type::Optional(t) => write!(f, "optional_type({t})"),

@@ -29,6 +29,9 @@ pub enum Value {
     Ip(Arc<super::net::Addr>),
     Cidr(Arc<super::net::Prefix>),
     Url(Arc<super::url::Url>),
+    /// `google.protobuf.Duration`, in nanoseconds (Go's `time.Duration`).
+    Duration(i64),
+    Timestamp(super::time::Timestamp),
     /// A named format (`format.dns1123Label()`), by index into `format::NAMES`.
     Format(u8),
     Optional(Option<Arc<Value>>),
@@ -74,11 +77,23 @@ impl MapValue {
     }
 }
 
+/// Whether two keys of a map literal are the same entry (the later one replaces the earlier).
+pub fn same_literal_key(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        // Go map keys: a timestamp's location is part of it.
+        (Value::Timestamp(x), Value::Timestamp(y)) => x.same_key(y),
+        _ => matches!(a.equals(b), Equality::Equal(true)),
+    }
+}
+
 /// Map-key equality: numeric keys compare across int/uint/double as cel-go does.
 fn key_equal(a: &Value, b: &Value) -> bool {
     match (a, b) {
         (Value::String(x), Value::String(y)) => x == y,
         (Value::Bool(x), Value::Bool(y)) => x == y,
+        // Go map keys compare by value: a timestamp's zone is part of it.
+        (Value::Duration(x), Value::Duration(y)) => x == y,
+        (Value::Timestamp(x), Value::Timestamp(y)) => x.same_key(y),
         _ => numeric_cmp(a, b) == Some(Ordering::Equal),
     }
 }
@@ -160,6 +175,8 @@ impl Value {
             Value::Cidr(_) => "net.CIDR",
             Value::Format(_) => "kubernetes.NamedFormat",
             Value::Url(_) => "kubernetes.URL",
+            Value::Duration(_) => "google.protobuf.Duration",
+            Value::Timestamp(_) => "google.protobuf.Timestamp",
             Value::Optional(_) => "optional_type",
             Value::Type(_) => "type",
             Value::Device => "map",
@@ -190,6 +207,8 @@ impl Value {
             Value::Cidr(_) => "cel.CIDR",
             Value::Format(_) => "cel.Format",
             Value::Url(_) => "cel.URL",
+            Value::Duration(_) => "types.Duration",
+            Value::Timestamp(_) => "types.Timestamp",
             Value::Optional(_) => "*types.Optional",
             Value::Type(_) => "*types.Type",
         }
@@ -221,6 +240,8 @@ impl Value {
             (Url(a), Url(b)) => a.to_go_string() == b.to_go_string(),
             (Ip(_) | Cidr(_) | Format(_) | Url(_), _) => return Equality::NoSuchOverload,
             (Bool(a), Bool(b)) => a == b,
+            (Duration(a), Duration(b)) => a == b,
+            (Timestamp(a), Timestamp(b)) => a.same_instant(b),
             (String(a), String(b)) => a == b,
             (Bytes(a), Bytes(b)) => a == b,
             (Int(_) | Uint(_) | Double(_), Int(_) | Uint(_) | Double(_)) => {

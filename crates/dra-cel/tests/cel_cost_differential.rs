@@ -160,6 +160,28 @@ fn generated() -> Vec<String> {
         format!("[{s}.split('-').map(p, p)[0], 'a'].size() == 2"),
         format!("[{s}.split('-').filter(p, p != '')[0], 1].size() == 2"),
         format!("{s}.split('-').map(p, p + 'x').map(q, q.size()).filter(n, n > 1).size() > 1"),
+        // Durations and timestamps: conversions, accessors, arithmetic, literal validation.
+        "duration('1h') > duration('30m')".into(),
+        "duration('1d') > duration('30m')".into(),
+        format!("duration({s}) > duration('1s')"),
+        format!("timestamp({s}) < timestamp('2021-01-01T00:00:00Z')"),
+        "timestamp('x') < timestamp(1)".into(),
+        "timestamp(253402300800) < timestamp(1)".into(),
+        format!("timestamp({s}).getHours({s}) == 1"),
+        format!("timestamp({s}).getFullYear('America/Los_Angeles') > 2020"),
+        "timestamp(1).getDayOfWeek() + duration('1h').getMinutes() == 60".into(),
+        format!("string(timestamp({s}) + duration('1h')) == {s}"),
+        format!("string(duration({s})).size() > 2"),
+        format!("(timestamp({s}) - timestamp(0)).getSeconds() > 0"),
+        format!("int(timestamp({s})) > int(duration({s}))"),
+        format!("[duration({s}), duration('1s')].sum() > duration('0s')"),
+        format!("{s}.split(',').map(x, duration(x)).exists(d, d > duration('1s'))"),
+        format!("{s}.split(',').map(x, timestamp(x)).sort()[0] < timestamp(0)"),
+        format!("type(duration({s})) == google.protobuf.Duration"),
+        format!("'%s'.format([timestamp({s})]) == {s}"),
+        format!("optional.ofNonZeroValue(duration({s})).hasValue()"),
+        "-duration('1s') < duration('0s')".into(),
+        format!("duration({s}) == timestamp({s})"),
     ];
     // Nesting grows the estimate geometrically: walk each shape past the limit.
     let list = format!("{s}.split('')");
@@ -338,7 +360,7 @@ impl Gen {
             4 => format!("{}.contains({})", self.string(d - 1), self.string(d - 1)),
             5 => format!("{}.startsWith({})", self.string(d - 1), self.string(d - 1)),
             6 => format!("{}.size() > 3", self.string(d - 1)),
-            7 | 8 | 9 => {
+            7..=9 => {
                 let v = self.fresh();
                 let l = self.list(d - 1);
                 let b = self.scoped(&v, |g| g.boolean(d - 1));
@@ -366,6 +388,15 @@ impl Gen {
                 let b = self.scoped(&k, |g| g.boolean(d - 1));
                 let m = ["all", "exists", "existsOne"][self.below(3)];
                 format!("device.attributes['gpu.nvidia.com'].{m}({k}, {v}, {b})")
+            }
+            18 if self.below(3) == 0 => {
+                let (x, y) = (self.string(d - 1), self.string(d - 1));
+                match self.below(4) {
+                    0 => format!("duration({x}) < duration({y})"),
+                    1 => format!("timestamp({x}) + duration({y}) > timestamp(0)"),
+                    2 => format!("timestamp({x}).getMinutes({y}) == 1"),
+                    _ => format!("string(timestamp({x}) - timestamp({y})) == {}", self.lit()),
+                }
             }
             18 => format!("{} < {}", self.string(d - 1), self.string(d - 1)),
             19 => format!("{}.endsWith({})", self.string(d - 1), self.lit()),
