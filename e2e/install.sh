@@ -28,9 +28,9 @@ NAME=install-e2e
 NAMESPACE=gpu-dra
 RELEASE=gpu-dra
 WORK=$(mktemp -d /tmp/gpu-dra-install.XXXXXX)
-# Short: the kubelet folder is under it, and the seamless-upgrade socket names (a pod UID each)
-# must stay within a unix socket path's 107 bytes.
-export GPU_DRA_CLUSTER_DIR=$(mktemp -d /tmp/gdi.XXXXXX)
+# A long kubelet folder (as microk8s' is): the seamless-upgrade socket names, a pod UID each,
+# must still fit a unix socket path's 107 bytes.
+export GPU_DRA_CLUSTER_DIR=$WORK/cluster
 passed=0
 T0=$SECONDS
 

@@ -87,12 +87,19 @@ impl PluginConfig {
         .unwrap_or_else(|| self.registrar_dir.join(format!("dra-{digest}-reg.sock")))
     }
 
-    /// `<plugin-dir>/dra.sock`; with an instance id `<plugin-dir>/dra-<id>.sock`.
+    /// `<plugin-dir>/dra.sock`; with an instance id `<plugin-dir>/dra-<id>.sock`, or a shorter
+    /// name derived from the id where that would not fit a unix socket address (a long
+    /// `kubeletDir`, e.g. microk8s', plus a pod UID would otherwise stop every upgraded pod).
     pub fn dra_socket_path(&self) -> PathBuf {
-        match &self.instance {
-            None => self.plugin_dir.join(DRA_SOCKET_NAME),
-            Some(instance) => self.plugin_dir.join(format!("dra-{instance}.sock")),
-        }
+        let Some(instance) = &self.instance else {
+            return self.plugin_dir.join(DRA_SOCKET_NAME);
+        };
+        let digest = short_digest(&self.driver_name, instance);
+        [format!("dra-{instance}.sock"), format!("dra-{digest}.sock")]
+            .into_iter()
+            .map(|name| self.plugin_dir.join(name))
+            .find(|path| path.as_os_str().len() + STAGING_EXTRA < MAX_SOCKET_PATH)
+            .unwrap_or_else(|| self.plugin_dir.join(format!("dra-{}.sock", &digest[..8])))
     }
 }
 

@@ -597,6 +597,27 @@ fn rolling_update_socket_names_fit_a_unix_socket_address() {
         config("another-uid-0000-0000-000000000000").registration_socket_path()
     );
     assert_eq!(path, config(uid).registration_socket_path());
+
+    // The DRA socket too, under a long plugin folder (microk8s' kubelet dir, say).
+    let long_plugins = format!("/var/snap/microk8s/common/var/lib/kubelet/plugins/{DRIVER}");
+    let dra = |instance: &str| PluginConfig {
+        instance: Some(instance.into()),
+        ..PluginConfig::new(DRIVER, "/reg", &long_plugins, driver.clone())
+    };
+    let path = dra(uid).dra_socket_path();
+    assert!(path.as_os_str().len() + ".tmp".len() + 1 < 108, "{path:?}");
+    assert!(path.starts_with(&long_plugins), "{path:?}");
+    assert_ne!(
+        path,
+        dra("another-uid-0000-0000-000000000000").dra_socket_path()
+    );
+    assert_eq!(path, dra(uid).dra_socket_path());
+    // Where the whole id fits, it is the name.
+    let short = PluginConfig {
+        instance: Some(uid.into()),
+        ..PluginConfig::new(DRIVER, "/reg", "/p", driver.clone())
+    };
+    assert!(short.dra_socket_path().ends_with(format!("dra-{uid}.sock")));
 }
 
 #[tokio::test]
