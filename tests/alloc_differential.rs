@@ -970,45 +970,83 @@ fn assert_no_mismatches(mismatches: &[String]) {
     );
 }
 
+/// Outcomes and mismatches of one-claim-per-pod comparisons.
+#[derive(Default)]
+struct Tally {
+    claims: usize,
+    allocated: usize,
+    unsatisfiable: usize,
+    errors: usize,
+    mismatches: Vec<String>,
+}
+
+impl Tally {
+    /// Compares one scenario's verdicts claim by claim; `tag` names the pass in messages and
+    /// in the folder that keeps the first mismatch's inputs.
+    fn compare(&mut self, tag: &str, seed: u64, s: &Scenario, mine: &[Verdict], go: &[Verdict]) {
+        assert_eq!(mine.len(), go.len(), "{tag} seed {seed}: claim count");
+        for (i, (a, b)) in mine.iter().zip(go).enumerate() {
+            self.claims += 1;
+            match b {
+                Verdict::Allocated(_) => self.allocated += 1,
+                Verdict::Unsatisfiable(_) => self.unsatisfiable += 1,
+                Verdict::Error(_) | Verdict::TimedOut => self.errors += 1,
+            }
+            if std::env::var_os("ALLOC_DIFF_DUMP").is_some() {
+                eprintln!("{tag} seed {seed} claim {i}: {b:?}");
+            }
+            if a != b {
+                self.mismatches.push(format!(
+                    "{tag} seed {seed} claim {i}:\n  ours:       {a:?}\n  kubernetes: {b:?}"
+                ));
+                if self.mismatches.len() == 1 {
+                    keep_inputs(tag, seed, s);
+                }
+            }
+        }
+    }
+
+    fn summary(&self) -> String {
+        format!(
+            "{} claims: {} allocated, {} unsatisfiable, {} errors; {} mismatches",
+            self.claims,
+            self.allocated,
+            self.unsatisfiable,
+            self.errors,
+            self.mismatches.len()
+        )
+    }
+}
+
 #[test]
 #[ignore = "needs ALLOC_ORACLE, the Go allocator oracle (e2e/run-tests builds it and runs ignored tests)"]
 fn allocations_match_kubernetes() {
     let oracle = oracle();
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut mismatches = Vec::new();
-    let (mut allocated, mut unsatisfiable, mut errors, mut claims) = (0, 0, 0, 0);
+    let mut tally = Tally::default();
     for seed in 0..SCENARIOS {
         let s = scenario(seed);
-        let mine = ours(&s);
-        let go = theirs(&oracle, dir.path(), &s);
-        assert_eq!(mine.len(), go.len(), "seed {seed}: claim count");
-        for (i, (a, b)) in mine.iter().zip(&go).enumerate() {
-            claims += 1;
-            match b {
-                Verdict::Allocated(_) => allocated += 1,
-                Verdict::Unsatisfiable(_) => unsatisfiable += 1,
-                Verdict::Error(_) | Verdict::TimedOut => errors += 1,
-            }
-            if std::env::var_os("ALLOC_DIFF_DUMP").is_some() {
-                eprintln!("seed {seed} claim {i}: {b:?}");
-            }
-            if a != b {
-                mismatches.push(format!(
-                    "seed {seed} claim {i}:\n  ours:       {a:?}\n  kubernetes: {b:?}"
-                ));
-                if mismatches.len() == 1 {
-                    keep_inputs("alloc-mismatch", seed, &s);
-                }
-            }
-        }
+        tally.compare(
+            "alloc-mismatch",
+            seed,
+            &s,
+            &ours(&s),
+            &theirs(&oracle, dir.path(), &s),
+        );
     }
     eprintln!(
-        "alloc_differential: {SCENARIOS} scenarios, {claims} claims: {allocated} allocated, \
-         {unsatisfiable} unsatisfiable, {errors} errors; {} mismatches",
-        mismatches.len()
+        "alloc_differential: {SCENARIOS} scenarios, {}",
+        tally.summary()
     );
-    assert_no_mismatches(&mismatches);
+    assert_no_mismatches(&tally.mismatches);
     // The generator must keep exercising every outcome.
+    let Tally {
+        claims,
+        allocated,
+        unsatisfiable,
+        errors,
+        ..
+    } = tally;
     assert!(
         allocated * 3 > claims,
         "too few allocations: {allocated}/{claims}"
@@ -1394,9 +1432,8 @@ fn allocations_match_kubernetes_with_cluster_gates() {
         ("cluster", gates, cluster),
     ];
     for (pass, gates, features) in passes {
-        let mut mismatches = Vec::new();
+        let mut tally = Tally::default();
         let mut counts = Exercised::default();
-        let (mut allocated, mut unsatisfiable, mut errors, mut claims) = (0, 0, 0, 0);
         for seed in 0..SCENARIOS {
             let (s, declares) = gates_scenario(seed);
             let mut node = NodeInfo::named(NODE);
@@ -1411,54 +1448,15 @@ fn allocations_match_kubernetes_with_cluster_gates() {
             }
             let mine = ours_with(&s, features, &node);
             let go = theirs_with(&oracle, dir.path(), &s, &extra);
-            assert_eq!(mine.len(), go.len(), "{pass} seed {seed}: claim count");
             exercised(&s, &go, &mut counts);
-            for (i, (a, b)) in mine.iter().zip(&go).enumerate() {
-                claims += 1;
-                match b {
-                    Verdict::Allocated(_) => allocated += 1,
-                    Verdict::Unsatisfiable(_) => unsatisfiable += 1,
-                    Verdict::Error(_) | Verdict::TimedOut => errors += 1,
-                }
-                if std::env::var_os("ALLOC_DIFF_DUMP").is_some() {
-                    eprintln!("{pass} seed {seed} claim {i}: {b:?}");
-                }
-                if a != b {
-                    mismatches.push(format!(
-                        "{pass} seed {seed} claim {i}:\n  ours:       {a:?}\n  kubernetes: {b:?}"
-                    ));
-                    if mismatches.len() == 1 {
-                        let keep = std::env::temp_dir().join(format!("alloc-gates-{pass}-{seed}"));
-                        let _ = std::fs::create_dir_all(&keep);
-                        write(&keep, "slices.json", &s.slices);
-                        write(&keep, "classes.json", &classes());
-                        write(&keep, "claims.json", &s.claims);
-                        write(&keep, "allocated.json", &s.allocated);
-                        eprintln!(
-                            "first mismatch inputs: {} (flags {extra:?})",
-                            keep.display()
-                        );
-                    }
-                }
-            }
+            tally.compare(&format!("alloc-gates-{pass}"), seed, &s, &mine, &go);
         }
         eprintln!(
-            "alloc_differential ({pass} gates): {SCENARIOS} scenarios, {claims} claims: \
-             {allocated} allocated, {unsatisfiable} unsatisfiable, {errors} errors; \
-             exercised {counts:?}; {} mismatches",
-            mismatches.len()
+            "alloc_differential ({pass} gates): {SCENARIOS} scenarios, {}; exercised {counts:?}",
+            tally.summary()
         );
-        assert!(
-            mismatches.is_empty(),
-            "{pass} gates: {} mismatches:\n{}",
-            mismatches.len(),
-            mismatches
-                .iter()
-                .take(10)
-                .cloned()
-                .collect::<Vec<_>>()
-                .join("\n")
-        );
+        assert_no_mismatches(&tally.mismatches);
+        let (claims, allocated) = (tally.claims, tally.allocated);
         // Under the default gates list attributes never match, so constrained claims fail.
         let share = if pass == "cluster" { 4 } else { 8 };
         assert!(
