@@ -6,8 +6,6 @@
 //! (nested comprehensions over attributes, strings and lists, concatenation, regexes).
 //! Estimates must be identical, and so whether an expression is rejected (compile error, or
 //! an estimate above the limit).
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Command, Stdio};
 
 use dra_cel::{MAX_COST, MAX_EXPRESSION_LENGTH, estimate_cost};
 use serde_json::{Value as Json, json};
@@ -409,9 +407,6 @@ impl Gen {
 #[test]
 #[ignore = "needs CEL_ORACLE, the Go cel-oracle on the pinned Kubernetes modules (e2e/run-tests builds it and runs ignored tests)"]
 fn estimated_cost_matches_kubernetes() {
-    let oracle = std::env::var("CEL_ORACLE").expect(
-        "CEL_ORACLE is not set: build e2e/harness/cmd/cel-oracle and point CEL_ORACLE at it",
-    );
     // The API server rejects longer expressions before compiling them (the oracle does not).
     let (exprs, long): (Vec<String>, Vec<String>) = corpus()
         .into_iter()
@@ -422,26 +417,8 @@ fn estimated_cost_matches_kubernetes() {
             "accepted an over-long expression"
         );
     }
-    let mut input = String::new();
-    for e in &exprs {
-        input.push_str(&json!({ "expression": e }).to_string());
-        input.push('\n');
-    }
-    let mut child = Command::new(&oracle)
-        .arg("--estimate-cost")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start cel-oracle");
-    let mut stdin = child.stdin.take().unwrap();
-    let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()));
-    let answers: Vec<Json> = BufReader::new(child.stdout.take().unwrap())
-        .lines()
-        .map(|l| serde_json::from_str(&l.unwrap()).unwrap())
-        .collect();
-    writer.join().unwrap().unwrap();
-    assert!(child.wait().unwrap().success());
-    assert_eq!(answers.len(), exprs.len());
+    let lines: Vec<Json> = exprs.iter().map(|e| json!({ "expression": e })).collect();
+    let answers = common::ask_oracle(&vec!["--estimate-cost".to_string()], &lines);
 
     let mut mismatches = 0;
     let mut over = 0;
@@ -473,16 +450,6 @@ fn estimated_cost_matches_kubernetes() {
     assert_eq!(mismatches, 0);
 }
 
-/// `K8S_FEATURE_GATES` of e2e/versions.env: kube-apiserver's gates in the e2e cluster.
-fn cluster_gates() -> String {
-    include_str!("../../../e2e/versions.env")
-        .lines()
-        .find_map(|l| l.strip_prefix("K8S_FEATURE_GATES="))
-        .expect("K8S_FEATURE_GATES in e2e/versions.env")
-        .trim()
-        .to_string()
-}
-
 /// Selectors over list-valued attributes, which DRAListTypeAttributes types as `dyn`.
 fn list_attribute_exprs() -> Vec<String> {
     let a = "device.attributes['gpu.nvidia.com']";
@@ -509,35 +476,19 @@ fn list_attribute_exprs() -> Vec<String> {
 #[test]
 #[ignore = "needs CEL_ORACLE, the Go cel-oracle on the pinned Kubernetes modules (e2e/run-tests builds it and runs ignored tests)"]
 fn estimated_cost_matches_kubernetes_with_cluster_gates() {
-    let oracle = std::env::var("CEL_ORACLE").expect(
-        "CEL_ORACLE is not set: build e2e/harness/cmd/cel-oracle and point CEL_ORACLE at it",
-    );
     let exprs: Vec<String> = corpus()
         .into_iter()
         .chain(list_attribute_exprs())
         .filter(|e| e.len() <= MAX_EXPRESSION_LENGTH)
         .collect();
-    let mut input = String::new();
-    for e in &exprs {
-        input.push_str(&json!({ "expression": e }).to_string());
-        input.push('\n');
-    }
-    let mut child = Command::new(&oracle)
-        .arg("--estimate-cost")
-        .arg(format!("--feature-gates={}", cluster_gates()))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start cel-oracle");
-    let mut stdin = child.stdin.take().unwrap();
-    let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()));
-    let answers: Vec<Json> = BufReader::new(child.stdout.take().unwrap())
-        .lines()
-        .map(|l| serde_json::from_str(&l.unwrap()).unwrap())
-        .collect();
-    writer.join().unwrap().unwrap();
-    assert!(child.wait().unwrap().success());
-    assert_eq!(answers.len(), exprs.len());
+    let lines: Vec<Json> = exprs.iter().map(|e| json!({ "expression": e })).collect();
+    let answers = common::ask_oracle(
+        &vec![
+            "--estimate-cost".to_string(),
+            format!("--feature-gates={}", common::cluster_gates()),
+        ],
+        &lines,
+    );
     let features = dra_cel::CostFeatures {
         list_type_attributes: true,
     };

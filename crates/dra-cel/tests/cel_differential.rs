@@ -7,8 +7,6 @@
 //! line is compared (cel-go may list several), and Go regexp parse errors compare only their
 //! `error parsing regexp:` prefix (Go's and Rust's regex parsers word errors differently).
 //! `CEL_SEED=<n>` generates another corpus.
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Command, Stdio};
 
 use dra_cel::{DeviceView, SelectorCache};
 use k8s_openapi::api::resource::v1::Device;
@@ -960,26 +958,8 @@ fn ours(cache: &SelectorCache, input: &Json) -> Json {
 #[test]
 #[ignore = "needs CEL_ORACLE, the Go cel-oracle on the pinned Kubernetes modules (e2e/run-tests builds it and runs ignored tests)"]
 fn matches_kubernetes_on_generated_and_upstream_corpus() {
-    let oracle = std::env::var("CEL_ORACLE").expect(
-        "CEL_ORACLE is not set: build e2e/harness/cmd/cel-oracle and point CEL_ORACLE at it",
-    );
     let inputs = corpus();
-    let mut child = Command::new(&oracle)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("starting {oracle}: {e}"));
-    let mut stdin = child.stdin.take().expect("oracle stdin");
-    let payload: String = inputs.iter().map(|l| format!("{l}\n")).collect();
-    let writer = std::thread::spawn(move || stdin.write_all(payload.as_bytes()));
-    let reader = BufReader::new(child.stdout.take().expect("oracle stdout"));
-    let theirs: Vec<Json> = reader
-        .lines()
-        .map(|l| serde_json::from_str(&l.expect("oracle line")).expect("oracle json"))
-        .collect();
-    writer.join().expect("writer").expect("write to oracle");
-    assert!(child.wait().expect("oracle exit").success());
-    assert_eq!(theirs.len(), inputs.len(), "oracle answered every line");
+    let theirs = common::ask_oracle::<Json>(&[], &inputs);
 
     let cache = SelectorCache::new();
     let mut mismatches = Vec::new();
@@ -1017,33 +997,9 @@ fn matches_kubernetes_on_generated_and_upstream_corpus() {
 #[test]
 #[ignore = "needs CEL_ORACLE, the Go cel-oracle on the pinned Kubernetes modules (e2e/run-tests builds it and runs ignored tests)"]
 fn matches_kubernetes_with_cluster_gates() {
-    let oracle = std::env::var("CEL_ORACLE").expect(
-        "CEL_ORACLE is not set: build e2e/harness/cmd/cel-oracle and point CEL_ORACLE at it",
-    );
-    let gates = include_str!("../../../e2e/versions.env")
-        .lines()
-        .find_map(|l| l.strip_prefix("K8S_FEATURE_GATES="))
-        .expect("K8S_FEATURE_GATES in e2e/versions.env")
-        .trim()
-        .to_string();
     let inputs = corpus();
-    let mut child = Command::new(&oracle)
-        .arg(format!("--feature-gates={gates}"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("starting {oracle}: {e}"));
-    let mut stdin = child.stdin.take().expect("oracle stdin");
-    let payload: String = inputs.iter().map(|l| format!("{l}\n")).collect();
-    let writer = std::thread::spawn(move || stdin.write_all(payload.as_bytes()));
-    let reader = BufReader::new(child.stdout.take().expect("oracle stdout"));
-    let theirs: Vec<Json> = reader
-        .lines()
-        .map(|l| serde_json::from_str(&l.expect("oracle line")).expect("oracle json"))
-        .collect();
-    writer.join().expect("writer").expect("write to oracle");
-    assert!(child.wait().expect("oracle exit").success());
-    assert_eq!(theirs.len(), inputs.len(), "oracle answered every line");
+    let gates = format!("--feature-gates={}", common::cluster_gates());
+    let theirs = common::ask_oracle(&[gates], &inputs);
     let cache = SelectorCache::new();
     let mismatches: Vec<String> = inputs
         .iter()
