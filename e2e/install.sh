@@ -106,7 +106,7 @@ install_args=(
     --namespace "$NAMESPACE" --create-namespace
     --set "image.repository=$REPOSITORY" --set image.pullPolicy=Never
     --set-string "gpus=${E2E_GPUS//,/\\,}" --set "mig=$E2E_MIG" --set "simState=$GPU_DRA_SIM_STATE"
-    --set "nvidiaDriverRoot=$E2E_DRIVER_ROOT" --set "devRoot=$E2E_DEV_ROOT"
+    --set "nvidiaDriverRoot=$E2E_DRIVER_ROOT" --set "devRoot=$GPU_DRA_DEV_ROOT"
     --set "kubeletDir=$E2E_KUBELET_ROOT" --set "cdiRoot=$GPU_DRA_CDI_ROOT"
 )
 "$HELM" install "$RELEASE" deploy/helm/gpu-dra "${install_args[@]}" --set "image.tag=${FIRST_REF##*:}" \
