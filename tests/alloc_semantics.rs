@@ -170,6 +170,23 @@ fn first_available_falls_back_and_names_the_subrequest() {
     );
 }
 
+/// One pool in two slices: counter set gpu-0 with `slices` counters `slice-N` of 1 each, and
+/// the devices drawing on them.
+fn gpu_with_counter_slices(slices: usize, devices: Vec<Value>) -> Vec<Value> {
+    let mut counters = serde_json::Map::new();
+    for s in 0..slices {
+        counters.insert(format!("slice-{s}"), json!({"value": "1"}));
+    }
+    let mut counter_slice = slice("counters", NODE, vec![]);
+    let spec = &mut counter_slice["spec"];
+    spec.as_object_mut().expect("spec").remove("devices");
+    spec["sharedCounters"] = json!([{"name": "gpu-0", "counters": counters}]);
+    spec["pool"]["resourceSliceCount"] = json!(2);
+    let mut device_slice = slice("devices", NODE, devices);
+    device_slice["spec"]["pool"]["resourceSliceCount"] = json!(2);
+    vec![counter_slice, device_slice]
+}
+
 /// MIG placements of one GPU share its counters: once the whole GPU is taken no
 /// placement fits, and two overlapping placements cannot both be taken.
 #[test]
@@ -189,17 +206,7 @@ fn shared_counters_block_overlapping_partitions() {
     let mut high = low.clone();
     high["name"] = json!("gpu-0-mig-1");
     high["consumesCounters"] = counters(&[1]);
-    let mut counter_slice = slice("counters", NODE, vec![]);
-    counter_slice["spec"]
-        .as_object_mut()
-        .unwrap()
-        .remove("devices");
-    counter_slice["spec"]["sharedCounters"] = json!([{"name": "gpu-0", "counters": {
-        "slice-0": {"value": "1"}, "slice-1": {"value": "1"}}}]);
-    counter_slice["spec"]["pool"]["resourceSliceCount"] = json!(2);
-    let mut devices = slice("devices", NODE, vec![whole, low, high]);
-    devices["spec"]["pool"]["resourceSliceCount"] = json!(2);
-    let alloc = allocator(vec![counter_slice, devices]);
+    let alloc = allocator(gpu_with_counter_slices(2, vec![whole, low, high]));
 
     let two_migs = claim(
         "two",
@@ -445,6 +452,22 @@ fn a_search_past_the_filter_timeout_fails_with_the_schedulers_error() {
     assert!(started.elapsed() < std::time::Duration::from_secs(30));
 }
 
+/// Asserts the claim does not fit on the node and returns `gpu-dra explain`'s account of it.
+fn refused_and_explained(
+    alloc: &Allocator,
+    node: &NodeInfo,
+    claim: &ResourceClaim,
+    state: &AllocatedState,
+) -> String {
+    let claims = std::slice::from_ref(claim);
+    let refused = alloc.allocate(node, claims, state).expect("ok");
+    assert!(
+        matches!(refused, Outcome::Unsatisfiable { .. }),
+        "{refused:?}"
+    );
+    dra_allocator::explain::explain(alloc, node, claims, state).render()
+}
+
 /// The e2e cluster's gates (alpha ones included) switch on the experimental allocator's rules.
 fn gated(slices: Vec<Value>) -> Allocator {
     let gates = "DRAListTypeAttributes=true,DRAOptionalNodeOperations=true,\
@@ -510,15 +533,7 @@ fn skip_node_operations_need_the_gate_and_a_declaring_node() {
     );
     let alloc = gated(vec![s]);
     let mut node = NodeInfo::named(NODE);
-    let refused = alloc
-        .allocate(&node, std::slice::from_ref(&c), &state)
-        .expect("ok");
-    assert!(
-        matches!(refused, Outcome::Unsatisfiable { .. }),
-        "{refused:?}"
-    );
-    let why =
-        dra_allocator::explain::explain(&alloc, &node, std::slice::from_ref(&c), &state).render();
+    let why = refused_and_explained(&alloc, &node, &c, &state);
     assert!(
         why.contains("does not declare DRAOptionalNodeOperations"),
         "{why}"
@@ -531,4 +546,56 @@ fn skip_node_operations_need_the_gate_and_a_declaring_node() {
         result.skip_node_operations,
         Some(vec!["NodePrepareResources".to_string()])
     );
+}
+
+#[test]
+fn compatibility_groups_keep_apart_what_cannot_share_a_gpu_and_explain_says_why() {
+    let mig = |name: &str, slice: usize, groups: &[&str]| {
+        let mut d = gpu(name, "10Gi", 0);
+        d["attributes"]["type"] = json!({"string": "mig"});
+        d["consumesCounters"] = json!([{
+            "counterSet": "gpu-0",
+            "counters": {format!("slice-{slice}"): {"value": "1"}},
+            "compatibilityGroups": groups,
+        }]);
+        d
+    };
+    let alloc = gated(gpu_with_counter_slices(
+        3,
+        vec![
+            mig("gpu-0-mig-a", 0, &["timeslice"]),
+            mig("gpu-0-mig-b", 1, &["mps"]),
+            mig("gpu-0-mig-c", 2, &["mps", "timeslice"]),
+        ],
+    ));
+    let node = NodeInfo::named(NODE);
+
+    let mut state = AllocatedState::new();
+    let first = claim("first", json!({"requests": [exact("m", "mig", json!({}))]}));
+    let result = only(alloc.allocate(&node, &[first], &state).expect("ok"));
+    assert_eq!(picked(&result), "m=gpu-0-mig-a");
+    state.mark("first", &result, alloc.features()).unwrap();
+
+    // Next to a "timeslice" device only devices sharing that group fit: c, not b.
+    let two = claim(
+        "two",
+        json!({"requests": [exact("m", "mig", json!({"count": 2}))]}),
+    );
+    let why = refused_and_explained(&alloc, &node, &two, &state);
+    assert!(
+        why.contains(
+            "gpu-0-mig-b (mig): passed over: compatibility groups: counter set gpu-0 takes devices in group timeslice next to allocated gpu-0-mig-a; this device is in group mps"
+        ),
+        "{why}"
+    );
+    assert!(why.contains("gpu-0-mig-c (mig): qualifies"), "{why}");
+    assert!(
+        why.contains(
+            "gpu-0-mig-b once gpu-0-mig-a no longer shares its counter set (compatibility groups)"
+        ),
+        "{why}"
+    );
+    let one = claim("one", json!({"requests": [exact("m", "mig", json!({}))]}));
+    let result = only(alloc.allocate(&node, &[one], &state).expect("ok"));
+    assert_eq!(picked(&result), "m=gpu-0-mig-c");
 }

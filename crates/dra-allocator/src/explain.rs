@@ -87,6 +87,14 @@ pub enum Problem {
         held_by: Vec<String>,
     },
     Taint(String),
+    /// Devices sharing a counter set (a GPU) must share a compatibility group
+    /// (DRADeviceCompatibilityGroups); the allocated `held_by` leave none this device is in.
+    Compatibility {
+        counter_set: String,
+        device_groups: Vec<String>,
+        allowed: String,
+        held_by: Vec<String>,
+    },
 }
 
 impl Problem {
@@ -372,6 +380,9 @@ fn explain_claim(
                 // A device in use holds its own counters; that is not a second reason.
                 let in_use = problems.iter().any(|p| matches!(p, Problem::InUse { .. }));
                 if !in_use && let Some(p) = counter_problem(run, index) {
+                    problems.push(p);
+                }
+                if !in_use && let Some(p) = compatibility_problem(run, index) {
                     problems.push(p);
                 }
                 // A device the selectors rule out is explained by them alone; use, capacity,
@@ -720,6 +731,28 @@ fn counter_problem(run: &Run<'_>, index: usize) -> Option<Problem> {
     })
 }
 
+/// Checked as `checkAndConsumeCompatibilityGroups` does, against the devices already
+/// allocated: the first counter set whose groups leave this device out.
+fn compatibility_problem(run: &Run<'_>, index: usize) -> Option<Problem> {
+    let features = run.alloc.features();
+    if !features.compatibility_groups || !features.partitionable_devices {
+        return None;
+    }
+    let consumes = run.device(index).consumes_counters.as_ref()?;
+    let pool = run.candidate(index).pool;
+    let baseline = run.groups_baseline(pool);
+    consumes.iter().find_map(|c| {
+        let current = baseline.get(&c.counter_set)?;
+        let groups = super::search::group_set(c);
+        (!current.admits(&groups)).then(|| Problem::Compatibility {
+            counter_set: c.counter_set.clone(),
+            device_groups: groups.into_iter().collect(),
+            allowed: current.describe(),
+            held_by: run.counter_set_holders(pool, &c.counter_set),
+        })
+    })
+}
+
 /// A counter value for people: bytes in binary units when whole, else as given.
 fn amount_text(q: &Quantity) -> String {
     match q.as_int64() {
@@ -847,6 +880,22 @@ fn describe_problem(p: &Problem) -> String {
             held_by.join(", ")
         ),
         Problem::Taint(s) => s.clone(),
+        Problem::Compatibility {
+            counter_set,
+            device_groups,
+            allowed,
+            held_by,
+        } => {
+            let mine = if device_groups.is_empty() {
+                "has no compatibility group".to_string()
+            } else {
+                format!("is in group {}", device_groups.join(", "))
+            };
+            format!(
+                "compatibility groups: counter set {counter_set} takes {allowed} next to allocated {}; this device {mine}",
+                held_by.join(", ")
+            )
+        }
     }
 }
 
@@ -983,6 +1032,13 @@ impl Explanation {
                 Problem::Counters { held_by, .. } if !held_by.is_empty() => (
                     format!(
                         "once {} no longer holds the shared counters of its GPU",
+                        held_by.join(", ")
+                    ),
+                    String::new(),
+                ),
+                Problem::Compatibility { held_by, .. } if !held_by.is_empty() => (
+                    format!(
+                        "once {} no longer shares its counter set (compatibility groups)",
                         held_by.join(", ")
                     ),
                     String::new(),

@@ -364,7 +364,7 @@ pub(crate) struct GroupIntersection {
 }
 
 impl GroupIntersection {
-    fn admits(&self, groups: &BTreeSet<String>) -> bool {
+    pub(crate) fn admits(&self, groups: &BTreeSet<String>) -> bool {
         if !self.has_members {
             return true;
         }
@@ -375,6 +375,18 @@ impl GroupIntersection {
             return false;
         }
         self.groups.intersection(groups).next().is_some()
+    }
+
+    /// What a further device must bring, for people.
+    pub(crate) fn describe(&self) -> String {
+        if self.all_empty {
+            "only devices without compatibility groups".to_string()
+        } else if self.groups.is_empty() {
+            "no device with groups (theirs have none in common)".to_string()
+        } else {
+            let groups: Vec<&str> = self.groups.iter().map(String::as_str).collect();
+            format!("devices in group {}", groups.join(" or "))
+        }
     }
 
     fn add(&self, groups: &BTreeSet<String>) -> GroupIntersection {
@@ -396,7 +408,9 @@ impl GroupIntersection {
     }
 }
 
-fn group_set(c: &k8s_openapi::api::resource::v1::DeviceCounterConsumption) -> BTreeSet<String> {
+pub(crate) fn group_set(
+    c: &k8s_openapi::api::resource::v1::DeviceCounterConsumption,
+) -> BTreeSet<String> {
     c.compatibility_groups.iter().flatten().cloned().collect()
 }
 
@@ -1032,7 +1046,7 @@ impl<'a> Run<'a> {
 
     /// `compatibilityGroupsBaselineForPool`: per counter set, the intersection of the groups
     /// of the pool's allocated devices (node's slices first, then the others).
-    fn groups_baseline(&self, pool_index: usize) -> HashMap<String, GroupIntersection> {
+    pub(crate) fn groups_baseline(&self, pool_index: usize) -> HashMap<String, GroupIntersection> {
         let pool = &self.pools.pools[pool_index];
         let mut baseline: HashMap<String, GroupIntersection> = HashMap::new();
         for &slice in pool.slices.iter().chain(&pool.other_slices) {
@@ -1048,6 +1062,26 @@ impl<'a> Run<'a> {
             }
         }
         baseline
+    }
+
+    /// The pool's allocated devices that draw on `counter_set`: whose groups the baseline holds.
+    pub(crate) fn counter_set_holders(&self, pool_index: usize, counter_set: &str) -> Vec<String> {
+        let pool = &self.pools.pools[pool_index];
+        let mut holders = Vec::new();
+        for &slice in pool.slices.iter().chain(&pool.other_slices) {
+            for device in self.alloc.slices[slice].spec.devices.iter().flatten() {
+                let id = DeviceId::new(&pool.driver, &pool.name, &device.name);
+                let draws = device
+                    .consumes_counters
+                    .iter()
+                    .flatten()
+                    .any(|c| c.counter_set == counter_set);
+                if draws && self.state.is_allocated(&id) {
+                    holders.push(device.name.clone());
+                }
+            }
+        }
+        holders
     }
 
     /// `checkAndConsumeCompatibilityGroups`: folds the candidate's groups into the running
