@@ -91,7 +91,10 @@ mod tests {
         let unrelated = dir.path().join(".other.json.tmp-4242");
         fs::write(&leftover, b"half").expect("write");
         fs::write(&unrelated, b"x").expect("write");
-        assert_eq!(sweep_temp_files(&path).expect("sweep"), [leftover.clone()]);
+        assert_eq!(
+            sweep_temp_files(&path).expect("sweep"),
+            std::slice::from_ref(&leftover)
+        );
         assert!(!leftover.exists() && unrelated.exists() && path.exists());
     }
 }

@@ -84,6 +84,7 @@ pub fn init_logging(format: LogFormat, verbosity: Option<u8>) {
 }
 
 #[derive(Debug, Subcommand)]
+#[allow(clippy::large_enum_variant)] // parsed once per process; boxing buys nothing
 pub enum Command {
     /// Walk through the whole driver on a simulated node: discover, publish, allocate, prepare,
     /// unprepare. No GPU or cluster needed.

@@ -828,35 +828,6 @@ fn architecture(arch: DeviceArchitecture) -> Architecture {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn bus_ids_are_normalised_like_go_nvlib() {
-        assert_eq!(normalize_bus_id("00000000:18:00.0"), "0000:18:00.0");
-        assert_eq!(normalize_bus_id("00000001:2A:00.0\0\0"), "0001:2a:00.0");
-        assert_eq!(normalize_bus_id("0000:18:00.0"), "0000:18:00.0");
-    }
-
-    #[test]
-    fn pcie_root_comes_from_the_sysfs_link() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let devices = dir.path().join("bus/pci/devices");
-        std::fs::create_dir_all(&devices).expect("mkdir");
-        std::os::unix::fs::symlink(
-            "../../../devices/pci0000:15/0000:15:01.0/0000:18:00.0",
-            devices.join("0000:18:00.0"),
-        )
-        .expect("symlink");
-        assert_eq!(
-            pcie_root(dir.path(), "0000:18:00.0").as_deref(),
-            Some("pci0000:15")
-        );
-        assert_eq!(pcie_root(dir.path(), "0000:99:00.0"), None);
-    }
-}
-
 /// An NVML MIG call's failure, in the terms the simulator uses.
 fn mig_failure(minor: u32, operation: &'static str, e: RawError) -> GpuError {
     let failure = match e.code {
@@ -1063,21 +1034,40 @@ impl super::GpuControl for NvmlBackend {
                 .collect();
             // SAFETY: the handle belongs to `self.nvml`.
             match unsafe { nvml_raw::gpu_instances(&self.nvml, handle, &profiles) } {
-                Ok(found) => Ok(found
-                    .into_iter()
-                    .map(
-                        |(id, profile_id, placement, compute_instances)| super::GpuInstanceInfo {
-                            id,
-                            profile_id,
-                            placement,
-                            compute_instances,
-                        },
-                    )
-                    .collect()),
+                Ok(found) => Ok(found),
                 // MIG mode off: there are none.
                 Err(RawError { code: 3, .. }) => Ok(vec![]),
                 Err(e) => Err(mig_failure(minor, OP, e)),
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bus_ids_are_normalised_like_go_nvlib() {
+        assert_eq!(normalize_bus_id("00000000:18:00.0"), "0000:18:00.0");
+        assert_eq!(normalize_bus_id("00000001:2A:00.0\0\0"), "0001:2a:00.0");
+        assert_eq!(normalize_bus_id("0000:18:00.0"), "0000:18:00.0");
+    }
+
+    #[test]
+    fn pcie_root_comes_from_the_sysfs_link() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let devices = dir.path().join("bus/pci/devices");
+        std::fs::create_dir_all(&devices).expect("mkdir");
+        std::os::unix::fs::symlink(
+            "../../../devices/pci0000:15/0000:15:01.0/0000:18:00.0",
+            devices.join("0000:18:00.0"),
+        )
+        .expect("symlink");
+        assert_eq!(
+            pcie_root(dir.path(), "0000:18:00.0").as_deref(),
+            Some("pci0000:15")
+        );
+        assert_eq!(pcie_root(dir.path(), "0000:99:00.0"), None);
     }
 }

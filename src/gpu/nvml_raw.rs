@@ -298,7 +298,7 @@ pub unsafe fn gpu_instances(
     nvml: &Nvml,
     device: nvmlDevice_t,
     profiles: &[(u32, u32)],
-) -> Result<Vec<(u32, u32, Placement, Vec<u32>)>, RawError> {
+) -> Result<Vec<super::GpuInstanceInfo>, RawError> {
     let list = symbol!(nvml, nvmlDeviceGetGpuInstances);
     let list_cis = symbol!(nvml, nvmlGpuInstanceGetComputeInstances);
     let ci_info = symbol!(nvml, nvmlComputeInstanceGetInfo_v2);
@@ -339,10 +339,15 @@ pub unsafe fn gpu_instances(
                 }
             }
             compute.sort_unstable();
-            found.push((id, profile, placement, compute));
+            found.push(super::GpuInstanceInfo {
+                id,
+                profile_id: profile,
+                placement,
+                compute_instances: compute,
+            });
         }
     }
-    found.sort_by_key(|(id, ..)| *id);
+    found.sort_by_key(|gi| gi.id);
     Ok(found)
 }
 

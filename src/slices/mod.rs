@@ -438,7 +438,7 @@ pub fn binary_si(value: u64) -> String {
     let mut amount = value;
     let mut suffix = None;
     for s in SUFFIXES {
-        if amount % 1024 != 0 {
+        if !amount.is_multiple_of(1024) {
             break;
         }
         amount /= 1024;

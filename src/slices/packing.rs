@@ -135,7 +135,7 @@ pub fn order<'a>(candidates: &mut [Candidate<'a>], usage: impl Fn(&Gpu) -> Usage
             (key, *c)
         })
         .collect();
-    keyed.sort_by(|a, b| a.0.cmp(&b.0));
+    keyed.sort_by_key(|(key, _)| *key);
     for (slot, (_, candidate)) in candidates.iter_mut().zip(keyed) {
         *slot = candidate;
     }

@@ -554,27 +554,27 @@ impl<'a> Checker<'a> {
     fn check_select(&mut self, e: &IdedExpr, sel: &cel::common::ast::SelectExpr) -> (Node, Type) {
         // `a.b` may name a qualified identifier only when `a` is not a variable; none of the
         // DRA environment's identifiers are qualified, so report it as cel-go would.
-        if !sel.test {
-            if let Some(q) = qualified_name(e) {
-                let root = q.split('.').next().unwrap_or_default();
-                // The IP/CIDR libraries declare their types under qualified names.
-                let qualified_type = match q.as_str() {
-                    "net.IP" => Some(Type::Ip),
-                    "net.CIDR" => Some(Type::Cidr),
-                    // The standard library declares the well-known types' names as type values.
-                    "google.protobuf.Duration" => Some(Type::Duration),
-                    "google.protobuf.Timestamp" => Some(Type::Timestamp),
-                    _ => None,
-                };
-                if let (Some(t), None) = (qualified_type, self.lookup_local(root)) {
-                    return (
-                        Node::Const(Value::Type(Arc::from(q.as_str()))),
-                        Type::TypeOf(Arc::new(t)),
-                    );
-                }
-                // Anything else is checked operand first, as cel-go does: an unknown root is
-                // reported by itself ("undeclared reference to 'foo'" for `foo.bar`).
+        if !sel.test
+            && let Some(q) = qualified_name(e)
+        {
+            let root = q.split('.').next().unwrap_or_default();
+            // The IP/CIDR libraries declare their types under qualified names.
+            let qualified_type = match q.as_str() {
+                "net.IP" => Some(Type::Ip),
+                "net.CIDR" => Some(Type::Cidr),
+                // The standard library declares the well-known types' names as type values.
+                "google.protobuf.Duration" => Some(Type::Duration),
+                "google.protobuf.Timestamp" => Some(Type::Timestamp),
+                _ => None,
+            };
+            if let (Some(t), None) = (qualified_type, self.lookup_local(root)) {
+                return (
+                    Node::Const(Value::Type(Arc::from(q.as_str()))),
+                    Type::TypeOf(Arc::new(t)),
+                );
             }
+            // Anything else is checked operand first, as cel-go does: an unknown root is
+            // reported by itself ("undeclared reference to 'foo'" for `foo.bar`).
         }
         let (operand, operand_type) = self.check(&sel.operand);
         let operand_type = self.resolve(&operand_type);
@@ -613,30 +613,27 @@ impl<'a> Checker<'a> {
             func: Func::Index,
             args,
         } = &operand
-        {
-            if let [
+            && let [
                 Node::Select {
                     operand: inner,
                     field: which,
                 },
                 Node::Const(Value::String(domain)),
             ] = args.as_slice()
-            {
-                if matches!(**inner, Node::Device) {
-                    let of = match &**which {
-                        "attributes" => Some(DomainsOf::Attributes),
-                        "capacity" => Some(DomainsOf::Capacity),
-                        _ => None,
-                    };
-                    if let Some(of) = of {
-                        let node = Node::DeviceLookup {
-                            of,
-                            domain: domain.clone(),
-                            name: field,
-                        };
-                        return (node, ty);
-                    }
-                }
+            && matches!(**inner, Node::Device)
+        {
+            let of = match &**which {
+                "attributes" => Some(DomainsOf::Attributes),
+                "capacity" => Some(DomainsOf::Capacity),
+                _ => None,
+            };
+            if let Some(of) = of {
+                let node = Node::DeviceLookup {
+                    of,
+                    domain: domain.clone(),
+                    name: field,
+                };
+                return (node, ty);
             }
         }
         (
@@ -999,10 +996,10 @@ impl<'a> Checker<'a> {
         if matches!(name, "duration" | "timestamp") && !member {
             self.validate_time_literal(name, decl.func, &nodes, args);
         }
-        if name == "format" {
-            if let (Some(target), [list]) = (target, args) {
-                self.validate_format_call(id, target, list);
-            }
+        if name == "format"
+            && let (Some(target), [list]) = (target, args)
+        {
+            self.validate_format_call(id, target, list);
         }
         let node = match name {
             "_&&_" | "_||_" => {
@@ -1147,14 +1144,14 @@ impl<'a> Checker<'a> {
 
     /// cel-go's regex literal validator: a constant pattern must compile.
     fn validate_regex_literal(&mut self, nodes: &[Node], args: &[IdedExpr], member: bool) {
-        let pattern_index = if member { 1 } else { 1 };
-        if let Some(Node::Const(Value::String(p))) = nodes.get(pattern_index) {
-            if super::regex::compile(p).is_err() {
-                let arg = if member { args.first() } else { args.get(1) };
-                if let Some(arg) = arg {
-                    // An AST validator: reported only when type checking found nothing.
-                    self.defer(arg.id, "invalid matches argument".into());
-                }
+        // The pattern is the second node both as `s.matches(p)` and as `matches(s, p)`.
+        if let Some(Node::Const(Value::String(p))) = nodes.get(1)
+            && super::regex::compile(p).is_err()
+        {
+            let arg = if member { args.first() } else { args.get(1) };
+            if let Some(arg) = arg {
+                // An AST validator: reported only when type checking found nothing.
+                self.defer(arg.id, "invalid matches argument".into());
             }
         }
     }

@@ -237,12 +237,11 @@ impl Builder<'_> {
 
     fn build(&mut self, e: &IdedExpr) -> X {
         let mut ty = self.ty(e.id);
-        if let Expr::Ident(n) = &e.expr {
-            if let Some((_, t)) = self.var_types.iter().rev().find(|(v, _)| v == n) {
-                if wild(&ty) {
-                    ty = t.clone();
-                }
-            }
+        if let Expr::Ident(n) = &e.expr
+            && let Some((_, t)) = self.var_types.iter().rev().find(|(v, _)| v == n)
+            && wild(&ty)
+        {
+            ty = t.clone();
         }
         let k = match &e.expr {
             Expr::Unspecified => K::Lit(Lit::Scalar {
@@ -318,12 +317,12 @@ impl Builder<'_> {
                 // cel-go types the accumulator of `map`/`filter` with a type parameter, so the
                 // result is `list(T)` where our checker says `list(dyn)`.
                 let mut ty = ty;
-                if matches!(&init.k, K::List(l) if l.is_empty()) {
-                    if let Some(el) = step_elem(&step) {
-                        ty = Type::list(el);
-                        if matches!(&result.k, K::Ident(n) if *n == c.accu_var) {
-                            result.ty = ty.clone();
-                        }
+                if matches!(&init.k, K::List(l) if l.is_empty())
+                    && let Some(el) = step_elem(&step)
+                {
+                    ty = Type::list(el);
+                    if matches!(&result.k, K::Ident(n) if *n == c.accu_var) {
+                        result.ty = ty.clone();
                     }
                 }
                 let k = K::Comp(Box::new(Comp {
@@ -354,11 +353,12 @@ impl Builder<'_> {
                 let root = q.split('.').next().unwrap_or_default();
                 if !self.locals.iter().any(|l| l == root) && root != "device" {
                     let full = format!("{q}.{name}");
-                    if full == "cel.bind" && call.args.len() == 3 {
-                        if let Some(var) = ident(&call.args[0]) {
-                            let init = self.build(&call.args[1]);
-                            return self.bind(&var, init, |b| b.build(&call.args[2]), ty);
-                        }
+                    if full == "cel.bind"
+                        && call.args.len() == 3
+                        && let Some(var) = ident(&call.args[0])
+                    {
+                        let init = self.build(&call.args[1]);
+                        return self.bind(&var, init, |b| b.build(&call.args[2]), ty);
                     }
                     let args = call.args.iter().map(|a| self.build(a)).collect();
                     return X {
@@ -377,130 +377,129 @@ impl Builder<'_> {
                 && args.len() == 3
                 || matches!(name, "transformList" | "transformMap" | "transformMapEntry")
                     && (args.len() == 3 || args.len() == 4);
-            if two_var {
-                if let (Some(k), Some(v)) = (ident(&args[0]), ident(&args[1])) {
-                    let range = self.build(target);
-                    let (init, cond, step, result) = self
-                        .with_locals(&[ACCU, k.as_str(), v.as_str()], |b| {
-                            b.two_var(name, &k, &args[2..], &ty)
-                        });
-                    return X {
-                        id: e.id,
-                        ty,
-                        k: K::Comp(Box::new(Comp {
-                            range,
-                            iter: k,
-                            iter2: Some(v),
-                            accu: ACCU.into(),
-                            init,
-                            cond,
-                            step,
-                            result,
-                        })),
-                    };
-                }
+            if two_var && let (Some(k), Some(v)) = (ident(&args[0]), ident(&args[1])) {
+                let range = self.build(target);
+                let (init, cond, step, result) = self
+                    .with_locals(&[ACCU, k.as_str(), v.as_str()], |b| {
+                        b.two_var(name, &k, &args[2..], &ty)
+                    });
+                return X {
+                    id: e.id,
+                    ty,
+                    k: K::Comp(Box::new(Comp {
+                        range,
+                        iter: k,
+                        iter2: Some(v),
+                        accu: ACCU.into(),
+                        init,
+                        cond,
+                        step,
+                        result,
+                    })),
+                };
             }
-            if name == "sortBy" && args.len() == 2 {
-                if let Some(var) = ident(&args[0]) {
-                    let t = self.build(target);
-                    let tt = t.ty.clone();
-                    let input = "@__sortBy_input__";
-                    let ty = match &ty {
-                        Type::List(el) if wild(el) => tt.clone(),
-                        _ => ty,
-                    };
-                    let el = elem_of(&tt);
-                    return self.bind(
-                        input,
-                        t,
-                        |b| {
-                            let range = b.ident(input, tt.clone());
-                            let init = b.empty_list();
-                            let cond = b.lit_bool(true);
-                            let (step, key_ty) = b.with_locals(&[ACCU, var.as_str()], |b| {
-                                b.var_types.push((var.clone(), el.clone()));
-                                let key = b.build(&args[1]);
-                                b.var_types.pop();
-                                let kt = key.ty.clone();
-                                let accu = b.ident(ACCU, Type::list(kt.clone()));
-                                let one = b.fresh(Type::list(kt.clone()), K::List(vec![key]));
-                                (
-                                    b.call("_+_", None, vec![accu, one], Type::list(kt.clone())),
-                                    kt,
-                                )
-                            });
-                            let result = b.ident(ACCU, Type::list(key_ty.clone()));
-                            let keys = b.fresh(
-                                Type::list(key_ty),
-                                K::Comp(Box::new(Comp {
-                                    range,
-                                    iter: var.clone(),
-                                    iter2: None,
-                                    accu: ACCU.into(),
-                                    init,
-                                    cond,
-                                    step,
-                                    result,
-                                })),
-                            );
-                            let target = b.ident(input, tt.clone());
-                            b.call(
-                                "@sortByAssociatedKeys",
-                                Some(target),
-                                vec![keys],
-                                tt.clone(),
+            if name == "sortBy"
+                && args.len() == 2
+                && let Some(var) = ident(&args[0])
+            {
+                let t = self.build(target);
+                let tt = t.ty.clone();
+                let input = "@__sortBy_input__";
+                let ty = match &ty {
+                    Type::List(el) if wild(el) => tt.clone(),
+                    _ => ty,
+                };
+                let el = elem_of(&tt);
+                return self.bind(
+                    input,
+                    t,
+                    |b| {
+                        let range = b.ident(input, tt.clone());
+                        let init = b.empty_list();
+                        let cond = b.lit_bool(true);
+                        let (step, key_ty) = b.with_locals(&[ACCU, var.as_str()], |b| {
+                            b.var_types.push((var.clone(), el.clone()));
+                            let key = b.build(&args[1]);
+                            b.var_types.pop();
+                            let kt = key.ty.clone();
+                            let accu = b.ident(ACCU, Type::list(kt.clone()));
+                            let one = b.fresh(Type::list(kt.clone()), K::List(vec![key]));
+                            (
+                                b.call("_+_", None, vec![accu, one], Type::list(kt.clone())),
+                                kt,
                             )
-                        },
-                        ty,
-                    );
-                }
+                        });
+                        let result = b.ident(ACCU, Type::list(key_ty.clone()));
+                        let keys = b.fresh(
+                            Type::list(key_ty),
+                            K::Comp(Box::new(Comp {
+                                range,
+                                iter: var.clone(),
+                                iter2: None,
+                                accu: ACCU.into(),
+                                init,
+                                cond,
+                                step,
+                                result,
+                            })),
+                        );
+                        let target = b.ident(input, tt.clone());
+                        b.call(
+                            "@sortByAssociatedKeys",
+                            Some(target),
+                            vec![keys],
+                            tt.clone(),
+                        )
+                    },
+                    ty,
+                );
             }
-            if matches!(name, "optMap" | "optFlatMap") && call.args.len() == 2 {
-                if let Some(var) = ident(&call.args[0]) {
-                    let t = self.build(target);
-                    let t2 = self.build(target);
-                    let inner = match &t.ty {
+            if matches!(name, "optMap" | "optFlatMap")
+                && call.args.len() == 2
+                && let Some(var) = ident(&call.args[0])
+            {
+                let t = self.build(target);
+                let t2 = self.build(target);
+                let inner = match &t.ty {
+                    Type::Optional(i) => (**i).clone(),
+                    _ => Type::Dyn,
+                };
+                let has = self.call("hasValue", Some(t), vec![], Type::Bool);
+                let value = self.call("value", Some(t2), vec![], inner);
+                let body_ty = if name == "optMap" {
+                    match &ty {
                         Type::Optional(i) => (**i).clone(),
                         _ => Type::Dyn,
-                    };
-                    let has = self.call("hasValue", Some(t), vec![], Type::Bool);
-                    let value = self.call("value", Some(t2), vec![], inner);
-                    let body_ty = if name == "optMap" {
-                        match &ty {
-                            Type::Optional(i) => (**i).clone(),
-                            _ => Type::Dyn,
-                        }
-                    } else {
-                        ty.clone()
-                    };
-                    let mut then = self.bind(&var, value, |b| b.build(&call.args[1]), body_ty);
-                    if name == "optMap" {
-                        then = self.call("optional.of", None, vec![then], ty.clone());
                     }
-                    let none = self.call("optional.none", None, vec![], ty.clone());
-                    return X {
-                        id: e.id,
-                        ty,
-                        k: K::Call {
-                            func: "_?_:_".into(),
-                            target: None,
-                            args: vec![has, then, none],
-                        },
-                    };
+                } else {
+                    ty.clone()
+                };
+                let mut then = self.bind(&var, value, |b| b.build(&call.args[1]), body_ty);
+                if name == "optMap" {
+                    then = self.call("optional.of", None, vec![then], ty.clone());
                 }
+                let none = self.call("optional.none", None, vec![], ty.clone());
+                return X {
+                    id: e.id,
+                    ty,
+                    k: K::Call {
+                        func: "_?_:_".into(),
+                        target: None,
+                        args: vec![has, then, none],
+                    },
+                };
             }
         }
         let target = call.target.as_ref().map(|t| Box::new(self.build(t)));
         let args: Vec<X> = call.args.iter().map(|a| self.build(a)).collect();
         let mut ty = ty;
         // List functions return their target's (refined) type.
-        if let (Some(t), Type::List(el)) = (&target, &ty) {
-            if wild(el)
-                && matches!(name, "sort" | "distinct" | "reverse" | "slice")
-                && matches!(&t.ty, Type::List(_))
-            {
-                ty = t.ty.clone();
-            }
+        if let (Some(t), Type::List(el)) = (&target, &ty)
+            && wild(el)
+            && matches!(name, "sort" | "distinct" | "reverse" | "slice")
+            && matches!(&t.ty, Type::List(_))
+        {
+            ty = t.ty.clone();
         }
         // `sort` has one overload per element type: several match a dynamic element type,
         // and cel-go then types the call `dyn`.
@@ -512,22 +511,28 @@ impl Builder<'_> {
             }
         }
         // Concatenation unifies the element types, widening to the dynamic one.
-        if name == "_+_" && matches!(&ty, Type::List(el) if wild(el)) && args.len() == 2 {
-            if let (Type::List(a), Type::List(b)) = (&args[0].ty, &args[1].ty) {
-                if !wild(a) && norm(a) == norm(b) {
-                    ty = args[0].ty.clone();
-                }
-            }
+        if name == "_+_"
+            && matches!(&ty, Type::List(el) if wild(el))
+            && args.len() == 2
+            && let (Type::List(a), Type::List(b)) = (&args[0].ty, &args[1].ty)
+            && !wild(a)
+            && norm(a) == norm(b)
+        {
+            ty = args[0].ty.clone();
         }
-        if name == "_?_:_" && wild(&ty) && args.len() == 3 {
-            if !wild(&args[1].ty) && norm(&args[1].ty) == norm(&args[2].ty) {
-                ty = args[1].ty.clone();
-            }
+        if name == "_?_:_"
+            && wild(&ty)
+            && args.len() == 3
+            && !wild(&args[1].ty)
+            && norm(&args[1].ty) == norm(&args[2].ty)
+        {
+            ty = args[1].ty.clone();
         }
-        if name == "_[_]" && wild(&ty) {
-            if let Some(Type::List(el)) = args.first().map(|a| &a.ty) {
-                ty = (**el).clone();
-            }
+        if name == "_[_]"
+            && wild(&ty)
+            && let Some(Type::List(el)) = args.first().map(|a| &a.ty)
+        {
+            ty = (**el).clone();
         }
         X {
             id: e.id,
@@ -859,10 +864,10 @@ impl Coster {
     }
 
     fn get_path(&self, e: &X) -> GoPath {
-        if let K::Ident(n) = &e.k {
-            if let Some(v) = self.peek(n) {
-                return v.path.clone();
-            }
+        if let K::Ident(n) = &e.k
+            && let Some(v) = self.peek(n)
+        {
+            return v.path.clone();
         }
         self.paths.get(&e.id).cloned().unwrap_or_default()
     }
@@ -889,12 +894,11 @@ impl Coster {
         if is_scalar(&e.ty) {
             return Some(fixed(1));
         }
-        if let K::Ident(n) = &e.k {
-            if let Some(v) = self.peek(n) {
-                if v.size.is_some() {
-                    return v.size;
-                }
-            }
+        if let K::Ident(n) = &e.k
+            && let Some(v) = self.peek(n)
+            && v.size.is_some()
+        {
+            return v.size;
         }
         None
     }
@@ -903,10 +907,10 @@ impl Coster {
         if let Some(s) = self.entries.get(&e.id) {
             return Some(*s);
         }
-        if let K::Ident(n) = &e.k {
-            if let Some(v) = self.peek(n) {
-                return v.entry;
-            }
+        if let K::Ident(n) = &e.k
+            && let Some(v) = self.peek(n)
+        {
+            return v.entry;
         }
         None
     }
@@ -1220,14 +1224,14 @@ impl Coster {
         for a in args {
             arg_costs.push(self.cost(a));
         }
-        if func == "format" && target.is_some() {
-            if let Some(K::List(elems)) = args.first().map(|a| &a.k) {
-                if let Some(el) = elems.iter().find(|el| self.is_any(el)) {
-                    self.error.get_or_insert_with(|| {
+        if func == "format"
+            && target.is_some()
+            && let Some(K::List(elems)) = args.first().map(|a| &a.k)
+            && let Some(el) = elems.iter().find(|el| self.is_any(el))
+        {
+            self.error.get_or_insert_with(|| {
                         (el.id, "error during formatting: string clause can only be used on strings, bools, bytes, ints, doubles, maps, lists, types, durations, and timestamps, was given google.protobuf.Any".into())
                     });
-                }
-            }
         }
         let arg_nodes: Vec<Node> = args.iter().map(|a| self.new_node(a)).collect();
         let ids = overload_ids(func, target, args);
@@ -1362,10 +1366,10 @@ impl Coster {
             "split" => {
                 let sz = self.k8s_size(target?);
                 let mut max = sz.max;
-                if args.len() > 1 {
-                    if let Some(i) = args[1].expr.and_then(lit_int) {
-                        max = i as u64;
-                    }
+                if args.len() > 1
+                    && let Some(i) = args[1].expr.and_then(lit_int)
+                {
+                    max = i as u64;
                 }
                 (sz.factor(2.0 * STRING_TRAVERSAL), Some(Est { min: 0, max }))
             }

@@ -551,11 +551,18 @@ fn build() -> HashMap<&'static str, FuncDecl> {
     add(
         "ip",
         Func::Ip,
-        vec![g(&[Str], ip.clone()), m(&[cidr.clone()], ip.clone())],
+        vec![
+            g(&[Str], ip.clone()),
+            m(std::slice::from_ref(&cidr), ip.clone()),
+        ],
     );
     add("isIP", Func::IsIp, vec![g(&[Str], Bool)]);
     add("ip.isCanonical", Func::IpIsCanonical, vec![g(&[Str], Bool)]);
-    add("family", Func::Family, vec![m(&[ip.clone()], Int)]);
+    add(
+        "family",
+        Func::Family,
+        vec![m(std::slice::from_ref(&ip), Int)],
+    );
     for (name, func) in [
         ("isUnspecified", Func::IsUnspecified),
         ("isLoopback", Func::IsLoopback),
@@ -563,7 +570,7 @@ fn build() -> HashMap<&'static str, FuncDecl> {
         ("isLinkLocalUnicast", Func::IsLinkLocalUnicast),
         ("isGlobalUnicast", Func::IsGlobalUnicast),
     ] {
-        add(name, func, vec![m(&[ip.clone()], Bool)]);
+        add(name, func, vec![m(std::slice::from_ref(&ip), Bool)]);
     }
     add("cidr", Func::Cidr, vec![g(&[Str], cidr.clone())]);
     add("isCIDR", Func::IsCidr, vec![g(&[Str], Bool)]);
@@ -583,9 +590,13 @@ fn build() -> HashMap<&'static str, FuncDecl> {
     add(
         "prefixLength",
         Func::PrefixLength,
-        vec![m(&[cidr.clone()], Int)],
+        vec![m(std::slice::from_ref(&cidr), Int)],
     );
-    add("masked", Func::Masked, vec![m(&[cidr.clone()], cidr)]);
+    add(
+        "masked",
+        Func::Masked,
+        vec![m(std::slice::from_ref(&cidr), cidr.clone())],
+    );
 
     add(
         "format",
@@ -654,8 +665,16 @@ fn build() -> HashMap<&'static str, FuncDecl> {
         Func::OptionalUnwrap,
         vec![m(&[list(opt_a.clone())], list(A))],
     );
-    add("hasValue", Func::HasValue, vec![m(&[opt_a.clone()], Bool)]);
-    add("value", Func::OptValue, vec![m(&[opt_a.clone()], A)]);
+    add(
+        "hasValue",
+        Func::HasValue,
+        vec![m(std::slice::from_ref(&opt_a), Bool)],
+    );
+    add(
+        "value",
+        Func::OptValue,
+        vec![m(std::slice::from_ref(&opt_a), A)],
+    );
     add(
         "or",
         Func::OptOr,

@@ -564,10 +564,7 @@ pub fn convert(func: Func, v: &Value) -> R {
                 .map(Int)
                 .map_err(|_| EvalError::new("integer overflow")),
             Double(d) => {
-                if d.is_nan()
-                    || *d <= -9.223_372_036_854_775_808e18
-                    || *d >= 9.223_372_036_854_775_807e18
-                {
+                if d.is_nan() || *d <= -9.223_372_036_854_776e18 || *d >= 9.223_372_036_854_776e18 {
                     err("integer overflow")
                 } else {
                     Ok(Int(d.trunc() as i64))
@@ -1668,10 +1665,10 @@ pub fn eval(node: &Node, ctx: &mut Ctx<'_>) -> R {
             if let Ok(Value::Bool(false)) = left {
                 return Ok(Value::Bool(false));
             }
-            if let Err(e) = &left {
-                if e.abort {
-                    return left;
-                }
+            if let Err(e) = &left
+                && e.abort
+            {
+                return left;
             }
             let right = eval(b, ctx);
             logic(left, right, false)
@@ -1681,10 +1678,10 @@ pub fn eval(node: &Node, ctx: &mut Ctx<'_>) -> R {
             if let Ok(Value::Bool(true)) = left {
                 return Ok(Value::Bool(true));
             }
-            if let Err(e) = &left {
-                if e.abort {
-                    return left;
-                }
+            if let Err(e) = &left
+                && e.abort
+            {
+                return left;
             }
             let right = eval(b, ctx);
             logic(left, right, true)
@@ -1794,10 +1791,10 @@ pub fn eval(node: &Node, ctx: &mut Ctx<'_>) -> R {
         Node::Comprehension(c) => comprehension(c, ctx),
         Node::Bind { slot, init, body } => {
             let v = eval(init, ctx);
-            if let Err(e) = &v {
-                if e.abort {
-                    return v;
-                }
+            if let Err(e) = &v
+                && e.abort
+            {
+                return v;
             }
             ctx.locals[*slot] = v;
             eval(body, ctx)
@@ -1857,15 +1854,15 @@ pub fn eval(node: &Node, ctx: &mut Ctx<'_>) -> R {
 
 /// cel-go's `&&`/`||` with error absorption in both orders.
 fn logic(left: R, right: R, is_or: bool) -> R {
-    if let Ok(Value::Bool(b)) = &right {
-        if *b == is_or {
-            return Ok(Value::Bool(is_or));
-        }
+    if let Ok(Value::Bool(b)) = &right
+        && *b == is_or
+    {
+        return Ok(Value::Bool(is_or));
     }
-    if let Err(e) = &right {
-        if e.abort {
-            return right;
-        }
+    if let Err(e) = &right
+        && e.abort
+    {
+        return right;
     }
     // The first term that is not a bool decides the error (cel-go evalOr/evalAnd).
     for term in [left, right] {
@@ -1900,10 +1897,10 @@ fn comprehension(c: &Comprehension, ctx: &mut Ctx<'_>) -> R {
         }
     };
     let accu = eval(&c.init, ctx);
-    if let Err(e) = &accu {
-        if e.abort {
-            return accu;
-        }
+    if let Err(e) = &accu
+        && e.abort
+    {
+        return accu;
     }
     ctx.locals[c.accu_slot] = accu;
     let is_list = matches!(range, Value::List(_));
@@ -1925,10 +1922,10 @@ fn comprehension(c: &Comprehension, ctx: &mut Ctx<'_>) -> R {
             Ok(_) => return no_such_overload(),
         }
         let step = eval(&c.step, ctx);
-        if let Err(e) = &step {
-            if e.abort {
-                return step;
-            }
+        if let Err(e) = &step
+            && e.abort
+        {
+            return step;
         }
         ctx.locals[c.accu_slot] = step;
     }

@@ -248,7 +248,7 @@ fn is_uuid(s: &str) -> bool {
 
 fn is_base64(s: &str) -> bool {
     let b = s.as_bytes();
-    if b.is_empty() || b.len() % 4 != 0 {
+    if b.is_empty() || !b.len().is_multiple_of(4) {
         return false;
     }
     let ok = |c: u8| c.is_ascii_alphanumeric() || c == b'+' || c == b'/';
@@ -381,13 +381,14 @@ fn parse_request_uri(s: &str) -> Result<(), String> {
             .rsplit_once('@')
             .map(|(_, h)| h)
             .unwrap_or(authority);
-        if let Some((_, port)) = host.rsplit_once(':') {
-            if !host.starts_with('[') && !port.bytes().all(|c| c.is_ascii_digit()) {
-                return Err(wrap(&format!(
-                    "invalid port {} after host",
-                    super::net::go_quote(&format!(":{port}"))
-                )));
-            }
+        if let Some((_, port)) = host.rsplit_once(':')
+            && !host.starts_with('[')
+            && !port.bytes().all(|c| c.is_ascii_digit())
+        {
+            return Err(wrap(&format!(
+                "invalid port {} after host",
+                super::net::go_quote(&format!(":{port}"))
+            )));
         }
         path
     } else {

@@ -277,12 +277,13 @@ mod fold {
                         | Func::ToTimestamp
                         | Func::TypeOf
                 );
-                if is_conversion && args.len() == 1 {
-                    if let Node::Const(v) = &args[0] {
-                        let folded =
-                            super::eval::convert(func, v).map_err(|e| e.message.to_string())?;
-                        return Ok(Node::Const(folded));
-                    }
+                if is_conversion
+                    && args.len() == 1
+                    && let Node::Const(v) = &args[0]
+                {
+                    let folded =
+                        super::eval::convert(func, v).map_err(|e| e.message.to_string())?;
+                    return Ok(Node::Const(folded));
                 }
                 // A constant index becomes an attribute qualifier when the program is built.
                 let time_index = match (func, args.get(1)) {
@@ -295,17 +296,16 @@ mod fold {
                 if let Some(index) = time_index {
                     return Err(super::eval::invalid_qualifier(index));
                 }
-                if func == Func::In {
-                    if let Some(Node::Const(Value::List(l))) = args.get(1) {
-                        if l.is_empty() {
-                            return Ok(Node::Const(Value::Bool(false)));
-                        }
-                    }
+                if func == Func::In
+                    && let Some(Node::Const(Value::List(l))) = args.get(1)
+                    && l.is_empty()
+                {
+                    return Ok(Node::Const(Value::Bool(false)));
                 }
-                if matches!(func, Func::Matches | Func::Find | Func::FindAll) {
-                    if let Some(Node::Const(Value::String(p))) = args.get(1) {
-                        super::regex::cached(p).map_err(|e| e.to_string())?;
-                    }
+                if matches!(func, Func::Matches | Func::Find | Func::FindAll)
+                    && let Some(Node::Const(Value::String(p))) = args.get(1)
+                {
+                    super::regex::cached(p).map_err(|e| e.to_string())?;
                 }
                 Node::Call { func, args }
             }
@@ -504,10 +504,10 @@ impl SelectorCache {
     }
 
     pub fn get_or_compile(&self, expression: &str) -> Arc<Result<Selector, CelError>> {
-        if let Ok(map) = self.entries.lock() {
-            if let Some(hit) = map.get(expression) {
-                return hit.clone();
-            }
+        if let Ok(map) = self.entries.lock()
+            && let Some(hit) = map.get(expression)
+        {
+            return hit.clone();
         }
         let compiled = Arc::new(compile(expression));
         if let Ok(mut map) = self.entries.lock() {

@@ -283,10 +283,10 @@ impl Addr {
 
     pub fn is_global_unicast(&self) -> bool {
         let ip = self.unmapped();
-        if let Addr::V4(b) = ip {
-            if b == [0; 4] || b == [255; 4] {
-                return false;
-            }
+        if let Addr::V4(b) = ip
+            && (b == [0; 4] || b == [255; 4])
+        {
+            return false;
         }
         let unspecified6 = matches!(&ip, Addr::V6(b, None) if *b == [0; 16]);
         !unspecified6 && !ip.is_loopback() && !ip.is_multicast() && !ip.is_link_local_unicast()

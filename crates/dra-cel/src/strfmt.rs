@@ -568,8 +568,8 @@ mod tests {
             "1,234,567.891000|0.00"
         );
         assert_eq!(
-            f("%e", vec![Value::Double(2.71828)]).unwrap(),
-            "2.718280×10⁰⁰"
+            f("%e", vec![Value::Double(2.71825)]).unwrap(),
+            "2.718250×10⁰⁰"
         );
         assert_eq!(f("%e", vec![Value::string("NaN")]).unwrap(), "   NaN");
         assert_eq!(

@@ -21,6 +21,7 @@ pub enum Type {
     Map(Arc<Type>, Arc<Type>),
     Optional(Arc<Type>),
     /// A type value, e.g. the result of `type(x)` or the identifier `int`.
+    #[allow(clippy::enum_variant_names)] // cel-go's name for it: a value of type `type(T)`.
     TypeOf(Arc<Type>),
     Quantity,
     Semver,

@@ -127,10 +127,10 @@ fn int_double_cmp(i: i64, d: f64) -> Option<Ordering> {
     if d.is_nan() {
         return None;
     }
-    if d < -9.223_372_036_854_775_808e18 {
+    if d < -9.223_372_036_854_776e18 {
         return Some(Ordering::Greater);
     }
-    if d >= 9.223_372_036_854_775_808e18 {
+    if d >= 9.223_372_036_854_776e18 {
         return Some(Ordering::Less);
     }
     (i as f64).partial_cmp(&d)

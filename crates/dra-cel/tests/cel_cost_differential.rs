@@ -418,7 +418,7 @@ fn estimated_cost_matches_kubernetes() {
         );
     }
     let lines: Vec<Json> = exprs.iter().map(|e| json!({ "expression": e })).collect();
-    let answers = common::ask_oracle(&vec!["--estimate-cost".to_string()], &lines);
+    let answers = common::ask_oracle(&["--estimate-cost".to_string()], &lines);
 
     let mut mismatches = 0;
     let mut over = 0;
@@ -483,7 +483,7 @@ fn estimated_cost_matches_kubernetes_with_cluster_gates() {
         .collect();
     let lines: Vec<Json> = exprs.iter().map(|e| json!({ "expression": e })).collect();
     let answers = common::ask_oracle(
-        &vec![
+        &[
             "--estimate-cost".to_string(),
             format!("--feature-gates={}", common::cluster_gates()),
         ],
