@@ -26,7 +26,11 @@
 # gpu.nvidia.com), 6 × 1g.10gb, 3 × 2g.20gb, 2 × 3g.40gb, 1 × 7g.80gb (class mig.nvidia.com, CEL
 # selector on the profile attribute), 2 × two 1g.10gb on the same GPU (count 2, matchAttribute
 # gpu.nvidia.com/parentUUID): half a GPU per pod, so 10 pods per 8-GPU node fill ~63% of it.
-# --smoke uses a denser MIG-heavy mix (40 pods in 10 GPUs, big requests first).
+# --smoke uses a denser MIG-heavy mix (40 pods in 10 GPUs, big requests first), created by one
+# `kubectl create` in order: the scheduler's queue is first in, first out, so the whole GPU and
+# the 7g.80gb find empty GPUs and at least 32 1g.10gb places remain for 28 pods, whatever node
+# the scheduler picks among equals. Parallel creators would let 1g.10gb pods fragment every GPU
+# before the big ones arrive, and a pod that then does not fit is the mix's fault, not ours.
 # `whole` cannot serve MIG requests: it gets a whole-GPU-only mix instead (every claim one GPU of
 # class gpu.nvidia.com), M capped at the fleet's GPU count so that every pod can bind.
 #
@@ -42,14 +46,14 @@ NAME=scale-e2e
 E2E=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(dirname "$E2E")
 
-NODES=100 PODS=1000 LAYOUT=ours GPUS=sim:8xH100-SXM5-80GB SMOKE='' MIX=standard
+NODES=100 PODS=1000 LAYOUT=ours GPUS=sim:8xH100-SXM5-80GB SMOKE='' SMOKE_CREATORS='' MIX=standard
 while [[ $# -gt 0 ]]; do
     case $1 in
         --nodes) NODES=${2:?}; shift 2 ;;
         --pods) PODS=${2:?}; shift 2 ;;
         --layout) LAYOUT=${2:?}; shift 2 ;;
         --gpus) GPUS=${2:?}; shift 2 ;;
-        --smoke) SMOKE=1 NODES=5 PODS=40 LAYOUT=ours GPUS=sim:2xH100-SXM5-80GB MIX=dense; shift ;;
+        --smoke) SMOKE=1 NODES=5 PODS=40 LAYOUT=ours GPUS=sim:2xH100-SXM5-80GB MIX=dense SMOKE_CREATORS=1; shift ;;
         -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) echo "$NAME: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
@@ -61,7 +65,7 @@ case $LAYOUT in
     *) echo "$NAME: --layout ours|name|whole|all, not '$LAYOUT'" >&2; exit 2 ;;
 esac
 TIMEOUT=${SCALE_TIMEOUT:-900}
-CREATORS=${SCALE_CREATORS:-4}
+CREATORS=${SCALE_CREATORS:-${SMOKE_CREATORS:-4}}
 
 WORK=$(mktemp -d "/tmp/gpu-dra-$NAME.XXXXXX")
 passed=0
@@ -307,7 +311,7 @@ run_layout() {
     done
     t=$SECONDS
     kubectl create -f "$claims" >/dev/null || fail "[$layout] creating the claims"
-    log "[$layout] $pods ResourceClaims created in $((SECONDS - t))s ($mix_text); creating $pods pods as a burst ($CREATORS parallel creators)"
+    log "[$layout] $pods ResourceClaims created in $((SECONDS - t))s ($mix_text); creating $pods pods as a burst ($( ((CREATORS > 1)) && echo "$CREATORS parallel creators" || echo "one creator, in order"))"
 
     # Bind times: a watch of the pods, each line stamped here.
     local watch_log=$WORK/watch.log created_log=$WORK/created.log
@@ -364,7 +368,6 @@ run_layout() {
     local restarts
     restarts=$(wc -l <"$WORK/watch.restarts")
     stop_watch
-    # Per pod: created (the create call returned) → first seen bound.
     # Per pod: created (its create call returned) → first seen bound.
     local durations=$WORK/durations last_bound
     last_bound=$(awk -F'|' -v t="$tc0" '$3 != "" && $1 > t { t = $1 } END { print t }' "$watch_log")
@@ -392,7 +395,16 @@ run_layout() {
     if ((failed == 0)); then
         ok "[$layout] all $pods pods bound: ${rate} pods/s (first create → last bind ${span}s; creating took ${create_s}s), time to bind p50 ${p50}s p99 ${p99}s; scheduler ${cpu_s} CPU-s, RSS ${sched_rss} MiB (peak ${sched_hwm}); attempts ${att_s} scheduled, ${att_u} unschedulable; pod watch restarted ${restarts}×"
     else
-        [[ -z $SMOKE ]] || fail "[$layout] $failed of $pods pods not bound ($unsched unschedulable)"
+        if [[ -n $SMOKE ]]; then
+            local unbound
+            unbound=$(kubectl get pods -o jsonpath='{range .items[*]}{.metadata.name}{" "}{.spec.nodeName}{"\n"}{end}' | awk 'NF == 1 { print $1 }')
+            for p in $unbound; do
+                log "[$layout] not bound: $p ($(kubectl get resourceclaim "$p" -o jsonpath='{.metadata.labels.scale\.gpu-dra/kind}')): $(kubectl get pod "$p" -o jsonpath='{.status.conditions[?(@.type=="PodScheduled")].message}')"
+            done
+            log "[$layout] allocations (claim kind devices @ node):"
+            kubectl get resourceclaims -o jsonpath='{range .items[*]}{.metadata.name}{" "}{.metadata.labels.scale\.gpu-dra/kind}{" "}{.status.allocation.devices.results[*].device}{" @ "}{.status.allocation.devices.results[0].pool}{"\n"}{end}' >&2 || true
+            fail "[$layout] $failed of $pods pods not bound ($unsched unschedulable)"
+        fi
         log "[$layout] $nbound of $pods pods bound, $failed not (unschedulable): ${rate} pods/s (${span}s), time to bind p50 ${p50}s p99 ${p99}s; scheduler ${cpu_s} CPU-s, RSS ${sched_rss} MiB; attempts ${att_s} scheduled, ${att_u} unschedulable"
     fi
     etcd_rss=$(rss_mib "$etcd_pid") api_rss=$(rss_mib "$api_pid")
