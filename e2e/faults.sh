@@ -372,4 +372,8 @@ log "kills per step: $(for s in "${!killed[@]}"; do printf '%s=%s ' "$s" "${kill
 ((recovery_kills > 0)) || fail "no run was killed during recovery"
 ((runs >= 50)) || fail "only $runs runs"
 ((mig_runs >= 50)) || fail "only $mig_runs runs carved MIG devices"
+summary="kill -9: $runs armed runs ($mig_runs carving MIG), every one killed at its fail point and recovered cleanly; $recovery_kills second kills during recovery"
+log "$summary"
+# e2e/run-tests ends with this line beside the differentials' counts.
+[[ -z ${GPU_DRA_TEST_REPORT:-} ]] || echo "$summary" >>"$GPU_DRA_TEST_REPORT"
 echo "$passed passed, 0 failed"

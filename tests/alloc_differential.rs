@@ -27,6 +27,10 @@ use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use k8s_quantity::Quantity;
 use serde_json::{Value, json};
 
+#[path = "../crates/dra-cel/tests/common/report.rs"]
+mod report;
+use report::report;
+
 const SCENARIOS: u64 = 240;
 const NODE: &str = "node-a";
 const OTHER_NODE: &str = "node-b";
@@ -1034,10 +1038,10 @@ fn allocations_match_kubernetes() {
             &theirs(&oracle, dir.path(), &s),
         );
     }
-    eprintln!(
-        "alloc_differential: {SCENARIOS} scenarios, {}",
+    report(&format!(
+        "allocation (default gates): {SCENARIOS} scenarios compared with kube-scheduler's allocator, {}",
         tally.summary()
-    );
+    ));
     assert_no_mismatches(&tally.mismatches);
     // The generator must keep exercising every outcome.
     let Tally {
@@ -1394,11 +1398,12 @@ fn pods_with_several_claims_match_kubernetes() {
             }
         }
     }
-    eprintln!(
-        "alloc_differential pods: {POD_SCENARIOS} scenarios, {pods} pods, {multi} with several \
-         claims ({multi_allocated} allocated), {timed_out} timed out; {} mismatches",
+    report(&format!(
+        "allocation, pods with their claims together: {POD_SCENARIOS} scenarios, {pods} pods, \
+         {multi} with several claims ({multi_allocated} allocated), {timed_out} timed out; {} \
+         mismatches",
         mismatches.len()
-    );
+    ));
     assert_no_mismatches(&mismatches);
     assert!(
         multi >= 100,
@@ -1451,10 +1456,10 @@ fn allocations_match_kubernetes_with_cluster_gates() {
             exercised(&s, &go, &mut counts);
             tally.compare(&format!("alloc-gates-{pass}"), seed, &s, &mine, &go);
         }
-        eprintln!(
-            "alloc_differential ({pass} gates): {SCENARIOS} scenarios, {}; exercised {counts:?}",
+        report(&format!(
+            "allocation, feature-gated rules ({pass} gates): {SCENARIOS} scenarios, {}; exercised {counts:?}",
             tally.summary()
-        );
+        ));
         assert_no_mismatches(&tally.mismatches);
         let (claims, allocated) = (tally.claims, tally.allocated);
         // Under the default gates list attributes never match, so constrained claims fail.

@@ -972,11 +972,11 @@ fn matches_kubernetes_on_generated_and_upstream_corpus() {
             ));
         }
     }
-    eprintln!(
-        "{} pairs compared, {} mismatches",
+    common::report(&format!(
+        "CEL evaluation (default gates): {} pairs compared with cel-go, {} mismatches",
         inputs.len(),
         mismatches.len()
-    );
+    ));
     if let Ok(path) = std::env::var("CEL_DIFF_OUT") {
         let _ = std::fs::write(path, mismatches.join("\n"));
     }
@@ -1014,11 +1014,11 @@ fn matches_kubernetes_with_cluster_gates() {
             })
         })
         .collect();
-    eprintln!(
-        "cluster gates: {} pairs compared, {} mismatches",
+    common::report(&format!(
+        "CEL evaluation (cluster gates): {} pairs compared with cel-go, {} mismatches",
         inputs.len(),
         mismatches.len()
-    );
+    ));
     for m in mismatches.iter().take(30) {
         eprintln!("{m}");
     }

@@ -287,7 +287,7 @@ fn a_full_gpu_gets_a_daemon_with_the_claims_limits_that_outlives_a_restart() {
     // The simulated hardware knows the daemon and what it was told.
     let recorded = node.sim.state().expect("state").mps_daemons;
     assert_eq!(recorded.len(), 1, "{recorded:?}");
-    assert_eq!(recorded[0].devices, [uuid.clone()]);
+    assert_eq!(recorded[0].devices, std::slice::from_ref(&uuid));
     assert_eq!(recorded[0].active_thread_percentage.as_deref(), Some("50"));
     assert_eq!(
         recorded[0]

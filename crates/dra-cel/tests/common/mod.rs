@@ -2,6 +2,9 @@
 //! appends a caret picture of the source, and Go's regexp library its own detail).
 use serde_json::{Value as Json, json};
 
+mod report;
+pub use report::report;
+
 pub fn normalise(v: &Json) -> Json {
     let Some(err) = v.get("error") else {
         return v.clone();
