@@ -32,9 +32,10 @@ pub struct GpuArgs {
     /// sysfs mount, for PCIe root lookups.
     #[arg(long, env = "GPU_DRA_SYSFS_ROOT", default_value = "/sys")]
     pub sysfs_root: PathBuf,
-    /// Devices several claims may share (KEP-5075, needs the `DRAConsumableCapacity` gate):
-    /// `off`; `memory` (full GPUs and static MIG devices, claims ask for
-    /// `capacity.requests.memory`, default all of it); or a number N of `shares` per full GPU.
+    /// Devices several claims may share (KEP-5075, needs the `DRAConsumableCapacity` gate), with
+    /// NVIDIA's values: `off` (or `disabled`); `memory` (claims ask for
+    /// `capacity.requests.memory`, default all of it); `unlimited` (memory, default none); or a
+    /// number N of `shares` per device (default request 1). Applies to full GPUs and MIG devices.
     #[arg(long, env = "GPU_DRA_CONSUMABLE_SHARES", default_value = "off")]
     pub consumable_shares: slices::consumable::ConsumableShares,
 }

@@ -330,8 +330,9 @@ pub fn shared_client_env(
                 .get("shares")
                 .and_then(|q| quantity(q))
                 .map(|n| share(n as f64, f64::from(total))),
+            // A claim that consumed no memory (`unlimited`) gets no thread limit, not 1%.
             None => consumed
-                .filter(|_| device_memory > 0)
+                .filter(|b| *b > 0 && device_memory > 0)
                 .map(|b| share(b as f64, device_memory as f64)),
         });
     let mut env = Vec::new();
@@ -372,9 +373,8 @@ mod tests {
         assert_eq!(field, "sharing.strategy");
     }
 
-    #[test]
-    fn a_multi_user_daemon_is_asked_for() {
-        let record = DeviceRecord {
+    fn mps_record(mps: serde_json::Value) -> DeviceRecord {
+        DeviceRecord {
             request_names: vec!["gpu".into()],
             pool: "n1".into(),
             device: "gpu-0".into(),
@@ -384,10 +384,47 @@ mod tests {
             admin_access: false,
             uuid: "GPU-1".into(),
             mig: None,
-            config: Some(mps_config(serde_json::json!({"multiUser": true}))),
+            config: Some(mps_config(mps)),
             sharing: None,
             unknown: Default::default(),
+        }
+    }
+
+    #[test]
+    fn shared_clients_are_held_to_what_they_consumed() {
+        const GIB: u64 = 1 << 30;
+        let shared = |consumed: &[(&str, &str)]| {
+            let mut record = mps_record(serde_json::json!({}));
+            record.share_id = Some("share-1".into());
+            for (name, amount) in consumed {
+                record.consumed.insert((*name).into(), (*amount).into());
+            }
+            record
         };
+        // `memory`: its part of the memory, and the same part of the threads (rounded up).
+        assert_eq!(
+            shared_client_env(&shared(&[("memory", "20Gi")]), 80 * GIB, None),
+            [
+                "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=20480M",
+                "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25"
+            ]
+        );
+        // `unlimited`: a claim that asked for no memory is not held to 1% of the threads.
+        assert!(shared_client_env(&shared(&[("memory", "0")]), 80 * GIB, None).is_empty());
+        // N shares: its shares of N, whatever memory it took.
+        assert_eq!(
+            shared_client_env(
+                &shared(&[("memory", "0"), ("shares", "1")]),
+                80 * GIB,
+                Some(3)
+            ),
+            ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=34"]
+        );
+    }
+
+    #[test]
+    fn a_multi_user_daemon_is_asked_for() {
+        let record = mps_record(serde_json::json!({"multiUser": true}));
         let spec = daemon_spec(&[record], |d| d.uuid.clone())
             .expect("valid")
             .expect("a daemon");

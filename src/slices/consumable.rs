@@ -14,16 +14,19 @@ use super::binary_si;
 /// Request granularity of `memory` (whole MiB, as MPS limits are).
 pub const MEMORY_STEP: u64 = 1 << 20;
 
-/// `--consumable-shares`.
+/// `--consumable-shares`, with the values NVIDIA's driver takes for its flag of the same name.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum ConsumableShares {
-    /// Every device belongs to one claim at a time.
+    /// Every device belongs to one claim at a time (`off`, or NVIDIA's `disabled`).
     #[default]
     Off,
-    /// Full GPUs and MIG devices are shared by memory: a claim asks for
-    /// `capacity.requests.memory` (default: all of it), in 1Mi steps.
+    /// Devices are shared by memory: a claim asks for `capacity.requests.memory` (default: all
+    /// of it, so a claim that asks for nothing has the device to itself), in 1Mi steps.
     Memory,
-    /// Full GPUs are cut into this many `shares` (default request: 1); `memory` may be requested
+    /// Devices are shared without limit: `memory` may be requested (default: none), so claims
+    /// that ask for nothing all fit on one device.
+    Unlimited,
+    /// Devices are cut into this many `shares` (default request: 1); `memory` may be requested
     /// too (default: none).
     Shares(u32),
 }
@@ -39,12 +42,13 @@ impl FromStr for ConsumableShares {
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s.trim() {
-            "off" | "" => Ok(Self::Off),
+            "off" | "disabled" | "" => Ok(Self::Off),
             "memory" => Ok(Self::Memory),
+            "unlimited" => Ok(Self::Unlimited),
             n => match n.parse::<u32>() {
                 Ok(count) if count >= 1 => Ok(Self::Shares(count)),
                 _ => Err(format!(
-                    "{n:?} is not one of `off`, `memory` or a number of shares (1 or more)"
+                    "{n:?} is not one of `off` (or `disabled`), `memory`, `unlimited` or a number of shares (1 or more)"
                 )),
             },
         }
@@ -56,23 +60,16 @@ impl fmt::Display for ConsumableShares {
         match self {
             Self::Off => f.write_str("off"),
             Self::Memory => f.write_str("memory"),
+            Self::Unlimited => f.write_str("unlimited"),
             Self::Shares(n) => write!(f, "{n}"),
         }
     }
 }
 
-/// What kind of device a published device is, for [`apply`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Shareable {
-    FullGpu,
-    /// A MIG device (static, or a placement carved on demand): shared by memory only.
-    Mig,
-}
-
-/// Makes `device` allocatable to several claims under `mode`.
-pub fn apply(device: &mut Device, mode: ConsumableShares, kind: Shareable) {
-    let memory_only = kind == Shareable::Mig;
-    if mode == ConsumableShares::Off || (memory_only && mode != ConsumableShares::Memory) {
+/// Makes `device` (a full GPU, a static MIG device or a MIG placement) allocatable to several
+/// claims under `mode`, with the request policies NVIDIA's driver publishes.
+pub fn apply(device: &mut Device, mode: ConsumableShares) {
+    if mode == ConsumableShares::Off {
         return;
     }
     let capacities = device.capacity.get_or_insert_with(Default::default);
@@ -139,6 +136,15 @@ mod tests {
         assert_eq!("off".parse(), Ok(ConsumableShares::Off));
         assert_eq!("memory".parse(), Ok(ConsumableShares::Memory));
         assert_eq!("4".parse(), Ok(ConsumableShares::Shares(4)));
+        // NVIDIA's spellings: its default `disabled`, and `unlimited`.
+        assert_eq!("disabled".parse(), Ok(ConsumableShares::Off));
+        assert_eq!("unlimited".parse(), Ok(ConsumableShares::Unlimited));
+        for mode in ["off", "memory", "unlimited", "4"] {
+            assert_eq!(
+                mode.parse::<ConsumableShares>().map(|m| m.to_string()),
+                Ok(mode.into())
+            );
+        }
         for bad in ["0", "-1", "lots", "memory,4"] {
             let e = bad.parse::<ConsumableShares>().expect_err(bad);
             assert!(e.contains(bad) && e.contains("memory"), "{e}");

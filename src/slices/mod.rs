@@ -114,8 +114,8 @@ pub fn content(inventory: &NodeInventory, options: &SliceOptions) -> PoolContent
     let modes = options.modes(inventory);
     let mut pool = PoolContent::default();
     let mut candidates = Vec::new();
-    let shareable = |mut device: Device, kind| {
-        consumable::apply(&mut device, options.consumable, kind);
+    let shareable = |mut device: Device| {
+        consumable::apply(&mut device, options.consumable);
         device
     };
     for gpu in &inventory.gpus {
@@ -125,29 +125,24 @@ pub fn content(inventory: &NodeInventory, options: &SliceOptions) -> PoolContent
             GpuMode::Whole => {
                 if !mig_on {
                     let device = full_gpu_device(inventory, gpu);
-                    pool.devices
-                        .push(shareable(device, consumable::Shareable::FullGpu));
+                    pool.devices.push(shareable(device));
                 }
             }
             GpuMode::Static => {
                 // A GPU in MIG mode can only be used through its MIG devices.
                 if !mig_on {
                     let device = full_gpu_device(inventory, gpu);
-                    pool.devices
-                        .push(shareable(device, consumable::Shareable::FullGpu));
+                    pool.devices.push(shareable(device));
                 }
-                pool.devices.extend(
-                    static_mig_devices(inventory, gpu)
-                        .map(|d| shareable(d, consumable::Shareable::Mig)),
-                );
+                pool.devices
+                    .extend(static_mig_devices(inventory, gpu).map(&shareable));
             }
             GpuMode::Dynamic => {
                 pool.counter_sets.push(partitions::counter_set(gpu));
                 // Ampere cannot leave MIG mode without a reset: no whole GPU while it is on.
                 if !mig_on || gpu.architecture.toggles_mig_without_reset() {
                     let device = partitions::whole_gpu(inventory, gpu);
-                    pool.devices
-                        .push(shareable(device, consumable::Shareable::FullGpu));
+                    pool.devices.push(shareable(device));
                 }
                 candidates.extend(partitions::placements(gpu).into_iter().map(
                     |(profile, placement)| packing::Candidate {
@@ -162,7 +157,7 @@ pub fn content(inventory: &NodeInventory, options: &SliceOptions) -> PoolContent
     packing::order(&mut candidates, packing::Usage::of);
     pool.devices.extend(candidates.into_iter().map(|c| {
         let device = partitions::placement_device(inventory, c.gpu, c.profile, c.placement);
-        shareable(device, consumable::Shareable::Mig)
+        shareable(device)
     }));
     if options.order == DeviceOrder::Name {
         pool.devices.sort_by(|a, b| a.name.cmp(&b.name));
@@ -469,6 +464,26 @@ mod tests {
         .expect("discover")
     }
 
+    /// The capacities of a device published for several claims whose `memory` is not taken
+    /// unless asked for (`unlimited` and N shares).
+    fn shared_capacity(device: &Device) -> &BTreeMap<String, DeviceCapacity> {
+        assert_eq!(
+            device.allow_multiple_allocations,
+            Some(true),
+            "{}",
+            device.name
+        );
+        let caps = device.capacity.as_ref().expect("capacity");
+        let policy = caps["memory"].request_policy.as_ref().expect("policy");
+        assert_eq!(
+            policy.default.as_ref().map(|q| q.0.as_str()),
+            Some("0"),
+            "{}",
+            device.name
+        );
+        caps
+    }
+
     #[test]
     fn consumable_shares_publish_full_gpus_for_several_claims() {
         use consumable::ConsumableShares;
@@ -513,31 +528,33 @@ mod tests {
                     .is_some_and(|c| !c.contains_key("shares"))
         }),);
 
-        let shares = publish(ConsumableShares::Shares(4));
-        // ...but not cut into shares.
-        assert!(
-            shares[1..]
-                .iter()
-                .all(|d| d.allow_multiple_allocations.is_none())
-        );
-        let caps = shares[0].capacity.as_ref().expect("capacity");
-        assert_eq!(caps["shares"].value.0, "4");
-        assert_eq!(
-            caps["memory"]
+        // N shares: every device (full GPU and MIG, as NVIDIA's driver does) gets `shares`, and
+        // `memory` may be asked for but is not taken by default.
+        for device in &publish(ConsumableShares::Shares(4)) {
+            let caps = shared_capacity(device);
+            assert_eq!(caps["shares"].value.0, "4");
+        }
+        // `unlimited`: memory by default none, no shares, so any number of claims fit.
+        for device in &publish(ConsumableShares::Unlimited) {
+            let caps = shared_capacity(device);
+            assert!(!caps.contains_key("shares"), "{}", device.name);
+            let range = caps["memory"]
                 .request_policy
                 .as_ref()
-                .and_then(|p| p.default.as_ref())
-                .map(|q| q.0.as_str()),
-            Some("0")
-        );
+                .and_then(|p| p.valid_range.as_ref());
+            assert_eq!(range.map(|r| r.min.0.as_str()), Some("0"));
+        }
         // What the API server would say about them, before they leave.
-        for devices in [memory, shares] {
+        for consumable in [
+            ConsumableShares::Memory,
+            ConsumableShares::Shares(4),
+            ConsumableShares::Unlimited,
+        ] {
             let options = SliceOptions {
-                consumable: ConsumableShares::Memory,
+                consumable,
                 ..SliceOptions::new(DEFAULT_DRIVER_NAME, "n1")
             };
-            assert!(build(&inv, &options).is_ok());
-            assert!(!devices.is_empty());
+            assert!(build(&inv, &options).is_ok(), "{consumable}");
         }
     }
 
