@@ -46,14 +46,14 @@ NAME=scale-e2e
 E2E=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(dirname "$E2E")
 
-NODES=100 PODS=1000 LAYOUT=ours GPUS=sim:8xH100-SXM5-80GB SMOKE='' SMOKE_CREATORS='' MIX=standard
+NODES=100 PODS=1000 LAYOUT=ours GPUS=sim:8xH100-SXM5-80GB SMOKE='' MIX=standard
 while [[ $# -gt 0 ]]; do
     case $1 in
         --nodes) NODES=${2:?}; shift 2 ;;
         --pods) PODS=${2:?}; shift 2 ;;
         --layout) LAYOUT=${2:?}; shift 2 ;;
         --gpus) GPUS=${2:?}; shift 2 ;;
-        --smoke) SMOKE=1 NODES=5 PODS=40 LAYOUT=ours GPUS=sim:2xH100-SXM5-80GB MIX=dense SMOKE_CREATORS=1; shift ;;
+        --smoke) SMOKE=1 NODES=5 PODS=40 LAYOUT=ours GPUS=sim:2xH100-SXM5-80GB MIX=dense; shift ;;
         -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) echo "$NAME: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
@@ -65,7 +65,7 @@ case $LAYOUT in
     *) echo "$NAME: --layout ours|name|whole|all, not '$LAYOUT'" >&2; exit 2 ;;
 esac
 TIMEOUT=${SCALE_TIMEOUT:-900}
-CREATORS=${SCALE_CREATORS:-${SMOKE_CREATORS:-4}}
+CREATORS=${SCALE_CREATORS:-$([[ -n $SMOKE ]] && echo 1 || echo 4)}
 
 WORK=$(mktemp -d "/tmp/gpu-dra-$NAME.XXXXXX")
 passed=0

@@ -2,6 +2,7 @@
 //! request and device on the node what kept the device out (the selector clause and the
 //! value it saw, use by other claims, capacity, counters, taints, constraints), plus the
 //! devices that miss by a single reason.
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::OnceLock;
 
@@ -14,7 +15,8 @@ use regex::Regex;
 use super::capacity::{self, Amount};
 use super::nodesel::node_matches;
 use super::search::{
-    AttrSet, AttrValue, Run, attr_set, attr_value, blocking_taint, lookup_attribute,
+    AttrSet, AttrValue, GroupIntersection, Run, attr_set, attr_value, blocking_taint,
+    lookup_attribute,
 };
 use super::{AllocatedState, Allocator, DeviceId, NodeInfo, Outcome, device_claim, kobj};
 use k8s_quantity::Quantity;
@@ -185,6 +187,15 @@ pub fn explain(
         })
         .collect();
     let run = Run::new(alloc, &pools, node, claims, state);
+    // Per pool and counter set, what the allocated devices' compatibility groups allow: the
+    // same for every device and request, so worked out once.
+    let baselines: Vec<GroupBaseline> = if alloc.features().compatibility_groups {
+        (0..pools.pools.len())
+            .map(|p| run.groups_baseline(p))
+            .collect()
+    } else {
+        Vec::new()
+    };
     let mut reports = Vec::new();
     for (ci, claim) in claims.iter().enumerate() {
         let chosen: Vec<(String, DeviceId)> = match &decision {
@@ -203,7 +214,7 @@ pub fn explain(
                 .collect(),
             _ => Vec::new(),
         };
-        reports.push(explain_claim(&run, claim, &chosen));
+        reports.push(explain_claim(&run, &baselines, claim, &chosen));
     }
     Explanation {
         node: node.name.clone(),
@@ -275,6 +286,7 @@ fn wanted_of(request: &DeviceRequest) -> Vec<Wanted<'_>> {
 
 fn explain_claim(
     run: &Run<'_>,
+    baselines: &[GroupBaseline],
     claim: &ResourceClaim,
     chosen: &[(String, DeviceId)],
 ) -> ClaimReport {
@@ -382,7 +394,7 @@ fn explain_claim(
                 if !in_use && let Some(p) = counter_problem(run, index) {
                     problems.push(p);
                 }
-                if !in_use && let Some(p) = compatibility_problem(run, index) {
+                if !in_use && let Some(p) = compatibility_problem(run, baselines, index) {
                     problems.push(p);
                 }
                 // A device the selectors rule out is explained by them alone; use, capacity,
@@ -731,16 +743,23 @@ fn counter_problem(run: &Run<'_>, index: usize) -> Option<Problem> {
     })
 }
 
+/// Per counter set of a pool, the compatibility groups its allocated devices leave open.
+type GroupBaseline = HashMap<String, GroupIntersection>;
+
 /// Checked as `checkAndConsumeCompatibilityGroups` does, against the devices already
-/// allocated: the first counter set whose groups leave this device out.
-fn compatibility_problem(run: &Run<'_>, index: usize) -> Option<Problem> {
-    let features = run.alloc.features();
-    if !features.compatibility_groups || !features.partitionable_devices {
+/// allocated (`baselines`, per pool; empty without the feature): the first counter set whose
+/// groups leave this device out.
+fn compatibility_problem(
+    run: &Run<'_>,
+    baselines: &[GroupBaseline],
+    index: usize,
+) -> Option<Problem> {
+    if !run.alloc.features().partitionable_devices {
         return None;
     }
     let consumes = run.device(index).consumes_counters.as_ref()?;
     let pool = run.candidate(index).pool;
-    let baseline = run.groups_baseline(pool);
+    let baseline = baselines.get(pool)?;
     consumes.iter().find_map(|c| {
         let current = baseline.get(&c.counter_set)?;
         let groups = super::search::group_set(c);
