@@ -34,6 +34,7 @@ fn node_slices() -> Vec<ResourceSlice> {
         nvml_library: None,
         sysfs_root: PathBuf::from("/sys"),
         nvidia_smi: None,
+        sim_mig_delay: std::time::Duration::ZERO,
     })
     .expect("inventory");
     slices::build(

@@ -100,6 +100,7 @@ fn sim_slices(rng: &mut Rng) -> Vec<Value> {
         nvml_library: None,
         sysfs_root: PathBuf::from("/sys"),
         nvidia_smi: None,
+        sim_mig_delay: std::time::Duration::ZERO,
     })
     .expect("simulated inventory");
     slices::build(&inventory, &SliceOptions::new(DRIVER, NODE))

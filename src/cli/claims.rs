@@ -133,6 +133,7 @@ fn simulated_slices(spec: &str, node: &str, driver: &str) -> Result<Vec<Resource
         nvml_library: None,
         sysfs_root: PathBuf::from("/sys"),
         nvidia_smi: None,
+        sim_mig_delay: std::time::Duration::ZERO,
     })?;
     Ok(slices::build(&inventory, &SliceOptions::new(driver, node))?)
 }

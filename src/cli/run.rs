@@ -94,6 +94,11 @@ pub struct RunArgs {
     #[arg(long, env = "GPU_DRA_GC_GRACE", default_value = "30s", value_parser = duration::parse,
         alias = "gc-grace-seconds")]
     pub gc_grace: Duration,
+    /// Simulated GPUs only (`--gpus sim:...`): how long each GPU instance create and destroy
+    /// takes (Go duration, e.g. `1s`), as real MIG changes take up to seconds; benchmarks and
+    /// tests use it. Refused with real GPUs.
+    #[arg(long, env = "GPU_DRA_SIM_MIG_DELAY", default_value = "0s", value_parser = duration::parse)]
+    pub sim_mig_delay: Duration,
     /// How often the published slices are compared with the desired ones even without events.
     #[arg(long, env = "GPU_DRA_RESYNC_INTERVAL", default_value = "1m", value_parser = duration::parse,
         alias = "resync-interval-seconds")]
@@ -236,6 +241,13 @@ pub fn run(args: RunArgs) -> Result<ExitCode, CliError> {
     let mut discovery = args.gpu.discovery(&args.node_name);
     discovery.nvml_library = args.nvml_library()?;
     discovery.nvidia_smi = args.nvidia_smi();
+    if !args.sim_mig_delay.is_zero() && !matches!(discovery.source, crate::gpu::GpuSource::Sim(_)) {
+        return Err(CliError::Usage(format!(
+            "--sim-mig-delay: only simulated GPUs (--gpus sim:...) can be slowed down, but --gpus is {}",
+            discovery.source
+        )));
+    }
+    discovery.sim_mig_delay = args.sim_mig_delay;
     let options = NodeOptions {
         discovery,
         driver_name: args.driver_name.clone(),

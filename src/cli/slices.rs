@@ -49,6 +49,7 @@ impl GpuArgs {
             nvml_library: self.nvml_lib.clone(),
             sysfs_root: self.sysfs_root.clone(),
             nvidia_smi: None,
+            sim_mig_delay: std::time::Duration::ZERO,
         }
     }
 }

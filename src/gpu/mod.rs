@@ -142,6 +142,8 @@ pub struct DiscoveryConfig {
     pub sysfs_root: PathBuf,
     /// `nvidia-smi` of the driver, for what NVML cannot set (the time-slice interval).
     pub nvidia_smi: Option<PathBuf>,
+    /// Simulated GPUs only: how long a GPU instance create or destroy takes.
+    pub sim_mig_delay: std::time::Duration,
 }
 
 /// Discovers the node's GPUs with the configured backend.
@@ -307,11 +309,10 @@ impl GpuControl for sim::SimNode {
 /// Opens the GPU control for a discovery configuration.
 pub fn open_control(config: &DiscoveryConfig) -> Result<std::sync::Arc<dyn GpuControl>, GpuError> {
     match &config.source {
-        GpuSource::Sim(spec) => Ok(std::sync::Arc::new(sim::SimNode::new(
-            spec.clone(),
-            &config.node_name,
-            config.sim_state.clone(),
-        ))),
+        GpuSource::Sim(spec) => Ok(std::sync::Arc::new(
+            sim::SimNode::new(spec.clone(), &config.node_name, config.sim_state.clone())
+                .with_mig_delay(config.sim_mig_delay),
+        )),
         GpuSource::Nvml => Ok(std::sync::Arc::new(
             nvml::NvmlBackend::open(config.nvml_library.as_deref(), config.sysfs_root.clone())?
                 .with_nvidia_smi(config.nvidia_smi.clone()),

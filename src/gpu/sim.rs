@@ -238,6 +238,9 @@ pub struct SimNode {
     spec: SimSpec,
     node_name: String,
     store: Store,
+    /// How long a GPU instance create or destroy takes, as real ones take up to seconds; spent
+    /// outside the state lock, so operations on different GPUs overlap as they do on hardware.
+    mig_delay: std::time::Duration,
 }
 
 impl SimNode {
@@ -251,6 +254,19 @@ impl SimNode {
             spec,
             node_name: node_name.to_string(),
             store,
+            mig_delay: std::time::Duration::ZERO,
+        }
+    }
+
+    /// GPU instance creates and destroys take `delay` (`gpu-dra run --sim-mig-delay`).
+    pub fn with_mig_delay(mut self, delay: std::time::Duration) -> Self {
+        self.mig_delay = delay;
+        self
+    }
+
+    fn mig_work_takes_time(&self) {
+        if !self.mig_delay.is_zero() {
+            std::thread::sleep(self.mig_delay);
         }
     }
 
@@ -528,6 +544,7 @@ impl SimNode {
         placement: Placement,
     ) -> Result<u32, GpuError> {
         const OP: &str = "create GPU instance";
+        self.mig_work_takes_time();
         let model = self.model(minor, OP)?;
         self.write(|state| {
             let gpu = gpu_state(state, minor, OP)?;
@@ -698,6 +715,7 @@ impl SimNode {
     /// `nvmlGpuInstanceDestroy`: refused while compute instances exist, as on real hardware.
     pub fn destroy_gpu_instance(&self, minor: u32, gpu_instance_id: u32) -> Result<(), GpuError> {
         const OP: &str = "destroy GPU instance";
+        self.mig_work_takes_time();
         self.write(|state| {
             let gpu = gpu_state(state, minor, OP)?;
             let index = gpu

@@ -460,6 +460,7 @@ mod tests {
             nvml_library: None,
             sysfs_root: "/nonexistent".into(),
             nvidia_smi: None,
+            sim_mig_delay: std::time::Duration::ZERO,
         })
         .expect("discover")
     }
