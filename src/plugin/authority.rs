@@ -14,12 +14,16 @@
 //! `unix:` target) when the value is not a valid authority, and re-encodes as literals without
 //! indexing. The server's decoder therefore never depends on the client's dynamic table, and
 //! the server's replies are not touched at all.
+//!
+//! It buffers and decodes no more than that server accepts: a frame over its maximum frame size,
+//! a header list at its maximum header list size, a dynamic table size update over its table
+//! size or an oversized or endless header block closes that one connection, with one warning.
 
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
-use loona_hpack::{Decoder, encoder::encode_integer_into};
+use loona_hpack::{Decoder, decoder::DecoderError, encoder::encode_integer_into};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tonic::transport::server::Connected;
 
@@ -34,27 +38,78 @@ const FLAG_END_HEADERS: u8 = 0x4;
 const FLAG_PADDED: u8 = 0x8;
 const FLAG_PRIORITY: u8 = 0x20;
 const PRIORITY_LEN: usize = 5;
-/// SETTINGS_MAX_FRAME_SIZE's initial value: the server cannot have advertised less.
-const MAX_OUTGOING_FRAME: usize = 16_384;
-/// The largest frame we buffer; HTTP/2 allows at most 2^24-1 and h2 accepts 16 KiB by default.
-const MAX_INCOMING_FRAME: usize = 1 << 24;
-/// A header block larger than this is refused rather than buffered (h2's default limit is 16 KiB
-/// of decoded headers; gRPC requests carry a few hundred bytes).
-const MAX_HEADER_BLOCK: usize = 1 << 20;
+
+// The limits of the server behind us. The registration socket's server is a plain
+// `tonic::transport::Server::builder()`: tonic 0.14 leaves `max_frame_size` and
+// `http2_max_header_list_size` unset, so hyper 1.x's server defaults reach h2 (16 KiB frames,
+// 16 KiB header lists) and `header_table_size` stays unset, so h2 keeps HPACK's 4096 bytes.
+// Refusing exactly what that server refuses means we never drop a request it would serve, and
+// never buffer or decode more than it would accept. Change these with that builder.
+
+/// SETTINGS_MAX_FRAME_SIZE as the server advertises it (hyper's `DEFAULT_MAX_FRAME_SIZE`, also
+/// the protocol's initial value): larger frames are a FRAME_SIZE_ERROR there, so we refuse them
+/// from their 9-byte header instead of buffering the payload. Our own frames stay within it.
+const MAX_FRAME_SIZE: usize = 16_384;
+/// SETTINGS_MAX_HEADER_LIST_SIZE as the server advertises it (hyper's
+/// `DEFAULT_SETTINGS_MAX_HEADER_LIST_SIZE`; h2's own default is 16 MiB but hyper overrides it).
+/// Counted as RFC 9113 §6.5.2 says, over the list the server would decode, i.e. after our
+/// rewrite. h2 answers a list *reaching* the limit (`>=`) with 431, so we refuse from there too.
+const MAX_HEADER_LIST_SIZE: usize = 16 * 1024;
+/// RFC 9113 §6.5.2's per-entry overhead in the header list size.
+const HEADER_ENTRY_OVERHEAD: usize = 32;
+/// SETTINGS_HEADER_TABLE_SIZE as the server advertises it: h2 sends none, so the initial 4096.
+/// A client's dynamic table size update above it is a COMPRESSION_ERROR (RFC 7541 §4.2, §6.3).
+const MAX_HEADER_TABLE_SIZE: usize = 4096;
+/// The encoded header block (HEADERS and CONTINUATION fragments, padding and priority removed)
+/// we buffer before decoding. Encoded is not always smaller than decoded: a Huffman code is up
+/// to 30 bits per octet (RFC 7541 Appendix B), so a list under [`MAX_HEADER_LIST_SIZE`] can take
+/// up to 3.75 times as many bytes. Four times the list limit admits every such list and is the
+/// factor h2 itself tolerates before it calls a list an abuse (`MAX_HEADER_LIST_ABUSE_MULTIPLIER`).
+const MAX_HEADER_BLOCK: usize = 4 * MAX_HEADER_LIST_SIZE;
+/// CONTINUATION frames without END_HEADERS that one block may have, as h2 computes it
+/// (`calc_max_continuation_frames`: list limit / frame size plus a quarter, at least 5). Empty
+/// fragments would never reach [`MAX_HEADER_BLOCK`], so a flood of them is counted instead.
+const MAX_CONTINUATION_FRAMES: usize = {
+    let frames_for_list = if MAX_HEADER_LIST_SIZE / MAX_FRAME_SIZE > 1 {
+        MAX_HEADER_LIST_SIZE / MAX_FRAME_SIZE
+    } else {
+        1
+    };
+    let with_padding = frames_for_list + (frames_for_list >> 2);
+    if with_padding > 5 { with_padding } else { 5 }
+};
 
 /// Why a client's byte stream could not be rewritten; the connection is closed.
 #[derive(Debug, thiserror::Error)]
 pub enum RewriteError {
     #[error("the client did not start with the HTTP/2 connection preface")]
     Preface,
-    #[error("frame of {len} bytes is larger than HTTP/2 allows")]
-    FrameTooLarge { len: usize },
+    #[error(
+        "frame of type {kind:#x} and {len} bytes on stream {stream} is larger than the \
+         server's SETTINGS_MAX_FRAME_SIZE of {MAX_FRAME_SIZE}"
+    )]
+    FrameTooLarge { kind: u8, stream: u32, len: usize },
     #[error("HEADERS frame on stream {stream} has invalid padding or priority fields")]
     MalformedHeaders { stream: u32 },
     #[error("a {kind:#x} frame interrupted the header block of stream {stream}")]
     InterruptedHeaderBlock { kind: u8, stream: u32 },
     #[error("header block of stream {stream} is larger than {MAX_HEADER_BLOCK} bytes")]
     HeaderBlockTooLarge { stream: u32 },
+    #[error(
+        "header block of stream {stream} has more than {MAX_CONTINUATION_FRAMES} CONTINUATION \
+         frames before END_HEADERS"
+    )]
+    TooManyContinuations { stream: u32 },
+    #[error(
+        "decoded header list of stream {stream} has {size} bytes, not under the server's \
+         SETTINGS_MAX_HEADER_LIST_SIZE of {MAX_HEADER_LIST_SIZE}"
+    )]
+    HeaderListTooLarge { stream: u32, size: usize },
+    #[error(
+        "header block of stream {stream} resizes the HPACK dynamic table above the \
+         SETTINGS_HEADER_TABLE_SIZE of {MAX_HEADER_TABLE_SIZE} bytes"
+    )]
+    DynamicTableTooLarge { stream: u32 },
     #[error("HPACK decoding of stream {stream}'s headers failed: {reason}")]
     Hpack { stream: u32, reason: String },
 }
@@ -65,6 +120,8 @@ struct OpenHeaderBlock {
     end_stream: bool,
     priority: Option<[u8; PRIORITY_LEN]>,
     fragment: Vec<u8>,
+    /// CONTINUATION frames received so far without END_HEADERS.
+    continuations: usize,
 }
 
 /// The client-to-server half of an HTTP/2 connection, rewritten frame by frame.
@@ -84,11 +141,15 @@ impl Default for FrameRewriter {
 
 impl FrameRewriter {
     pub fn new() -> Self {
+        let mut decoder = Decoder::new();
+        // Without this loona_hpack accepts any size update, and the client could grow the
+        // dynamic table we keep for it without bound.
+        decoder.set_max_allowed_table_size(MAX_HEADER_TABLE_SIZE);
         Self {
             unparsed: Vec::new(),
             preface_seen: false,
             open_block: None,
-            decoder: Decoder::new(),
+            decoder,
             rewritten_authorities: 0,
         }
     }
@@ -136,6 +197,12 @@ impl FrameRewriter {
                     }
                 }
                 (FRAME_CONTINUATION, Some(block)) if block.stream == stream => {
+                    if flags & FLAG_END_HEADERS == 0 {
+                        block.continuations += 1;
+                        if block.continuations > MAX_CONTINUATION_FRAMES {
+                            return Err(RewriteError::TooManyContinuations { stream });
+                        }
+                    }
                     if block.fragment.len() + payload.len() > MAX_HEADER_BLOCK {
                         return Err(RewriteError::HeaderBlockTooLarge { stream });
                     }
@@ -162,15 +229,20 @@ impl FrameRewriter {
         Ok(())
     }
 
-    /// The length of the whole frame starting at `pos`, once all of it has arrived.
+    /// The length of the whole frame starting at `pos`, once all of it has arrived. A frame the
+    /// server would refuse is refused as soon as its header has arrived.
     fn complete_frame_at(&self, pos: usize) -> Result<Option<usize>, RewriteError> {
         let rest = &self.unparsed[pos..];
         if rest.len() < FRAME_HEADER_LEN {
             return Ok(None);
         }
         let len = usize::from(rest[0]) << 16 | usize::from(rest[1]) << 8 | usize::from(rest[2]);
-        if len >= MAX_INCOMING_FRAME {
-            return Err(RewriteError::FrameTooLarge { len });
+        if len > MAX_FRAME_SIZE {
+            return Err(RewriteError::FrameTooLarge {
+                kind: rest[3],
+                stream: u32::from_be_bytes([rest[5], rest[6], rest[7], rest[8]]) & 0x7fff_ffff,
+                len,
+            });
         }
         Ok((rest.len() >= FRAME_HEADER_LEN + len).then_some(FRAME_HEADER_LEN + len))
     }
@@ -178,28 +250,45 @@ impl FrameRewriter {
     /// Decodes the block (keeping the client's HPACK state) and re-encodes it without indexing,
     /// with a valid `:authority`.
     fn rewrite_block(&mut self, block: &OpenHeaderBlock) -> Result<Vec<u8>, RewriteError> {
-        let headers =
-            self.decoder
-                .decode(&block.fragment)
-                .map_err(|error| RewriteError::Hpack {
-                    stream: block.stream,
-                    reason: format!("{error:?}"),
-                })?;
-        let mut encoded = Vec::with_capacity(block.fragment.len() + 32);
-        for (name, value) in &headers {
-            let value = if name == b":authority" && !is_valid_authority(value) {
-                self.rewritten_authorities += 1;
+        let stream = block.stream;
+        let mut encoded = Vec::with_capacity(block.fragment.len().min(MAX_HEADER_LIST_SIZE) + 32);
+        let mut list_size = 0usize;
+        let mut rewritten = 0;
+        // The callback cannot stop the decoder, which must run to the end anyway to keep the
+        // client's dynamic table right; past the limit it only counts, so what we keep stays
+        // under the limit (a literal re-encodes in less than its 32-byte entry overhead).
+        let decoded = self.decoder.decode_with_cb(&block.fragment, |name, value| {
+            let forwarded: &[u8] = if *name == *b":authority" && !is_valid_authority(&value) {
+                rewritten += 1;
                 tracing::debug!(
-                    stream = block.stream,
-                    authority = %String::from_utf8_lossy(value),
+                    stream,
+                    authority = %String::from_utf8_lossy(&value),
                     "replaced an :authority the gRPC server would refuse"
                 );
                 REPLACEMENT_AUTHORITY
             } else {
-                value.as_slice()
+                &value
             };
-            encode_literal_without_indexing(name, value, &mut encoded);
+            list_size =
+                list_size.saturating_add(name.len() + forwarded.len() + HEADER_ENTRY_OVERHEAD);
+            if list_size < MAX_HEADER_LIST_SIZE {
+                encode_literal_without_indexing(&name, forwarded, &mut encoded);
+            }
+        });
+        decoded.map_err(|error| match error {
+            DecoderError::InvalidMaxDynamicSize => RewriteError::DynamicTableTooLarge { stream },
+            error => RewriteError::Hpack {
+                stream,
+                reason: error.to_string(),
+            },
+        })?;
+        if list_size >= MAX_HEADER_LIST_SIZE {
+            return Err(RewriteError::HeaderListTooLarge {
+                stream,
+                size: list_size,
+            });
         }
+        self.rewritten_authorities += rewritten;
         Ok(encoded)
     }
 }
@@ -238,6 +327,7 @@ fn parse_headers_frame(
         end_stream: flags & FLAG_END_STREAM != 0,
         priority,
         fragment: body.to_vec(),
+        continuations: 0,
     })
 }
 
@@ -255,7 +345,7 @@ fn encode_literal_without_indexing(name: &[u8], value: &[u8], out: &mut Vec<u8>)
 /// as the block needs.
 fn write_header_frames(block: &OpenHeaderBlock, encoded: &[u8], out: &mut Vec<u8>) {
     let priority_len = block.priority.map_or(0, |_| PRIORITY_LEN);
-    let first_len = encoded.len().min(MAX_OUTGOING_FRAME - priority_len);
+    let first_len = encoded.len().min(MAX_FRAME_SIZE - priority_len);
     let (first, mut rest) = encoded.split_at(first_len);
     let mut flags = if block.end_stream { FLAG_END_STREAM } else { 0 };
     if block.priority.is_some() {
@@ -276,7 +366,7 @@ fn write_header_frames(block: &OpenHeaderBlock, encoded: &[u8], out: &mut Vec<u8
     }
     out.extend_from_slice(first);
     while !rest.is_empty() {
-        let (chunk, tail) = rest.split_at(rest.len().min(MAX_OUTGOING_FRAME));
+        let (chunk, tail) = rest.split_at(rest.len().min(MAX_FRAME_SIZE));
         rest = tail;
         let flags = if rest.is_empty() { FLAG_END_HEADERS } else { 0 };
         write_frame_header(out, chunk.len(), FRAME_CONTINUATION, flags, block.stream);
@@ -301,6 +391,8 @@ pub struct NormalizeAuthority<S> {
     ready: Vec<u8>,
     ready_pos: usize,
     eof: bool,
+    /// The rewriter refused the client's bytes: every later read fails too, without logging again.
+    refused: bool,
 }
 
 impl<S> NormalizeAuthority<S> {
@@ -312,6 +404,7 @@ impl<S> NormalizeAuthority<S> {
             ready: Vec::new(),
             ready_pos: 0,
             eof: false,
+            refused: false,
         }
     }
 }
@@ -323,6 +416,12 @@ impl<S: AsyncRead + Unpin> AsyncRead for NormalizeAuthority<S> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        if this.refused {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "registration connection already refused",
+            )));
+        }
         loop {
             if this.ready_pos < this.ready.len() {
                 let n = buf.remaining().min(this.ready.len() - this.ready_pos);
@@ -350,7 +449,10 @@ impl<S: AsyncRead + Unpin> AsyncRead for NormalizeAuthority<S> {
                 continue;
             }
             if let Err(error) = this.rewriter.feed(chunk.filled(), &mut this.ready) {
+                // The one log line for this refusal: tonic reports the failed connection at
+                // debug level only, and other connections and the server carry on.
                 tracing::warn!(%error, "closing a registration connection: its HTTP/2 stream cannot be read");
+                this.refused = true;
                 return Poll::Ready(Err(io::Error::new(io::ErrorKind::InvalidData, error)));
             }
         }
@@ -491,10 +593,10 @@ mod tests {
     fn valid_authorities_pass_unchanged_and_continuations_are_joined() {
         let mut client = Encoder::new();
         let mut headers = request("localhost");
-        headers.push((b"x-big".to_vec(), vec![b'a'; 40_000]));
+        headers.push((b"x-big".to_vec(), vec![b'a'; 15_000]));
         let block = encode(&mut client, &headers);
         let (a, rest) = block.split_at(10);
-        let (b, c) = rest.split_at(20_000);
+        let (b, c) = rest.split_at(8_000);
         let mut input = CLIENT_PREFACE.to_vec();
         // Padded, with priority, END_STREAM, split over two CONTINUATIONs.
         let mut payload = vec![3u8];
@@ -515,19 +617,327 @@ mod tests {
         rewriter.feed(&input, &mut out).unwrap();
         assert_eq!(rewriter.rewritten_authorities(), 0);
         let got = frames(&out[CLIENT_PREFACE.len()..]);
-        assert!(got.len() >= 3, "40 KB of headers need continuation frames");
+        // A list under the server's limit always re-encodes into one frame.
+        assert_eq!(got.len(), 1);
+        let (kind, flags, stream, payload) = &got[0];
+        assert_eq!((*kind, *stream), (FRAME_HEADERS, 5));
+        assert_eq!(*flags, FLAG_PRIORITY | FLAG_END_STREAM | FLAG_END_HEADERS);
+        assert_eq!(&payload[..5], &[0, 0, 0, 0, 16]);
+        assert_eq!(Decoder::new().decode(&payload[5..]).unwrap(), headers);
+    }
+
+    #[test]
+    fn blocks_larger_than_a_frame_are_written_as_continuations() {
+        let block = OpenHeaderBlock {
+            stream: 5,
+            end_stream: true,
+            priority: Some([0, 0, 0, 0, 16]),
+            fragment: Vec::new(),
+            continuations: 0,
+        };
+        let encoded: Vec<u8> = (0..40_000u32).map(|i| i as u8).collect();
+        let mut out = Vec::new();
+        write_header_frames(&block, &encoded, &mut out);
+        let got = frames(&out);
+        assert_eq!(got.len(), 3);
         assert_eq!(got[0].0, FRAME_HEADERS);
         assert_eq!(got[0].1, FLAG_PRIORITY | FLAG_END_STREAM);
         assert_eq!(&got[0].3[..5], &[0, 0, 0, 0, 16]);
         let mut joined = got[0].3[5..].to_vec();
-        for (i, (kind, flags, stream, payload)) in got.iter().enumerate().skip(1) {
+        for (i, (kind, flags, stream, payload)) in got.iter().enumerate() {
+            assert!(payload.len() <= MAX_FRAME_SIZE);
+            if i == 0 {
+                continue;
+            }
             assert_eq!((*kind, *stream), (FRAME_CONTINUATION, 5));
             let last = i == got.len() - 1;
             assert_eq!(*flags, if last { FLAG_END_HEADERS } else { 0 });
-            assert!(payload.len() <= MAX_OUTGOING_FRAME);
             joined.extend(payload);
         }
-        assert_eq!(Decoder::new().decode(&joined).unwrap(), headers);
+        assert_eq!(joined, encoded);
+    }
+
+    /// A client's header block as HEADERS and CONTINUATION frames of at most the frame limit.
+    fn header_frames(stream: u32, block: &[u8]) -> Vec<u8> {
+        let open = OpenHeaderBlock {
+            stream,
+            end_stream: true,
+            priority: None,
+            fragment: Vec::new(),
+            continuations: 0,
+        };
+        let mut out = Vec::new();
+        write_header_frames(&open, block, &mut out);
+        out
+    }
+
+    fn feed_all(input: &[u8]) -> (FrameRewriter, Result<Vec<u8>, RewriteError>) {
+        let mut rewriter = FrameRewriter::new();
+        let mut out = Vec::new();
+        rewriter.feed(CLIENT_PREFACE, &mut out).unwrap();
+        let result = rewriter.feed(input, &mut out).map(|()| out);
+        (rewriter, result)
+    }
+
+    /// RFC 9113 §6.5.2's size of a header list.
+    fn list_size(headers: &[(Vec<u8>, Vec<u8>)]) -> usize {
+        headers.iter().map(|(n, v)| n.len() + v.len() + 32).sum()
+    }
+
+    #[test]
+    fn header_list_of_many_headers_over_the_limit_is_refused() {
+        let mut headers = request("localhost");
+        for i in 0..200 {
+            headers.push((format!("x-h-{i:03}").into_bytes(), vec![b'v'; 50]));
+        }
+        assert!(list_size(&headers) > MAX_HEADER_LIST_SIZE);
+        let block = encode(&mut Encoder::new(), &headers);
+        let (_, result) = feed_all(&header_frames(7, &block));
+        let expected = list_size(&headers);
+        assert!(
+            matches!(
+                result,
+                Err(RewriteError::HeaderListTooLarge { stream: 7, size }) if size == expected
+            ),
+            "{result:?}"
+        );
+    }
+
+    #[test]
+    fn header_list_with_one_huge_value_is_refused() {
+        let mut headers = request("localhost");
+        headers.push((b"x-huge".to_vec(), vec![b'v'; 40_000]));
+        let block = encode(&mut Encoder::new(), &headers);
+        assert!(block.len() <= MAX_HEADER_BLOCK);
+        let (_, result) = feed_all(&header_frames(9, &block));
+        assert!(
+            matches!(
+                result,
+                Err(RewriteError::HeaderListTooLarge { stream: 9, .. })
+            ),
+            "{result:?}"
+        );
+    }
+
+    #[test]
+    fn header_list_limit_is_where_the_server_puts_it() {
+        // h2 answers 431 once the list reaches the limit, so one byte less is the largest that
+        // passes; the list is counted as forwarded, with the replaced authority.
+        for (padding, accepted) in [
+            (MAX_HEADER_LIST_SIZE - 1, true),
+            (MAX_HEADER_LIST_SIZE, false),
+        ] {
+            let forwarded = request("localhost");
+            let name = b"x-pad".to_vec();
+            let value_len = padding - list_size(&forwarded) - name.len() - 32;
+            let mut sent = request(WATCHER_AUTHORITY);
+            sent.push((name.clone(), vec![b'p'; value_len]));
+            let block = encode(&mut Encoder::new(), &sent);
+            let (rewriter, result) = feed_all(&header_frames(1, &block));
+            if accepted {
+                let out = result.unwrap();
+                assert_eq!(rewriter.rewritten_authorities(), 1);
+                let got = frames(&out[CLIENT_PREFACE.len()..]);
+                let mut expected = forwarded;
+                expected.push((name, vec![b'p'; value_len]));
+                assert_eq!(list_size(&expected), padding);
+                assert_eq!(Decoder::new().decode(&got[0].3).unwrap(), expected);
+            } else {
+                assert!(
+                    matches!(
+                        result,
+                        Err(RewriteError::HeaderListTooLarge { stream: 1, size }) if size == padding
+                    ),
+                    "{result:?}"
+                );
+            }
+        }
+    }
+
+    /// A dynamic table size update (RFC 7541 §6.3) followed by an indexed `:method: GET`.
+    fn size_update_block(size: usize) -> Vec<u8> {
+        let mut block = Vec::new();
+        encode_integer_into(size, 5, 0x20, &mut block).unwrap();
+        block.push(0x82);
+        block
+    }
+
+    #[test]
+    fn dynamic_table_size_update_above_the_advertised_size_is_refused() {
+        let (_, result) = feed_all(&frame(
+            FRAME_HEADERS,
+            FLAG_END_HEADERS,
+            3,
+            &size_update_block(MAX_HEADER_TABLE_SIZE + 1),
+        ));
+        assert!(
+            matches!(
+                result,
+                Err(RewriteError::DynamicTableTooLarge { stream: 3 })
+            ),
+            "{result:?}"
+        );
+
+        // Shrinking and growing back to the advertised size is the client's right.
+        let mut input = frame(FRAME_HEADERS, FLAG_END_HEADERS, 1, &size_update_block(0));
+        input.extend(frame(
+            FRAME_HEADERS,
+            FLAG_END_HEADERS,
+            3,
+            &size_update_block(MAX_HEADER_TABLE_SIZE),
+        ));
+        let (_, result) = feed_all(&input);
+        let out = result.unwrap();
+        let got = frames(&out[CLIENT_PREFACE.len()..]);
+        assert_eq!(got.len(), 2);
+        let mut server = Decoder::new();
+        for (_, _, _, payload) in &got {
+            assert_eq!(
+                server.decode(payload).unwrap(),
+                vec![(b":method".to_vec(), b"GET".to_vec())]
+            );
+        }
+    }
+
+    #[test]
+    fn frame_over_the_frame_limit_is_refused_from_its_header() {
+        // The largest frame passes through whole.
+        let data = frame(0x0, 0, 1, &vec![0; MAX_FRAME_SIZE]);
+        let (_, result) = feed_all(&data);
+        assert_eq!(&result.unwrap()[CLIENT_PREFACE.len()..], &data[..]);
+
+        let mut rewriter = FrameRewriter::new();
+        let mut out = Vec::new();
+        rewriter.feed(CLIENT_PREFACE, &mut out).unwrap();
+        assert_eq!(rewriter.buffered(), 0);
+        let oversize = MAX_FRAME_SIZE + 1;
+        let mut header = Vec::new();
+        write_frame_header(&mut header, oversize, 0x0, 0, 1);
+        let result = rewriter.feed(&header, &mut out);
+        assert!(
+            matches!(
+                result,
+                Err(RewriteError::FrameTooLarge { kind: 0, stream: 1, len }) if len == oversize
+            ),
+            "{result:?}"
+        );
+        assert_eq!(
+            rewriter.buffered(),
+            FRAME_HEADER_LEN,
+            "no payload was awaited"
+        );
+    }
+
+    #[test]
+    fn continuation_flood_past_the_block_limit_is_refused() {
+        let fragment = vec![0x82; MAX_FRAME_SIZE];
+        let mut rewriter = FrameRewriter::new();
+        let mut out = Vec::new();
+        rewriter.feed(CLIENT_PREFACE, &mut out).unwrap();
+        rewriter
+            .feed(&frame(FRAME_HEADERS, 0, 1, &fragment), &mut out)
+            .unwrap();
+        let mut received = MAX_FRAME_SIZE;
+        let error = loop {
+            match rewriter.feed(&frame(FRAME_CONTINUATION, 0, 1, &fragment), &mut out) {
+                Ok(()) => received += MAX_FRAME_SIZE,
+                Err(error) => break error,
+            }
+            assert!(
+                received <= MAX_HEADER_BLOCK,
+                "flood was buffered past the limit"
+            );
+        };
+        assert!(
+            matches!(error, RewriteError::HeaderBlockTooLarge { stream: 1 }),
+            "{error:?}"
+        );
+        assert_eq!(received, MAX_HEADER_BLOCK);
+        assert_eq!(out, CLIENT_PREFACE, "nothing of the block was forwarded");
+    }
+
+    #[test]
+    fn flood_of_empty_continuations_is_refused_where_h2_refuses_it() {
+        assert_eq!(MAX_CONTINUATION_FRAMES, 5);
+        let block = encode(&mut Encoder::new(), &request("localhost"));
+        let (head, tail) = block.split_at(4);
+        // As many empty CONTINUATIONs as h2 tolerates, then the end of the block: passes.
+        let mut input = frame(FRAME_HEADERS, 0, 1, head);
+        for _ in 0..MAX_CONTINUATION_FRAMES {
+            input.extend(frame(FRAME_CONTINUATION, 0, 1, &[]));
+        }
+        input.extend(frame(FRAME_CONTINUATION, FLAG_END_HEADERS, 1, tail));
+        let (_, result) = feed_all(&input);
+        let out = result.unwrap();
+        let got = frames(&out[CLIENT_PREFACE.len()..]);
+        assert_eq!(
+            Decoder::new().decode(&got[0].3).unwrap(),
+            request("localhost")
+        );
+
+        // One more is refused.
+        let mut input = frame(FRAME_HEADERS, 0, 1, head);
+        for _ in 0..=MAX_CONTINUATION_FRAMES {
+            input.extend(frame(FRAME_CONTINUATION, 0, 1, &[]));
+        }
+        let (_, result) = feed_all(&input);
+        assert!(
+            matches!(
+                result,
+                Err(RewriteError::TooManyContinuations { stream: 1 })
+            ),
+            "{result:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn refusing_one_connection_leaves_the_others_and_the_server_serving() {
+        use std::time::Duration;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        use tokio_stream::StreamExt;
+        use tonic::transport::{Channel, Endpoint, Server};
+        use tonic_health::pb::health_check_response::ServingStatus;
+        use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("reg.sock");
+        let incoming = tokio_stream::wrappers::UnixListenerStream::new(
+            tokio::net::UnixListener::bind(&path).unwrap(),
+        )
+        .map(|accepted| accepted.map(NormalizeAuthority::new));
+        let (_reporter, health) = tonic_health::server::health_reporter();
+        let server = tokio::spawn(
+            Server::builder()
+                .add_service(health)
+                .serve_with_incoming(incoming),
+        );
+        let serving = |channel: Channel| async move {
+            let request = HealthCheckRequest {
+                service: String::new(),
+            };
+            let response = HealthClient::new(channel).check(request).await.unwrap();
+            response.into_inner().status == ServingStatus::Serving as i32
+        };
+        let endpoint = Endpoint::from_shared(format!("unix:{}", path.display())).unwrap();
+        let open_before = endpoint.connect().await.unwrap();
+        assert!(serving(open_before.clone()).await);
+
+        let mut refused = tokio::net::UnixStream::connect(&path).await.unwrap();
+        let mut oversize = CLIENT_PREFACE.to_vec();
+        write_frame_header(&mut oversize, MAX_FRAME_SIZE + 1, 0x0, 0, 1);
+        refused.write_all(&oversize).await.unwrap();
+        // The server closes it (after its own SETTINGS, perhaps with a reset): reads end.
+        let mut sink = Vec::new();
+        let closed =
+            tokio::time::timeout(Duration::from_secs(10), refused.read_to_end(&mut sink)).await;
+        assert!(closed.is_ok(), "the refused connection stayed open");
+
+        assert!(serving(open_before).await, "the open connection broke");
+        assert!(
+            serving(endpoint.connect().await.unwrap()).await,
+            "no new connection"
+        );
+        assert!(!server.is_finished(), "the server stopped");
     }
 
     #[test]
