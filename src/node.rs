@@ -22,7 +22,7 @@ use crate::plugin::{PluginConfig, PluginError, PluginServer};
 use crate::prepare::checkpoint::CheckpointError;
 use crate::prepare::claims::{ClaimSource, KubeClaims};
 use crate::prepare::driver::{Driver, DriverObserver};
-use crate::prepare::lock::{self, NodeLock};
+use crate::prepare::lock::{self, NodeLock, Presence};
 use crate::prepare::state::{DeviceState, DriverConfig, PrepareError};
 use crate::prepare::{ClaimRef, NodeDriver, PrepareResult, UnprepareResult};
 use crate::slices::publish::{PublishError, Publisher, SyncReport};
@@ -155,14 +155,37 @@ pub async fn kube_client(
 /// Pushes new desired slices when prepare (or a rescan) changed the inventory, or the health
 /// monitor changed the devices' taints.
 struct SliceUpdater {
-    options: std::sync::Mutex<SliceOptions>,
+    /// One lock for both inputs, so the two kinds of change never wait on each other in
+    /// opposite orders, and the slices sent last are built from the latest of both.
+    inputs: std::sync::Mutex<SliceInputs>,
     desired: watch::Sender<Arc<Vec<ResourceSlice>>>,
-    inventory: std::sync::Mutex<NodeInventory>,
+}
+
+/// What the desired slices are built from.
+struct SliceInputs {
+    options: SliceOptions,
+    inventory: NodeInventory,
 }
 
 impl SliceUpdater {
-    fn rebuild(&self, inventory: &NodeInventory, options: &SliceOptions) {
-        match slices::build(inventory, options) {
+    fn new(
+        options: SliceOptions,
+        inventory: NodeInventory,
+        desired: watch::Sender<Arc<Vec<ResourceSlice>>>,
+    ) -> Self {
+        Self {
+            inputs: std::sync::Mutex::new(SliceInputs { options, inventory }),
+            desired,
+        }
+    }
+
+    fn inputs(&self) -> std::sync::MutexGuard<'_, SliceInputs> {
+        // Each change is a plain assignment: a panicking holder leaves it usable.
+        self.inputs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn rebuild(&self, inputs: &SliceInputs) {
+        match slices::build(&inputs.inventory, &inputs.options) {
             Ok(slices) => {
                 self.desired.send_if_modified(|desired| {
                     if **desired == slices {
@@ -185,31 +208,27 @@ impl SliceUpdater {
             Vec<k8s_openapi::api::resource::v1::DeviceTaint>,
         >,
     ) {
-        let mut options = self.options.lock().unwrap_or_else(|p| p.into_inner());
-        options.taints = Arc::new(taints);
-        let inventory = self
-            .inventory
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
-        self.rebuild(&inventory, &options);
+        let mut inputs = self.inputs();
+        inputs.options.taints = Arc::new(taints);
+        self.rebuild(&inputs);
+    }
+}
+
+impl SliceUpdater {
+    fn set_inventory(&self, inventory: NodeInventory) {
+        let mut inputs = self.inputs();
+        if inputs.inventory == inventory {
+            return;
+        }
+        inputs.inventory = inventory;
+        self.rebuild(&inputs);
     }
 }
 
 impl DriverObserver for SliceUpdater {
     fn state_changed(&self, state: &DeviceState) {
-        let mut last = self.inventory.lock().unwrap_or_else(|p| p.into_inner());
-        let inventory = state.inventory();
-        if *last == inventory {
-            return;
-        }
-        *last = inventory;
-        let options = self
-            .options
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
-        self.rebuild(&last, &options);
+        // Read before taking our lock: the state has locks of its own.
+        self.set_inventory(state.inventory());
     }
 }
 
@@ -298,11 +317,24 @@ impl NodeAgent {
         let monitor_control = control.clone();
         // In a rolling update the other instance may be preparing right now: recover under the
         // node lock, from what it last wrote.
+        // Present before recovery: an instance already running sees this one from now on and
+        // takes the node lock exclusively for each of its operations.
         let node_lock = match &options.rolling_update_uid {
-            Some(_) => Some(open_node_lock(&options.plugin_dir, lock::SERIALIZE_LOCK)?),
+            Some(uid) => {
+                let instances = options.plugin_dir.join(lock::INSTANCES_DIR);
+                let presence =
+                    Presence::register(&instances, uid).map_err(|source| NodeError::Lock {
+                        path: instances.clone(),
+                        source,
+                    })?;
+                Some((
+                    open_node_lock(&options.plugin_dir, lock::SERIALIZE_LOCK)?,
+                    presence,
+                ))
+            }
             None => None,
         };
-        let recovery_guard = match &node_lock {
+        let recovery_guard = match node_lock.as_ref().map(|(lock, _)| lock) {
             Some(lock) => Some(lock.acquire().await.map_err(|source| NodeError::Lock {
                 path: lock.path().to_path_buf(),
                 source,
@@ -343,7 +375,24 @@ impl NodeAgent {
         slice_options.modes = Some(state.modes().clone());
         tracing::info!(modes = ?state.modes(), destroyed = ?recovery.instances_destroyed, "GPU modes");
         // Faults seen before a restart are published with the first slices, not after them.
-        let health_book = HealthBook::load(&options.state_dir, &state.checkpoint().node_boot_id)?;
+        let mut health_book =
+            HealthBook::load(&options.state_dir, &state.checkpoint().node_boot_id)?;
+        // Each GPU probed once before anything is published: a GPU lost (or asking for a reset)
+        // at start is published tainted from the first slice on.
+        let startup_changes: Vec<HealthChange> = inventory
+            .gpus
+            .iter()
+            .filter_map(|gpu| match monitor_control.probe(gpu.minor) {
+                Ok(probe) => Some((gpu.minor, probe)),
+                Err(error) => {
+                    tracing::warn!(gpu = gpu.minor, %error, "cannot probe GPU at start");
+                    None
+                }
+            })
+            .flat_map(|(minor, probe)| {
+                health_book.probe(minor, probe, &options.health, crate::health::now_seconds())
+            })
+            .collect();
         let untainted = slices::build(&inventory, &slice_options)?;
         slice_options.taints = Arc::new(
             health_book.taints(
@@ -373,17 +422,17 @@ impl NodeAgent {
             KubeClaims::on_node(client.clone(), &options.driver_name, Some(&node_name))
                 .with_timeout(options.api_timeouts.request),
         );
-        let updater = Arc::new(SliceUpdater {
-            options: std::sync::Mutex::new(slice_options.clone()),
-            desired: desired_tx,
-            inventory: std::sync::Mutex::new(inventory),
-        });
+        let updater = Arc::new(SliceUpdater::new(
+            slice_options.clone(),
+            inventory,
+            desired_tx,
+        ));
         let observers = ObserverList(vec![updater.clone(), metrics.clone()]);
         let mut driver = Driver::new(state, claims)
             .with_observer(Arc::new(observers))
             .with_gc_grace(options.gc_grace);
-        if let Some(lock) = node_lock {
-            driver = driver.with_node_lock(lock);
+        if let Some((lock, presence)) = node_lock {
+            driver = driver.with_node_lock(lock, presence);
         }
         let driver = Arc::new(driver);
 
@@ -488,6 +537,7 @@ impl NodeAgent {
             control: monitor_control,
             driver: driver.clone(),
             book: health_book,
+            startup_changes,
             state_dir: options.state_dir.clone(),
             pool: node_name.clone(),
             reporter: plugin.device_health(),
@@ -734,11 +784,7 @@ mod tests {
         let before = slices::build(&state.inventory(), &options).expect("slices");
         let (desired, mut seen) = watch::channel(Arc::new(before));
         seen.mark_unchanged();
-        let updater = SliceUpdater {
-            options: std::sync::Mutex::new(options.clone()),
-            desired,
-            inventory: std::sync::Mutex::new(state.inventory()),
-        };
+        let updater = SliceUpdater::new(options.clone(), state.inventory(), desired);
         updater.state_changed(&state);
         assert!(!seen.has_changed().expect("open"), "nothing changed yet");
 
@@ -769,5 +815,88 @@ mod tests {
         );
         updater.state_changed(&state);
         assert!(!seen.has_changed().expect("open"), "sent once");
+    }
+
+    /// The health monitor (taints) and prepares (inventory) change the slices from different
+    /// threads at once, in a loop: every change lands and nothing hangs (the two once took two
+    /// locks in opposite orders and could deadlock both runtime workers).
+    #[test]
+    fn taint_and_inventory_changes_at_once_never_hang() {
+        use k8s_openapi::api::resource::v1::DeviceTaint;
+        let inventory = crate::gpu::discover(&crate::gpu::DiscoveryConfig {
+            source: "sim:2xH100-SXM5-80GB".parse().expect("spec"),
+            node_name: "n1".into(),
+            sim_state: None,
+            nvml_library: None,
+            sysfs_root: "/sys".into(),
+            nvidia_smi: None,
+            sim_mig_delay: Duration::ZERO,
+        })
+        .expect("inventory");
+        let mut second = inventory.clone();
+        second.gpus.pop();
+        let options = SliceOptions::new("gpu.nvidia.com", "n1");
+        let first = slices::build(&inventory, &options).expect("slices");
+        let (desired, seen) = watch::channel(Arc::new(first));
+        let updater = Arc::new(SliceUpdater::new(options, inventory.clone(), desired));
+        const ROUNDS: usize = 300;
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let taints = {
+            let (updater, done) = (updater.clone(), done_tx.clone());
+            std::thread::spawn(move || {
+                for round in 0..ROUNDS {
+                    let taint = DeviceTaint {
+                        key: "gpu.nvidia.com/xid".into(),
+                        value: Some((round % 2).to_string()),
+                        effect: "NoSchedule".into(),
+                        ..Default::default()
+                    };
+                    updater.set_taints(std::collections::BTreeMap::from([(
+                        "gpu-0".to_string(),
+                        vec![taint],
+                    )]));
+                }
+                let _ = done.send("taints");
+            })
+        };
+        let inventories = {
+            let updater = updater.clone();
+            std::thread::spawn(move || {
+                for round in 0..ROUNDS {
+                    updater.set_inventory(if round % 2 == 0 {
+                        second.clone()
+                    } else {
+                        inventory.clone()
+                    });
+                }
+                let _ = done_tx.send("inventory");
+            })
+        };
+        for _ in 0..2 {
+            done_rx
+                .recv_timeout(Duration::from_secs(60))
+                .expect("taint and inventory changes hung");
+        }
+        taints.join().expect("taints thread");
+        inventories.join().expect("inventory thread");
+        // The last of both is what is published: the second inventory's ends with 2 GPUs
+        // (ROUNDS is even: the last inventory round is odd, the full one), and taint value "1".
+        let published = seen.borrow().clone();
+        let devices: Vec<_> = published
+            .iter()
+            .filter_map(|s| s.spec.devices.as_ref())
+            .flatten()
+            .collect();
+        assert!(
+            devices.iter().any(|d| d.name == "gpu-1"),
+            "the full inventory is the last"
+        );
+        let gpu0 = devices.iter().find(|d| d.name == "gpu-0").expect("gpu-0");
+        let value = gpu0
+            .taints
+            .as_ref()
+            .and_then(|t| t.first())
+            .and_then(|t| t.value.clone());
+        assert_eq!(value.as_deref(), Some("1"), "the last taint is published");
     }
 }

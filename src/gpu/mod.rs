@@ -193,6 +193,10 @@ pub trait GpuControl: Send + Sync {
     /// Someone else (another driver instance on the node) may have changed the GPUs: the next
     /// inventory must read all of their MIG state again. Backends that cache need this.
     fn invalidate(&self) {}
+    /// As [`invalidate`](Self::invalidate), for one GPU (a fault on it may have changed it).
+    fn invalidate_gpu(&self, _minor: u32) {
+        self.invalidate()
+    }
     fn set_mig_mode(&self, minor: u32, enabled: bool) -> Result<MigMode, GpuError>;
     fn create_gpu_instance(
         &self,

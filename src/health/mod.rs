@@ -28,6 +28,7 @@ use crate::gpu::mig::{gpu_device_name, mig_device_name};
 use crate::gpu::{Gpu, NodeInventory};
 
 pub mod monitor;
+pub(crate) use monitor::now_seconds;
 
 /// Taint keys, NVIDIA's where it has one, so existing tolerations and DeviceTaintRules match.
 pub const XID_TAINT: &str = "gpu.nvidia.com/xid";
@@ -286,6 +287,13 @@ pub enum HealthChange {
 }
 
 impl HealthChange {
+    /// The GPU the fault is on.
+    pub fn minor(&self) -> u32 {
+        match self {
+            Self::Raised(fault) | Self::Cleared(fault, _) => fault.target.minor(),
+        }
+    }
+
     pub fn describe(&self) -> String {
         match self {
             Self::Raised(fault) => fault.describe(),

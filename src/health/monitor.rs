@@ -3,6 +3,11 @@
 //! each change goes out as device taints, kubelet's health stream, a Node event, metrics and a
 //! log line. A periodic rescan re-discovers the hardware so that devices someone else made or
 //! removed are republished without a restart.
+//!
+//! Nothing here waits for the node's operations: a fault is published as a taint first; the
+//! rescan it asks for (of its GPU only) runs on a task of its own, coalesced with any other
+//! request, and skips GPUs a prepare or unprepare holds. Events come through a bounded queue and
+//! are handled in batches; an ignored XID costs a counter and nothing else.
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -34,6 +39,8 @@ pub struct HealthMonitor {
     pub control: Arc<dyn GpuControl>,
     pub driver: Arc<Driver>,
     pub book: HealthBook,
+    /// What the probes at start changed in `book` (logged, reported and saved once running).
+    pub startup_changes: Vec<HealthChange>,
     pub state_dir: PathBuf,
     pub pool: String,
     pub reporter: HealthReporter,
@@ -42,15 +49,20 @@ pub struct HealthMonitor {
     pub sink: Arc<dyn HealthSink>,
 }
 
-fn now_seconds() -> i64 {
+pub(crate) fn now_seconds() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs() as i64)
         .unwrap_or(0)
 }
 
+/// Events waiting for the monitor; past this the event thread waits (NVML keeps queuing).
+const EVENT_QUEUE: usize = 1024;
+/// Most events handled before the taints are published.
+const EVENT_BATCH: usize = 256;
+
 /// Reads events on a thread until the receiver is gone.
-fn spawn_event_thread(control: &Arc<dyn GpuControl>) -> Option<mpsc::UnboundedReceiver<GpuEvent>> {
+fn spawn_event_thread(control: &Arc<dyn GpuControl>) -> Option<mpsc::Receiver<GpuEvent>> {
     let mut source = match control.event_source() {
         Ok(source) => source,
         Err(error) => {
@@ -58,7 +70,7 @@ fn spawn_event_thread(control: &Arc<dyn GpuControl>) -> Option<mpsc::UnboundedRe
             return None;
         }
     };
-    let (tx, rx) = mpsc::unbounded_channel();
+    let (tx, rx) = mpsc::channel(EVENT_QUEUE);
     let spawned = std::thread::Builder::new()
         .name("gpu-events".into())
         .spawn(move || {
@@ -66,7 +78,7 @@ fn spawn_event_thread(control: &Arc<dyn GpuControl>) -> Option<mpsc::UnboundedRe
                 match source.wait(Duration::from_secs(1)) {
                     Ok(events) => {
                         for event in events {
-                            if tx.send(event).is_err() {
+                            if tx.blocking_send(event).is_err() {
                                 return;
                             }
                         }
@@ -87,48 +99,154 @@ fn spawn_event_thread(control: &Arc<dyn GpuControl>) -> Option<mpsc::UnboundedRe
     }
 }
 
+/// What to discover again: the GPUs named, or all of them.
+#[derive(Debug, Default)]
+struct RescanRequest {
+    all: bool,
+    gpus: BTreeSet<u32>,
+}
+
+/// Rescans on a task of their own: requests made while one runs are merged into the next.
+#[derive(Clone)]
+struct Rescans {
+    pending: Arc<std::sync::Mutex<RescanRequest>>,
+    wake: Arc<tokio::sync::Notify>,
+}
+
+impl Rescans {
+    fn start(driver: Arc<Driver>, mut shutdown: watch::Receiver<bool>) -> Self {
+        let rescans = Self {
+            pending: Arc::default(),
+            wake: Arc::default(),
+        };
+        let worker = rescans.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = worker.wake.notified() => {}
+                    _ = shutdown.changed() => break,
+                }
+                let request = std::mem::take(&mut *worker.lock());
+                let only = (!request.all).then_some(request.gpus);
+                match driver.rescan(only).await {
+                    Ok(true) => tracing::info!("hardware changed; republishing"),
+                    Ok(false) => {}
+                    Err(error) => {
+                        tracing::warn!(%error, "hardware rescan failed; keeping the last view")
+                    }
+                }
+            }
+        });
+        rescans
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, RescanRequest> {
+        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn gpus(&self, gpus: impl IntoIterator<Item = u32>) {
+        let mut pending = self.lock();
+        let before = pending.gpus.len();
+        pending.gpus.extend(gpus);
+        let asked = pending.gpus.len() > before;
+        drop(pending);
+        if asked {
+            self.wake.notify_one();
+        }
+    }
+
+    fn all(&self) {
+        self.lock().all = true;
+        self.wake.notify_one();
+    }
+}
+
 impl HealthMonitor {
     /// Runs until `shutdown` turns true.
     pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
         let mut events = spawn_event_thread(&self.control);
+        let rescans = Rescans::start(self.driver.clone(), shutdown.clone());
         let mut probe = tokio::time::interval(self.config.probe_interval);
         let mut rescan = tokio::time::interval(self.config.rescan_interval);
         probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         rescan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         rescan.reset();
+        let mut desired = self.desired.clone();
         let mut last_taints = None;
+        let startup_changes = std::mem::take(&mut self.startup_changes);
+        if !startup_changes.is_empty() {
+            self.record(startup_changes);
+        }
         loop {
             tokio::select! {
                 event = recv(&mut events) => match event {
-                    Some(event) => {
-                        self.on_event(event).await;
-                        // A fault may come with hardware changes (a GPU lost, instances gone).
-                        self.rescan().await;
+                    Some(first) => {
+                        let mut batch = vec![first];
+                        if let Some(queue) = events.as_mut() {
+                            while batch.len() < EVENT_BATCH {
+                                match queue.try_recv() {
+                                    Ok(event) => batch.push(event),
+                                    Err(_) => break,
+                                }
+                            }
+                        }
+                        let faulted = self.on_events(batch).await;
+                        // The taint goes out now; the rescan (a fault may come with hardware
+                        // changes: a GPU lost, instances gone) follows on its own task.
+                        self.publish(&mut last_taints);
+                        rescans.gpus(faulted);
                     }
                     None => events = None,
                 },
-                _ = probe.tick() => self.probe_all().await,
-                _ = rescan.tick() => self.rescan().await,
+                _ = probe.tick() => {
+                    let changed = self.probe_all().await;
+                    // A GPU back from a reset may have lost its MIG instances.
+                    rescans.gpus(changed);
+                }
+                _ = rescan.tick() => rescans.all(),
+                // New devices (a GPU back, a MIG device made) get the taints they have.
+                changed = desired.changed() => if changed.is_err() { break },
                 _ = shutdown.changed() => break,
             }
             self.publish(&mut last_taints);
         }
     }
 
-    async fn on_event(&mut self, event: GpuEvent) {
-        self.sink.event_seen(&event);
-        let probe = self.probe_one(event.minor).await;
-        let inventory = self.driver.with_state(|s| s.inventory()).await;
-        let change = self
-            .book
-            .raise(&event, probe, &inventory, &self.config, now_seconds());
-        match change {
-            Some(change) => self.record(vec![change]),
-            None => tracing::debug!(
-                ?event,
-                "GPU event changes nothing (ignored or already known)"
-            ),
+    /// Handles a batch of events; returns the GPUs whose health changed.
+    async fn on_events(&mut self, events: Vec<GpuEvent>) -> BTreeSet<u32> {
+        let mut changes = Vec::new();
+        let mut probes = BTreeMap::new();
+        for event in events {
+            self.sink.event_seen(&event);
+            if let crate::gpu::events::GpuEventKind::Xid { code } = event.kind
+                && self.config.ignored_xids.contains(&code)
+            {
+                // An application's own error (XID 13, 31, 43...): counted, nothing else, so a
+                // tenant who raises them in a loop costs the node nothing.
+                continue;
+            }
+            let probe = match probes.get(&event.minor) {
+                Some(probe) => *probe,
+                None => {
+                    let probe = self.probe_one(event.minor).await;
+                    probes.insert(event.minor, probe);
+                    probe
+                }
+            };
+            let inventory = self.driver.with_state(|s| s.inventory()).await;
+            match self
+                .book
+                .raise(&event, probe, &inventory, &self.config, now_seconds())
+            {
+                Some(change) => changes.push(change),
+                None => tracing::debug!(?event, "GPU event changes nothing (already known)"),
+            }
         }
+        let faulted = changes.iter().map(HealthChange::minor).collect();
+        if !changes.is_empty() {
+            self.record(changes);
+        }
+        faulted
     }
 
     async fn probe_one(&self, minor: u32) -> Option<crate::gpu::events::GpuProbe> {
@@ -146,7 +264,8 @@ impl HealthMonitor {
         }
     }
 
-    async fn probe_all(&mut self) {
+    /// Probes every GPU; returns those whose health changed.
+    async fn probe_all(&mut self) -> BTreeSet<u32> {
         let inventory = self.driver.with_state(|s| s.inventory()).await;
         self.book.retain_gpus(&inventory);
         let now = now_seconds();
@@ -156,20 +275,12 @@ impl HealthMonitor {
                 changes.extend(self.book.probe(gpu.minor, probe, &self.config, now));
             }
         }
+        let changed = changes.iter().map(HealthChange::minor).collect();
         if !changes.is_empty() {
             self.record(changes);
-            // A GPU back from a reset may have lost its MIG instances.
-            self.rescan().await;
         }
         self.report_stream();
-    }
-
-    async fn rescan(&self) {
-        match self.driver.rescan().await {
-            Ok(true) => tracing::info!("hardware changed; republishing"),
-            Ok(false) => {}
-            Err(error) => tracing::warn!(%error, "hardware rescan failed; keeping the last view"),
-        }
+        changed
     }
 
     /// Logs, reports and persists changes.
@@ -270,7 +381,7 @@ impl HealthMonitor {
     }
 }
 
-async fn recv(events: &mut Option<mpsc::UnboundedReceiver<GpuEvent>>) -> Option<GpuEvent> {
+async fn recv(events: &mut Option<mpsc::Receiver<GpuEvent>>) -> Option<GpuEvent> {
     match events {
         Some(rx) => rx.recv().await,
         None => std::future::pending().await,

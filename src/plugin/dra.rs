@@ -6,18 +6,16 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use tokio::sync::Mutex;
 use tonic::{Request, Response, Status};
 
 use super::proto::{dra_v1 as v1, dra_v1beta1 as v1beta1};
 use crate::prepare::{ClaimRef, NodeDriver, PrepareResult, PreparedDevice, UnprepareResult};
 
 /// Forwards kubelet's claims to the driver and makes sure every requested claim gets an answer.
+/// Calls run side by side (kubelet makes one per pod): the driver keeps operations on the same
+/// claim or GPU apart itself, so a slow claim (a carve, a slow API server) delays only its pod.
 struct ClaimDispatcher {
     driver: Arc<dyn NodeDriver>,
-    /// Prepare and unprepare run one call at a time (like the Go library's default), so the driver
-    /// never sees a prepare and an unprepare of the same claim interleaved.
-    one_call_at_a_time: Mutex<()>,
 }
 
 impl ClaimDispatcher {
@@ -25,7 +23,6 @@ impl ClaimDispatcher {
         if claims.is_empty() {
             return HashMap::new();
         }
-        let _serialized = self.one_call_at_a_time.lock().await;
         tracing::debug!(claims = claims.len(), "preparing claims");
         let results = self.driver.prepare(claims.clone()).await;
         answer_every_claim(&claims, results, "prepare")
@@ -35,7 +32,6 @@ impl ClaimDispatcher {
         if claims.is_empty() {
             return HashMap::new();
         }
-        let _serialized = self.one_call_at_a_time.lock().await;
         tracing::debug!(claims = claims.len(), "unpreparing claims");
         let results = self.driver.unprepare(claims.clone()).await;
         answer_every_claim(&claims, results, "unprepare")
@@ -145,10 +141,7 @@ pub struct DraV1Service {
 
 impl DraV1Service {
     pub fn new(driver: Arc<dyn NodeDriver>) -> Self {
-        let dispatcher = ClaimDispatcher {
-            driver,
-            one_call_at_a_time: Mutex::new(()),
-        };
+        let dispatcher = ClaimDispatcher { driver };
         Self {
             dispatcher: Arc::new(dispatcher),
         }

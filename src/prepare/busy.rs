@@ -41,11 +41,29 @@ impl<K: Ord + Clone> BusySet<K> {
         BusyGuard { set: self, keys }
     }
 
+    /// Holds those of `keys` that no one holds now, without waiting for the others.
+    pub fn acquire_free(&self, keys: BTreeSet<K>) -> BusyGuard<'_, K> {
+        let mut busy = self.lock();
+        let free: BTreeSet<K> = keys.into_iter().filter(|k| !busy.contains(k)).collect();
+        busy.extend(free.iter().cloned());
+        BusyGuard {
+            set: self,
+            keys: free,
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, BTreeSet<K>> {
         // The set stays consistent even if a holder panicked: guards release in Drop.
         self.busy
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl<K: Ord> BusyGuard<'_, K> {
+    /// The keys this guard holds.
+    pub fn keys(&self) -> &BTreeSet<K> {
+        &self.keys
     }
 }
 
@@ -98,5 +116,17 @@ mod tests {
         }
         assert_eq!(most_inside_on_gpu0.load(Ordering::SeqCst), 1);
         assert!(set.lock().is_empty(), "every key released");
+    }
+
+    #[test]
+    fn acquire_free_takes_only_what_nobody_holds() {
+        let set = BusySet::<u32>::default();
+        let held = set.acquire(BTreeSet::from([1]));
+        let free = set.acquire_free(BTreeSet::from([0, 1, 2]));
+        assert_eq!(free.keys(), &BTreeSet::from([0, 2]));
+        drop(held);
+        assert!(set.acquire_free(BTreeSet::from([1])).keys().contains(&1));
+        drop(free);
+        assert!(set.lock().is_empty());
     }
 }

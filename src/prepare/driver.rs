@@ -1,17 +1,19 @@
 //! The [`NodeDriver`] kubelet talks to: fetches claims, prepares each on a blocking thread (claims
 //! on different GPUs side by side, see [`DeviceState`]), and reports prepared devices in the
-//! claims' status once the node's state has changed, outside every lock.
-use std::collections::HashMap;
+//! claims' status once the node's state has changed, outside every lock. Nothing here serializes
+//! calls: kubelet's calls for different pods run side by side, kept apart only by the claims and
+//! GPUs they hold, and by the node lock while another driver instance runs (a rolling update).
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
-use tokio::sync::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::state::PrepareError;
 
 use super::claims::ClaimSource;
-use super::lock::{NodeLock, NodeLockGuard};
+use super::lock::{NodeLock, NodeLockGuard, Presence};
 use super::state::DeviceState;
 use super::{ClaimRef, NodeDriver, PrepareResult, UnprepareResult};
 
@@ -27,13 +29,10 @@ impl DriverObserver for NoObserver {}
 
 pub struct Driver {
     state: Arc<DeviceState>,
-    /// Taken by every operation while another driver instance may share the node: the node lock
-    /// and the checkpoint re-read then cover the whole operation.
-    exclusive: Mutex<()>,
     claims: Arc<dyn ClaimSource>,
     observer: Arc<dyn DriverObserver>,
     /// Set when another instance may share the node (rolling update).
-    node_lock: Option<NodeLock>,
+    sharing: Option<NodeSharing>,
     /// How long a prepared claim must stay gone before garbage collection unprepares it.
     gc_grace: Duration,
     /// When each prepared claim was first seen gone (by UID).
@@ -45,21 +44,30 @@ pub struct Driver {
 /// only takes over when kubelet has clearly not (it was down, or the driver was).
 pub const DEFAULT_GC_GRACE: Duration = Duration::from_secs(30);
 
-/// While another driver instance may share the node (a rolling update): this process's
-/// operations one at a time, and the node lock.
-struct Exclusive<'a> {
-    _process: MutexGuard<'a, ()>,
-    _node: NodeLockGuard<'a>,
+/// How this instance shares the node with others during a rolling update.
+struct NodeSharing {
+    lock: NodeLock,
+    presence: Presence,
+    /// This instance's book matches the checkpoint on disk and no other instance was seen since:
+    /// operations may take the node lock shared. Cleared whenever another instance is seen.
+    synced_alone: AtomicBool,
+}
+
+/// What an operation holds of the node: nothing (no other instance can exist), the node lock
+/// shared (this instance is alone), or exclusively (another instance runs). Moved into the
+/// blocking work it protects, so a cancelled call cannot release it under running work.
+#[derive(Debug)]
+pub struct NodeHold {
+    _guard: Option<NodeLockGuard>,
 }
 
 impl Driver {
     pub fn new(state: DeviceState, claims: Arc<dyn ClaimSource>) -> Self {
         Self {
             state: Arc::new(state),
-            exclusive: Mutex::new(()),
             claims,
             observer: Arc::new(NoObserver),
-            node_lock: None,
+            sharing: None,
             gc_grace: DEFAULT_GC_GRACE,
             gone_since: std::sync::Mutex::new(HashMap::new()),
         }
@@ -71,36 +79,65 @@ impl Driver {
         self
     }
 
-    /// Shares the node with other instances: every state change takes `lock` and starts from the
-    /// checkpoint on disk.
-    pub fn with_node_lock(mut self, lock: NodeLock) -> Self {
-        self.node_lock = Some(lock);
+    /// Shares the node with other instances (`presence` is this one's): while another one runs,
+    /// every state change takes `lock` exclusively and starts from the checkpoint on disk.
+    pub fn with_node_lock(mut self, lock: NodeLock, presence: Presence) -> Self {
+        self.sharing = Some(NodeSharing {
+            lock,
+            presence,
+            // Recovery at start read the checkpoint from disk under the lock.
+            synced_alone: AtomicBool::new(true),
+        });
         self
     }
 
-    /// Without a node lock (the usual case) operations run side by side and this holds nothing.
-    /// With one, it serializes them and adopts what the other instance wrote.
-    async fn exclusive(&self) -> Result<Option<Exclusive<'_>>, String> {
-        let Some(lock) = &self.node_lock else {
-            return Ok(None);
+    /// Without a node lock (the usual case) this holds nothing: operations run side by side,
+    /// kept apart by their claims and GPUs. With one, an instance alone on the node holds it
+    /// shared (still side by side); while another instance runs it holds it exclusively and
+    /// first adopts what the other instance wrote.
+    pub async fn hold_node(&self) -> Result<NodeHold, String> {
+        let Some(sharing) = &self.sharing else {
+            return Ok(NodeHold { _guard: None });
         };
-        let process = self.exclusive.lock().await;
-        let node = lock
-            .acquire()
-            .await
-            .map_err(|e| format!("cannot lock {}: {e}", lock.path().display()))?;
+        let lock_error =
+            |e: std::io::Error| format!("cannot lock {}: {e}", sharing.lock.path().display());
+        let shared = sharing.lock.acquire_shared().await.map_err(lock_error)?;
+        // Looked at under the shared lock: an instance that registered since holds the lock
+        // exclusively for each of its operations, so none of them can be running now.
+        if sharing.synced_alone.load(Ordering::SeqCst) && self.others_alive(sharing)?.is_empty() {
+            return Ok(NodeHold {
+                _guard: Some(shared),
+            });
+        }
+        drop(shared);
+        let exclusive = sharing.lock.acquire().await.map_err(lock_error)?;
         let state = self.state.clone();
-        if run_blocking(move || state.sync_with_disk())
-            .await
-            .map_err(|e| e.to_string())?
-        {
+        let (exclusive, adopted) = run_blocking(move || {
+            let adopted = state.sync_with_disk()?;
+            Ok((exclusive, adopted))
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+        if adopted {
             tracing::debug!("adopted the checkpoint another driver instance wrote");
             self.observer.state_changed(&self.state);
         }
-        Ok(Some(Exclusive {
-            _process: process,
-            _node: node,
-        }))
+        let alone = self.others_alive(sharing)?.is_empty();
+        sharing.synced_alone.store(alone, Ordering::SeqCst);
+        Ok(NodeHold {
+            _guard: Some(exclusive),
+        })
+    }
+
+    fn others_alive(&self, sharing: &NodeSharing) -> Result<Vec<String>, String> {
+        let others = sharing
+            .presence
+            .others_alive()
+            .map_err(|e| format!("cannot tell which driver instances run on the node: {e}"))?;
+        if !others.is_empty() {
+            sharing.synced_alone.store(false, Ordering::SeqCst);
+        }
+        Ok(others)
     }
 
     pub fn with_observer(mut self, observer: Arc<dyn DriverObserver>) -> Self {
@@ -114,10 +151,11 @@ impl Driver {
     }
 
     /// Discovers the hardware again (devices made or removed by someone else, a GPU lost or
-    /// back); observers hear of a change. Returns whether anything changed.
-    pub async fn rescan(&self) -> Result<bool, String> {
+    /// back): the GPUs in `only`, or all. GPUs an operation holds are skipped, never waited for.
+    /// Observers hear of a change. Returns whether anything changed.
+    pub async fn rescan(&self, only: Option<BTreeSet<u32>>) -> Result<bool, String> {
         let state = self.state.clone();
-        let changed = run_blocking(move || state.rescan())
+        let changed = run_blocking(move || state.rescan(only.as_ref()))
             .await
             .map_err(|e| e.to_string())?;
         if changed {
@@ -135,8 +173,8 @@ impl Driver {
     /// were prepared here, e.g. while the plugin was down (NVIDIA driver #1278). Claims whose
     /// lookup fails are left for the next round.
     pub async fn collect_garbage(&self) -> Vec<ClaimRef> {
-        let recorded = match self.exclusive().await {
-            Ok(_exclusive) => self.state.claims(),
+        let recorded = match self.hold_node().await {
+            Ok(_hold) => self.state.claims(),
             Err(e) => {
                 tracing::error!(error = %e, "garbage collection: cannot read the node's state");
                 return vec![];
@@ -172,15 +210,20 @@ impl Driver {
             if !self.gone_long_enough(&claim.uid, gone) {
                 continue;
             }
-            let _exclusive = match self.exclusive().await {
-                Ok(exclusive) => exclusive,
+            let hold = match self.hold_node().await {
+                Ok(hold) => hold,
                 Err(e) => {
                     tracing::error!(error = %e, "garbage collection: cannot read the node's state");
                     break;
                 }
             };
             let (state, uid) = (self.state.clone(), claim.uid.clone());
-            match run_blocking(move || state.unprepare(&uid)).await {
+            match run_blocking(move || {
+                let _hold = hold;
+                state.unprepare(&uid)
+            })
+            .await
+            {
                 Ok(()) => {
                     tracing::info!(claim = %claim, claimUID = %claim.uid, "garbage collection: unprepared a claim that no longer exists");
                     self.observer.state_changed(&self.state);
@@ -197,15 +240,20 @@ impl Driver {
     /// Starts again the MPS daemons of prepared claims that stopped answering (see
     /// [`DeviceState::repair_mps`]); runs with garbage collection.
     pub async fn repair_sharing(&self) -> Vec<String> {
-        let _exclusive = match self.exclusive().await {
-            Ok(exclusive) => exclusive,
+        let hold = match self.hold_node().await {
+            Ok(hold) => hold,
             Err(e) => {
                 tracing::error!(error = %e, "MPS repair: cannot read the node's state");
                 return vec![];
             }
         };
         let state = self.state.clone();
-        match run_blocking(move || state.repair_mps()).await {
+        match run_blocking(move || {
+            let _hold = hold;
+            state.repair_mps()
+        })
+        .await
+        {
             Ok(started) => started,
             Err(e) => {
                 tracing::error!(error = %e, "MPS repair failed; tried again at the next round");
@@ -242,24 +290,27 @@ impl NodeDriver for Driver {
                 .map(|c| self.claims.get(&c.namespace, &c.name)),
         )
         .await;
-        let exclusive = match self.exclusive().await {
-            Ok(exclusive) => exclusive,
+        let hold = match self.hold_node().await {
+            Ok(hold) => Arc::new(hold),
             Err(e) => {
                 tracing::error!(error = %e, "prepare: cannot read the node's state");
                 return claims.into_iter().map(|c| (c, Err(e.clone()))).collect();
             }
         };
         // Each claim on its own blocking thread: the state lets claims on different GPUs run side
-        // by side and makes the others wait their turn.
+        // by side and makes the others wait their turn. Each thread owns a share of the hold.
         let results = join_all(claims.into_iter().zip(fetched).map(|(claim, fetched)| {
-            let state = self.state.clone();
+            let (state, hold) = (self.state.clone(), hold.clone());
             async move {
                 let result = match fetched {
                     Ok(Some(object)) => {
                         let claim = claim.clone();
-                        run_blocking(move || state.prepare(&claim, &object))
-                            .await
-                            .map_err(|e| e.to_string())
+                        run_blocking(move || {
+                            let _hold = hold;
+                            state.prepare(&claim, &object)
+                        })
+                        .await
+                        .map_err(|e| e.to_string())
                     }
                     Ok(None) => Err(format!(
                         "ResourceClaim {}/{} not found",
@@ -285,7 +336,7 @@ impl NodeDriver for Driver {
             })
             .collect();
         self.observer.state_changed(&self.state);
-        drop(exclusive);
+        drop(hold);
         // Reporting devices in the claim's status is informational: a failure is logged, and the
         // containers still get their devices.
         join_all(
@@ -313,20 +364,23 @@ impl NodeDriver for Driver {
 
     async fn unprepare(&self, claims: Vec<ClaimRef>) -> Vec<(ClaimRef, UnprepareResult)> {
         let started = Instant::now();
-        let _exclusive = match self.exclusive().await {
-            Ok(exclusive) => exclusive,
+        let hold = match self.hold_node().await {
+            Ok(hold) => Arc::new(hold),
             Err(e) => {
                 tracing::error!(error = %e, "unprepare: cannot read the node's state");
                 return claims.into_iter().map(|c| (c, Err(e.clone()))).collect();
             }
         };
         let results = join_all(claims.into_iter().map(|claim| {
-            let state = self.state.clone();
+            let (state, hold) = (self.state.clone(), hold.clone());
             async move {
                 let uid = claim.uid.clone();
-                let result = run_blocking(move || state.unprepare(&uid))
-                    .await
-                    .map_err(|e| e.to_string());
+                let result = run_blocking(move || {
+                    let _hold = hold;
+                    state.unprepare(&uid)
+                })
+                .await
+                .map_err(|e| e.to_string());
                 self.observer
                     .unprepared(&claim, result.is_ok(), started.elapsed().as_secs_f64());
                 (claim, result)

@@ -1,46 +1,60 @@
 //! Node-wide file locks that let two driver instances share one node during a rolling update
 //! (KEP-4381 seamless upgrade): while the old pod drains and the new one starts, kubelet may call
-//! either, so every change of the node's state (recovery, prepare, unprepare, garbage collection)
-//! happens under one `flock` and starts from what is on disk.
+//! either, so while both run every change of the node's state (recovery, prepare, unprepare,
+//! garbage collection) happens under one exclusive `flock` and starts from what is on disk.
+//!
+//! An instance that is alone on the node must not pay for that: its operations take the same
+//! lock *shared* (they exclude each other only through their claims and GPUs, in memory), and it
+//! knows whether it is alone from [`Presence`]: every instance holds a lock file of its own for
+//! its whole life, which the kernel releases when the process dies, kill -9 included.
+//!
+//! Every guard owns its own open file description: the lock is released when the guard is
+//! dropped, wherever the guard was moved (into the blocking work that needs it), never by
+//! another holder in the same process.
 
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use rustix::fs::{FlockOperation, flock};
 
-/// An exclusive `flock` on a file, taken without blocking the async runtime.
-#[derive(Debug)]
+/// A lock file; each [`acquire`](Self::acquire) opens it anew.
+#[derive(Debug, Clone)]
 pub struct NodeLock {
     path: PathBuf,
-    file: File,
 }
 
-/// Held while the lock is; unlocks on drop.
+/// Holds the lock until dropped. Owns its file, so it can move into the work it protects.
 #[derive(Debug)]
-pub struct NodeLockGuard<'a> {
-    lock: &'a NodeLock,
+pub struct NodeLockGuard {
+    file: File,
+    path: PathBuf,
 }
 
 /// The lock serializing state changes between instances (the kubelet plugin library's name).
 pub const SERIALIZE_LOCK: &str = "serialize.lock";
 /// Held by the one instance that publishes ResourceSlices.
 pub const PUBLISHER_LOCK: &str = "publisher.lock";
+/// The folder of the instances' presence files.
+pub const INSTANCES_DIR: &str = "instances";
+
+fn open_lock_file(path: &Path) -> io::Result<File> {
+    OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .open(path)
+}
 
 impl NodeLock {
-    /// Opens (creating, 0600) the lock file; does not lock.
+    /// Creates the lock file (0600) if missing; does not lock.
     pub fn open(path: &Path) -> io::Result<Self> {
-        let file = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .mode(0o600)
-            .open(path)?;
+        open_lock_file(path)?;
         Ok(Self {
             path: path.to_path_buf(),
-            file,
         })
     }
 
@@ -48,12 +62,27 @@ impl NodeLock {
         &self.path
     }
 
-    /// Takes the lock, polling so other tasks keep running while another process holds it.
-    pub async fn acquire(&self) -> io::Result<NodeLockGuard<'_>> {
+    /// Takes the lock exclusively, polling so other tasks keep running while it is held.
+    pub async fn acquire(&self) -> io::Result<NodeLockGuard> {
+        self.take(FlockOperation::NonBlockingLockExclusive).await
+    }
+
+    /// Takes the lock shared: beside other shared holders, never beside an exclusive one.
+    pub async fn acquire_shared(&self) -> io::Result<NodeLockGuard> {
+        self.take(FlockOperation::NonBlockingLockShared).await
+    }
+
+    async fn take(&self, operation: FlockOperation) -> io::Result<NodeLockGuard> {
+        let file = open_lock_file(&self.path)?;
         let mut wait = Duration::from_millis(1);
         loop {
-            match flock(&self.file, FlockOperation::NonBlockingLockExclusive) {
-                Ok(()) => return Ok(NodeLockGuard { lock: self }),
+            match flock(&file, operation) {
+                Ok(()) => {
+                    return Ok(NodeLockGuard {
+                        file,
+                        path: self.path.clone(),
+                    });
+                }
                 Err(rustix::io::Errno::WOULDBLOCK | rustix::io::Errno::INTR) => {
                     tokio::time::sleep(wait).await;
                     wait = (wait * 2).min(Duration::from_millis(50));
@@ -64,11 +93,75 @@ impl NodeLock {
     }
 }
 
-impl Drop for NodeLockGuard<'_> {
+impl Drop for NodeLockGuard {
     fn drop(&mut self) {
-        if let Err(error) = flock(&self.lock.file, FlockOperation::Unlock) {
-            tracing::warn!(path = %self.lock.path.display(), %error, "cannot release node lock");
+        // Closing the file releases the lock too; unlocking first says so if it fails.
+        if let Err(error) = flock(&self.file, FlockOperation::Unlock) {
+            tracing::warn!(path = %self.path.display(), %error, "cannot release node lock");
         }
+    }
+}
+
+/// This instance's presence on the node, and a view of the others'.
+#[derive(Debug)]
+pub struct Presence {
+    dir: PathBuf,
+    own_name: String,
+    /// Locked exclusively for this instance's life.
+    _own: File,
+}
+
+impl Presence {
+    /// Creates and locks `<dir>/<instance>.lock` (the folder 0700 if missing).
+    pub fn register(dir: &Path, instance: &str) -> io::Result<Self> {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)?;
+        let own_name = format!("{instance}.lock");
+        let file = open_lock_file(&dir.join(&own_name))?;
+        flock(&file, FlockOperation::NonBlockingLockExclusive).map_err(|errno| {
+            io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!(
+                    "{}: another process runs as instance {instance}: {errno}",
+                    dir.join(&own_name).display()
+                ),
+            )
+        })?;
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            own_name,
+            _own: file,
+        })
+    }
+
+    /// The other instances alive now (by file name). Files of instances that are gone (their
+    /// lock is free) are removed.
+    pub fn others_alive(&self) -> io::Result<Vec<String>> {
+        let mut alive = Vec::new();
+        for entry in std::fs::read_dir(&self.dir)? {
+            let entry = entry?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name == self.own_name || !name.ends_with(".lock") {
+                continue;
+            }
+            let file = match OpenOptions::new().write(true).open(entry.path()) {
+                Ok(file) => file,
+                // Removed meanwhile by another instance's look.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e),
+            };
+            match flock(&file, FlockOperation::NonBlockingLockExclusive) {
+                Ok(()) => {
+                    // Its owner is gone (the kernel released its lock).
+                    let _ = std::fs::remove_file(entry.path());
+                }
+                Err(rustix::io::Errno::WOULDBLOCK) => alive.push(name),
+                Err(errno) => return Err(errno.into()),
+            }
+        }
+        Ok(alive)
     }
 }
 
@@ -79,17 +172,57 @@ mod tests {
     #[tokio::test]
     async fn second_holder_waits_until_the_first_releases() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join(SERIALIZE_LOCK);
-        // Two opens are two open file descriptions: flock treats them like two processes.
-        let first = NodeLock::open(&path).expect("open");
-        let second = NodeLock::open(&path).expect("open");
-        let guard = first.acquire().await.expect("lock");
-        let waiting = tokio::time::timeout(Duration::from_millis(100), second.acquire()).await;
+        let lock = NodeLock::open(&dir.path().join(SERIALIZE_LOCK)).expect("open");
+        // Each guard is its own open file description: flock treats them like two processes.
+        let guard = lock.acquire().await.expect("lock");
+        let waiting = tokio::time::timeout(Duration::from_millis(100), lock.acquire()).await;
         assert!(waiting.is_err(), "the lock is held");
+        let shared = tokio::time::timeout(Duration::from_millis(100), lock.acquire_shared()).await;
+        assert!(shared.is_err(), "no shared holder beside an exclusive one");
         drop(guard);
-        let _guard = tokio::time::timeout(Duration::from_secs(2), second.acquire())
+        let _guard = tokio::time::timeout(Duration::from_secs(2), lock.acquire())
             .await
             .expect("released")
             .expect("lock");
+    }
+
+    #[tokio::test]
+    async fn shared_holders_go_together_and_keep_an_exclusive_one_out() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let lock = NodeLock::open(&dir.path().join(SERIALIZE_LOCK)).expect("open");
+        let first = lock.acquire_shared().await.expect("shared");
+        let second = tokio::time::timeout(Duration::from_millis(500), lock.acquire_shared())
+            .await
+            .expect("a second shared holder does not wait")
+            .expect("shared");
+        drop(first);
+        let exclusive = tokio::time::timeout(Duration::from_millis(100), lock.acquire()).await;
+        assert!(exclusive.is_err(), "one shared holder is still there");
+        drop(second);
+        tokio::time::timeout(Duration::from_secs(2), lock.acquire())
+            .await
+            .expect("released")
+            .expect("lock");
+    }
+
+    #[test]
+    fn presence_sees_live_instances_and_forgets_gone_ones() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let instances = dir.path().join(INSTANCES_DIR);
+        let old = Presence::register(&instances, "old-pod").expect("register");
+        assert!(old.others_alive().expect("look").is_empty(), "alone");
+        let new = Presence::register(&instances, "new-pod").expect("register");
+        assert_eq!(old.others_alive().expect("look"), vec!["new-pod.lock"]);
+        assert_eq!(new.others_alive().expect("look"), vec!["old-pod.lock"]);
+        assert!(
+            Presence::register(&instances, "new-pod").is_err(),
+            "one process per instance"
+        );
+        drop(old);
+        assert!(new.others_alive().expect("look").is_empty(), "old is gone");
+        assert!(
+            !instances.join("old-pod.lock").exists(),
+            "its file was removed"
+        );
     }
 }

@@ -768,19 +768,36 @@ impl DeviceState {
         Ok(true)
     }
 
-    /// Re-reads every GPU, waiting for operations on them to finish first; returns whether the
-    /// inventory changed.
-    pub fn rescan(&self) -> Result<bool, PrepareError> {
-        let minors: BTreeSet<u32> = self.book().inventory.gpus.iter().map(|g| g.minor).collect();
-        let _gpus_held = self.busy_gpus.acquire(minors);
-        self.gpus.invalidate();
-        let fresh = self.gpus.inventory()?;
-        let mut book = self.book();
-        if book.inventory == fresh {
+    /// Discovers the GPUs in `only` (every GPU when `None`) again; returns whether the inventory
+    /// changed. Never waits: a GPU an operation holds is skipped (that operation re-reads it
+    /// when it is done), so a rescan after a fault on one GPU is not held up by a carve on it or
+    /// on any other.
+    pub fn rescan(&self, only: Option<&BTreeSet<u32>>) -> Result<bool, PrepareError> {
+        let known: BTreeSet<u32> = self.book().inventory.gpus.iter().map(|g| g.minor).collect();
+        let wanted = only.cloned().unwrap_or_else(|| known.clone());
+        let held = self.busy_gpus.acquire_free(wanted);
+        if held.keys().is_empty() && only.is_some() {
             return Ok(false);
         }
-        book.inventory = fresh;
-        Ok(true)
+        for &minor in held.keys() {
+            self.gpus.invalidate_gpu(minor);
+        }
+        let fresh = self.gpus.inventory()?;
+        let mut book = self.book();
+        let before = book.inventory.clone();
+        let inventory = &mut book.inventory;
+        // The GPUs held here are replaced by what they are now (or dropped, if they vanished);
+        // a full rescan also adds GPUs that appeared.
+        inventory.gpus.retain(|g| !held.keys().contains(&g.minor));
+        inventory.gpus.extend(fresh.gpus.into_iter().filter(|g| {
+            held.keys().contains(&g.minor) || (only.is_none() && !known.contains(&g.minor))
+        }));
+        inventory.gpus.sort_by_key(|g| g.minor);
+        if only.is_none() {
+            inventory.driver_version = fresh.driver_version;
+            inventory.cuda_driver_version = fresh.cuda_driver_version;
+        }
+        Ok(book.inventory != before)
     }
 
     fn refresh_all(&self) -> Result<(), PrepareError> {
