@@ -191,24 +191,29 @@ impl HealthMonitor {
                             }
                         }
                         let faulted = self.on_events(batch).await;
-                        // The taint goes out now; the rescan (a fault may come with hardware
-                        // changes: a GPU lost, instances gone) follows on its own task.
-                        self.publish(&mut last_taints);
-                        rescans.gpus(faulted);
+                        if !faulted.is_empty() {
+                            // The taint goes out now; the rescan (a fault may come with hardware
+                            // changes: a GPU lost, instances gone) follows on its own task.
+                            self.publish(&mut last_taints);
+                            rescans.gpus(faulted);
+                        }
                     }
                     None => events = None,
                 },
                 _ = probe.tick() => {
                     let changed = self.probe_all().await;
+                    self.publish(&mut last_taints);
                     // A GPU back from a reset may have lost its MIG instances.
                     rescans.gpus(changed);
                 }
                 _ = rescan.tick() => rescans.all(),
                 // New devices (a GPU back, a MIG device made) get the taints they have.
-                changed = desired.changed() => if changed.is_err() { break },
+                changed = desired.changed() => match changed {
+                    Ok(()) => self.publish(&mut last_taints),
+                    Err(_) => break,
+                },
                 _ = shutdown.changed() => break,
             }
-            self.publish(&mut last_taints);
         }
     }
 

@@ -15,6 +15,9 @@ pub const CLASS: &str = "claim";
 pub const CDI_VERSION: &str = "0.6.0";
 /// Names the driver that wrote a spec.
 pub const WRITTEN_BY: &str = "gpu-dra.io/driver";
+/// The node's boot ID when the spec was written: a spec of an earlier boot (a CDI root that
+/// outlives reboots, such as `/etc/cdi`) belongs to no running container.
+pub const WRITTEN_IN_BOOT: &str = "gpu-dra.io/boot-id";
 
 #[derive(Debug, thiserror::Error)]
 #[error("CDI spec {path}: {reason}")]
@@ -139,6 +142,8 @@ pub struct CdiStore {
     vendor: String,
     /// Major number of `nvidia-caps` devices, when the host has them (`/proc/devices`).
     caps_major: Option<u32>,
+    /// Recorded in every spec written (`WRITTEN_IN_BOOT`).
+    boot_id: Option<String>,
     /// The host's device root when it is not `/`.
     dev_root: Option<PathBuf>,
     /// The driver's libraries, binaries and firmware every claim's containers get.
@@ -152,9 +157,16 @@ impl CdiStore {
             driver_name: driver_name.to_string(),
             vendor: format!("k8s.{driver_name}"),
             caps_major: nvidia_caps_major(Path::new("/proc/devices")),
+            boot_id: None,
             dev_root: None,
             driver_files: None,
         }
+    }
+
+    /// Records `boot_id` in the specs written from now on.
+    pub fn with_boot_id(mut self, boot_id: &str) -> Self {
+        self.boot_id = Some(boot_id.to_string());
+        self
     }
 
     /// Mounts the driver's user-space files into every claim's containers.
@@ -286,7 +298,14 @@ impl CdiStore {
         Spec {
             cdi_version: CDI_VERSION.into(),
             kind: format!("{}/{CLASS}", self.vendor),
-            annotations: BTreeMap::from([(WRITTEN_BY.to_string(), self.driver_name.clone())]),
+            annotations: BTreeMap::from_iter(
+                [
+                    (WRITTEN_BY, Some(self.driver_name.clone())),
+                    (WRITTEN_IN_BOOT, self.boot_id.clone()),
+                ]
+                .into_iter()
+                .filter_map(|(key, value)| Some((key.to_string(), value?))),
+            ),
             devices,
             container_edits,
         }
@@ -437,6 +456,23 @@ impl CdiStore {
         }
         uids.sort();
         Ok(uids)
+    }
+
+    /// UIDs of the claims whose spec (ours) was written in boot `boot_id`, or in an unknown boot
+    /// (a spec from before the boot annotation: it may be this boot's).
+    pub fn claim_uids_of_boot(&self, boot_id: &str) -> Result<Vec<String>, CdiError> {
+        Ok(self
+            .claim_uids()?
+            .into_iter()
+            .filter(|uid| {
+                let header = std::fs::read(self.spec_path(uid))
+                    .ok()
+                    .and_then(|bytes| serde_json::from_slice::<SpecHeader>(&bytes).ok());
+                header
+                    .and_then(|h| h.annotations.get(WRITTEN_IN_BOOT).cloned())
+                    .is_none_or(|written| written == boot_id)
+            })
+            .collect())
     }
 
     /// Whether the spec at `path` is one of ours: annotated with our driver name, or (written by

@@ -87,7 +87,7 @@ impl MpsDaemons {
         &self.root
     }
 
-    fn dir(&self, uid: &str) -> PathBuf {
+    pub fn dir(&self, uid: &str) -> PathBuf {
         self.root.join(uid)
     }
 
@@ -262,6 +262,15 @@ impl MpsDaemons {
             .collect();
         uids.sort();
         Ok(uids)
+    }
+
+    /// The daemon folders whose shm is still mounted: made in this boot (mounts end with it).
+    pub fn live_claim_uids(&self) -> Result<Vec<String>, MpsError> {
+        Ok(self
+            .claim_uids()?
+            .into_iter()
+            .filter(|uid| is_mount_point(&self.shm_dir(uid)))
+            .collect())
     }
 
     /// What the claim's containers get: the pipe folder at `CUDA_MPS_PIPE_DIRECTORY` and the

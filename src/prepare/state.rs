@@ -148,8 +148,9 @@ impl DeviceState {
         gpus: Arc<dyn GpuControl>,
     ) -> Result<(Self, RecoveryReport), PrepareError> {
         let store = CheckpointStore::new(&config.state_dir);
+        let boot_id = crate::gpu::boot_id()?;
         // First of all: an unusable checkpoint stops here, before anything is swept or destroyed.
-        let (checkpoint, outcome) = store.load(&crate::gpu::boot_id()?)?;
+        let (checkpoint, outcome) = store.load(&boot_id)?;
         for leftover in store.sweep_temp_files()? {
             tracing::info!(path = %leftover.display(), "removed a checkpoint temp file a crash left behind");
         }
@@ -188,6 +189,7 @@ impl DeviceState {
             None => None,
         };
         let cdi = CdiStore::new(&config.cdi_root, &config.driver_name)
+            .with_boot_id(&boot_id)
             .with_dev_root(config.dev_root.as_deref())
             .with_driver_files(driver_files);
         let mut state = Self {
@@ -204,6 +206,22 @@ impl DeviceState {
             busy_claims: BusySet::default(),
             busy_gpus: BusySet::default(),
         };
+        if outcome == LoadOutcome::Fresh {
+            // No checkpoint, yet this driver's work of this boot is on the node: it was lost.
+            // Recovery would sweep the specs of running containers (and `--mig dynamic` destroy
+            // their MIG devices): refuse instead, exactly as for an unreadable one.
+            let found = state.prepared_without_checkpoint(&boot_id)?;
+            if !found.is_empty() {
+                return Err(CheckpointError::Unusable {
+                    path: state.store.path().to_path_buf(),
+                    reason: format!(
+                        "it is missing, but this driver prepared claims on this node since it booted ({}); restore the checkpoint, or remove these once no pod uses them",
+                        found.join("; ")
+                    ),
+                }
+                .into());
+            }
+        }
         let mut report = RecoveryReport {
             checkpoint: Some(describe(&outcome)),
             ..Default::default()
@@ -354,6 +372,32 @@ impl DeviceState {
             }
         }
         self.record_change(|_| {})
+    }
+
+    /// What this driver leaves on the node for prepared claims, found in boot `boot_id`: its CDI
+    /// specs, MPS folders with their shm mounted, and (with `--mig dynamic`, which would destroy
+    /// them) MIG devices. One line each.
+    fn prepared_without_checkpoint(&self, boot_id: &str) -> Result<Vec<String>, PrepareError> {
+        let mut found: Vec<String> = self
+            .cdi
+            .claim_uids_of_boot(boot_id)?
+            .iter()
+            .map(|uid| format!("CDI spec {}", self.cdi.spec_path(uid).display()))
+            .collect();
+        if let Some(mps) = &self.mps {
+            found.extend(
+                mps.live_claim_uids()?
+                    .iter()
+                    .map(|uid| format!("MPS folder {}", mps.dir(uid).display())),
+            );
+        }
+        if self.config.mig_policy == MigPolicy::Dynamic {
+            found.extend(self.book().inventory.gpus.iter().filter_map(|gpu| {
+                let instances = gpu.mig.as_ref().map_or(0, |m| m.instances.len());
+                (instances > 0).then(|| format!("{instances} MIG devices on GPU {}", gpu.minor))
+            }));
+        }
+        Ok(found)
     }
 
     /// The GPUs a claim's devices are on: those its allocation names on this node, and those

@@ -895,3 +895,77 @@ async fn garbage_collection_keeps_claims_it_cannot_look_up() {
     assert_eq!(driver.collect_garbage().await.len(), 1);
     assert!(f.cdi_files().is_empty());
 }
+
+/// A checkpoint that vanished while claims were prepared (deleted by hand, a state folder
+/// wiped) is as untrustworthy as a corrupt one: the start refuses, naming what it found, and
+/// touches nothing — not the running containers' CDI specs, not their MIG devices (which
+/// `--mig dynamic` would otherwise destroy as nobody's).
+#[test]
+fn a_missing_checkpoint_with_this_boots_work_on_the_node_fails_closed() {
+    let mut f = Fixture::new("sim:1xH100-SXM5-80GB");
+    f.config.mig_policy = crate::gpu::mig::MigPolicy::Dynamic;
+    {
+        let state = f.open();
+        state
+            .prepare(
+                &claim_ref("running"),
+                &claim("running", vec![result("gpu-0-mig-1g10gb-19-0")], vec![]),
+            )
+            .expect("prepare");
+    }
+    let spec = f
+        .config
+        .cdi_root
+        .join("k8s.gpu.nvidia.com-claim_running.json");
+    let written: Spec = serde_json::from_slice(&std::fs::read(&spec).expect("spec")).expect("json");
+    assert_eq!(
+        written.annotations.get(super::cdi::WRITTEN_IN_BOOT),
+        Some(&crate::gpu::boot_id().expect("boot id")),
+        "specs record the boot they were written in"
+    );
+    std::fs::remove_file(f.config.state_dir.join("checkpoint.json")).expect("lose checkpoint");
+    let hardware_before = f.sim.state().expect("sim");
+
+    let refused = DeviceState::open(f.config.clone(), f.sim.clone())
+        .err()
+        .expect("the start is refused");
+    let message = refused.to_string();
+    assert!(
+        matches!(
+            refused,
+            super::state::PrepareError::Checkpoint(
+                super::checkpoint::CheckpointError::Unusable { .. }
+            )
+        ),
+        "{message}"
+    );
+    assert!(message.contains("missing"), "{message}");
+    assert!(
+        message.contains(&spec.display().to_string()),
+        "names the spec: {message}"
+    );
+    assert!(
+        message.contains("1 MIG devices on GPU 0"),
+        "names the MIG devices: {message}"
+    );
+    assert!(spec.exists(), "the running claim's spec is left alone");
+    assert_eq!(
+        f.sim.state().expect("sim"),
+        hardware_before,
+        "the hardware is untouched"
+    );
+    assert!(
+        !f.config.state_dir.join("checkpoint.json").exists(),
+        "no empty checkpoint was written in its place"
+    );
+
+    // A spec of an earlier boot (a CDI root that outlives reboots) is no sign of running work:
+    // without MIG devices either, the start goes on and sweeps it as before.
+    let mut old = written;
+    old.annotations
+        .insert(super::cdi::WRITTEN_IN_BOOT.into(), "an-earlier-boot".into());
+    std::fs::write(&spec, serde_json::to_vec(&old).expect("encode")).expect("write");
+    f.config.mig_policy = crate::gpu::mig::MigPolicy::Auto;
+    let (_state, report) = DeviceState::open(f.config.clone(), f.sim.clone()).expect("open");
+    assert_eq!(report.specs_removed, ["running"]);
+}
