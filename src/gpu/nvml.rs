@@ -43,16 +43,25 @@ pub struct NvmlBackend {
 /// each GPU's MIG mode and instances, and those only for a GPU marked stale (a MIG call on it, or
 /// [`GpuControl::invalidate`](super::GpuControl::invalidate)). Names, UUIDs, memory, PCI and MIG
 /// profiles are read once.
+///
+/// Faults stay with their GPU: one that does not answer (lost, or any NVML error) keeps the view
+/// last read and stays stale, so every inventory tries it again while the others are read as usual.
 struct Cache {
     driver_version: String,
     cuda_driver_version: Version2,
     /// Ordered by minor number.
     gpus: Vec<CachedGpu>,
+    /// GPUs (by index) NVML could not even name (no handle, minor number or UUID): not on the node
+    /// until they answer; tried again after each [`NvmlBackend::invalidate`].
+    unnamed: Vec<u32>,
+    /// `unnamed` are to be tried at the next inventory.
+    retry_unnamed: bool,
 }
 
 struct CachedGpu {
     handle: Handle,
-    /// The GPU as last read; only `mig.mode` and `mig.instances` change afterwards.
+    /// The GPU as last read; only `mig.mode` and `mig.instances` change afterwards (and memory and
+    /// MIG once, for a GPU first read `partial`).
     gpu: Gpu,
     /// MIG profiles (with placements) and memory slices as read with MIG mode off (`[0]`) and on
     /// (`[1]`): real drivers answer placement queries only in MIG mode, so each mode keeps its own
@@ -60,6 +69,30 @@ struct CachedGpu {
     profiles: [Option<(Vec<GiProfile>, u32)>; 2],
     /// MIG mode and instances must be re-read before they are used.
     stale: bool,
+    /// Named only: the GPU did not answer its first full read, so its memory (0 here) and MIG
+    /// state (none here) are unknown until a refresh reads them.
+    partial: bool,
+    /// Why the last read of the GPU failed; `None` once it answered. Kept so that a failing GPU is
+    /// logged when it starts or stops failing, not at every inventory.
+    failure: Option<ReadFailure>,
+}
+
+impl CachedGpu {
+    /// Whether the inventory shows the GPU. A lost GPU that could only be named is shown, so that
+    /// it is published with its lost taint; one that fails otherwise is not (nothing tells that it
+    /// is unusable, and its memory and MIG state are unknown) until it answers.
+    fn shown(&self) -> bool {
+        !self.partial || self.failure == Some(ReadFailure::Lost)
+    }
+}
+
+/// How a GPU's read failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ReadFailure {
+    /// `NVML_ERROR_GPU_IS_LOST`: off the bus.
+    Lost,
+    /// Any other NVML error.
+    Error,
 }
 
 /// An NVML device handle.
@@ -426,25 +459,50 @@ impl NvmlBackend {
     }
 
     /// Every full GPU, its MIG profiles and placements and the MIG devices that exist. The first
-    /// call reads everything; later ones re-read the MIG state of stale GPUs only.
+    /// call reads everything; later ones re-read the MIG state of stale GPUs only. A GPU that does
+    /// not answer never fails the call: it keeps its last view (see [`CachedGpu::shown`]).
     pub fn inventory(&self) -> Result<NodeInventory, GpuError> {
         self.with_cache(|cache| {
+            if std::mem::take(&mut cache.retry_unnamed) && !cache.unnamed.is_empty() {
+                self.retry_unnamed(cache);
+            }
             for gpu in &mut cache.gpus {
-                self.refresh(gpu)?;
+                self.refresh_or_keep(gpu);
             }
             Ok(NodeInventory {
                 driver_version: cache.driver_version.clone(),
                 cuda_driver_version: cache.cuda_driver_version,
-                gpus: cache.gpus.iter().map(|g| g.gpu.clone()).collect(),
+                gpus: cache
+                    .gpus
+                    .iter()
+                    .filter(|g| g.shown())
+                    .map(|g| g.gpu.clone())
+                    .collect(),
             })
         })
     }
 
-    /// Marks every GPU stale: someone else (another driver instance) may have changed them.
+    /// Marks every GPU stale: someone else (another driver instance) may have changed them. GPUs
+    /// that could not be named are tried again too.
     pub fn invalidate(&self) {
         let mut guard = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-        for gpu in guard.iter_mut().flat_map(|c| c.gpus.iter_mut()) {
-            gpu.stale = true;
+        if let Some(cache) = guard.as_mut() {
+            cache.retry_unnamed = true;
+            for gpu in &mut cache.gpus {
+                gpu.stale = true;
+            }
+        }
+    }
+
+    /// Marks one GPU stale: a fault on it may have changed it. The others keep their view.
+    pub fn invalidate_gpu(&self, minor: u32) {
+        let mut guard = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(cache) = guard.as_mut() {
+            match cache.gpus.iter_mut().find(|g| g.gpu.minor == minor) {
+                Some(gpu) => gpu.stale = true,
+                // Perhaps one that could not be named (its minor number is not known).
+                None => cache.retry_unnamed = true,
+            }
         }
     }
 
@@ -488,7 +546,8 @@ impl NvmlBackend {
         })
     }
 
-    /// Reads the whole node.
+    /// Reads the whole node. A GPU that cannot be named is left out, one that cannot be read in
+    /// full is kept as far as it was read: neither fails the node.
     fn read_node(&self) -> Result<Cache, GpuError> {
         let driver_version = self
             .nvml
@@ -502,19 +561,61 @@ impl NvmlBackend {
             .nvml
             .device_count()
             .map_err(|e| nvml_err("device count", e))?;
-        let mut gpus = Vec::with_capacity(count as usize);
-        for index in 0..count {
-            gpus.push(self.read_gpu(index)?);
-        }
-        gpus.sort_by_key(|g| g.gpu.minor);
-        Ok(Cache {
+        let mut cache = Cache {
             driver_version,
             cuda_driver_version: cuda_version(cuda),
-            gpus,
-        })
+            gpus: Vec::with_capacity(count as usize),
+            unnamed: vec![],
+            retry_unnamed: false,
+        };
+        for index in 0..count {
+            match self.name_gpu(index) {
+                Ok(mut gpu) => {
+                    self.refresh_or_keep(&mut gpu);
+                    cache.gpus.push(gpu);
+                }
+                Err(e) => {
+                    tracing::error!(
+                        index,
+                        error = %e,
+                        "cannot name the GPU; left off the node until it answers"
+                    );
+                    cache.unnamed.push(index);
+                }
+            }
+        }
+        cache.gpus.sort_by_key(|g| g.gpu.minor);
+        Ok(cache)
     }
 
-    fn read_gpu(&self, index: u32) -> Result<CachedGpu, GpuError> {
+    /// Names the GPUs that could not be named before; those that answer now join the node.
+    fn retry_unnamed(&self, cache: &mut Cache) {
+        let mut still_unnamed = Vec::new();
+        for index in std::mem::take(&mut cache.unnamed) {
+            match self.name_gpu(index) {
+                Ok(mut gpu) => {
+                    tracing::info!(
+                        index,
+                        minor = gpu.gpu.minor,
+                        "GPU answers again; back on the node"
+                    );
+                    self.refresh_or_keep(&mut gpu);
+                    cache.gpus.push(gpu);
+                }
+                Err(e) => {
+                    tracing::debug!(index, error = %e, "GPU still cannot be named");
+                    still_unnamed.push(index);
+                }
+            }
+        }
+        cache.unnamed = still_unnamed;
+        cache.gpus.sort_by_key(|g| g.gpu.minor);
+    }
+
+    /// What NVML tells of a GPU without asking the GPU itself (real drivers answer these from what
+    /// they cached, even for a GPU that fell off the bus): a `partial`, stale entry that a refresh
+    /// completes.
+    fn name_gpu(&self, index: u32) -> Result<CachedGpu, GpuError> {
         let at = |what: &str| format!("GPU {index}: {what}");
         let device = self
             .nvml
@@ -525,10 +626,6 @@ impl NvmlBackend {
         let minor = device
             .minor_number()
             .map_err(|e| nvml_err(&at("minor number"), e))?;
-        let memory_bytes = device
-            .memory_info()
-            .map_err(|e| nvml_err(&at("memory"), e))?
-            .total;
         let pci = device
             .pci_info()
             .map_err(|e| nvml_err(&at("PCI info"), e))?;
@@ -545,7 +642,7 @@ impl NvmlBackend {
             ) => None,
             Err(e) => return Err(nvml_err(&at("NUMA node"), e)),
         };
-        let mut cached = CachedGpu {
+        Ok(CachedGpu {
             handle,
             gpu: Gpu {
                 index,
@@ -563,44 +660,124 @@ impl NvmlBackend {
                     cc.major.max(0) as u32,
                     cc.minor.max(0) as u32,
                 ),
-                memory_bytes,
+                memory_bytes: 0,
                 pcie_root: pcie_root(&self.sysfs_root, &pci_bus_id),
                 pci_bus_id,
                 numa_node,
                 mig: None,
             },
             profiles: [None, None],
-            stale: false,
-        };
-        cached.gpu.mig = match device.mig_mode() {
-            Ok(mode) => Some(self.read_mig(&mut cached, mode)?),
+            stale: true,
+            partial: true,
+            failure: None,
+        })
+    }
+
+    /// Reads what naming left out of a `partial` GPU: its memory and MIG state.
+    fn complete(&self, gpu: &mut CachedGpu) -> Result<(), GpuError> {
+        let minor = gpu.gpu.minor;
+        // SAFETY: the handle belongs to `self.nvml`.
+        let device = unsafe { nvml_wrapper::Device::new(gpu.handle.0, &self.nvml) };
+        let memory_bytes = device
+            .memory_info()
+            .map_err(|e| read_err(minor, "read memory", e))?
+            .total;
+        // MIG profile names derive from the memory size; restored if the MIG read fails, so the
+        // view stays the last complete one.
+        let unknown = std::mem::replace(&mut gpu.gpu.memory_bytes, memory_bytes);
+        let mig = match device.mig_mode() {
+            Ok(mode) => self.read_mig(gpu, mode).map(Some),
             Err(
                 NvmlError::NotSupported
                 | NvmlError::FunctionNotFound
                 | NvmlError::FailedToLoadSymbol(_),
-            ) => None,
-            Err(e) => return Err(nvml_err(&at("MIG mode"), e)),
+            ) => Ok(None),
+            Err(e) => Err(read_err(minor, "read MIG mode", e)),
         };
-        Ok(cached)
+        match mig {
+            Ok(mig) => {
+                gpu.gpu.mig = mig;
+                gpu.partial = false;
+                Ok(())
+            }
+            Err(e) => {
+                gpu.gpu.memory_bytes = unknown;
+                Err(e)
+            }
+        }
     }
 
-    /// Re-reads a stale GPU's MIG mode and instances (profiles only on a mode not seen before).
-    /// A GPU without MIG stays without it.
+    /// Re-reads a stale GPU's MIG mode and instances (profiles only on a mode not seen before), or
+    /// all a `partial` one lacks. A GPU without MIG stays without it. On an error the GPU keeps
+    /// its last view and stays stale.
     fn refresh(&self, gpu: &mut CachedGpu) -> Result<(), GpuError> {
         if !gpu.stale {
             return Ok(());
         }
-        if gpu.gpu.mig.is_some() {
+        if gpu.partial {
+            self.complete(gpu)?;
+        } else if gpu.gpu.mig.is_some() {
             let minor = gpu.gpu.minor;
             // SAFETY: the handle belongs to `self.nvml`.
             let device = unsafe { nvml_wrapper::Device::new(gpu.handle.0, &self.nvml) };
             let mode = device
                 .mig_mode()
-                .map_err(|e| nvml_err(&format!("GPU {minor}: MIG mode"), e))?;
+                .map_err(|e| read_err(minor, "read MIG mode", e))?;
             gpu.gpu.mig = Some(self.read_mig(gpu, mode)?);
         }
         gpu.stale = false;
         Ok(())
+    }
+
+    /// [`refresh`](Self::refresh) for an inventory: a GPU that fails keeps its last view and is
+    /// tried again next time, logged when it starts failing (or fails differently) and when it
+    /// answers again.
+    fn refresh_or_keep(&self, gpu: &mut CachedGpu) {
+        let minor = gpu.gpu.minor;
+        match self.refresh(gpu) {
+            Ok(()) => {
+                if let Some(was) = gpu.failure.take() {
+                    tracing::info!(minor, was = ?was, "GPU answers again; read anew");
+                }
+            }
+            Err(e) => {
+                // Lost as the health probe tells it, whichever call failed first.
+                let failure = if self.answers_lost(gpu.handle) {
+                    ReadFailure::Lost
+                } else {
+                    ReadFailure::Error
+                };
+                if gpu.failure.replace(failure) == Some(failure) {
+                    return;
+                }
+                if gpu.shown() {
+                    tracing::warn!(
+                        minor,
+                        lost = failure == ReadFailure::Lost,
+                        partial = gpu.partial,
+                        error = %e,
+                        "cannot read the GPU; it keeps its last view and is read again at each inventory"
+                    );
+                } else {
+                    tracing::error!(
+                        minor,
+                        error = %e,
+                        "cannot read the GPU; left off the node until it answers"
+                    );
+                }
+            }
+        }
+    }
+
+    /// Whether the GPU says it is lost (NVML's `GPU_IS_LOST` for a temperature read, the call the
+    /// health probe makes).
+    fn answers_lost(&self, handle: Handle) -> bool {
+        // SAFETY: the handle belongs to `self.nvml`.
+        let device = unsafe { nvml_wrapper::Device::new(handle.0, &self.nvml) };
+        matches!(
+            device.temperature(TemperatureSensor::Gpu),
+            Err(NvmlError::GpuLost)
+        )
     }
 
     /// MIG state in `mode`: the profiles cached for that mode (read on first sight) and the
@@ -748,6 +925,32 @@ fn nvml_err(operation: &str, e: NvmlError) -> GpuError {
     }
 }
 
+/// A failed call on GPU `minor`; a lost GPU's as [`MigFailure::Lost`](super::MigFailure::Lost),
+/// as the simulator says it, so callers tell a lost GPU from a refusal.
+fn read_err(minor: u32, operation: &'static str, e: NvmlError) -> GpuError {
+    match e {
+        NvmlError::GpuLost => GpuError::Mig {
+            minor,
+            operation,
+            failure: super::MigFailure::Lost,
+            detail: String::new(),
+        },
+        e => nvml_err(&format!("GPU {minor}: {operation}"), e),
+    }
+}
+
+/// A failed compute-mode call; a lost GPU's as the simulator says it.
+fn sharing_err(minor: u32, operation: &'static str, e: NvmlError) -> GpuError {
+    match e {
+        NvmlError::GpuLost => GpuError::Sharing {
+            minor,
+            operation,
+            reason: "GPU is lost".into(),
+        },
+        e => nvml_err(&format!("GPU {minor}: {operation}"), e),
+    }
+}
+
 /// A field value as `nvmlDeviceGpuRecoveryAction_t` (NVML reports it as an unsigned int).
 fn recovery_value(value: &SampleValue) -> Option<u32> {
     match *value {
@@ -867,7 +1070,7 @@ impl super::GpuControl for NvmlBackend {
             let device = unsafe { nvml_wrapper::Device::new(gpu.handle.0, &self.nvml) };
             let mode = device
                 .compute_mode()
-                .map_err(|e| nvml_err(&format!("GPU {minor}: {OP}"), e))?;
+                .map_err(|e| sharing_err(minor, OP, e))?;
             Ok(SharingSettings {
                 compute_mode: match mode {
                     NvmlComputeMode::Default | NvmlComputeMode::ExclusiveThread => {
@@ -896,7 +1099,7 @@ impl super::GpuControl for NvmlBackend {
                     ComputeMode::ExclusiveProcess => NvmlComputeMode::ExclusiveProcess,
                     ComputeMode::Prohibited => NvmlComputeMode::Prohibited,
                 })
-                .map_err(|e| nvml_err(&format!("GPU {minor}: {OP}"), e))?;
+                .map_err(|e| sharing_err(minor, OP, e))?;
             Ok(gpu.gpu.uuid.clone())
         })?;
         match settings.timeslice {
@@ -909,6 +1112,10 @@ impl super::GpuControl for NvmlBackend {
         NvmlBackend::invalidate(self)
     }
 
+    fn invalidate_gpu(&self, minor: u32) {
+        NvmlBackend::invalidate_gpu(self, minor)
+    }
+
     fn set_mig_mode(&self, minor: u32, enabled: bool) -> Result<MigMode, GpuError> {
         const OP: &str = "set MIG mode";
         self.with_gpu(minor, OP, |gpu| {
@@ -916,16 +1123,9 @@ impl super::GpuControl for NvmlBackend {
             gpu.stale = true;
             // SAFETY: the handle belongs to `self.nvml`.
             let device = unsafe { nvml_wrapper::Device::new(gpu.handle.0, &self.nvml) };
-            let status = device.set_mig_mode(enabled).map_err(|e| match e {
-                // As the simulator says it, so callers tell a lost GPU from a refusal.
-                NvmlError::GpuLost => GpuError::Mig {
-                    minor,
-                    operation: OP,
-                    failure: super::MigFailure::Lost,
-                    detail: String::new(),
-                },
-                e => nvml_err(&format!("GPU {minor}: {OP}"), e),
-            })?;
+            let status = device
+                .set_mig_mode(enabled)
+                .map_err(|e| read_err(minor, OP, e))?;
             if status != 0 {
                 // The call returned, but the mode did not change (e.g. the GPU is in use).
                 return Err(mig_failure(
@@ -939,7 +1139,7 @@ impl super::GpuControl for NvmlBackend {
             }
             let mode = device
                 .mig_mode()
-                .map_err(|e| nvml_err(&format!("GPU {minor}: MIG mode"), e))?;
+                .map_err(|e| read_err(minor, "read MIG mode", e))?;
             Ok(MigMode {
                 current: mode.current == 1,
                 pending: mode.pending == 1,

@@ -8,11 +8,17 @@
 //! - `FAKE_NVML_STATE`: the simulator's state file, shared with `gpu-dra --sim-state` (default: in
 //!   memory);
 //! - `FAKE_NVML_CALL_LOG`: a file each call of an initialised library is appended to as
-//!   `<function> <GPU minor or ->`, so tests can count what the NVML backend asks.
+//!   `<function> <GPU minor or ->`, so tests can count what the NVML backend asks;
+//! - `FAKE_NVML_NAMELESS_WHEN_LOST` (any value): a lost GPU's handle by index answers
+//!   `NVML_ERROR_GPU_IS_LOST` too, as for a GPU the driver knows nothing of, so it cannot be named.
 //!
 //! Faults come from the simulator too (`gpu-dra sim inject`, `SimNode::inject`): event sets poll
 //! the state for the events it records, and a GPU it marks lost answers `NVML_ERROR_GPU_IS_LOST`
-//! to the calls that need the GPU to answer (temperature, event registration, MIG changes).
+//! to the calls that need the GPU to answer (temperature, memory, compute mode, event types and
+//! registration, MIG mode, profiles, placements, MIG devices, GPU and compute instances), as real
+//! drivers do; what they answer from data cached about the GPU (handle, minor number, index, UUID,
+//! name, PCI info, brand, architecture, compute capability, NUMA node, the recovery action) it
+//! still answers.
 //!
 //! Handles are pointers to leaked, interned records, so the same GPU or instance always has the
 //! same handle. Every exported function checks its pointers and returns NVML's error codes.
@@ -91,6 +97,8 @@ struct Fake {
     init_count: u32,
     /// `FAKE_NVML_CALL_LOG`: where each call is appended.
     call_log: Option<PathBuf>,
+    /// `FAKE_NVML_NAMELESS_WHEN_LOST`: a lost GPU has no handle either.
+    nameless_when_lost: bool,
 }
 
 impl Fake {
@@ -333,6 +341,7 @@ pub extern "C" fn nvmlInit_v2() -> Ret {
         event_sets: HashMap::new(),
         init_count: 1,
         call_log: std::env::var_os("FAKE_NVML_CALL_LOG").map(Into::into),
+        nameless_when_lost: std::env::var_os("FAKE_NVML_NAMELESS_WHEN_LOST").is_some(),
     });
     SUCCESS
 }
@@ -433,6 +442,11 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
         else {
             return INVALID_ARGUMENT;
         };
+        if fake.nameless_when_lost
+            && let Err(code) = fake.answering(minor)
+        {
+            return code;
+        }
         let handle = fake.device_handle(DeviceKey::Gpu(minor));
         out!(device, handle);
         SUCCESS
@@ -487,6 +501,24 @@ fn on_gpu(
         DeviceKey::Gpu(minor) => f(fake, key, minor),
         DeviceKey::Mig { minor, .. } if allow_mig => f(fake, key, minor),
         DeviceKey::Mig { .. } => NOT_SUPPORTED,
+    })
+}
+
+/// `on_gpu` for calls that need the GPU itself to answer: `GPU_IS_LOST` while it is off the bus,
+/// as real NVML answers. What the driver keeps of a GPU (handles, minor number, index, UUID,
+/// name, PCI info, brand, architecture, compute capability, NUMA node, and the recovery-action
+/// field, which says what the lost GPU needs) is answered for a lost GPU too.
+fn on_live_gpu(
+    name: &'static str,
+    device: nvmlDevice_t,
+    allow_mig: bool,
+    f: impl FnOnce(&mut Fake, DeviceKey, u32) -> Ret,
+) -> Ret {
+    on_gpu(name, device, allow_mig, |fake, key, minor| {
+        match fake.answering(minor) {
+            Ok(()) => f(fake, key, minor),
+            Err(code) => code,
+        }
     })
 }
 
@@ -572,7 +604,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     device: nvmlDevice_t,
     memory: *mut nvmlMemory_v2_t,
 ) -> Ret {
-    on_gpu(
+    on_live_gpu(
         "nvmlDeviceGetMemoryInfo_v2",
         device,
         false,
@@ -603,7 +635,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
     device: nvmlDevice_t,
     memory: *mut nvmlMemory_t,
 ) -> Ret {
-    on_gpu(
+    on_live_gpu(
         "nvmlDeviceGetMemoryInfo",
         device,
         false,
@@ -749,7 +781,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMigMode(
     current: *mut c_uint,
     pending: *mut c_uint,
 ) -> Ret {
-    on_gpu("nvmlDeviceGetMigMode", device, false, |fake, _, minor| {
+    on_live_gpu("nvmlDeviceGetMigMode", device, false, |fake, _, minor| {
         let Some(mig) = fake.gpu(minor).and_then(|g| g.mig.as_ref()) else {
             return NOT_SUPPORTED;
         };
@@ -766,7 +798,7 @@ pub unsafe extern "C" fn nvmlDeviceSetMigMode(
     mode: c_uint,
     activation_status: *mut Ret,
 ) -> Ret {
-    on_gpu("nvmlDeviceSetMigMode", device, false, |fake, _, minor| {
+    on_live_gpu("nvmlDeviceSetMigMode", device, false, |fake, _, minor| {
         if mode > 1 {
             return INVALID_ARGUMENT;
         }
@@ -786,7 +818,7 @@ pub unsafe extern "C" fn nvmlDeviceSetMigMode(
 // nvmlComputeMode_t: DEFAULT 0, EXCLUSIVE_THREAD 1 (removed), PROHIBITED 2, EXCLUSIVE_PROCESS 3.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetComputeMode(device: nvmlDevice_t, mode: *mut c_uint) -> Ret {
-    on_gpu(
+    on_live_gpu(
         "nvmlDeviceGetComputeMode",
         device,
         false,
@@ -809,7 +841,7 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeMode(device: nvmlDevice_t, mode: *m
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceSetComputeMode(device: nvmlDevice_t, mode: c_uint) -> Ret {
-    on_gpu(
+    on_live_gpu(
         "nvmlDeviceSetComputeMode",
         device,
         false,
@@ -838,7 +870,7 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceProfileInfo(
     profile: c_uint,
     info: *mut nvmlGpuInstanceProfileInfo_t,
 ) -> Ret {
-    on_gpu(
+    on_live_gpu(
         "nvmlDeviceGetGpuInstanceProfileInfo",
         device,
         false,
@@ -880,7 +912,7 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstancePossiblePlacements_v2(
     placements: *mut nvmlGpuInstancePlacement_t,
     count: *mut c_uint,
 ) -> Ret {
-    on_gpu(
+    on_live_gpu(
         "nvmlDeviceGetGpuInstancePossiblePlacements_v2",
         device,
         false,
@@ -927,7 +959,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(
     device: nvmlDevice_t,
     count: *mut c_uint,
 ) -> Ret {
-    on_gpu(
+    on_live_gpu(
         "nvmlDeviceGetMaxMigDeviceCount",
         device,
         false,
@@ -954,7 +986,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
     index: c_uint,
     mig_device: *mut nvmlDevice_t,
 ) -> Ret {
-    on_gpu(
+    on_live_gpu(
         "nvmlDeviceGetMigDeviceHandleByIndex",
         device,
         false,
@@ -1051,7 +1083,7 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceById(
     id: c_uint,
     gpu_instance: *mut nvmlGpuInstance_t,
 ) -> Ret {
-    on_gpu(
+    on_live_gpu(
         "nvmlDeviceGetGpuInstanceById",
         device,
         false,
@@ -1081,7 +1113,7 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstances(
     gpu_instances: *mut nvmlGpuInstance_t,
     count: *mut c_uint,
 ) -> Ret {
-    on_gpu(
+    on_live_gpu(
         "nvmlDeviceGetGpuInstances",
         device,
         false,
@@ -1121,7 +1153,16 @@ fn on_gi(
     handle: nvmlGpuInstance_t,
     f: impl FnOnce(&mut Fake, GiKey) -> Ret,
 ) -> Ret {
-    on_key(name, |fake| fake.gi_key(handle), |k| k.minor, f)
+    // A GPU instance lives on its GPU: nothing about it is answered while the GPU is lost.
+    on_key(
+        name,
+        |fake| fake.gi_key(handle),
+        |k| k.minor,
+        |fake, key| match fake.answering(key.minor) {
+            Ok(()) => f(fake, key),
+            Err(code) => code,
+        },
+    )
 }
 
 #[unsafe(no_mangle)]
@@ -1168,7 +1209,7 @@ pub unsafe extern "C" fn nvmlDeviceCreateGpuInstanceWithPlacement(
     }
     // SAFETY: non-null, caller-owned.
     let placement = unsafe { *placement };
-    on_gpu(
+    on_live_gpu(
         "nvmlDeviceCreateGpuInstanceWithPlacement",
         device,
         false,
@@ -1284,7 +1325,15 @@ fn on_ci(
     handle: nvmlComputeInstance_t,
     f: impl FnOnce(&mut Fake, CiKey) -> Ret,
 ) -> Ret {
-    on_key(name, |fake| fake.ci_key(handle), |k| k.minor, f)
+    on_key(
+        name,
+        |fake| fake.ci_key(handle),
+        |k| k.minor,
+        |fake, key| match fake.answering(key.minor) {
+            Ok(()) => f(fake, key),
+            Err(code) => code,
+        },
+    )
 }
 
 #[unsafe(no_mangle)]
