@@ -1403,7 +1403,23 @@ impl DeviceState {
             .collect();
         let mut destroyed = Vec::new();
         for minor in dynamic {
-            for gi in self.gpus.gpu_instances(minor)? {
+            let instances = match self.gpus.gpu_instances(minor) {
+                Ok(instances) => instances,
+                // A GPU that fell off the bus holds up nothing else: its leftovers are cleaned
+                // at a later start, once it answers.
+                Err(GpuError::Mig {
+                    failure: crate::gpu::MigFailure::Lost,
+                    ..
+                }) => {
+                    tracing::warn!(
+                        gpu = minor,
+                        "GPU is lost: its MIG devices no claim owns are left for a later start"
+                    );
+                    continue;
+                }
+                Err(error) => return Err(error.into()),
+            };
+            for gi in instances {
                 if owned.contains(&(minor, gi.id)) {
                     continue;
                 }
