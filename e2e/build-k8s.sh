@@ -2,12 +2,12 @@
 # Builds the e2e control plane (kube-apiserver, kube-scheduler, kubectl, etcd) and the real
 # node (kubelet, kube-controller-manager, containerd, ctr, containerd-shim-runc-v2) from the Go
 # modules pinned in e2e/versions.env, plus our Go test tools (kubelet-sim, cel-oracle,
-# alloc-oracle from e2e/harness; cdi-inject from e2e/cdi-inject), into a cache directory outside
-# the repo:
+# alloc-oracle, api-delay from e2e/harness; cdi-inject from e2e/cdi-inject), into a cache
+# directory outside the repo:
 #
 #   ${GPU_DRA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-dra}/k8s-${K8S_VERSION}/bin
 #
-# Usage: e2e/build-k8s.sh [NAME...]     (default: all thirteen binaries)
+# Usage: e2e/build-k8s.sh [NAME...]     (default: all fourteen binaries)
 # A binary is skipped when it exists and its stamp matches (pin + Go version for the upstream
 # components; additionally a hash of the harness sources for our tools, of e2e/cdi-inject's
 # sources for cdi-inject). Progress goes to stderr; the LAST line of stdout is the bin dir, so
@@ -81,7 +81,7 @@ stamp_for() {
         kube-apiserver | kube-scheduler | kubectl | kubelet | kube-controller-manager) echo "$K8S_VERSION $GOVERSION $K8S_LDFLAGS" ;;
         etcd) echo "$ETCD_VERSION $GOVERSION" ;;
         containerd | containerd-shim-runc-v2 | ctr) echo "$CONTAINERD_VERSION $GOVERSION" ;;
-        kubelet-sim | cel-oracle | alloc-oracle) echo "$K8S_VERSION $GOVERSION $(tools_hash)" ;;
+        kubelet-sim | cel-oracle | alloc-oracle | api-delay) echo "$K8S_VERSION $GOVERSION $(tools_hash)" ;;
         cdi-inject) echo "$GOVERSION $(sources_hash "$CDI_INJECT_MOD")" ;;
         *) die "unknown binary '$1'" ;;
     esac
@@ -93,7 +93,7 @@ up_to_date() { [[ -x $BIN/$1 && -f $BIN/.$1.stamp && "$(cat "$BIN/.$1.stamp")" =
 exec 9>"$BIN/.lock"
 flock 9
 
-ALL=(kube-apiserver kube-scheduler kubectl etcd kubelet-sim cel-oracle alloc-oracle cdi-inject
+ALL=(kube-apiserver kube-scheduler kubectl etcd kubelet-sim cel-oracle alloc-oracle api-delay cdi-inject
     kubelet kube-controller-manager containerd containerd-shim-runc-v2 ctr)
 WANT=("$@")
 [[ ${#WANT[@]} -gt 0 ]] || WANT=("${ALL[@]}")
