@@ -7,7 +7,7 @@
 #      restarted, i.e. downgraded: it registers, but refuses every prepare and unprepare with the
 #      reason, leaves the checkpoint and the CDI spec untouched, reports checkpoint_unusable 1
 #      and a Warning event on the Node;
-#   3. the same for a corrupt file;
+#   3. the same for a corrupt file, and for a missing one while the claim's CDI spec is there;
 #   4. upgraded again (the original file back), it unprepares the claim as usual.
 #
 # Usage: e2e/checkpoint.sh   (GPU_DRA=path/to/gpu-dra, default target/debug/gpu-dra)
@@ -59,10 +59,12 @@ ok "claim prepared (1 MIG instance, CDI spec)"
 checkpoint=$WORK/state/checkpoint.json
 cp "$checkpoint" "$WORK/checkpoint.good"
 
+checkpoint_digest() { if [[ -f $checkpoint ]]; then sha256sum <"$checkpoint"; else echo missing; fi; }
+
 # refuses REASON: the driver runs, registers, and fails every call with REASON, touching nothing.
 refuses() {
     local reason=$1 before spec_before out
-    before=$(sha256sum <"$checkpoint")
+    before=$(checkpoint_digest)
     spec_before=$(sha256sum <"$spec")
     stop_driver
     start_driver
@@ -70,7 +72,8 @@ refuses() {
     grep -q "$reason" <<<"$out" || fail "prepare should fail with '$reason': $out"
     out=$(kubelet unprepare --claim "default/slice/$uid") || true
     grep -q "$reason" <<<"$out" || fail "unprepare should fail with '$reason': $out"
-    [[ $(sha256sum <"$checkpoint") == "$before" ]] || fail "the checkpoint was changed"
+    [[ $(checkpoint_digest) == "$before" ]] \
+        || fail "the checkpoint was changed (or written where there was none)"
     [[ -f $spec && $(sha256sum <"$spec") == "$spec_before" ]] || fail "the CDI spec was touched"
     [[ $(gpu_instances) == 1 ]] || fail "the MIG instance was destroyed"
     curl -sf "http://127.0.0.1:$PORT/metrics" | grep -q '^gpu_dra_checkpoint_unusable 1' \
@@ -87,6 +90,10 @@ ok "downgraded below the checkpoint's schema: refuses with the reason, touches n
 printf '{"schemaVersion": 1, "claims": {' >"$checkpoint"
 refuses "not a JSON document"
 ok "corrupt checkpoint: refuses with the reason, touches nothing"
+
+rm "$checkpoint"
+refuses "it is missing, but this driver prepared claims on this node since it booted"
+ok "missing checkpoint with this boot's CDI spec on the node: refuses with the reason, touches nothing"
 
 cp "$WORK/checkpoint.good" "$checkpoint"
 stop_driver
