@@ -3,6 +3,8 @@
 //! from a thread, the driver's state), over simulated GPUs whose GPU instance creates take
 //! seconds; events are fed through a scripted event source so that the test controls exactly what
 //! arrives and when. `e2e/health.sh` checks taints end to end on the control plane.
+mod common;
+use common::{claim, claim_ref};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
@@ -19,9 +21,9 @@ use gpu_dra::plugin::{DeviceHealth, HealthReporter};
 use gpu_dra::prepare::claims::MemoryClaims;
 use gpu_dra::prepare::driver::Driver;
 use gpu_dra::prepare::state::{DeviceState, DriverConfig};
-use gpu_dra::prepare::{ClaimRef, NodeDriver};
+use gpu_dra::prepare::NodeDriver;
 use gpu_dra::slices::{self, SliceOptions};
-use k8s_openapi::api::resource::v1::{DeviceTaint, ResourceClaim};
+use k8s_openapi::api::resource::v1::DeviceTaint;
 
 /// The simulator, with events the test sends and counts of what the monitor asks of the GPUs.
 struct Scripted {
@@ -133,25 +135,6 @@ struct Node {
     events: mpsc::Sender<GpuEvent>,
     taints: Arc<Taints>,
     shutdown: tokio::sync::watch::Sender<bool>,
-}
-
-fn claim(name: &str, device: &str) -> ResourceClaim {
-    serde_json::from_value(serde_json::json!({
-        "metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}")},
-        "spec": {},
-        "status": {"allocation": {"devices": {"results": [{
-            "request": "gpu", "driver": "gpu.nvidia.com", "pool": "n1", "device": device
-        }]}}}
-    }))
-    .expect("claim")
-}
-
-fn claim_ref(name: &str) -> ClaimRef {
-    ClaimRef {
-        namespace: "default".into(),
-        name: name.into(),
-        uid: format!("uid-{name}"),
-    }
 }
 
 /// Two H100s whose carves take `carve`, the driver, and the monitor running with periodic probes

@@ -9,6 +9,8 @@
 //! simulated GPUs whose GPU instance creates take `CARVE` (`SimNode::with_mig_delay`, as
 //! `gpu-dra run --sim-mig-delay` does). `e2e/bench-kubelet.sh` measures the same through the real
 //! kubelet with the image installed by the chart.
+mod common;
+use common::{claim, claim_ref};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -26,25 +28,6 @@ use tonic::transport::{Channel, Endpoint};
 
 /// Long enough to tell carves that overlap from carves that queue.
 const CARVE: Duration = Duration::from_secs(1);
-
-fn claim(name: &str, device: &str) -> ResourceClaim {
-    serde_json::from_value(serde_json::json!({
-        "metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}")},
-        "spec": {},
-        "status": {"allocation": {"devices": {"results": [{
-            "request": "gpu", "driver": "gpu.nvidia.com", "pool": "n1", "device": device
-        }]}}}
-    }))
-    .expect("claim")
-}
-
-fn claim_ref(name: &str) -> ClaimRef {
-    ClaimRef {
-        namespace: "default".into(),
-        name: name.into(),
-        uid: format!("uid-{name}"),
-    }
-}
 
 /// The node's hardware, kept in `dir` so that several driver instances share it.
 fn sim(dir: &Path) -> SimNode {

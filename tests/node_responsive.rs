@@ -3,6 +3,8 @@
 //! `/healthz` keep answering at once, on the runtime `gpu-dra run` uses; claims on other GPUs
 //! prepare beside the carve, claims on the same GPU wait their turn.
 
+mod common;
+use common::{claim, claim_ref};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -18,8 +20,7 @@ use gpu_dra::plugin::{PluginConfig, PluginServer};
 use gpu_dra::prepare::claims::MemoryClaims;
 use gpu_dra::prepare::driver::Driver;
 use gpu_dra::prepare::state::{DeviceState, DriverConfig};
-use gpu_dra::prepare::{ClaimRef, NodeDriver};
-use k8s_openapi::api::resource::v1::ResourceClaim;
+use gpu_dra::prepare::NodeDriver;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::transport::{Channel, Endpoint};
 
@@ -280,25 +281,6 @@ async fn answers_during_a_slow_carve() {
 
 /// Carves in the side-by-side test: long enough to tell overlapping from queued.
 const SIDE_CARVE: Duration = Duration::from_secs(1);
-
-fn claim(name: &str, device: &str) -> ResourceClaim {
-    serde_json::from_value(serde_json::json!({
-        "metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}")},
-        "spec": {},
-        "status": {"allocation": {"devices": {"results": [{
-            "request": "gpu", "driver": "gpu.nvidia.com", "pool": "n1", "device": device
-        }]}}}
-    }))
-    .expect("claim")
-}
-
-fn claim_ref(name: &str) -> ClaimRef {
-    ClaimRef {
-        namespace: "default".into(),
-        name: name.into(),
-        uid: format!("uid-{name}"),
-    }
-}
 
 #[test]
 fn claims_on_different_gpus_prepare_side_by_side() {
