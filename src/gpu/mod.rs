@@ -190,6 +190,17 @@ pub fn boot_id() -> Result<String, GpuError> {
 /// implements it directly; the NVML backend through NVML's MIG calls.
 pub trait GpuControl: Send + Sync {
     fn inventory(&self) -> Result<NodeInventory, GpuError>;
+    /// The inventory of the GPUs in `minors` only (minors the node lacks are ignored), refreshed
+    /// as [`inventory`](Self::inventory) would. For callers that hold those GPUs: a backend that
+    /// locks per GPU reads only these, never waiting for an operation in flight on another GPU.
+    fn inventory_of(
+        &self,
+        minors: &std::collections::BTreeSet<u32>,
+    ) -> Result<NodeInventory, GpuError> {
+        let mut inventory = self.inventory()?;
+        inventory.gpus.retain(|g| minors.contains(&g.minor));
+        Ok(inventory)
+    }
     /// Someone else (another driver instance on the node) may have changed the GPUs: the next
     /// inventory must read all of their MIG state again. Backends that cache need this.
     fn invalidate(&self) {}

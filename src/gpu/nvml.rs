@@ -1,7 +1,9 @@
 //! Discovery through NVML (nvml-wrapper; raw calls in `nvml_raw` where the wrapper stops).
+use std::collections::BTreeSet;
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 
 use nvml_wrapper::Nvml;
@@ -29,6 +31,9 @@ pub struct NvmlBackend {
     nvml: Arc<Nvml>,
     sysfs_root: PathBuf,
     /// The node as last read; `None` until first needed (or after a panic while it was held).
+    /// Guards only the list of GPUs and the node-wide facts: each GPU has its own lock (see
+    /// [`GpuSlot`]), and this one is never held across NVML calls on a GPU (but for the first read
+    /// of the whole node), so a slow or sick GPU holds up no operation on another.
     cache: Mutex<Option<Cache>>,
     /// Every GPU's handle by minor, for probes and events: read apart from `cache` so that a
     /// probe never waits for a MIG operation that holds it. Kept once complete.
@@ -49,13 +54,99 @@ pub struct NvmlBackend {
 struct Cache {
     driver_version: String,
     cuda_driver_version: Version2,
-    /// Ordered by minor number.
-    gpus: Vec<CachedGpu>,
+    /// Ordered by minor number; each behind its own lock.
+    gpus: Vec<Arc<GpuSlot>>,
     /// GPUs (by index) NVML could not even name (no handle, minor number or UUID): not on the node
     /// until they answer; tried again after each [`NvmlBackend::invalidate`].
     unnamed: Vec<u32>,
     /// `unnamed` are to be tried at the next inventory.
     retry_unnamed: bool,
+}
+
+/// One GPU's cache and lock. MIG and compute-mode operations on the GPU hold `gpu` across their
+/// NVML calls; whether the cache is current and what inventories show are kept outside it, so
+/// that marking the GPU stale never waits, and an inventory can tell, without waiting, whether a
+/// busy GPU's last view may be shown.
+struct GpuSlot {
+    minor: u32,
+    /// Bumped whenever the GPU may have changed (a MIG call on it, an invalidate, a panic while
+    /// its lock was held).
+    changes: AtomicU64,
+    /// `changes` as it was when the last successful read of MIG mode and instances began: the
+    /// cache is stale while they differ. A change during a read leaves it stale.
+    read_as_of: AtomicU64,
+    /// What inventories show of the GPU (`None`: not shown, see [`CachedGpu::shown`]), updated
+    /// after each read; its lock is held only to copy it.
+    view: Mutex<Option<Gpu>>,
+    gpu: Mutex<CachedGpu>,
+}
+
+impl GpuSlot {
+    /// A GPU just named: stale, shown as [`CachedGpu::shown`] says until it is read.
+    fn new(gpu: CachedGpu) -> Self {
+        Self {
+            minor: gpu.gpu.minor,
+            changes: AtomicU64::new(1),
+            read_as_of: AtomicU64::new(0),
+            view: Mutex::new(gpu.shown().then(|| gpu.gpu.clone())),
+            gpu: Mutex::new(gpu),
+        }
+    }
+
+    /// MIG mode and instances must be re-read before they are used or shown.
+    fn mark_stale(&self) {
+        self.changes.fetch_add(1, Ordering::AcqRel);
+    }
+
+    fn is_stale(&self) -> bool {
+        self.read_as_of.load(Ordering::Acquire) != self.changes.load(Ordering::Acquire)
+    }
+
+    /// The GPU's cache, waiting for an operation on it. After a panic while it was held, it may
+    /// be half-written: it is read again before use.
+    fn lock(&self) -> MutexGuard<'_, CachedGpu> {
+        self.gpu.lock().unwrap_or_else(|poisoned| {
+            self.mark_stale();
+            poisoned.into_inner()
+        })
+    }
+
+    /// The cache if no operation holds it now (`None` then).
+    fn try_lock(&self) -> Option<MutexGuard<'_, CachedGpu>> {
+        match self.gpu.try_lock() {
+            Ok(gpu) => Some(gpu),
+            Err(TryLockError::Poisoned(poisoned)) => {
+                self.mark_stale();
+                Some(poisoned.into_inner())
+            }
+            Err(TryLockError::WouldBlock) => None,
+        }
+    }
+
+    fn view(&self) -> MutexGuard<'_, Option<Gpu>> {
+        self.view.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Makes `gpu` (held by the caller) what inventories show.
+    fn publish(&self, gpu: &CachedGpu) {
+        *self.view() = gpu.shown().then(|| gpu.gpu.clone());
+    }
+}
+
+/// What an inventory needs of the cache besides the GPUs.
+struct NodeFacts {
+    driver_version: String,
+    cuda_driver_version: Version2,
+}
+
+impl NodeFacts {
+    fn inventory(self, gpus: Vec<Gpu>) -> NodeInventory {
+        NodeInventory {
+            driver_version: self.driver_version,
+            cuda_driver_version: self.cuda_driver_version,
+            gpus,
+        }
+    }
 }
 
 struct CachedGpu {
@@ -67,8 +158,6 @@ struct CachedGpu {
     /// (`[1]`): real drivers answer placement queries only in MIG mode, so each mode keeps its own
     /// answer and a mode change re-reads them once, exactly as a full discovery would.
     profiles: [Option<(Vec<GiProfile>, u32)>; 2],
-    /// MIG mode and instances must be re-read before they are used.
-    stale: bool,
     /// Named only: the GPU did not answer its first full read, so its memory (0 here) and MIG
     /// state (none here) are unknown until a refresh reads them.
     partial: bool,
@@ -461,35 +550,53 @@ impl NvmlBackend {
     /// Every full GPU, its MIG profiles and placements and the MIG devices that exist. The first
     /// call reads everything; later ones re-read the MIG state of stale GPUs only. A GPU that does
     /// not answer never fails the call: it keeps its last view (see [`CachedGpu::shown`]).
+    ///
+    /// A GPU an operation holds now is shown as last read if that view is current (the operation
+    /// has changed nothing yet, e.g. it only reads, or it has not started its MIG call); if it is
+    /// stale (a MIG call on it is in flight or done but unread), this waits for the operation and
+    /// reads the GPU: correctness over speed, an inventory never shows a view known to be out of
+    /// date. Callers that must not wait ask [`inventory_of`](Self::inventory_of) the GPUs they hold.
     pub fn inventory(&self) -> Result<NodeInventory, GpuError> {
-        self.with_cache(|cache| {
-            if std::mem::take(&mut cache.retry_unnamed) && !cache.unnamed.is_empty() {
-                self.retry_unnamed(cache);
-            }
-            for gpu in &mut cache.gpus {
-                self.refresh_or_keep(gpu);
-            }
-            Ok(NodeInventory {
-                driver_version: cache.driver_version.clone(),
-                cuda_driver_version: cache.cuda_driver_version,
-                gpus: cache
-                    .gpus
-                    .iter()
-                    .filter(|g| g.shown())
-                    .map(|g| g.gpu.clone())
-                    .collect(),
-            })
-        })
+        let (facts, slots) = self.node()?;
+        let mut gpus = Vec::with_capacity(slots.len());
+        for slot in &slots {
+            let view = match slot.try_lock() {
+                Some(mut gpu) => self.read_and_show(slot, &mut gpu),
+                None if !slot.is_stale() => slot.view().clone(),
+                None => self.read_and_show(slot, &mut slot.lock()),
+            };
+            gpus.extend(view);
+        }
+        Ok(facts.inventory(gpus))
+    }
+
+    /// [`inventory`](Self::inventory) of the GPUs in `minors` only (others, and minors the node
+    /// lacks, are left out), locking only those: for callers that hold them, so it waits for no
+    /// operation on another GPU.
+    pub fn inventory_of(&self, minors: &BTreeSet<u32>) -> Result<NodeInventory, GpuError> {
+        let (facts, slots) = self.node()?;
+        let gpus = slots
+            .iter()
+            .filter(|slot| minors.contains(&slot.minor))
+            .filter_map(|slot| self.read_and_show(slot, &mut slot.lock()))
+            .collect();
+        Ok(facts.inventory(gpus))
+    }
+
+    /// Refreshes a GPU (held by the caller) if stale; what inventories show of it now.
+    fn read_and_show(&self, slot: &GpuSlot, gpu: &mut CachedGpu) -> Option<Gpu> {
+        self.refresh_or_keep(slot, gpu);
+        slot.view().clone()
     }
 
     /// Marks every GPU stale: someone else (another driver instance) may have changed them. GPUs
-    /// that could not be named are tried again too.
+    /// that could not be named are tried again too. Waits for no operation on any GPU.
     pub fn invalidate(&self) {
         let mut guard = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(cache) = guard.as_mut() {
             cache.retry_unnamed = true;
-            for gpu in &mut cache.gpus {
-                gpu.stale = true;
+            for slot in &cache.gpus {
+                slot.mark_stale();
             }
         }
     }
@@ -498,19 +605,17 @@ impl NvmlBackend {
     pub fn invalidate_gpu(&self, minor: u32) {
         let mut guard = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(cache) = guard.as_mut() {
-            match cache.gpus.iter_mut().find(|g| g.gpu.minor == minor) {
-                Some(gpu) => gpu.stale = true,
+            match cache.gpus.iter().find(|g| g.minor == minor) {
+                Some(slot) => slot.mark_stale(),
                 // Perhaps one that could not be named (its minor number is not known).
                 None => cache.retry_unnamed = true,
             }
         }
     }
 
-    /// Runs `f` on the cache, reading the node first if nothing is cached yet.
-    fn with_cache<T>(
-        &self,
-        f: impl FnOnce(&mut Cache) -> Result<T, GpuError>,
-    ) -> Result<T, GpuError> {
+    /// Runs `f` on the cache (briefly: never across NVML calls on a GPU), reading the node first
+    /// if nothing is cached yet.
+    fn with_cache<T>(&self, f: impl FnOnce(&mut Cache) -> T) -> Result<T, GpuError> {
         let mut guard = self.cache.lock().unwrap_or_else(|poisoned| {
             // A panic mid-update may have left it half-written: start over from NVML.
             let mut guard = poisoned.into_inner();
@@ -521,29 +626,50 @@ impl NvmlBackend {
             Some(cache) => cache,
             empty => empty.insert(self.read_node()?),
         };
-        f(cache)
+        Ok(f(cache))
     }
 
-    /// Runs `f` on the cached GPU with `minor`.
+    /// The node-wide facts and every named GPU, after naming again those that could not be named
+    /// if asked to (outside the cache's lock).
+    fn node(&self) -> Result<(NodeFacts, Vec<Arc<GpuSlot>>), GpuError> {
+        let retry = self.with_cache(|cache| {
+            if std::mem::take(&mut cache.retry_unnamed) {
+                std::mem::take(&mut cache.unnamed)
+            } else {
+                vec![]
+            }
+        })?;
+        if !retry.is_empty() {
+            self.retry_unnamed(retry)?;
+        }
+        self.with_cache(|cache| {
+            (
+                NodeFacts {
+                    driver_version: cache.driver_version.clone(),
+                    cuda_driver_version: cache.cuda_driver_version,
+                },
+                cache.gpus.clone(),
+            )
+        })
+    }
+
+    /// Runs `f` on the cached GPU with `minor`, holding that GPU's lock only.
     fn with_gpu<T>(
         &self,
         minor: u32,
         operation: &'static str,
-        f: impl FnOnce(&mut CachedGpu) -> Result<T, GpuError>,
+        f: impl FnOnce(&GpuSlot, &mut CachedGpu) -> Result<T, GpuError>,
     ) -> Result<T, GpuError> {
-        self.with_cache(|cache| {
-            let gpu = cache
-                .gpus
-                .iter_mut()
-                .find(|g| g.gpu.minor == minor)
-                .ok_or_else(|| GpuError::Mig {
-                    minor,
-                    operation,
-                    failure: super::MigFailure::NotFound,
-                    detail: "no such GPU".into(),
-                })?;
-            f(gpu)
-        })
+        let slot = self
+            .with_cache(|cache| cache.gpus.iter().find(|g| g.minor == minor).cloned())?
+            .ok_or_else(|| GpuError::Mig {
+                minor,
+                operation,
+                failure: super::MigFailure::NotFound,
+                detail: "no such GPU".into(),
+            })?;
+        let mut gpu = slot.lock();
+        f(&slot, &mut gpu)
     }
 
     /// Reads the whole node. A GPU that cannot be named is left out, one that cannot be read in
@@ -570,10 +696,7 @@ impl NvmlBackend {
         };
         for index in 0..count {
             match self.name_gpu(index) {
-                Ok(mut gpu) => {
-                    self.refresh_or_keep(&mut gpu);
-                    cache.gpus.push(gpu);
-                }
+                Ok(gpu) => cache.gpus.push(self.first_read(gpu)),
                 Err(e) => {
                     tracing::error!(
                         index,
@@ -584,23 +707,31 @@ impl NvmlBackend {
                 }
             }
         }
-        cache.gpus.sort_by_key(|g| g.gpu.minor);
+        cache.gpus.sort_by_key(|g| g.minor);
         Ok(cache)
     }
 
-    /// Names the GPUs that could not be named before; those that answer now join the node.
-    fn retry_unnamed(&self, cache: &mut Cache) {
+    /// A GPU just named, read as far as it answers.
+    fn first_read(&self, gpu: CachedGpu) -> Arc<GpuSlot> {
+        let slot = Arc::new(GpuSlot::new(gpu));
+        self.refresh_or_keep(&slot, &mut slot.lock());
+        slot
+    }
+
+    /// Names the GPUs (by index) that could not be named before, outside the cache's lock; those
+    /// that answer now join the node, the others are tried again after the next invalidate.
+    fn retry_unnamed(&self, indexes: Vec<u32>) -> Result<(), GpuError> {
+        let mut named = Vec::new();
         let mut still_unnamed = Vec::new();
-        for index in std::mem::take(&mut cache.unnamed) {
+        for index in indexes {
             match self.name_gpu(index) {
-                Ok(mut gpu) => {
+                Ok(gpu) => {
                     tracing::info!(
                         index,
                         minor = gpu.gpu.minor,
                         "GPU answers again; back on the node"
                     );
-                    self.refresh_or_keep(&mut gpu);
-                    cache.gpus.push(gpu);
+                    named.push(self.first_read(gpu));
                 }
                 Err(e) => {
                     tracing::debug!(index, error = %e, "GPU still cannot be named");
@@ -608,8 +739,18 @@ impl NvmlBackend {
                 }
             }
         }
-        cache.unnamed = still_unnamed;
-        cache.gpus.sort_by_key(|g| g.gpu.minor);
+        self.with_cache(|cache| {
+            for slot in named {
+                // Unless the node was read anew meanwhile (after a panic), which found it.
+                if cache.gpus.iter().all(|g| g.minor != slot.minor) {
+                    cache.gpus.push(slot);
+                }
+            }
+            cache.unnamed.extend(still_unnamed);
+            cache.unnamed.sort_unstable();
+            cache.unnamed.dedup();
+            cache.gpus.sort_by_key(|g| g.minor);
+        })
     }
 
     /// What NVML tells of a GPU without asking the GPU itself (real drivers answer these from what
@@ -667,7 +808,6 @@ impl NvmlBackend {
                 mig: None,
             },
             profiles: [None, None],
-            stale: true,
             partial: true,
             failure: None,
         })
@@ -709,9 +849,10 @@ impl NvmlBackend {
 
     /// Re-reads a stale GPU's MIG mode and instances (profiles only on a mode not seen before), or
     /// all a `partial` one lacks. A GPU without MIG stays without it. On an error the GPU keeps
-    /// its last view and stays stale.
-    fn refresh(&self, gpu: &mut CachedGpu) -> Result<(), GpuError> {
-        if !gpu.stale {
+    /// its last view and stays stale. The caller holds `slot`'s lock (`gpu`).
+    fn refresh(&self, slot: &GpuSlot, gpu: &mut CachedGpu) -> Result<(), GpuError> {
+        let as_of = slot.changes.load(Ordering::Acquire);
+        if slot.read_as_of.load(Ordering::Acquire) == as_of {
             return Ok(());
         }
         if gpu.partial {
@@ -725,16 +866,22 @@ impl NvmlBackend {
                 .map_err(|e| read_err(minor, "read MIG mode", e))?;
             gpu.gpu.mig = Some(self.read_mig(gpu, mode)?);
         }
-        gpu.stale = false;
+        // As of when the read began: a change marked meanwhile leaves the GPU stale.
+        slot.read_as_of.store(as_of, Ordering::Release);
         Ok(())
     }
 
     /// [`refresh`](Self::refresh) for an inventory: a GPU that fails keeps its last view and is
     /// tried again next time, logged when it starts failing (or fails differently) and when it
-    /// answers again.
-    fn refresh_or_keep(&self, gpu: &mut CachedGpu) {
+    /// answers again. What inventories show of it is updated either way.
+    fn refresh_or_keep(&self, slot: &GpuSlot, gpu: &mut CachedGpu) {
+        self.refresh_or_keep_unshown(slot, gpu);
+        slot.publish(gpu);
+    }
+
+    fn refresh_or_keep_unshown(&self, slot: &GpuSlot, gpu: &mut CachedGpu) {
         let minor = gpu.gpu.minor;
-        match self.refresh(gpu) {
+        match self.refresh(slot, gpu) {
             Ok(()) => {
                 if let Some(was) = gpu.failure.take() {
                     tracing::info!(minor, was = ?was, "GPU answers again; read anew");
@@ -906,9 +1053,13 @@ impl NvmlBackend {
 
     /// The profiles to look GPU instances up by: those of MIG mode when known (GPU instances exist
     /// only there), else those of the mode the GPU is in now, as a full discovery would list.
-    fn gi_profiles<'a>(&self, gpu: &'a mut CachedGpu) -> Result<&'a [GiProfile], GpuError> {
+    fn gi_profiles<'a>(
+        &self,
+        slot: &GpuSlot,
+        gpu: &'a mut CachedGpu,
+    ) -> Result<&'a [GiProfile], GpuError> {
         if gpu.profiles[1].is_none() {
-            self.refresh(gpu)?;
+            self.refresh(slot, gpu)?;
         }
         Ok(match (&gpu.profiles[1], &gpu.gpu.mig) {
             (Some((profiles, _)), _) => profiles,
@@ -1055,6 +1206,10 @@ impl super::GpuControl for NvmlBackend {
         NvmlBackend::inventory(self)
     }
 
+    fn inventory_of(&self, minors: &BTreeSet<u32>) -> Result<NodeInventory, GpuError> {
+        NvmlBackend::inventory_of(self, minors)
+    }
+
     fn probe(&self, minor: u32) -> Result<GpuProbe, GpuError> {
         NvmlBackend::probe(self, minor)
     }
@@ -1065,7 +1220,7 @@ impl super::GpuControl for NvmlBackend {
 
     fn sharing_settings(&self, minor: u32) -> Result<SharingSettings, GpuError> {
         const OP: &str = "read compute mode";
-        self.with_gpu(minor, OP, |gpu| {
+        self.with_gpu(minor, OP, |_, gpu| {
             // SAFETY: the handle belongs to `self.nvml`.
             let device = unsafe { nvml_wrapper::Device::new(gpu.handle.0, &self.nvml) };
             let mode = device
@@ -1090,7 +1245,7 @@ impl super::GpuControl for NvmlBackend {
             // Refused before anything changes, rather than half applied.
             return self.set_timeslice(minor, "", 0);
         }
-        let uuid = self.with_gpu(minor, OP, |gpu| {
+        let uuid = self.with_gpu(minor, OP, |_, gpu| {
             // SAFETY: the handle belongs to `self.nvml`.
             let mut device = unsafe { nvml_wrapper::Device::new(gpu.handle.0, &self.nvml) };
             device
@@ -1118,9 +1273,9 @@ impl super::GpuControl for NvmlBackend {
 
     fn set_mig_mode(&self, minor: u32, enabled: bool) -> Result<MigMode, GpuError> {
         const OP: &str = "set MIG mode";
-        self.with_gpu(minor, OP, |gpu| {
+        self.with_gpu(minor, OP, |slot, gpu| {
             // Even a refused call may have changed something; read it again when next needed.
-            gpu.stale = true;
+            slot.mark_stale();
             // SAFETY: the handle belongs to `self.nvml`.
             let device = unsafe { nvml_wrapper::Device::new(gpu.handle.0, &self.nvml) };
             let status = device
@@ -1154,8 +1309,8 @@ impl super::GpuControl for NvmlBackend {
         placement: Placement,
     ) -> Result<u32, GpuError> {
         const OP: &str = "create GPU instance";
-        self.with_gpu(minor, OP, |gpu| {
-            gpu.stale = true;
+        self.with_gpu(minor, OP, |slot, gpu| {
+            slot.mark_stale();
             // SAFETY: the handle belongs to `self.nvml`.
             unsafe {
                 nvml_raw::create_gpu_instance(&self.nvml, gpu.handle.0, profile_id, placement)
@@ -1176,7 +1331,7 @@ impl super::GpuControl for NvmlBackend {
             failure: super::MigFailure::NotFound,
             detail: format!("no GPU instance {gpu_instance_id}"),
         };
-        self.with_gpu(minor, OP, |gpu| {
+        self.with_gpu(minor, OP, |slot, gpu| {
             let handle = gpu.handle.0;
             // Only this GPU instance's profile is asked, not every instance of the GPU.
             // SAFETY: the handle belongs to `self.nvml`.
@@ -1188,12 +1343,12 @@ impl super::GpuControl for NvmlBackend {
                     Err(e) => return Err(mig_failure(minor, OP, e)),
                 };
             let slices = self
-                .gi_profiles(gpu)?
+                .gi_profiles(slot, gpu)?
                 .iter()
                 .find(|p| p.id == profile_id)
                 .map(|p| p.slice_count)
                 .ok_or_else(not_found)?;
-            gpu.stale = true;
+            slot.mark_stale();
             let profile_enum = super::sim::full_compute_profile(slices);
             // SAFETY: the handle belongs to `self.nvml`.
             unsafe {
@@ -1205,8 +1360,8 @@ impl super::GpuControl for NvmlBackend {
 
     fn destroy_compute_instance(&self, minor: u32, gi: u32, ci: u32) -> Result<(), GpuError> {
         const OP: &str = "destroy compute instance";
-        self.with_gpu(minor, OP, |gpu| {
-            gpu.stale = true;
+        self.with_gpu(minor, OP, |slot, gpu| {
+            slot.mark_stale();
             // SAFETY: the handle belongs to `self.nvml`.
             unsafe { nvml_raw::destroy_compute_instance(&self.nvml, gpu.handle.0, gi, ci) }
                 .map_err(|e| mig_failure(minor, OP, e))
@@ -1215,8 +1370,8 @@ impl super::GpuControl for NvmlBackend {
 
     fn destroy_gpu_instance(&self, minor: u32, gi: u32) -> Result<(), GpuError> {
         const OP: &str = "destroy GPU instance";
-        self.with_gpu(minor, OP, |gpu| {
-            gpu.stale = true;
+        self.with_gpu(minor, OP, |slot, gpu| {
+            slot.mark_stale();
             // SAFETY: the handle belongs to `self.nvml`.
             unsafe { nvml_raw::destroy_gpu_instance(&self.nvml, gpu.handle.0, gi) }
                 .map_err(|e| mig_failure(minor, OP, e))
@@ -1225,10 +1380,10 @@ impl super::GpuControl for NvmlBackend {
 
     fn gpu_instances(&self, minor: u32) -> Result<Vec<super::GpuInstanceInfo>, GpuError> {
         const OP: &str = "list GPU instances";
-        self.with_gpu(minor, OP, |gpu| {
+        self.with_gpu(minor, OP, |slot, gpu| {
             let handle = gpu.handle.0;
             let profiles: Vec<(u32, u32)> = self
-                .gi_profiles(gpu)?
+                .gi_profiles(slot, gpu)?
                 .iter()
                 .map(|p| (p.id, p.instance_count))
                 .collect();

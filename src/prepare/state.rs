@@ -826,7 +826,14 @@ impl DeviceState {
         for &minor in held.keys() {
             self.gpus.invalidate_gpu(minor);
         }
-        let fresh = self.gpus.inventory()?;
+        // Only the GPUs held here are read, so a GPU busy with an operation is never waited for.
+        // A full rescan also asks every minor the book lacks (device minors are below 256), so
+        // GPUs that appeared are still found.
+        let mut asked = held.keys().clone();
+        if only.is_none() {
+            asked.extend((0..256).filter(|m| !known.contains(m)));
+        }
+        let fresh = self.gpus.inventory_of(&asked)?;
         let mut book = self.book();
         let before = book.inventory.clone();
         let inventory = &mut book.inventory;
@@ -856,7 +863,8 @@ impl DeviceState {
         if minors.is_empty() {
             return Ok(());
         }
-        let fresh = self.gpus.inventory()?;
+        // Only these: waiting for another GPU's operation in flight would serialise them.
+        let fresh = self.gpus.inventory_of(minors)?;
         let mut book = self.book();
         book.inventory.gpus.retain(|g| !minors.contains(&g.minor));
         book.inventory

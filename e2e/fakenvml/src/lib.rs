@@ -10,7 +10,10 @@
 //! - `FAKE_NVML_CALL_LOG`: a file each call of an initialised library is appended to as
 //!   `<function> <GPU minor or ->`, so tests can count what the NVML backend asks;
 //! - `FAKE_NVML_NAMELESS_WHEN_LOST` (any value): a lost GPU's handle by index answers
-//!   `NVML_ERROR_GPU_IS_LOST` too, as for a GPU the driver knows nothing of, so it cannot be named.
+//!   `NVML_ERROR_GPU_IS_LOST` too, as for a GPU the driver knows nothing of, so it cannot be named;
+//! - `FAKE_NVML_MIG_DELAY_MS`: GPU instance creates and destroys take this long (real ones take
+//!   up to seconds), slept before the fake's lock is taken, so calls on different GPUs overlap as
+//!   on hardware and a backend that serialises them shows it.
 //!
 //! Faults come from the simulator too (`gpu-dra sim inject`, `SimNode::inject`): event sets poll
 //! the state for the events it records, and a GPU it marks lost answers `NVML_ERROR_GPU_IS_LOST`
@@ -28,6 +31,7 @@ use std::collections::{HashMap, VecDeque};
 use std::ffi::{CStr, c_char, c_int, c_uint, c_ulonglong};
 use std::io::Write;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -220,6 +224,19 @@ impl Fake {
 
 static FAKE: Mutex<Option<Fake>> = Mutex::new(None);
 
+/// `FAKE_NVML_MIG_DELAY_MS` as read at the first init. Apart from `FAKE`, so the delay is slept
+/// without holding it (the simulator's own `with_mig_delay` would sleep inside `Fake::change`, under
+/// the fake's lock, serialising every call).
+static MIG_DELAY_MS: AtomicU64 = AtomicU64::new(0);
+
+/// How long a GPU instance create or destroy takes; called before any lock is taken.
+fn mig_work_takes_time() {
+    let ms = MIG_DELAY_MS.load(Ordering::Relaxed);
+    if ms > 0 {
+        std::thread::sleep(Duration::from_millis(ms));
+    }
+}
+
 fn lock() -> MutexGuard<'static, Option<Fake>> {
     FAKE.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -328,6 +345,11 @@ pub extern "C" fn nvmlInit_v2() -> Ret {
     let node_name = std::env::var("FAKE_NVML_NODE").unwrap_or_else(|_| "fake-node".into());
     let state = std::env::var_os("FAKE_NVML_STATE").map(Into::into);
     let node = SimNode::new(spec, &node_name, state);
+    let delay = std::env::var("FAKE_NVML_MIG_DELAY_MS")
+        .ok()
+        .and_then(|ms| ms.trim().parse().ok())
+        .unwrap_or(0);
+    MIG_DELAY_MS.store(delay, Ordering::Relaxed);
     let (Ok(inventory), Ok(state)) = (node.inventory(), node.state()) else {
         return UNKNOWN;
     };
@@ -1209,6 +1231,7 @@ pub unsafe extern "C" fn nvmlDeviceCreateGpuInstanceWithPlacement(
     }
     // SAFETY: non-null, caller-owned.
     let placement = unsafe { *placement };
+    mig_work_takes_time();
     on_live_gpu(
         "nvmlDeviceCreateGpuInstanceWithPlacement",
         device,
@@ -1232,6 +1255,7 @@ pub unsafe extern "C" fn nvmlDeviceCreateGpuInstanceWithPlacement(
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlGpuInstanceDestroy(gpu_instance: nvmlGpuInstance_t) -> Ret {
+    mig_work_takes_time();
     on_gi(
         "nvmlGpuInstanceDestroy",
         gpu_instance,
