@@ -107,6 +107,8 @@ pub struct NodeOptions {
     pub driver_root: Option<crate::prepare::driver_files::DriverRoot>,
     /// Devices several claims may share (`--consumable-shares`).
     pub consumable: crate::slices::consumable::ConsumableShares,
+    /// Claims of different namespaces may share one MPS daemon.
+    pub mps_across_namespaces: bool,
     /// Device order within the pool (`--device-order`).
     pub device_order: crate::slices::DeviceOrder,
     /// Set during a rolling update: this instance's id (pod UID).
@@ -356,7 +358,10 @@ impl NodeAgent {
         );
         drop(recovery_guard);
         let (state, recovery) = match opened {
-            Ok(opened) => opened,
+            Ok((state, recovery)) => (
+                state.with_mps_across_namespaces(options.mps_across_namespaces),
+                recovery,
+            ),
             Err(PrepareError::Checkpoint(error @ CheckpointError::Unusable { .. })) => {
                 return Self::start_refusing(options, metrics, metrics_server, error, started)
                     .await;

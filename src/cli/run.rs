@@ -94,6 +94,11 @@ pub struct RunArgs {
     #[arg(long, env = "GPU_DRA_GC_GRACE", default_value = "30s", value_parser = duration::parse,
         alias = "gc-grace-seconds")]
     pub gc_grace: Duration,
+    /// Let claims of different namespaces share a GPU's one MPS daemon (`--consumable-shares`
+    /// with MPS). Off by default: they would share its pipe, shm and control commands, and the
+    /// per-claim limits are only asked for in each client's environment (cooperative).
+    #[arg(long, env = "GPU_DRA_MPS_SHARE_ACROSS_NAMESPACES")]
+    pub mps_share_across_namespaces: bool,
     /// Simulated GPUs only (`--gpus sim:...`): how long each GPU instance create and destroy
     /// takes (Go duration, e.g. `1s`), as real MIG changes take up to seconds; benchmarks and
     /// tests use it. Refused with real GPUs.
@@ -253,6 +258,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode, CliError> {
         driver_name: args.driver_name.clone(),
         mig_policy: args.gpu.mig,
         consumable: args.gpu.consumable_shares,
+        mps_across_namespaces: args.mps_share_across_namespaces,
         device_order: args.device_order,
         kubeconfig: args.kubeconfig.clone(),
         registrar_dir: args.registrar_dir.clone(),

@@ -139,6 +139,9 @@ pub struct DeviceState {
     busy_claims: BusySet<String>,
     /// GPUs (by minor) an operation is changing or relying on.
     busy_gpus: BusySet<u32>,
+    /// Whether claims of different namespaces may share one MPS daemon
+    /// (`--mps-share-across-namespaces`).
+    mps_across_namespaces: bool,
 }
 
 impl DeviceState {
@@ -205,6 +208,7 @@ impl DeviceState {
             }),
             busy_claims: BusySet::default(),
             busy_gpus: BusySet::default(),
+            mps_across_namespaces: false,
         };
         if outcome == LoadOutcome::Fresh {
             // No checkpoint, yet this driver's work of this boot is on the node: it was lost.
@@ -245,6 +249,13 @@ impl DeviceState {
         });
         report.instances_destroyed = state.destroy_unowned()?;
         Ok((state, report))
+    }
+
+    /// Lets claims of different namespaces share a GPU's one MPS daemon. Off by default: they
+    /// would share its pipe, its shm and its control commands (any of them can stop it for all).
+    pub fn with_mps_across_namespaces(mut self, allow: bool) -> Self {
+        self.mps_across_namespaces = allow;
+        self
     }
 
     pub fn config(&self) -> &DriverConfig {
@@ -1032,6 +1043,31 @@ impl DeviceState {
                         other.namespace,
                         other.name,
                         if mps { "without" } else { "with" }
+                    )));
+                }
+                // One daemon serves every claim on the device: its pipe, shm and control
+                // commands are shared, so tenants of different namespaces are kept apart.
+                let foreign = book.checkpoint.claims.values().find(|c| {
+                    c.uid != claim_ref.uid
+                        && c.namespace != claim_ref.namespace
+                        && c.devices.iter().any(|d| {
+                            d.pool == result.pool
+                                && d.device == result.device
+                                && sharing::shared_mps(d)
+                        })
+                });
+                if mps
+                    && !self.mps_across_namespaces
+                    && let Some(other) = foreign
+                {
+                    return Err(bad(format!(
+                        "{at}: device {:?} is shared through one MPS daemon by ResourceClaim {}/{} of namespace {:?}; claims of namespace {:?} and {:?} do not share an MPS daemon (its pipe, shm and control commands are one for all) unless the node allows it (--mps-share-across-namespaces, chart value mpsShareAcrossNamespaces)",
+                        result.device,
+                        other.namespace,
+                        other.name,
+                        other.namespace,
+                        claim_ref.namespace,
+                        other.namespace
                     )));
                 }
             }

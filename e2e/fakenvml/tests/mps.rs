@@ -692,3 +692,65 @@ fn a_daemon_that_stops_while_its_claim_is_prepared_is_started_again() {
     state.unprepare("r1").expect("unprepare");
     node.assert_clean();
 }
+
+/// Claims of different namespaces would share a GPU's one MPS daemon (its pipe, its shm, its
+/// control commands: any of them could `quit` it for all): refused by default, naming both
+/// claims and namespaces, before anything changes; allowed when the node says so.
+#[test]
+#[ignore = "needs root: the MPS daemons' shm is a tmpfs mount (e2e/run-tests runs ignored tests)"]
+fn claims_of_different_namespaces_share_no_mps_daemon_unless_allowed() {
+    let node = Node::with_shares(
+        "sim:1xH100-SXM5-80GB",
+        MigPolicy::Off,
+        ConsumableShares::Memory,
+    );
+    let in_namespace = |uid: &str, namespace: &str| {
+        let mut c = claim(
+            uid,
+            vec![shared("gpu", "gpu-0", &format!("share-{uid}"), "10Gi")],
+            vec![(None, mps("GpuConfig", json!({})))],
+        );
+        c.metadata.namespace = Some(namespace.into());
+        let reference = ClaimRef {
+            namespace: namespace.into(),
+            ..claim_ref(uid)
+        };
+        (reference, c)
+    };
+    let (state, _) = node.open();
+    let (first, first_claim) = in_namespace("team-a-1", "team-a");
+    state.prepare(&first, &first_claim).expect("first sharer");
+    let (same, same_claim) = in_namespace("team-a-2", "team-a");
+    state
+        .prepare(&same, &same_claim)
+        .expect("a claim of the same namespace joins the daemon");
+    let before = (state.checkpoint(), node.sim.state().expect("sim"));
+    let (other, other_claim) = in_namespace("team-b-1", "team-b");
+    let message = state
+        .prepare(&other, &other_claim)
+        .expect_err("refused")
+        .to_string();
+    assert!(
+        message.contains("team-b/claim-team-b-1")
+            && message.contains("ResourceClaim team-a/claim-team-a-")
+            && message.contains("--mps-share-across-namespaces"),
+        "{message}"
+    );
+    assert_eq!(
+        (state.checkpoint(), node.sim.state().expect("sim")),
+        before,
+        "the refusal changed nothing"
+    );
+    drop(state);
+
+    let (state, _) = node.open();
+    let state = state.with_mps_across_namespaces(true);
+    state
+        .prepare(&other, &other_claim)
+        .expect("allowed by the node");
+    assert_eq!(node.daemons().len(), 1, "one daemon for the GPU");
+    for uid in ["team-a-1", "team-a-2", "team-b-1"] {
+        state.unprepare(uid).expect("unprepare");
+    }
+    node.assert_clean();
+}
