@@ -3,7 +3,9 @@
 //! container edits), but as a detached process of this driver rather than a Deployment.
 //!
 //! Everything a daemon owns is under one folder named after the claim UID,
-//! `<state dir>/mps/<claimUID>/{pipe,log,shm}` (`shm` a size-limited tmpfs), so whatever a crash
+//! `<state dir>/mps/<claimUID>/{pipe,log,shm}` (`shm` a size-limited tmpfs), or, where that would
+//! push the daemon's sockets past a unix socket address (a long kubelet folder, as microk8s'), a
+//! 12-digit digest of it with the UID in an `owner` file, so whatever a crash
 //! leaves is found from the checkpoint's claim UID alone, or by listing the folder: no step needs a
 //! record written after the fact. The daemon is found and stopped through its pipe folder (`quit`),
 //! and any process that still names that pipe folder in its environment is killed.
@@ -23,6 +25,12 @@ pub const CONTROL_PATHS: &[&str] = &[
     "usr/bin/nvidia-cuda-mps-control",
     "bin/nvidia-cuda-mps-control",
 ];
+/// `sockaddr_un.sun_path` holds 108 bytes with the terminating NUL.
+const MAX_SOCKET_PATH: usize = 108;
+/// The longest socket name the control daemon makes in its pipe folder.
+const LONGEST_PIPE_SOCKET: &str = "control_privileged";
+/// In a daemon folder named by digest: the claim UID (or shared key) it belongs to.
+const OWNER_FILE: &str = "owner";
 /// How long a daemon may take to come up or to go away.
 const DAEMON_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long one control command may take.
@@ -87,8 +95,32 @@ impl MpsDaemons {
         &self.root
     }
 
+    /// The claim's daemon folder: named after it where the daemon's sockets fit (and always
+    /// where such a folder exists already), else after a digest of it.
     pub fn dir(&self, uid: &str) -> PathBuf {
-        self.root.join(uid)
+        let named = self.root.join(uid);
+        if named.exists() || sockets_fit(&named.join("pipe")) {
+            return named;
+        }
+        self.root.join(short_name(uid))
+    }
+
+    /// Whether the daemons' sockets fit a unix socket address under this root at all (even
+    /// in a folder named by digest); the reason when not.
+    pub fn check_root(&self) -> Result<(), MpsError> {
+        let pipe = self.root.join(short_name("")).join("pipe");
+        if sockets_fit(&pipe) {
+            return Ok(());
+        }
+        Err(Self::err(
+            "*",
+            format!(
+                "the daemons' pipe folders under {} are {} bytes long: their sockets ({LONGEST_PIPE_SOCKET}) would not fit a unix socket address ({} bytes); give the driver a shorter state folder",
+                self.root.display(),
+                pipe.as_os_str().len(),
+                MAX_SOCKET_PATH - 1
+            ),
+        ))
     }
 
     pub fn pipe_dir(&self, uid: &str) -> PathBuf {
@@ -118,6 +150,11 @@ impl MpsDaemons {
         };
         for dir in [self.pipe_dir(uid), self.log_dir(uid), self.shm_dir(uid)] {
             std::fs::create_dir_all(&dir).map_err(|e| io("create", &dir, e))?;
+        }
+        let dir = self.dir(uid);
+        if dir.file_name() != Some(std::ffi::OsStr::new(uid)) {
+            let owner = dir.join(OWNER_FILE);
+            std::fs::write(&owner, uid).map_err(|e| io("write", &owner, e))?;
         }
         let shm = self.shm_dir(uid);
         if !is_mount_point(&shm) {
@@ -258,7 +295,13 @@ impl MpsDaemons {
         let mut uids: Vec<String> = entries
             .flatten()
             .filter(|e| e.path().is_dir())
-            .filter_map(|e| e.file_name().into_string().ok())
+            .filter_map(|e| {
+                // A folder named by digest says whose it is (one a crash left before that
+                // stays known by its name, and is stopped as nobody's).
+                std::fs::read_to_string(e.path().join(OWNER_FILE))
+                    .ok()
+                    .or_else(|| e.file_name().into_string().ok())
+            })
             .collect();
         uids.sort();
         Ok(uids)
@@ -414,6 +457,17 @@ fn processes_using(pipe: &Path) -> Vec<i32> {
 }
 
 /// Whether `path` is a mount point (in this process's mount namespace).
+/// Whether every socket the daemon makes in `pipe_dir` fits a unix socket address.
+fn sockets_fit(pipe_dir: &Path) -> bool {
+    pipe_dir.as_os_str().len() + 1 + LONGEST_PIPE_SOCKET.len() < MAX_SOCKET_PATH
+}
+
+/// 12 hex digits naming a daemon folder (a name-based UUID of the claim UID or shared key).
+fn short_name(uid: &str) -> String {
+    let id = uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, uid.as_bytes());
+    id.simple().to_string()[..12].to_string()
+}
+
 fn is_mount_point(path: &Path) -> bool {
     let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
         return false;

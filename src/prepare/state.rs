@@ -187,6 +187,9 @@ impl DeviceState {
                         MpsDaemons::new(control, &library_dirs, config.state_dir.join("mps"))
                             .on_simulated_gpus(gpus.sim_state_file())
                     });
+                if let Some(mps) = &mps {
+                    mps.check_root()?;
+                }
                 Some(Arc::new(files))
             }
             None => None,
