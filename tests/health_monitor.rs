@@ -18,10 +18,10 @@ use gpu_dra::gpu::{
 use gpu_dra::health::monitor::{HealthMonitor, HealthSink};
 use gpu_dra::health::{HealthBook, HealthChange, HealthConfig};
 use gpu_dra::plugin::{DeviceHealth, HealthReporter};
+use gpu_dra::prepare::NodeDriver;
 use gpu_dra::prepare::claims::MemoryClaims;
 use gpu_dra::prepare::driver::Driver;
 use gpu_dra::prepare::state::{DeviceState, DriverConfig};
-use gpu_dra::prepare::NodeDriver;
 use gpu_dra::slices::{self, SliceOptions};
 use k8s_openapi::api::resource::v1::DeviceTaint;
 
@@ -100,12 +100,15 @@ impl GpuControl for Scripted {
     }
 }
 
+/// The devices' taints, as the monitor hands them to the slices.
+type TaintMap = BTreeMap<String, Vec<DeviceTaint>>;
+
 /// Records every taint change with when it came.
 #[derive(Default)]
-struct Taints(Mutex<Vec<(Instant, BTreeMap<String, Vec<DeviceTaint>>)>>);
+struct Taints(Mutex<Vec<(Instant, TaintMap)>>);
 
 impl HealthSink for Taints {
-    fn taints_changed(&self, taints: BTreeMap<String, Vec<DeviceTaint>>) {
+    fn taints_changed(&self, taints: TaintMap) {
         self.0
             .lock()
             .expect("taints")

@@ -17,10 +17,10 @@ use gpu_dra::gpu::{
 use gpu_dra::metrics::{Metrics, MetricsServer};
 use gpu_dra::plugin::proto::{dra_v1, health_v1, registration};
 use gpu_dra::plugin::{PluginConfig, PluginServer};
+use gpu_dra::prepare::NodeDriver;
 use gpu_dra::prepare::claims::MemoryClaims;
 use gpu_dra::prepare::driver::Driver;
 use gpu_dra::prepare::state::{DeviceState, DriverConfig};
-use gpu_dra::prepare::NodeDriver;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::transport::{Channel, Endpoint};
 
