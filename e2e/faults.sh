@@ -35,6 +35,8 @@ GPUS=sim:8xH100-SXM5-80GB
 ROUNDS=${1:-4}
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+# shellcheck source=mps-folder.sh
+source "$(dirname "${BASH_SOURCE[0]}")/mps-folder.sh"
 
 # Including the points where the hardware changed and the checkpoint does not know yet.
 PREPARE_STEPS=(prepare-started mig-mode-enabled prepare-gi-created-unrecorded prepare-gi-created
@@ -170,11 +172,13 @@ expect_prepared() { # uid, instances
 
 # expect_mps UID: the claim's one daemon runs and was told its thread share
 expect_mps() {
-    local log=$WORK/state/mps/$1/log/control.log
-    [[ $(grep -lzx "CUDA_MPS_PIPE_DIRECTORY=$WORK/state/mps/$1/pipe" /proc/[0-9]*/environ 2>/dev/null | wc -l) == 1 ]] \
+    local dir log
+    dir=$(mps_folder "$WORK/state" "$1")
+    log=$dir/log/control.log
+    [[ $(grep -lzx "CUDA_MPS_PIPE_DIRECTORY=$dir/pipe" /proc/[0-9]*/environ 2>/dev/null | wc -l) == 1 ]] \
         || fail "claim $1: want one MPS daemon, have: $(mps_pids | tr '\n' ' ')"
     grep -q 'cmd: set_default_active_thread_percentage 30$' "$log" || fail "claim $1: MPS daemon not told its limits: $(cat "$log")"
-    awk -v m="$WORK/state/mps/$1/shm" '$5 == m { found = 1 } END { exit !found }' /proc/self/mountinfo \
+    awk -v m="$dir/shm" '$5 == m { found = 1 } END { exit !found }' /proc/self/mountinfo \
         || fail "claim $1: no shm mount for its MPS daemon"
 }
 
@@ -201,7 +205,7 @@ expect_shared() {
     [[ $(jq -c '[.claims[] | select(.state == "PrepareCompleted")] | length' "$WORK/state/checkpoint.json") == "$#" ]] \
         || fail "checkpoint: $(checkpoint_claims), want $* completed"
     [[ $(mps_pids | wc -l) == 1 ]] || fail "want one shared MPS daemon, have: $(mps_pids | tr '\n' ' ')"
-    [[ -d $WORK/state/mps/shared-$(slices_json | jq -r --arg d "gpu-$gpu" '.items[].spec.devices[]? | select(.name == $d) | .attributes.uuid.string') ]] \
+    [[ -d $(mps_folder "$WORK/state" "shared-$(slices_json | jq -r --arg d "gpu-$gpu" '.items[].spec.devices[]? | select(.name == $d) | .attributes.uuid.string')") ]] \
         || fail "no shared daemon folder for gpu-$gpu: $(ls "$WORK/state/mps")"
     expect_sharing "$gpu" ExclusiveProcess/2 "shared through MPS"
 }

@@ -23,6 +23,8 @@ set -euo pipefail
 E2E=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(dirname "$E2E")
 cd "$ROOT"
+# shellcheck source=mps-folder.sh
+source "$E2E/mps-folder.sh"
 NAME=pods-e2e
 WORK=$(mktemp -d /tmp/gpu-dra-pods.XXXXXX)
 export GPU_DRA_CLUSTER_DIR=$WORK/cluster
@@ -458,7 +460,7 @@ ok "8. a new pod after the driver restart was prepared (and unprepared)"
 # deploy/examples/gpu-mps.yaml as a user applies it: one MPS daemon for the claim, told the
 # claim's limits; both pods get its pipe folder and shm; the daemon outlives a driver restart;
 # unprepare stops it, removes its folder and mount and restores the compute mode.
-mps_dir() { echo "$GPU_DRA_STATE_DIR/mps/$1"; }
+mps_dir() { mps_folder "$GPU_DRA_STATE_DIR" "$1"; }
 mps_daemons() { # UID: processes serving the claim's pipe folder
     grep -lzx "CUDA_MPS_PIPE_DIRECTORY=$(mps_dir "$1")/pipe" /proc/[0-9]*/environ 2>/dev/null | wc -l
 }

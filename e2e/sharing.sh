@@ -18,6 +18,8 @@ NODE=share-node-1
 GPUS=sim:1xH100-SXM5-80GB
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+# shellcheck source=mps-folder.sh
+source "$(dirname "${BASH_SOURCE[0]}")/mps-folder.sh"
 
 hw() { "$GPU_DRA" sim --gpus "$GPUS" --node-name "$NODE" --sim-state "$WORK/hw.json" show; }
 "$GPU_DRA" sim --gpus "$GPUS" --node-name "$NODE" --sim-state "$WORK/hw.json" driver-root "$WORK/driver-root" >/dev/null
@@ -93,7 +95,7 @@ for c in share-a share-b share-c; do
     done
 done
 gpu_uuid=$(slices_json | jq -r '.items[].spec.devices[0].attributes.uuid.string')
-daemon=$WORK/state/mps/shared-$gpu_uuid
+daemon=$(mps_folder "$WORK/state" "shared-$gpu_uuid")
 [[ $(mps_pids | wc -l) == 1 ]] || fail "want one MPS daemon for the shared GPU, have: $(mps_pids | tr '\n' ' ')"
 grep -q "CUDA_VISIBLE_DEVICES=$gpu_uuid " "$daemon/log/control.log" || fail "daemon not limited to the GPU: $(cat "$daemon/log/control.log")"
 for c in share-a share-b share-c; do
