@@ -145,6 +145,7 @@ impl MpsDaemons {
     /// Starts the claim's daemon with its settings and returns once it answers. A daemon that
     /// already answers for the claim is kept (an earlier start that was not recorded).
     pub fn start(&self, uid: &str, spec: &DaemonSpec) -> Result<(), MpsError> {
+        self.check_root().map_err(|e| Self::err(uid, e.reason))?;
         let io = |what: &str, path: &Path, e: std::io::Error| {
             Self::err(uid, format!("cannot {what} {}: {e}", path.display()))
         };

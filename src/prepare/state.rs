@@ -187,8 +187,9 @@ impl DeviceState {
                         MpsDaemons::new(control, &library_dirs, config.state_dir.join("mps"))
                             .on_simulated_gpus(gpus.sim_state_file())
                     });
-                if let Some(mps) = &mps {
-                    mps.check_root()?;
+                if let Some(Err(error)) = mps.as_ref().map(MpsDaemons::check_root) {
+                    // Every MPS claim will be refused with this reason; nothing else needs MPS.
+                    tracing::warn!(%error, "MPS claims cannot be prepared on this node");
                 }
                 Some(Arc::new(files))
             }
