@@ -3,22 +3,16 @@
 //! a carve on one GPU waits for no carve on another, and reading another GPU's inventory does not
 //! wait for it either.
 mod common;
-use common::fake_library;
+use common::{claim, claim_ref, config, fake_library};
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
-use gpu_dra::gpu::mig::{MigPolicy, mig_device_name};
+use gpu_dra::gpu::mig::mig_device_name;
 use gpu_dra::gpu::nvml::NvmlBackend;
 use gpu_dra::gpu::sim::{SimNode, write_fake_sysfs};
-use gpu_dra::prepare::ClaimRef;
-use gpu_dra::prepare::state::{DeviceState, DriverConfig};
-use k8s_openapi::api::resource::v1::{
-    AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaim,
-    ResourceClaimStatus,
-};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use gpu_dra::prepare::state::DeviceState;
 
 /// The fake reads its configuration from the environment, which is per process.
 static ENV: Mutex<()> = Mutex::new(());
@@ -45,56 +39,6 @@ fn open(dir: &Path) -> Arc<NvmlBackend> {
     let sysfs = dir.join("sys");
     write_fake_sysfs(&sysfs, 2).expect("sysfs links");
     Arc::new(NvmlBackend::open(Some(&fake_library()), sysfs).expect("NVML init"))
-}
-
-fn config(dir: &Path, node: &str) -> DriverConfig {
-    DriverConfig {
-        driver_name: "gpu.nvidia.com".into(),
-        mig_policy: MigPolicy::Dynamic,
-        node_name: node.into(),
-        cdi_root: dir.join("cdi"),
-        state_dir: dir.join("state"),
-        dev_root: None,
-        consumable: Default::default(),
-        driver_root: None,
-    }
-}
-
-fn claim_ref(uid: &str) -> ClaimRef {
-    ClaimRef {
-        namespace: "default".into(),
-        name: format!("claim-{uid}"),
-        uid: uid.into(),
-    }
-}
-
-/// A claim allocated one device of the node's pool.
-fn claim(uid: &str, node: &str, device: &str) -> ResourceClaim {
-    ResourceClaim {
-        metadata: ObjectMeta {
-            name: Some(format!("claim-{uid}")),
-            namespace: Some("default".into()),
-            uid: Some(uid.into()),
-            ..Default::default()
-        },
-        status: Some(ResourceClaimStatus {
-            allocation: Some(AllocationResult {
-                devices: Some(DeviceAllocationResult {
-                    results: Some(vec![DeviceRequestAllocationResult {
-                        request: "gpu".into(),
-                        driver: "gpu.nvidia.com".into(),
-                        pool: node.into(),
-                        device: device.into(),
-                        ..Default::default()
-                    }]),
-                    config: None,
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
 }
 
 /// 1g.10gb of an H100 at `placement`.
