@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::str::FromStr;
 
 pub mod catalog;
+pub mod driver_tools;
 pub mod events;
 pub mod mig;
 pub mod model;
@@ -141,7 +142,7 @@ pub struct DiscoveryConfig {
     /// Root of sysfs, for PCIe root lookups.
     pub sysfs_root: PathBuf,
     /// `nvidia-smi` of the driver, for what NVML cannot set (the time-slice interval).
-    pub nvidia_smi: Option<PathBuf>,
+    pub nvidia_smi: Option<driver_tools::NvidiaSmi>,
     /// Simulated GPUs only: how long a GPU instance create or destroy takes.
     pub sim_mig_delay: std::time::Duration,
 }
@@ -311,7 +312,7 @@ impl GpuControl for sim::SimNode {
         sim::SimNode::sharing_settings(self, minor)
     }
     fn set_sharing_settings(&self, minor: u32, settings: SharingSettings) -> Result<(), GpuError> {
-        sim::SimNode::set_sharing_settings(self, minor, settings)
+        sim::SimNode::set_sharing_settings_through_tools(self, minor, settings)
     }
     fn probe(&self, minor: u32) -> Result<events::GpuProbe, GpuError> {
         sim::SimNode::probe(self, minor)
@@ -326,7 +327,8 @@ pub fn open_control(config: &DiscoveryConfig) -> Result<std::sync::Arc<dyn GpuCo
     match &config.source {
         GpuSource::Sim(spec) => Ok(std::sync::Arc::new(
             sim::SimNode::new(spec.clone(), &config.node_name, config.sim_state.clone())
-                .with_mig_delay(config.sim_mig_delay),
+                .with_mig_delay(config.sim_mig_delay)
+                .with_nvidia_smi(config.nvidia_smi.clone()),
         )),
         GpuSource::Nvml => Ok(std::sync::Arc::new(
             nvml::NvmlBackend::open(config.nvml_library.as_deref(), config.sysfs_root.clone())?

@@ -39,9 +39,7 @@ pub struct NvmlBackend {
     /// probe never waits for a MIG operation that holds it. Kept once complete.
     handles: Mutex<Option<Arc<GpuHandles>>>,
     /// The driver's `nvidia-smi`: NVML cannot set the time-slice interval.
-    nvidia_smi: Option<PathBuf>,
-    /// The folder NVML was loaded from (under a driver root), where `nvidia-smi` finds it too.
-    library_dir: Option<PathBuf>,
+    nvidia_smi: Option<super::driver_tools::NvidiaSmi>,
 }
 
 /// Everything NVML answered, so MIG operations and inventories ask again only what can change:
@@ -329,13 +327,12 @@ impl NvmlBackend {
             cache: Mutex::new(None),
             handles: Mutex::new(None),
             nvidia_smi: None,
-            library_dir: library.and_then(Path::parent).map(Path::to_path_buf),
         })
     }
 
-    /// Where the driver's `nvidia-smi` is (under the driver root), for time-slicing.
-    pub fn with_nvidia_smi(mut self, path: Option<PathBuf>) -> Self {
-        self.nvidia_smi = path;
+    /// The driver's `nvidia-smi` (in the driver root), for time-slicing.
+    pub fn with_nvidia_smi(mut self, smi: Option<super::driver_tools::NvidiaSmi>) -> Self {
+        self.nvidia_smi = smi;
         self
     }
 
@@ -350,32 +347,7 @@ impl NvmlBackend {
         let smi = self.nvidia_smi.as_ref().ok_or_else(|| {
             fail("no nvidia-smi under the driver root (--nvidia-driver-root), and NVML has no call for it".into())
         })?;
-        let mut command = std::process::Command::new(smi);
-        command
-            .args(["compute-policy", "-i", uuid, "--set-timeslice"])
-            .arg(timeslice.to_string());
-        if let Some(dir) = &self.library_dir {
-            // The driver root's nvidia-smi links the driver root's NVML, not this container's.
-            command.env("LD_LIBRARY_PATH", dir);
-        }
-        let output = command
-            .output()
-            .map_err(|e| fail(format!("cannot run {}: {e}", smi.display())))?;
-        if !output.status.success() {
-            let said = String::from_utf8_lossy(&output.stderr);
-            let said = if said.trim().is_empty() {
-                String::from_utf8_lossy(&output.stdout)
-            } else {
-                said
-            };
-            return Err(fail(format!(
-                "{} exited with {}: {}",
-                smi.display(),
-                output.status,
-                said.trim()
-            )));
-        }
-        Ok(())
+        smi.set_timeslice(uuid, timeslice).map_err(fail)
     }
 
     pub fn nvml(&self) -> &Nvml {

@@ -241,6 +241,9 @@ pub struct SimNode {
     /// How long a GPU instance create or destroy takes, as real ones take up to seconds; spent
     /// outside the state lock, so operations on different GPUs overlap as they do on hardware.
     mig_delay: std::time::Duration,
+    /// The driver root's `nvidia-smi`, where given: the time-slice interval is set through it,
+    /// as on a real node (it changes this state file).
+    nvidia_smi: Option<super::driver_tools::NvidiaSmi>,
 }
 
 impl SimNode {
@@ -255,7 +258,43 @@ impl SimNode {
             node_name: node_name.to_string(),
             store,
             mig_delay: std::time::Duration::ZERO,
+            nvidia_smi: None,
         }
+    }
+
+    /// Time-slice intervals are set with this `nvidia-smi` (the fake one of a fake driver root).
+    pub fn with_nvidia_smi(mut self, smi: Option<super::driver_tools::NvidiaSmi>) -> Self {
+        self.nvidia_smi = smi;
+        self
+    }
+
+    /// As a real node's driver does it: the compute mode directly, the time-slice interval with
+    /// the driver root's `nvidia-smi` where there is one.
+    pub fn set_sharing_settings_through_tools(
+        &self,
+        minor: u32,
+        settings: SharingSettings,
+    ) -> Result<(), GpuError> {
+        let (Some(smi), Some(timeslice)) = (&self.nvidia_smi, settings.timeslice) else {
+            return self.set_sharing_settings(minor, settings);
+        };
+        const OP: &str = "set the time-slice interval";
+        let uuid = self
+            .inventory()?
+            .gpus
+            .into_iter()
+            .find(|g| g.minor == minor)
+            .map(|g| g.uuid)
+            .ok_or_else(|| sharing_err(minor, OP, "no such GPU"))?;
+        self.set_sharing_settings(
+            minor,
+            SharingSettings {
+                timeslice: None,
+                ..settings
+            },
+        )?;
+        smi.set_timeslice(&uuid, timeslice)
+            .map_err(|reason| sharing_err(minor, OP, reason))
     }
 
     /// GPU instance creates and destroys take `delay` (`gpu-dra run --sim-mig-delay`).

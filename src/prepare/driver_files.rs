@@ -316,6 +316,11 @@ fn normalize(path: &Path) -> Option<PathBuf> {
 /// links `ldconfig` and the installer make), for tests and the demo.
 pub fn write_fake_driver_root(root: &Path, version: &str) -> std::io::Result<()> {
     use std::os::unix::fs::symlink;
+    write_fake_c_library(root)?;
+    // Where a chrooted tool finds the kernel's file systems and its private /tmp.
+    for dir in ["tmp", "proc", "sys", "dev"] {
+        std::fs::create_dir_all(root.join(dir))?;
+    }
     let lib_dir = root.join("usr/lib/x86_64-linux-gnu");
     std::fs::create_dir_all(&lib_dir)?;
     let mut cached = Vec::new();
@@ -359,6 +364,58 @@ pub fn write_fake_driver_root(root: &Path, version: &str) -> std::io::Result<()>
     }
     std::fs::create_dir_all(root.join("run/nvidia-persistenced"))?;
     std::fs::write(root.join("run/nvidia-persistenced/socket"), b"")?;
+    Ok(())
+}
+
+/// The loader of the fake driver root's tools (e2e/fakenvml links its binaries to it): a path
+/// no image and no host has, so a tool runs only chrooted into a fake driver root.
+pub const FAKE_LOADER: &str = "lib/ld-gpu-dra-driver-root.so";
+/// The C library of the fake driver root's tools (their rpath).
+pub const FAKE_LIBC_DIR: &str = "lib/gpu-dra-driver-root";
+
+/// Gives a fake driver root a C library of its own: this machine's loader and libraries, copied
+/// under paths only a fake driver root has.
+fn write_fake_c_library(root: &Path) -> std::io::Result<()> {
+    const LOADERS: [&str; 2] = ["/lib64/ld-linux-x86-64.so.2", "/lib/ld-linux-aarch64.so.1"];
+    const DIRS: [&str; 6] = [
+        "/lib/x86_64-linux-gnu",
+        "/usr/lib/x86_64-linux-gnu",
+        "/lib/aarch64-linux-gnu",
+        "/usr/lib/aarch64-linux-gnu",
+        "/lib64",
+        "/usr/lib64",
+    ];
+    let not_found = |what: &str| {
+        std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            format!("no {what} on this machine to give the fake driver root's tools"),
+        )
+    };
+    let loader = LOADERS
+        .iter()
+        .map(Path::new)
+        .find(|p| p.exists())
+        .ok_or_else(|| not_found("C library loader"))?;
+    std::fs::create_dir_all(root.join(FAKE_LOADER).parent().unwrap_or(root))?;
+    std::fs::copy(loader, root.join(FAKE_LOADER))?;
+    let lib_dir = root.join(FAKE_LIBC_DIR);
+    std::fs::create_dir_all(&lib_dir)?;
+    for (name, required) in [
+        ("libc.so.6", true),
+        ("libgcc_s.so.1", true),
+        ("libm.so.6", false),
+        ("libpthread.so.0", false),
+        ("libdl.so.2", false),
+        ("librt.so.1", false),
+    ] {
+        match DIRS.iter().map(|d| Path::new(d).join(name)).find(|p| p.exists()) {
+            Some(path) => {
+                std::fs::copy(&path, lib_dir.join(name))?;
+            }
+            None if required => return Err(not_found(name)),
+            None => {}
+        }
+    }
     Ok(())
 }
 

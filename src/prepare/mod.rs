@@ -49,6 +49,7 @@ pub trait NodeDriver: Send + Sync + 'static {
 
 pub mod busy;
 pub mod cdi;
+pub mod cgroup;
 pub mod checkpoint;
 pub mod claims;
 pub mod driver;

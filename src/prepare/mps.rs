@@ -1,14 +1,19 @@
 //! MPS control daemons: one per claim that asks for sharing strategy `MPS`, run from the driver
-//! root's `nvidia-cuda-mps-control` as NVIDIA's driver runs it (same commands, same folders, same
-//! container edits), but as a detached process of this driver rather than a Deployment.
+//! root's `nvidia-cuda-mps-control` as NVIDIA's driver runs it (same commands, chrooted into the
+//! driver root, the pipe folder at `/tmp/nvidia-mps` on both sides, same container edits), but
+//! as a host process rather than a Deployment: the daemon runs in the host's mount namespace and
+//! in a cgroup of its own (`gpu-dra-mps/<name>`, see `cgroup`), so it outlives the driver's
+//! container (upgrade, crash, OOM kill) and its memory is not the driver's. Its processes are
+//! found by that cgroup.
 //!
 //! Everything a daemon owns is under one folder named after the claim UID,
 //! `<state dir>/mps/<claimUID>/{pipe,log,shm}` (`shm` a size-limited tmpfs), or, where that would
 //! push the daemon's sockets past a unix socket address (a long kubelet folder, as microk8s'), a
 //! 12-digit digest of it with the UID in an `owner` file, so whatever a crash
 //! leaves is found from the checkpoint's claim UID alone, or by listing the folder: no step needs a
-//! record written after the fact. The daemon is found and stopped through its pipe folder (`quit`),
-//! and any process that still names that pipe folder in its environment is killed.
+//! record written after the fact. The daemon is stopped through its pipe folder (`quit`), and any
+//! process left in its cgroup (or, from an older driver, naming that folder in its environment)
+//! is killed.
 use std::collections::BTreeMap;
 use std::ffi::{CString, OsString};
 use std::io::Write;
@@ -17,9 +22,18 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::cdi::{ContainerEdits, Mount};
+use super::cgroup::HostCgroups;
+use crate::gpu::driver_tools::{DriverRootTools, ToolCommand};
 
-/// Where a claim's containers find the daemon's pipes (`CUDA_MPS_PIPE_DIRECTORY`).
+/// Where a claim's containers, and its daemon in the driver root, find the daemon's pipes
+/// (`CUDA_MPS_PIPE_DIRECTORY`).
 pub const CONTAINER_PIPE_DIR: &str = "/tmp/nvidia-mps";
+/// Where the daemon writes its logs, in the driver root.
+const DAEMON_LOG_DIR: &str = "/tmp/nvidia-mps-log";
+/// Where the daemon finds the simulated GPUs' state folder, in the driver root.
+const DAEMON_SIM_DIR: &str = "/tmp/gpu-dra-sim";
+/// Set in the daemon's environment: its folder on the host (tests and people find it by this).
+pub const FOLDER_ENV: &str = "GPU_DRA_MPS_FOLDER";
 /// The control binary, under the driver root.
 pub const CONTROL_PATHS: &[&str] = &[
     "usr/bin/nvidia-cuda-mps-control",
@@ -57,38 +71,55 @@ pub struct DaemonSpec {
 /// Starts, checks and stops the claims' daemons.
 #[derive(Debug, Clone)]
 pub struct MpsDaemons {
+    tools: DriverRootTools,
+    /// `nvidia-cuda-mps-control`, inside the driver root.
     control: PathBuf,
-    library_path: Option<OsString>,
     root: PathBuf,
     shm_size: String,
-    /// Set for the daemons besides their own settings (simulated GPUs: where their state is).
-    env: Vec<(String, OsString)>,
+    /// The host's cgroups the daemons run in, or why there are none.
+    cgroups: Result<HostCgroups, String>,
+    /// Simulated GPUs: the folder of their state file (on the host) and its name.
+    sim_state: Option<(PathBuf, OsString)>,
 }
 
 impl MpsDaemons {
-    /// `control` is the driver root's `nvidia-cuda-mps-control` as this process sees it;
-    /// `library_dirs` where it finds the driver's libraries; `root` the folder for the daemons'
-    /// folders (the same path on the host, where containers' mounts come from).
-    pub fn new(control: PathBuf, library_dirs: &[PathBuf], root: PathBuf) -> Self {
-        let library_path = (!library_dirs.is_empty())
-            .then(|| std::env::join_paths(library_dirs).ok())
-            .flatten();
+    /// `control` is the driver root's `nvidia-cuda-mps-control` (a path inside it); `root` the
+    /// folder for the daemons' folders (the same path on the host, where containers' mounts
+    /// come from).
+    pub fn new(tools: DriverRootTools, control: PathBuf, root: PathBuf) -> Self {
         Self {
+            tools,
             control,
-            library_path,
             root,
             shm_size: default_shm_size(),
-            env: Vec::new(),
+            cgroups: HostCgroups::discover().map_err(|e| e.to_string()),
+            sim_state: None,
         }
     }
 
     /// Simulated GPUs: the daemons run on (and record themselves in) this state file.
     pub fn on_simulated_gpus(mut self, state_file: Option<PathBuf>) -> Self {
-        if let Some(path) = state_file {
-            self.env
-                .push(("GPU_DRA_SIM_STATE".into(), path.into_os_string()));
-        }
+        self.sim_state = state_file.and_then(|path| {
+            Some((path.parent()?.to_path_buf(), path.file_name()?.to_os_string()))
+        });
         self
+    }
+
+    /// Whether the daemons can run here: the control binary loads in the driver root, and the
+    /// host's cgroups are there to hold them.
+    pub fn check_tools(&self) -> Result<(), MpsError> {
+        self.tools
+            .check(&self.control)
+            .map_err(|e| Self::err("*", e.to_string()))?;
+        self.cgroups
+            .as_ref()
+            .map(|_| ())
+            .map_err(|reason| Self::err("*", reason.clone()))
+    }
+
+    /// The daemon's cgroup: named after its folder's path, so it is found again from the folder.
+    fn cgroup_name(&self, uid: &str) -> String {
+        short_name(&self.dir(uid).to_string_lossy())
     }
 
     pub fn root(&self) -> &Path {
@@ -173,11 +204,21 @@ impl MpsDaemons {
         }
         super::failpoint::failpoint("prepare-mps-shm-mounted");
         if !self.answers(uid) {
-            let mut command = self.command(uid, &spec.uuids);
-            command.arg("-d");
+            let cgroups = self
+                .cgroups
+                .as_ref()
+                .map_err(|reason| Self::err(uid, reason.clone()))?;
+            let procs = cgroups
+                .create(&self.cgroup_name(uid))
+                .map_err(|e| Self::err(uid, e.to_string()))?;
+            let mut command = self.command(uid, &spec.uuids).arg("-d");
             if spec.multi_user {
-                command.arg("-M");
+                command = command.arg("-M");
             }
+            let mut command = command
+                .join_cgroups(procs)
+                .build()
+                .map_err(|e| Self::err(uid, e.to_string()))?;
             // The daemon keeps no handle of ours: it must not hold this driver's pipes or
             // sockets open after it detaches.
             command
@@ -190,8 +231,9 @@ impl MpsDaemons {
                 return Err(Self::err(
                     uid,
                     format!(
-                        "`{} -d` exited with {status}; see {}",
+                        "`{} -d` (chrooted into {}) exited with {status}; see {}",
                         self.control.display(),
+                        self.tools.host_root().display(),
                         self.log_dir(uid).join("control.log").display()
                     ),
                 ));
@@ -245,7 +287,7 @@ impl MpsDaemons {
         let mut killed = false;
         let mut pause = Pause::new();
         loop {
-            let left = processes_using(&pipe);
+            let left = self.processes(uid, &pipe);
             if left.is_empty() {
                 break;
             }
@@ -274,6 +316,11 @@ impl MpsDaemons {
             }
             rustix::mount::unmount(&shm, rustix::mount::UnmountFlags::DETACH)
                 .map_err(|e| Self::err(uid, format!("cannot unmount {}: {e}", shm.display())))?;
+        }
+        if let Ok(cgroups) = &self.cgroups {
+            cgroups
+                .remove(&self.cgroup_name(uid))
+                .map_err(|e| Self::err(uid, e.to_string()))?;
         }
         std::fs::remove_dir_all(&dir)
             .map_err(|e| Self::err(uid, format!("cannot remove {}: {e}", dir.display())))?;
@@ -335,32 +382,61 @@ impl MpsDaemons {
         }
     }
 
-    fn command(&self, uid: &str, uuids: &[String]) -> Command {
-        let mut command = Command::new(&self.control);
-        command
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .env("CUDA_MPS_PIPE_DIRECTORY", self.pipe_dir(uid))
-            .env("CUDA_MPS_LOG_DIRECTORY", self.log_dir(uid));
-        if !uuids.is_empty() {
-            command.env("CUDA_VISIBLE_DEVICES", uuids.join(","));
+    /// The daemon's processes: those in its cgroup, and any that names its folder in its
+    /// environment (a daemon an older driver started outside a cgroup of ours).
+    fn processes(&self, uid: &str, pipe: &Path) -> Vec<i32> {
+        let mut pids = match &self.cgroups {
+            Ok(cgroups) => cgroups.pids(&self.cgroup_name(uid)),
+            Err(_) => Vec::new(),
+        };
+        pids.extend(processes_using(&self.dir(uid), pipe));
+        pids.sort_unstable();
+        pids.dedup();
+        pids
+    }
+
+    /// A run of the control binary for the claim's daemon: chrooted into the driver root, with
+    /// the daemon's folders bound where NVIDIA's driver puts them.
+    fn command(&self, uid: &str, uuids: &[String]) -> ToolCommand {
+        let mut command = self
+            .tools
+            .command(&self.control)
+            .env("CUDA_MPS_PIPE_DIRECTORY", CONTAINER_PIPE_DIR)
+            .env("CUDA_MPS_LOG_DIRECTORY", DAEMON_LOG_DIR)
+            .env(FOLDER_ENV, self.dir(uid))
+            .bind(&self.pipe_dir(uid), CONTAINER_PIPE_DIR)
+            .bind(&self.log_dir(uid), DAEMON_LOG_DIR)
+            .bind(&self.shm_dir(uid), "/dev/shm");
+        if let Some((dir, file)) = &self.sim_state {
+            command = command
+                .bind(dir, DAEMON_SIM_DIR)
+                .env("GPU_DRA_SIM_STATE", Path::new(DAEMON_SIM_DIR).join(file));
         }
-        if let Some(path) = &self.library_path {
-            // The driver root's binary links the driver root's libraries, not this container's.
-            command.env("LD_LIBRARY_PATH", path);
+        if !uuids.is_empty() {
+            command = command.env("CUDA_VISIBLE_DEVICES", uuids.join(","));
         }
         command
     }
 
     /// Sends one control command; its answer, or why it failed.
     fn ask(&self, uid: &str, uuids: &[String], line: &str) -> Result<String, String> {
-        let mut command = self.command(uid, uuids);
+        let mut command = self
+            .command(uid, uuids)
+            .build()
+            .map_err(|e| e.to_string())?;
         command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         let mut child = command
             .spawn()
-            .map_err(|e| format!("cannot run {}: {e}", self.control.display()))?;
+            .map_err(|e| {
+                format!(
+                    "cannot run {} chrooted into {}: {e}",
+                    self.control.display(),
+                    self.tools.host_root().display()
+                )
+            })?;
         if let Some(mut stdin) = child.stdin.take() {
             let _ = stdin.write_all(format!("{line}\n").as_bytes());
         }
@@ -427,14 +503,16 @@ fn wait_for(command: &mut Command, timeout: Duration) -> Result<std::process::Ex
     }
 }
 
-/// Processes whose environment names `pipe` as their MPS pipe folder: the control daemon and
-/// the servers it started.
-fn processes_using(pipe: &Path) -> Vec<i32> {
-    let wanted = {
-        let mut entry = b"CUDA_MPS_PIPE_DIRECTORY=".to_vec();
-        entry.extend_from_slice(pipe.as_os_str().as_encoded_bytes());
+/// Processes whose environment names the daemon folder `dir` (ours) or `pipe` as their MPS pipe
+/// folder (an older driver's): the control daemon and the servers it started.
+fn processes_using(dir: &Path, pipe: &Path) -> Vec<i32> {
+    let entry = |key: &str, path: &Path| {
+        let mut entry = format!("{key}=").into_bytes();
+        entry.extend_from_slice(path.as_os_str().as_encoded_bytes());
         entry
     };
+    let ours = entry(FOLDER_ENV, dir);
+    let older = entry("CUDA_MPS_PIPE_DIRECTORY", pipe);
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return vec![];
     };
@@ -452,7 +530,10 @@ fn processes_using(pipe: &Path) -> Vec<i32> {
         .filter(|pid| {
             // A process that exits meanwhile, or a zombie (empty environment), is not running.
             std::fs::read(format!("/proc/{pid}/environ"))
-                .is_ok_and(|env| env.split(|b| *b == 0).any(|e| e == wanted.as_slice()))
+                .is_ok_and(|env| {
+                    env.split(|b| *b == 0)
+                        .any(|e| e == ours.as_slice() || e == older.as_slice())
+                })
         })
         .collect()
 }
@@ -480,7 +561,7 @@ fn is_mount_point(path: &Path) -> bool {
 }
 
 /// mountinfo escapes space, tab, newline and backslash as `\ooo`.
-fn unescape_mount_path(escaped: &str) -> String {
+pub(crate) fn unescape_mount_path(escaped: &str) -> String {
     let bytes = escaped.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;

@@ -174,22 +174,19 @@ impl DeviceState {
                     hook = ?files.hook,
                     "driver files found"
                 );
-                mps = super::mps::CONTROL_PATHS
-                    .iter()
-                    .map(|path| root.here.join(path))
-                    .find(|path| is_executable(path))
-                    .map(|control| {
-                        let library_dirs: Vec<PathBuf> = files
-                            .library_dirs()
-                            .iter()
-                            .map(|dir| root.here.join(dir.strip_prefix("/").unwrap_or(dir)))
-                            .collect();
-                        MpsDaemons::new(control, &library_dirs, config.state_dir.join("mps"))
-                            .on_simulated_gpus(gpus.sim_state_file())
-                    });
-                if let Some(Err(error)) = mps.as_ref().map(MpsDaemons::check_root) {
-                    // Every MPS claim will be refused with this reason; nothing else needs MPS.
-                    tracing::warn!(%error, "MPS claims cannot be prepared on this node");
+                let tools = crate::gpu::driver_tools::DriverRootTools::new(&root.here, &root.host);
+                mps = tools.find(super::mps::CONTROL_PATHS).map(|control| {
+                    MpsDaemons::new(tools.clone(), control, config.state_dir.join("mps"))
+                        .on_simulated_gpus(gpus.sim_state_file())
+                });
+                if let Some(mps) = &mps {
+                    // A control binary that cannot run (a loader or library the driver root
+                    // lacks, no view of the host) stops the start: every MPS claim would fail.
+                    mps.check_tools()?;
+                    if let Err(error) = mps.check_root() {
+                        // Every MPS claim will be refused with this reason; nothing else needs MPS.
+                        tracing::warn!(%error, "MPS claims cannot be prepared on this node");
+                    }
                 }
                 Some(Arc::new(files))
             }
@@ -1555,11 +1552,6 @@ fn device_memory(book: &Book, uuid: &str) -> u64 {
             Some(mig.profile_by_id(instance.profile_id)?.memory_bytes())
         })
         .unwrap_or_default()
-}
-
-fn is_executable(path: &std::path::Path) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
 /// The minor of the GPU a device name of ours is on (`gpu-<minor>` or a MIG device of it).

@@ -88,10 +88,22 @@ impl Node {
         serde_json::from_slice(&std::fs::read(path).expect("spec")).expect("spec json")
     }
 
-    /// Processes (daemons) serving this node's MPS folders.
+    /// Control daemons serving this node's MPS folders (the driver marks their environment
+    /// with their folder; their servers, `--fake-server`, are not counted).
     fn daemons(&self) -> Vec<u32> {
+        self.mps_processes()
+            .into_iter()
+            .filter(|pid| {
+                !std::fs::read(format!("/proc/{pid}/cmdline"))
+                    .is_ok_and(|c| c.windows(13).any(|w| w == b"--fake-server"))
+            })
+            .collect()
+    }
+
+    /// Every MPS process of this node: control daemons and their servers.
+    fn mps_processes(&self) -> Vec<u32> {
         let marker = format!(
-            "CUDA_MPS_PIPE_DIRECTORY={}",
+            "GPU_DRA_MPS_FOLDER={}",
             self.config.state_dir.join("mps").display()
         );
         std::fs::read_dir("/proc")
@@ -121,9 +133,9 @@ impl Node {
     /// Nothing of MPS left: no daemon, no mount, no folder.
     fn assert_clean(&self) {
         assert!(
-            self.daemons().is_empty(),
-            "daemons left: {:?}",
-            self.daemons()
+            self.mps_processes().is_empty(),
+            "MPS processes left: {:?}",
+            self.mps_processes()
         );
         assert!(
             self.mounts_under_dir().is_empty(),
@@ -140,7 +152,7 @@ impl Node {
 impl Drop for Node {
     fn drop(&mut self) {
         // A failed test must not leave daemons or mounts on the machine.
-        for pid in self.daemons() {
+        for pid in self.mps_processes() {
             if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
                 let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
             }
@@ -380,24 +392,17 @@ fn crashes_and_dead_daemons_are_repaired_at_start() {
     gpu_dra::prepare::checkpoint::CheckpointStore::new(&node.config.state_dir)
         .save(&checkpoint)
         .expect("save");
-    let quit = std::process::Command::new(FAKE_CONTROL)
-        .env(
-            "CUDA_MPS_PIPE_DIRECTORY",
-            node.daemon_dir("done").join("pipe"),
-        )
-        .env(
-            "CUDA_MPS_LOG_DIRECTORY",
-            node.daemon_dir("done").join("log"),
-        )
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .and_then(|mut child| {
-            use std::io::Write;
-            child.stdin.take().expect("stdin").write_all(b"quit\n")?;
-            child.wait()
-        })
-        .expect("quit");
-    assert!(quit.success());
+    // The daemon is told to quit through its control socket (the fake control binary runs
+    // only chrooted into the driver root).
+    {
+        use std::io::{Read, Write};
+        let mut control =
+            std::os::unix::net::UnixStream::connect(node.daemon_dir("done").join("pipe/control"))
+                .expect("connect to done's daemon");
+        control.write_all(b"quit\n").expect("quit");
+        control.shutdown(std::net::Shutdown::Write).expect("shutdown");
+        let _ = control.read_to_end(&mut Vec::new());
+    }
     // A folder no claim owns (a crash after the daemon started, before the claim was recorded).
     std::fs::create_dir_all(node.daemon_dir("nobody").join("pipe")).expect("stray folder");
 
@@ -828,5 +833,87 @@ fn mps_runs_under_a_kubelet_folder_as_long_as_microk8s() {
         "{refused}"
     );
     assert!(state.checkpoint().claims.is_empty(), "nothing recorded");
+    node.assert_clean();
+}
+
+/// A process's cgroup paths, one per hierarchy (`/proc/PID/cgroup`).
+fn cgroups_of(pid: u32) -> Vec<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .expect("cgroup")
+        .lines()
+        .filter_map(|line| Some(line.splitn(3, ':').nth(2)?.to_string()))
+        .collect()
+}
+
+#[test]
+#[ignore = "needs root: the MPS daemons' shm is a tmpfs mount (e2e/run-tests runs ignored tests)"]
+fn the_daemon_and_its_server_run_chrooted_in_a_cgroup_of_their_own() {
+    let node = Node::new("sim:2xH100-SXM5-80GB", MigPolicy::Static);
+    let (state, _) = node.open();
+    let c = claim(
+        "c1",
+        vec![result("gpu", "gpu-0")],
+        vec![(None, mps("GpuConfig", json!({})))],
+    );
+    state.prepare(&claim_ref("c1"), &c).expect("prepare");
+    let processes = node.mps_processes();
+    assert_eq!(processes.len(), 2, "control daemon and server: {processes:?}");
+    let ours = cgroups_of(std::process::id());
+    let mut daemon_cgroups = Vec::new();
+    for pid in &processes {
+        // Not in the driver's cgroup (a container's, in production): in gpu-dra-mps/<name>
+        // in every hierarchy, so stopping the driver's container does not stop it.
+        let cgroups = cgroups_of(*pid);
+        assert!(
+            cgroups
+                .iter()
+                .all(|path| path.starts_with("/gpu-dra-mps/")),
+            "{pid}: {cgroups:?} (the driver's: {ours:?})"
+        );
+        daemon_cgroups.extend(cgroups);
+        // Chrooted into the driver root: it loaded the driver root's own C library.
+        let root = std::fs::read_link(format!("/proc/{pid}/root")).expect("root");
+        assert_eq!(root, node.dir.path().join("driver-root"), "{pid}");
+    }
+    state.unprepare("c1").expect("unprepare");
+    node.assert_clean();
+    for path in daemon_cgroups {
+        for hierarchy in ["memory", "pids", "devices", "unified"] {
+            let dir = Path::new("/sys/fs/cgroup").join(hierarchy).join(path.trim_start_matches('/'));
+            assert!(!dir.exists(), "cgroup {} left", dir.display());
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs root: the MPS daemons' shm is a tmpfs mount (e2e/run-tests runs ignored tests)"]
+fn a_control_binary_the_driver_root_cannot_load_stops_the_start() {
+    let node = Node::new("sim:2xH100-SXM5-80GB", MigPolicy::Static);
+    let control = node.dir.path().join("driver-root/usr/bin/nvidia-cuda-mps-control");
+    // The fake tools load only with the fake driver root's loader: with this machine's (the
+    // image's, in production) they do not run at all.
+    let outside = std::process::Command::new(&control).output();
+    assert!(
+        outside.as_ref().is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound),
+        "{outside:?}"
+    );
+    // Without its C library the driver root's control binary cannot load: the driver does
+    // not start, naming the binary and the loader's error.
+    std::fs::remove_file(
+        node.dir
+            .path()
+            .join("driver-root")
+            .join(gpu_dra::prepare::driver_files::FAKE_LIBC_DIR)
+            .join("libgcc_s.so.1"),
+    )
+    .expect("remove a library");
+    let error = DeviceState::open(node.config.clone(), node.sim.clone())
+        .err()
+        .expect("the start fails")
+        .to_string();
+    assert!(
+        error.contains("usr/bin/nvidia-cuda-mps-control") && error.contains("libgcc_s.so.1"),
+        "{error}"
+    );
     node.assert_clean();
 }

@@ -12,6 +12,11 @@
 //! daemon is part of the simulated hardware: it records itself and what it is told there, and
 //! refuses to start for devices that do not exist.
 //!
+//! The daemon starts an MPS server (this binary again, `--fake-server`) that models clients: a
+//! client makes a FIFO in `$CUDA_MPS_PIPE_DIRECTORY/clients/`, the server opens it and writes
+//! `attached server=<pid>` and then `alive <n>` every second. A client reading it sees end of
+//! file the moment its server is gone, as a CUDA client of a real server does.
+//!
 //! Commands: `get_server_list`, `set_default_active_thread_percentage N`,
 //! `get_default_active_thread_percentage`, `set_default_device_pinned_mem_limit DEV LIMIT`,
 //! `get_default_device_pinned_mem_limit DEV`, `quit`.
@@ -26,6 +31,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use gpu_dra::gpu::sim::{SimMpsDaemon, SimNode, SimState};
 
 const SERVE: &str = "--fake-serve";
+const SERVER: &str = "--fake-server";
 
 /// The simulated node the daemon runs on, if any.
 fn sim() -> Option<SimNode> {
@@ -56,11 +62,22 @@ fn socket() -> PathBuf {
     pipe_dir().join("control")
 }
 
+/// The daemon's identity in the simulated hardware: its folder on the host where the driver
+/// says (each daemon sees its own pipe folder at the same `/tmp/nvidia-mps`), else the pipe
+/// folder.
+fn pipe_key() -> String {
+    match std::env::var_os("GPU_DRA_MPS_FOLDER") {
+        Some(folder) => PathBuf::from(folder).join("pipe").to_string_lossy().into_owned(),
+        None => pipe_dir().to_string_lossy().into_owned(),
+    }
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("-d") => start_daemon(args.iter().any(|a| a == "-M")),
         Some(SERVE) => serve(args.iter().any(|a| a == "-M")),
+        Some(SERVER) => server(),
         None => client(),
         Some(other) => {
             eprintln!("nvidia-cuda-mps-control: unknown option {other}");
@@ -156,7 +173,7 @@ fn serve(multi_user: bool) -> ExitCode {
         }
     };
     let visible = std::env::var("CUDA_VISIBLE_DEVICES").unwrap_or_default();
-    let pipe = pipe_dir().to_string_lossy().into_owned();
+    let pipe = pipe_key();
     let sim = sim();
     if let Some(sim) = &sim {
         let daemon = SimMpsDaemon {
@@ -187,6 +204,23 @@ fn serve(multi_user: bool) -> ExitCode {
         "Control daemon started: pid={} CUDA_VISIBLE_DEVICES={visible} multiUser={multi_user}",
         std::process::id()
     ));
+    let server = std::env::current_exe().and_then(|me| {
+        Command::new(me)
+            .arg(SERVER)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+    });
+    let mut server = match server {
+        Ok(child) => child,
+        Err(e) => {
+            log(&format!("cannot start the server: {e}"));
+            let _ = std::fs::remove_file(&socket);
+            return ExitCode::from(1);
+        }
+    };
+    log(&format!("Server started: pid={}", server.id()));
     let mut thread_percentage: Option<String> = None;
     let mut pinned: BTreeMap<String, String> = BTreeMap::new();
     for stream in listener.incoming() {
@@ -199,7 +233,7 @@ fn serve(multi_user: bool) -> ExitCode {
         log(&format!("cmd: {command}"));
         let words: Vec<&str> = command.split_whitespace().collect();
         let answer = match words.as_slice() {
-            ["get_server_list"] => String::new(),
+            ["get_server_list"] => format!("{}\n", server.id()),
             ["set_default_active_thread_percentage", value] => match value.parse::<f64>() {
                 Ok(p) if (0.0..=100.0).contains(&p) => {
                     thread_percentage = Some((*value).to_string());
@@ -233,6 +267,8 @@ fn serve(multi_user: bool) -> ExitCode {
                     log(&format!("cannot record in the simulated hardware: {e}"));
                 }
                 let _ = std::fs::remove_file(&socket);
+                let _ = server.kill();
+                let _ = server.wait();
                 log("Control daemon stopped");
                 let _ = stream.write_all(b"");
                 return ExitCode::SUCCESS;
@@ -242,6 +278,59 @@ fn serve(multi_user: bool) -> ExitCode {
         let _ = stream.write_all(answer.as_bytes());
     }
     ExitCode::SUCCESS
+}
+
+/// The MPS server: serves the clients that attach through FIFOs in `<pipe>/clients/` until it
+/// is stopped; each client's FIFO reaches end of file when this process is gone.
+fn server() -> ExitCode {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let clients_dir = pipe_dir().join("clients");
+    if let Err(e) = std::fs::create_dir_all(&clients_dir) {
+        log(&format!("server: cannot create {}: {e}", clients_dir.display()));
+        return ExitCode::from(1);
+    }
+    let me = std::process::id();
+    let mut attached: BTreeMap<std::ffi::OsString, std::fs::File> = BTreeMap::new();
+    let mut tick: u64 = 0;
+    loop {
+        if let Ok(entries) = std::fs::read_dir(&clients_dir) {
+            for entry in entries.flatten() {
+                let name = entry.file_name();
+                let is_fifo = entry.file_type().is_ok_and(|t| t.is_fifo());
+                if !is_fifo || attached.contains_key(&name) {
+                    continue;
+                }
+                // Non-blocking: a FIFO nobody reads yet is tried again on the next round.
+                let opened = std::fs::OpenOptions::new()
+                    .write(true)
+                    .custom_flags(libc_o_nonblock())
+                    .open(entry.path());
+                if let Ok(mut fifo) = opened
+                    && writeln!(fifo, "attached server={me}").is_ok()
+                {
+                    log(&format!("server {me}: client {} attached", name.to_string_lossy()));
+                    attached.insert(name, fifo);
+                }
+            }
+        }
+        if tick % 5 == 0 {
+            let beat = tick / 5;
+            attached.retain(|name, fifo| {
+                let alive = writeln!(fifo, "alive {beat}").is_ok();
+                if !alive {
+                    log(&format!("server {me}: client {} left", name.to_string_lossy()));
+                }
+                alive
+            });
+        }
+        tick += 1;
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// `O_NONBLOCK` (Linux).
+fn libc_o_nonblock() -> i32 {
+    0o4000
 }
 
 /// `<N>M` or `<N>G`, as MPS takes limits.
