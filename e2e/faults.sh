@@ -175,7 +175,7 @@ expect_mps() {
     local dir log
     dir=$(mps_folder "$WORK/state" "$1")
     log=$dir/log/control.log
-    [[ $(grep -lzx "CUDA_MPS_PIPE_DIRECTORY=$dir/pipe" /proc/[0-9]*/environ 2>/dev/null | wc -l) == 1 ]] \
+    [[ $(mps_daemons_of "$dir" | wc -l) == 1 ]] \
         || fail "claim $1: want one MPS daemon, have: $(mps_pids | tr '\n' ' ')"
     grep -q 'cmd: set_default_active_thread_percentage 30$' "$log" || fail "claim $1: MPS daemon not told its limits: $(cat "$log")"
     awk -v m="$dir/shm" '$5 == m { found = 1 } END { exit !found }' /proc/self/mountinfo \
@@ -185,7 +185,7 @@ expect_mps() {
 expect_clean() {
     local state
     [[ -z $(cdi_files) ]] || fail "CDI files left: $(cdi_files)"
-    [[ -z $(mps_pids) ]] || fail "MPS daemons left: $(mps_pids | tr '\n' ' ')"
+    [[ -z $(mps_all_pids) ]] || fail "MPS processes left: $(mps_all_pids | tr '\n' ' ')"
     [[ -z $(mps_mounts) ]] || fail "mounts left: $(mps_mounts | tr '\n' ' ')"
     [[ -z $(ls "$WORK/state/mps" 2>/dev/null) ]] || fail "MPS folders left: $(ls "$WORK/state/mps")"
     [[ $(checkpoint_claims) == "[]" ]] || fail "checkpoint not empty: $(checkpoint_claims)"

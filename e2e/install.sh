@@ -11,9 +11,16 @@
 #      and publishes the node's slices with nothing but the chart's ServiceAccount (RBAC and
 #      the admission policy in force: no authorization errors in its log);
 #   3. a user pod with a claim runs with its GPU (device node, NVIDIA_VISIBLE_DEVICES);
+#      MPS (deploy/examples' whole-GPU and carved-MIG claims) with clients attached to their
+#      servers, which keep their servers through (a) the driver pod deleted, (b) the driver
+#      container's PID 1 killed and (c) the upgrade of step 4; the daemons run chrooted into the
+#      driver root in cgroups of their own; a time-sliced claim's interval is set through the
+#      driver root's nvidia-smi (the fake tools load only with the driver root's C library);
 #   4. `helm upgrade` to a new image tag rolls the DaemonSet (new pod beside the old, seamless
 #      registration): the running pod keeps running, no prepare fails, and a pod started after
 #      the upgrade is prepared by the new driver, and the first pod's claim unprepared by it;
+#      The upgraded driver unprepares the MPS claims: daemons, servers, folders, cgroups and
+#      mounts all gone.
 #   5. `helm uninstall`: the running pod and its prepared device (CDI spec) are left alone, and
 #      no socket of the driver is left on the node.
 #
@@ -22,6 +29,8 @@
 #                          unless IMAGE_BINARY names another gpu-dra binary)
 set -euo pipefail
 E2E=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=mps-folder.sh
+source "$E2E/mps-folder.sh"
 ROOT=$(dirname "$E2E")
 cd "$ROOT"
 NAME=install-e2e
@@ -90,7 +99,10 @@ SECOND_ARCHIVE=$IMAGE_ARCHIVE SECOND_REF=$IMAGE_REF
 REPOSITORY=${FIRST_REF%:*}
 log "image $FIRST_REF: $((IMAGE_SIZE_BYTES / 1024)) KiB"
 
-"$E2E/cluster" up --real-node --no-driver --service-network >/dev/null || fail "the real node did not start"
+# Four GPUs: three H100s (one carved for an MPS MIG device) and a T4, for the plain, MPS,
+# time-sliced and after-upgrade claims that live at once.
+"$E2E/cluster" up --real-node --no-driver --service-network --gpus sim:3xH100-SXM5-80GB,1xT4 >/dev/null ||
+    fail "the real node did not start"
 eval "$("$E2E/cluster" env)"
 LOGS=$GPU_DRA_CLUSTER_DIR/logs
 ctr() { "$E2E_CTR" --address "$E2E_CONTAINERD_ADDRESS" -n k8s.io "$@" 2>>"$WORK/ctr.log"; }
@@ -166,6 +178,107 @@ FIRST_UID=$(kubectl get resourceclaim "$FIRST_CLAIM" -o jsonpath='{.metadata.uid
 [[ -f $GPU_DRA_CDI_ROOT/k8s.gpu.nvidia.com-claim_$FIRST_UID.json ]] || fail "no CDI spec for claim $FIRST_CLAIM"
 ok "user pod runs with its GPU, prepared by the installed driver"
 
+# ---------------------------------------------------------------- 3b. MPS clients that outlive driver restarts
+# deploy/examples' MPS claims as users apply them: a carved 2g.20gb MIG device and a whole GPU,
+# each with a pod whose client stays attached to the claim's MPS server (e2e/pods/mps-client.yaml).
+# The daemons run chrooted into the driver root in cgroups of their own, outside the driver pod's:
+# the driver pod deleted, its container's PID 1 killed and (below) `helm upgrade` must not stop
+# them, and each client must never lose its server.
+hw() { "$GPU_DRA" sim --gpus "$E2E_GPUS" --node-name "$E2E_NODE" --sim-state "$GPU_DRA_SIM_STATE" show; }
+mps_client() { # NAME CLAIM
+    sed -e "s|\${E2E_IMAGE}|$E2E_IMAGE|g" -e "s|\${NAME}|$1|g" -e "s|\${CLAIM}|$2|g" \
+        "$E2E/pods/mps-client.yaml" | kubectl apply -f - >&2
+}
+client_log() { # pod: what its container printed
+    local uid
+    uid=$(kubectl get pod "$1" -o jsonpath='{.metadata.uid}')
+    cut -d' ' -f4- "$E2E_POD_LOGS/default_$1_$uid/ctr/0.log" 2>/dev/null
+}
+client_beats() { client_log "$1" | grep -c '^alive ' || true; }
+claim_uid() { kubectl get resourceclaim "$1" -o jsonpath='{.metadata.uid}'; }
+daemon_of() { # claim: the PID of its MPS control daemon
+    mps_daemons_of "$(mps_folder "$E2E_KUBELET_ROOT/plugins/gpu.nvidia.com" "$(claim_uid "$1")")"
+}
+DRIVER_POD_UID=$(kubectl -n "$NAMESPACE" get pod "$DRIVER_POD" -o jsonpath='{.metadata.uid}')
+kubectl apply -f deploy/examples/mig-2g-mps.yaml >&2
+mps_client mps-mig mig-2g-mps
+wait_for "pod mps-mig Running" 90 pod_running mps-mig
+kubectl apply -f deploy/examples/gpu-mps.yaml >&2
+mps_client mps-gpu mps-gpu
+wait_for "pod mps-gpu Running" 90 pod_running mps-gpu
+declare -A SERVER DAEMON
+for pod in mps-mig mps-gpu; do
+    wait_for "$pod attached to its MPS server" 30 bash -c "grep -q ' attached server=' $E2E_POD_LOGS/default_${pod}_*/ctr/0.log"
+    SERVER[$pod]=$(client_log "$pod" | sed -n 's/^attached server=//p' | head -n 1)
+done
+for claim in mig-2g-mps mps-gpu; do
+    DAEMON[$claim]=$(daemon_of "$claim")
+    [[ ${DAEMON[$claim]} =~ ^[0-9]+$ ]] || fail "claim $claim: want one MPS control daemon, have '${DAEMON[$claim]}'"
+    # Its own cgroup in every hierarchy: not the driver pod's, so the runtime does not kill it.
+    cgroups=$(cut -d: -f3 "/proc/${DAEMON[$claim]}/cgroup" | sort -u)
+    if grep -v '^/gpu-dra-mps/' <<<"$cgroups" | grep -q .; then
+        fail "claim $claim: its MPS daemon runs in $(tr '\n' ' ' <<<"$cgroups")"
+    fi
+    grep -q "$DRIVER_POD_UID" "/proc/${DAEMON[$claim]}/cgroup" && fail "claim $claim: its MPS daemon is in the driver pod's cgroup"
+    # Chrooted into the driver root: it runs with the driver root's own loader and C library.
+    [[ $(readlink "/proc/${DAEMON[$claim]}/root") == "$E2E_DRIVER_ROOT" ]] ||
+        fail "claim $claim: its MPS daemon's root is $(readlink "/proc/${DAEMON[$claim]}/root"), not the driver root"
+done
+ok "MPS claims (carved 2g.20gb and whole GPU) prepared by the chart's driver; clients attached to servers ${SERVER[*]}; daemons ${DAEMON[*]} chrooted into the driver root, in cgroups of their own"
+
+clients_kept_their_servers() { # EVENT: each client still attached to the same server and hearing from it
+    local pod claim beats
+    for pod in mps-mig mps-gpu; do
+        beats=$(client_beats "$pod")
+        wait_for "$pod hears from its server after $1" 15 bash -c "(( \$(cut -d' ' -f4- $E2E_POD_LOGS/default_${pod}_*/ctr/0.log | grep -c '^alive ') > $beats ))"
+        client_log "$pod" | grep -q 'lost its MPS server' && fail "$pod lost its MPS server at $1"
+        [[ $(client_log "$pod" | grep -c '^attached server=') == 1 ]] || fail "$pod attached again after $1"
+        [[ $(kubectl get pod "$pod" -o jsonpath='{.status.containerStatuses[0].restartCount}') == 0 ]] ||
+            fail "$pod restarted at $1"
+    done
+    for claim in mig-2g-mps mps-gpu; do
+        [[ $(daemon_of "$claim") == "${DAEMON[$claim]}" ]] || fail "claim $claim: MPS daemon ${DAEMON[$claim]} replaced by '$(daemon_of "$claim")' at $1"
+    done
+}
+driver_ready() { # the DaemonSet's one pod that is not going away is Ready; prints its name
+    driver_pods | jq -e -r '[.items[] | select(.metadata.deletionTimestamp == null)] | select(length == 1) | .[0]
+        | select(any(.status.conditions[]?; .type == "Ready" and .status == "True")) | .metadata.name'
+}
+
+# (a) the driver pod deleted: the DaemonSet starts another.
+kubectl -n "$NAMESPACE" delete pod "$DRIVER_POD" --wait=true --timeout 60s >&2 || fail "deleting the driver pod"
+wait_for "a new driver pod Ready" 90 driver_ready
+DRIVER_POD=$(driver_ready)
+clients_kept_their_servers "the driver pod's deletion"
+ok "(a) driver pod deleted, $DRIVER_POD took over: both clients kept their servers (same daemons, no restart)"
+
+# (b) the driver container's PID 1 killed (a crash, an OOM kill): the kubelet restarts it.
+DRIVER_POD_UID=$(kubectl -n "$NAMESPACE" get pod "$DRIVER_POD" -o jsonpath='{.metadata.uid}')
+driver_pid=
+for pid in $(pgrep -x gpu-dra); do
+    grep -q "$DRIVER_POD_UID" "/proc/$pid/cgroup" 2>/dev/null && driver_pid=$pid
+done
+[[ -n $driver_pid ]] || fail "no gpu-dra process in driver pod $DRIVER_POD's cgroup"
+kill -KILL "$driver_pid"
+wait_for "the driver container restarted" 60 bash -c "(( \$(kubectl -n $NAMESPACE get pod $DRIVER_POD -o jsonpath='{.status.containerStatuses[0].restartCount}') >= 1 ))"
+wait_for "the restarted driver Ready" 90 driver_ready
+clients_kept_their_servers "the driver container's kill -9"
+ok "(b) the driver container's PID 1 ($driver_pid) killed and restarted: both clients kept their servers"
+
+# ---------------------------------------------------------------- 3c. time-slicing through the driver root's nvidia-smi
+kubectl apply -f deploy/examples/gpu-timesliced.yaml >&2
+mps_pod_plain() { sed -e "s|\${E2E_IMAGE}|$E2E_IMAGE|g" -e "s|\${NAME}|$1|g" -e "s|\${CLAIM}|$2|g" "$E2E/pods/mps-pod.yaml" | kubectl apply -f - >&2; }
+mps_pod_plain time-sliced time-sliced-gpu
+wait_for "pod time-sliced Running" 90 pod_running time-sliced
+ts_dev=$(kubectl get resourceclaim time-sliced-gpu -o jsonpath='{.status.allocation.devices.results[0].device}')
+ts_minor=${ts_dev#gpu-}
+[[ $(hw | jq --argjson m "$ts_minor" '.gpus[] | select(.minor == $m) | .timeslice') == 3 ]] ||
+    fail "time-sliced-gpu on $ts_dev: the GPU's time-slice is not Long (3): $(hw | jq -c --argjson m "$ts_minor" '.gpus[] | select(.minor == $m)')"
+kubectl delete pod time-sliced --grace-period=1 --timeout 60s >&2
+kubectl delete resourceclaim time-sliced-gpu --timeout 60s >&2
+wait_for "time-slice of $ts_dev back to the default" 60 bash -c "[[ \$('$GPU_DRA' sim --gpus '$E2E_GPUS' --node-name '$E2E_NODE' --sim-state '$GPU_DRA_SIM_STATE' show | jq --argjson m $ts_minor '.gpus[] | select(.minor == \$m) | .timeslice') == 0 ]]"
+ok "time-sliced claim: the interval set and reset through the driver root's nvidia-smi (chrooted; it loads only with the driver root's C library)"
+
 # ---------------------------------------------------------------- 4. helm upgrade
 "$HELM" upgrade "$RELEASE" deploy/helm/gpu-dra "${install_args[@]}" --set "image.tag=${SECOND_REF##*:}" \
     --wait --timeout 180s >&2 || fail "helm upgrade did not reach a ready release"
@@ -185,6 +298,22 @@ kubectl delete pod before-upgrade --timeout 60s >&2 || fail "deleting pod before
 wait_for "the first claim's CDI spec removed" 60 bash -c "[[ ! -e $GPU_DRA_CDI_ROOT/k8s.gpu.nvidia.com-claim_$FIRST_UID.json ]]"
 driver_log "$NEW_POD" | grep -q "unprepared claim .*$FIRST_UID" || fail "the new driver pod did not unprepare $FIRST_CLAIM"
 ok "helm upgrade rolled $DRIVER_POD -> $NEW_POD ($SECOND_REF): no failed prepare, the running pod kept its GPU, the new driver prepares and unprepares"
+clients_kept_their_servers "helm upgrade"
+ok "(c) helm upgrade to $SECOND_REF: both MPS clients kept their servers"
+
+# The new driver unprepares what the first one prepared: daemons stopped, nothing left behind.
+mps_left_before=$(for claim in mig-2g-mps mps-gpu; do mps_folder "$E2E_KUBELET_ROOT/plugins/gpu.nvidia.com" "$(claim_uid "$claim")"; done)
+kubectl delete pod mps-mig mps-gpu --grace-period=1 --timeout 60s >&2 || fail "deleting the MPS pods"
+kubectl delete resourceclaim mig-2g-mps mps-gpu --timeout 60s >&2 || fail "deleting the MPS claims"
+for dir in $mps_left_before; do
+    wait_for "MPS folder $dir removed" 60 bash -c "[[ ! -e $dir ]]"
+done
+[[ -z $(mps_processes "$E2E_KUBELET_ROOT/") ]] || fail "MPS processes left: $(mps_processes "$E2E_KUBELET_ROOT/" | tr '\n' ' ')"
+left_cgroups=$(find /sys/fs/cgroup/*/gpu-dra-mps -mindepth 1 -maxdepth 1 -type d 2>/dev/null || true)
+[[ -z $left_cgroups ]] || fail "MPS cgroups left: $left_cgroups"
+grep -q " $E2E_KUBELET_ROOT/plugins/gpu.nvidia.com/mps/" /proc/self/mountinfo && fail "MPS shm mounts left"
+[[ $(hw | jq '.mps_daemons // [] | length') == 0 ]] || fail "MPS daemons left in the simulated hardware: $(hw | jq -c '.mps_daemons')"
+ok "the upgraded driver unprepared both MPS claims: daemons and servers stopped, no folder, cgroup or mount left"
 
 # ---------------------------------------------------------------- 5. helm uninstall
 "$HELM" uninstall "$RELEASE" --namespace "$NAMESPACE" --wait --timeout 120s >&2 || fail "helm uninstall"

@@ -27,13 +27,17 @@ stop_driver() {
     [[ -n $DRIVER_PID ]] && wait "$DRIVER_PID" 2>/dev/null || true
     DRIVER_PID=
 }
-# MPS control daemons the driver started (their own process groups) and their shm mounts.
-mps_pids() { grep -lz "^CUDA_MPS_PIPE_DIRECTORY=$WORK/" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3 || true; }
+# MPS control daemons the driver started (e2e/mps-folder.sh: their own cgroups, chrooted into
+# the driver root), every MPS process (daemons and servers), and their shm mounts.
+# shellcheck source=mps-folder.sh
+source "$(dirname "${BASH_SOURCE[0]}")/mps-folder.sh"
+mps_pids() { mps_daemons_of "$WORK/"; }
+mps_all_pids() { mps_processes "$WORK/"; }
 mps_mounts() { awk -v w="$WORK/" 'index($5, w) == 1 { print $5 }' /proc/self/mountinfo; }
 cleanup() {
     stop_driver
     local pids m
-    pids=$(mps_pids)
+    pids=$(mps_all_pids)
     # shellcheck disable=SC2086
     [[ -z $pids ]] || kill -KILL $pids 2>/dev/null || true
     for m in $(mps_mounts); do umount -l "$m" 2>/dev/null || true; done

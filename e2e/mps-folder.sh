@@ -13,3 +13,22 @@ mps_folder() {
     done
     echo "$1/mps/$2"
 }
+# mps_processes FOLDER_PREFIX: every MPS process (control daemons and their servers) the driver
+# started for a daemon folder starting with FOLDER_PREFIX (it marks their environment with
+# GPU_DRA_MPS_FOLDER; inside the driver root they all see their pipe at /tmp/nvidia-mps).
+mps_processes() { grep -lz "^GPU_DRA_MPS_FOLDER=$1" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3 || true; }
+# mps_daemons_of FOLDER_PREFIX: the control daemons among them (the fake servers run with
+# --fake-server).
+mps_daemons_of() {
+    local pid
+    for pid in $(mps_processes "$1"); do
+        grep -qz -- '--fake-server' "/proc/$pid/cmdline" 2>/dev/null || echo "$pid"
+    done
+}
+# mps_cgroups FOLDER_PREFIX: the cgroups (memory hierarchy paths) those processes run in.
+mps_cgroups() {
+    local pid
+    for pid in $(mps_processes "$1"); do
+        awk -F: '$2 == "memory" || $2 == "" { print $3; exit }' "/proc/$pid/cgroup" 2>/dev/null
+    done | sort -u
+}

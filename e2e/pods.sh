@@ -461,10 +461,10 @@ ok "8. a new pod after the driver restart was prepared (and unprepared)"
 # claim's limits; both pods get its pipe folder and shm; the daemon outlives a driver restart;
 # unprepare stops it, removes its folder and mount and restores the compute mode.
 mps_dir() { mps_folder "$GPU_DRA_STATE_DIR" "$1"; }
-mps_daemons() { # UID: processes serving the claim's pipe folder
-    grep -lzx "CUDA_MPS_PIPE_DIRECTORY=$(mps_dir "$1")/pipe" /proc/[0-9]*/environ 2>/dev/null | wc -l
+mps_daemons() { # UID: MPS control daemons of the claim's daemon folder
+    mps_daemons_of "$(mps_dir "$1")" | wc -l
 }
-mps_gone() { [[ ! -e $(mps_dir "$1") && $(mps_daemons "$1") == 0 ]] && ! grep -q " $(mps_dir "$1")/shm " /proc/self/mountinfo; }
+mps_gone() { [[ ! -e $(mps_dir "$1") && $(mps_processes "$(mps_dir "$1")" | wc -l) == 0 ]] && ! grep -q " $(mps_dir "$1")/shm " /proc/self/mountinfo; }
 check_mps_pod() { # pod claim-uid: prints the container's output
     local out
     out=$(ctr_out "$1" ctr)

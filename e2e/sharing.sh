@@ -115,7 +115,7 @@ done
 [[ $(mps_pids | wc -l) == 1 ]] || fail "the shared daemon stopped while share-c still uses the GPU"
 out=$(kubelet unprepare --claim "default/share-c/${uid[share-c]}") || fail "unprepare share-c: $out"
 [[ $(jq -r '.claims[0].error' <<<"$out") == "" ]] || fail "unprepare share-c: $out"
-[[ -z $(mps_pids) && -z $(mps_mounts) && ! -e $daemon ]] || fail "left after the last unprepare: daemons '$(mps_pids)', mounts '$(mps_mounts)'"
+[[ -z $(mps_all_pids) && -z $(mps_mounts) && ! -e $daemon ]] || fail "left after the last unprepare: MPS processes '$(mps_all_pids)', mounts '$(mps_mounts)'"
 [[ $(hw | jq -c '.gpus') == "$before" ]] || fail "the GPU differs from before: $(hw | jq -c '.gpus') vs $before"
 [[ $(hw | jq '.mps_daemons // [] | length') == 0 ]] || fail "MPS daemons left in the simulated hardware: $(hw | jq -c '.mps_daemons')"
 ok "the daemon served until the last claim left; then stopped, shm unmounted, folder removed; the GPU is exactly as before"

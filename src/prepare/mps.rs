@@ -7,10 +7,10 @@
 //! found by that cgroup.
 //!
 //! Everything a daemon owns is under one folder named after the claim UID,
-//! `<state dir>/mps/<claimUID>/{pipe,log,shm}` (`shm` a size-limited tmpfs), or, where that would
-//! push the daemon's sockets past a unix socket address (a long kubelet folder, as microk8s'), a
-//! 12-digit digest of it with the UID in an `owner` file, so whatever a crash
-//! leaves is found from the checkpoint's claim UID alone, or by listing the folder: no step needs a
+//! `<state dir>/mps/<claimUID>/{pipe,log,shm}` (`shm` a size-limited tmpfs; an older driver named
+//! it by a 12-digit digest with the UID in an `owner` file under a long kubelet folder, which
+//! chrooted daemons no longer need), so whatever a crash leaves is found from the checkpoint's
+//! claim UID alone, or by listing the folder: no step needs a
 //! record written after the fact. The daemon is stopped through its pipe folder (`quit`), and any
 //! process left in its cgroup (or, from an older driver, naming that folder in its environment)
 //! is killed.
@@ -39,10 +39,6 @@ pub const CONTROL_PATHS: &[&str] = &[
     "usr/bin/nvidia-cuda-mps-control",
     "bin/nvidia-cuda-mps-control",
 ];
-/// `sockaddr_un.sun_path` holds 108 bytes with the terminating NUL.
-const MAX_SOCKET_PATH: usize = 108;
-/// The longest socket name the control daemon makes in its pipe folder.
-const LONGEST_PIPE_SOCKET: &str = "control_privileged";
 /// In a daemon folder named by digest: the claim UID (or shared key) it belongs to.
 const OWNER_FILE: &str = "owner";
 /// How long a daemon may take to come up or to go away.
@@ -126,32 +122,19 @@ impl MpsDaemons {
         &self.root
     }
 
-    /// The claim's daemon folder: named after it where the daemon's sockets fit (and always
-    /// where such a folder exists already), else after a digest of it.
+    /// The claim's daemon folder, named after it. The daemon sees its pipe folder at
+    /// `/tmp/nvidia-mps` in the driver root whatever this folder's path, so its sockets always
+    /// fit a unix socket address. A folder an older driver named by a digest of the UID (under a
+    /// long kubelet folder) is kept while it exists.
     pub fn dir(&self, uid: &str) -> PathBuf {
         let named = self.root.join(uid);
-        if named.exists() || sockets_fit(&named.join("pipe")) {
-            return named;
+        if !named.exists() {
+            let digest = self.root.join(short_name(uid));
+            if digest.exists() {
+                return digest;
+            }
         }
-        self.root.join(short_name(uid))
-    }
-
-    /// Whether the daemons' sockets fit a unix socket address under this root at all (even
-    /// in a folder named by digest); the reason when not.
-    pub fn check_root(&self) -> Result<(), MpsError> {
-        let pipe = self.root.join(short_name("")).join("pipe");
-        if sockets_fit(&pipe) {
-            return Ok(());
-        }
-        Err(Self::err(
-            "*",
-            format!(
-                "the daemons' pipe folders under {} are {} bytes long: their sockets ({LONGEST_PIPE_SOCKET}) would not fit a unix socket address ({} bytes); give the driver a shorter state folder",
-                self.root.display(),
-                pipe.as_os_str().len(),
-                MAX_SOCKET_PATH - 1
-            ),
-        ))
+        named
     }
 
     pub fn pipe_dir(&self, uid: &str) -> PathBuf {
@@ -176,7 +159,6 @@ impl MpsDaemons {
     /// Starts the claim's daemon with its settings and returns once it answers. A daemon that
     /// already answers for the claim is kept (an earlier start that was not recorded).
     pub fn start(&self, uid: &str, spec: &DaemonSpec) -> Result<(), MpsError> {
-        self.check_root().map_err(|e| Self::err(uid, e.reason))?;
         let io = |what: &str, path: &Path, e: std::io::Error| {
             Self::err(uid, format!("cannot {what} {}: {e}", path.display()))
         };
@@ -275,6 +257,12 @@ impl MpsDaemons {
     pub fn stop(&self, uid: &str) -> Result<bool, MpsError> {
         let dir = self.dir(uid);
         if !dir.exists() {
+            // An empty cgroup a crash left between its folder's removal and its own.
+            if let Ok(cgroups) = &self.cgroups {
+                cgroups
+                    .remove(&self.cgroup_name(uid))
+                    .map_err(|e| Self::err(uid, e.to_string()))?;
+            }
             return Ok(false);
         }
         let pipe = self.pipe_dir(uid);
@@ -539,12 +527,8 @@ fn processes_using(dir: &Path, pipe: &Path) -> Vec<i32> {
 }
 
 /// Whether `path` is a mount point (in this process's mount namespace).
-/// Whether every socket the daemon makes in `pipe_dir` fits a unix socket address.
-fn sockets_fit(pipe_dir: &Path) -> bool {
-    pipe_dir.as_os_str().len() + 1 + LONGEST_PIPE_SOCKET.len() < MAX_SOCKET_PATH
-}
-
-/// 12 hex digits naming a daemon folder (a name-based UUID of the claim UID or shared key).
+/// 12 hex digits: a daemon's cgroup (a name-based UUID of its folder's path), and the folder of
+/// an older driver's daemon under a long kubelet folder (of the claim UID or shared key).
 fn short_name(uid: &str) -> String {
     let id = uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, uid.as_bytes());
     id.simple().to_string()[..12].to_string()

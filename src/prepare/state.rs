@@ -183,10 +183,6 @@ impl DeviceState {
                     // A control binary that cannot run (a loader or library the driver root
                     // lacks, no view of the host) stops the start: every MPS claim would fail.
                     mps.check_tools()?;
-                    if let Err(error) = mps.check_root() {
-                        // Every MPS claim will be refused with this reason; nothing else needs MPS.
-                        tracing::warn!(%error, "MPS claims cannot be prepared on this node");
-                    }
                 }
                 Some(Arc::new(files))
             }

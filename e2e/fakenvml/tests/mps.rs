@@ -760,24 +760,17 @@ fn claims_of_different_namespaces_share_no_mps_daemon_unless_allowed() {
     node.assert_clean();
 }
 
-/// A kubelet folder as long as microk8s' (`/var/snap/microk8s/common/var/lib/kubelet`, so the
-/// driver's state folder is 65 bytes): the daemon's pipe folder, named after a 36-character claim
-/// UID, would push its sockets past a unix socket address and the daemon could not listen. The
-/// folder is then named by a digest (its owner recorded in it), the daemon runs, a restart adopts
-/// it, unprepare leaves nothing; under a state folder too long even for that, MPS claims are
-/// refused with the reason (the driver still starts: nothing else needs MPS).
+/// A kubelet folder longer than microk8s' (`/var/snap/microk8s/common/var/lib/kubelet`): the
+/// daemon's pipe folder on the host, named after a 36-character claim UID, is far past a unix
+/// socket address, but the daemon, chrooted into the driver root, listens at
+/// `/tmp/nvidia-mps/control` there (where containers find it too). It runs, a restart adopts it,
+/// unprepare leaves nothing.
 #[test]
 #[ignore = "needs root: the MPS daemons' shm is a tmpfs mount (e2e/run-tests runs ignored tests)"]
-fn mps_runs_under_a_kubelet_folder_as_long_as_microk8s() {
-    const MICROK8S_STATE: &str = "/var/snap/microk8s/common/var/lib/kubelet/plugins/gpu.nvidia.com";
+fn mps_runs_under_a_kubelet_folder_longer_than_microk8s() {
     let mut node = Node::new("sim:1xH100-SXM5-80GB", MigPolicy::Off);
     let base = node.dir.path().to_path_buf();
-    let pad = MICROK8S_STATE.len() - base.as_os_str().len() - 1;
-    node.config.state_dir = base.join("k".repeat(pad));
-    assert_eq!(
-        node.config.state_dir.as_os_str().len(),
-        MICROK8S_STATE.len()
-    );
+    node.config.state_dir = base.join("k".repeat(120));
     let uid = "0b5c1f3e-2a9d-4c6b-8e7f-1234567890ab";
     let (state, _) = node.open();
     let c = claim(
@@ -786,24 +779,15 @@ fn mps_runs_under_a_kubelet_folder_as_long_as_microk8s() {
         vec![(None, mps("GpuConfig", json!({})))],
     );
     state.prepare(&claim_ref(uid), &c).expect("prepare");
-    let folders: Vec<PathBuf> = std::fs::read_dir(node.config.state_dir.join("mps"))
-        .expect("mps folder")
-        .flatten()
-        .map(|e| e.path())
-        .collect();
-    let [folder] = <[_; 1]>::try_from(folders).expect("one daemon folder");
-    let name = folder
-        .file_name()
-        .and_then(|n| n.to_str())
-        .unwrap_or_default();
-    assert_eq!(name.len(), 12, "named by digest: {}", folder.display());
-    assert_eq!(
-        std::fs::read_to_string(folder.join("owner")).expect("owner"),
-        uid
+    let folder = node.config.state_dir.join("mps").join(uid);
+    assert!(
+        folder.join("pipe/control").as_os_str().len() > 108,
+        "the host path is past a socket address"
     );
     assert!(
-        folder.join("pipe/control").as_os_str().len() < 108,
-        "the control socket fits"
+        std::fs::symlink_metadata(folder.join("pipe/control"))
+            .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type())),
+        "the daemon listens in its pipe folder"
     );
     assert!(has_mount(
         &node.spec(uid),
@@ -819,20 +803,6 @@ fn mps_runs_under_a_kubelet_folder_as_long_as_microk8s() {
         "the restart adopts the daemon: {report:?}"
     );
     state.unprepare(uid).expect("unprepare");
-    node.assert_clean();
-    drop(state);
-
-    node.config.state_dir = base.join("k".repeat(70));
-    let (state, _) = node.open();
-    let refused = state
-        .prepare(&claim_ref(uid), &c)
-        .expect_err("refused")
-        .to_string();
-    assert!(
-        refused.contains("shorter state folder") && refused.contains("control_privileged"),
-        "{refused}"
-    );
-    assert!(state.checkpoint().claims.is_empty(), "nothing recorded");
     node.assert_clean();
 }
 
