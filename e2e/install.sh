@@ -280,8 +280,17 @@ wait_for "time-slice of $ts_dev back to the default" 60 bash -c "[[ \$('$GPU_DRA
 ok "time-sliced claim: the interval set and reset through the driver root's nvidia-smi (chrooted; it loads only with the driver root's C library)"
 
 # ---------------------------------------------------------------- 4. helm upgrade
+# Pods keep arriving while the DaemonSet rolls (a 1g.10gb MIG device each, carved at prepare):
+# the kubelet must always have a driver to prepare them.
+mig_pod() { sed -e "s|\${E2E_IMAGE}|$E2E_IMAGE|g" -e "s|\${NAME}|$1|g" "$E2E/pods/mig-pod.yaml" | kubectl apply -f - >&2; }
+(for i in 1 2 3 4; do mig_pod "during-upgrade-$i"; sleep 2; done) &
+ARRIVALS=$!
 "$HELM" upgrade "$RELEASE" deploy/helm/gpu-dra "${install_args[@]}" --set "image.tag=${SECOND_REF##*:}" \
     --wait --timeout 180s >&2 || fail "helm upgrade did not reach a ready release"
+wait "$ARRIVALS" || fail "creating pods during the upgrade"
+for i in 1 2 3 4; do
+    wait_for "pod during-upgrade-$i Running" 90 pod_running "during-upgrade-$i"
+done
 kubectl -n "$NAMESPACE" rollout status "daemonset/$RELEASE" --timeout 120s >&2 || fail "the DaemonSet did not roll"
 NEW_POD=$(driver_pods | jq -r --arg img "$SECOND_REF" '[.items[] | select(.spec.containers[0].image == $img and .metadata.deletionTimestamp == null)][0].metadata.name')
 [[ -n $NEW_POD && $NEW_POD != null && $NEW_POD != "$DRIVER_POD" ]] || fail "no driver pod runs $SECOND_REF after the upgrade"
@@ -294,10 +303,11 @@ wait_for "pod after-upgrade Running" 90 pod_running after-upgrade
 SECOND_CLAIM=$(check_gpu after-upgrade)
 SECOND_UID=$(kubectl get resourceclaim "$SECOND_CLAIM" -o jsonpath='{.metadata.uid}')
 driver_log "$NEW_POD" | grep -q "prepared claim .*$SECOND_UID" || fail "the new driver pod did not prepare $SECOND_CLAIM"
-kubectl delete pod before-upgrade --timeout 60s >&2 || fail "deleting pod before-upgrade"
+kubectl delete pod before-upgrade during-upgrade-1 during-upgrade-2 during-upgrade-3 during-upgrade-4 --timeout 60s >&2 ||
+    fail "deleting pods before-upgrade and during-upgrade-*"
 wait_for "the first claim's CDI spec removed" 60 bash -c "[[ ! -e $GPU_DRA_CDI_ROOT/k8s.gpu.nvidia.com-claim_$FIRST_UID.json ]]"
 driver_log "$NEW_POD" | grep -q "unprepared claim .*$FIRST_UID" || fail "the new driver pod did not unprepare $FIRST_CLAIM"
-ok "helm upgrade rolled $DRIVER_POD -> $NEW_POD ($SECOND_REF): no failed prepare, the running pod kept its GPU, the new driver prepares and unprepares"
+ok "helm upgrade rolled $DRIVER_POD -> $NEW_POD ($SECOND_REF) while 4 MIG pods arrived: all Running, no failed prepare, the running pod kept its GPU, the new driver prepares and unprepares"
 clients_kept_their_servers "helm upgrade"
 ok "(c) helm upgrade to $SECOND_REF: both MPS clients kept their servers"
 

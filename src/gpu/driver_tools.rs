@@ -42,7 +42,9 @@ impl HostView {
             pid = parent_of(pid).unwrap_or(0);
         }
         Self {
-            pid: outermost.filter(|(_, ns)| Some(ns) != own.as_ref()).map(|(pid, _)| pid),
+            pid: outermost
+                .filter(|(_, ns)| Some(ns) != own.as_ref())
+                .map(|(pid, _)| pid),
         }
     }
 
@@ -70,7 +72,8 @@ impl HostView {
 
     /// The host's mount namespace, to enter; `None` where this process is in it already.
     fn mount_ns(&self) -> Option<PathBuf> {
-        self.pid.map(|pid| PathBuf::from(format!("/proc/{pid}/ns/mnt")))
+        self.pid
+            .map(|pid| PathBuf::from(format!("/proc/{pid}/ns/mnt")))
     }
 }
 
@@ -175,7 +178,11 @@ impl DriverRootTools {
     /// Checked without running the tool: the loader only lists what it would load.
     pub fn check(&self, tool: &Path) -> Result<(), ToolError> {
         let unusable = |reason: String| ToolError::Unusable {
-            tool: self.host.join(tool.strip_prefix("/").unwrap_or(tool)).display().to_string(),
+            tool: self
+                .host
+                .join(tool.strip_prefix("/").unwrap_or(tool))
+                .display()
+                .to_string(),
             reason,
         };
         if std::process::id() == 1 {
@@ -289,7 +296,10 @@ impl ToolCommand {
             for (name, marker) in [("proc", "self"), ("sys", "class"), ("dev", "null")] {
                 let here = self.tools.here.join(name);
                 if here.is_dir() && !here.join(marker).exists() {
-                    system_binds.push((cstr(&Path::new("/").join(name))?, cstr(&in_root(Path::new(name)))?));
+                    system_binds.push((
+                        cstr(&Path::new("/").join(name))?,
+                        cstr(&in_root(Path::new(name)))?,
+                    ));
                 }
             }
         }
@@ -299,7 +309,11 @@ impl ToolCommand {
         let mut binds = Vec::new();
         for bind in &self.binds {
             let under_tmp = bind.target.starts_with("/tmp");
-            binds.push((cstr(&bind.source)?, cstr(&in_root(&bind.target))?, under_tmp));
+            binds.push((
+                cstr(&bind.source)?,
+                cstr(&in_root(&bind.target))?,
+                under_tmp,
+            ));
         }
         let root_c = cstr(&root)?;
         let host_mount_ns = self.tools.host_mount_ns.clone();
@@ -344,7 +358,10 @@ impl ToolCommand {
                 }
                 for (source, target, under_tmp) in &binds {
                     if *under_tmp {
-                        match rustix::fs::mkdir(target.as_c_str(), rustix::fs::Mode::from_raw_mode(0o755)) {
+                        match rustix::fs::mkdir(
+                            target.as_c_str(),
+                            rustix::fs::Mode::from_raw_mode(0o755),
+                        ) {
                             Ok(()) | Err(rustix::io::Errno::EXIST) => {}
                             Err(e) => return Err(e.into()),
                         }
@@ -388,7 +405,10 @@ impl NvidiaSmi {
     /// Simulated GPUs: `nvidia-smi` works on this state file.
     pub fn on_simulated_gpus(mut self, state_file: Option<&Path>) -> Self {
         self.sim_state = state_file.and_then(|path| {
-            Some((path.parent()?.to_path_buf(), path.file_name()?.to_os_string()))
+            Some((
+                path.parent()?.to_path_buf(),
+                path.file_name()?.to_os_string(),
+            ))
         });
         self
     }
@@ -411,7 +431,10 @@ impl NvidiaSmi {
                 .bind(dir, SIM_DIR)
                 .env("GPU_DRA_SIM_STATE", Path::new(SIM_DIR).join(file));
         }
-        let shown = self.tools.host.join(self.path.strip_prefix("/").unwrap_or(&self.path));
+        let shown = self
+            .tools
+            .host
+            .join(self.path.strip_prefix("/").unwrap_or(&self.path));
         let output = command
             .build()
             .map_err(|e| e.to_string())?

@@ -35,7 +35,10 @@ impl HostCgroups {
         let host = HostView::find();
         let mounts = host.mountinfo();
         let table = std::fs::read_to_string(&mounts).map_err(|e| {
-            fail(format!("cannot read the host's mounts ({}): {e}", mounts.display()))
+            fail(format!(
+                "cannot read the host's mounts ({}): {e}",
+                mounts.display()
+            ))
         })?;
         let mut hierarchies = cgroup_mounts(&table)
             .into_iter()

@@ -408,7 +408,11 @@ fn write_fake_c_library(root: &Path) -> std::io::Result<()> {
         ("libdl.so.2", false),
         ("librt.so.1", false),
     ] {
-        match DIRS.iter().map(|d| Path::new(d).join(name)).find(|p| p.exists()) {
+        match DIRS
+            .iter()
+            .map(|d| Path::new(d).join(name))
+            .find(|p| p.exists())
+        {
             Some(path) => {
                 std::fs::copy(&path, lib_dir.join(name))?;
             }

@@ -96,7 +96,10 @@ impl MpsDaemons {
     /// Simulated GPUs: the daemons run on (and record themselves in) this state file.
     pub fn on_simulated_gpus(mut self, state_file: Option<PathBuf>) -> Self {
         self.sim_state = state_file.and_then(|path| {
-            Some((path.parent()?.to_path_buf(), path.file_name()?.to_os_string()))
+            Some((
+                path.parent()?.to_path_buf(),
+                path.file_name()?.to_os_string(),
+            ))
         });
         self
     }
@@ -416,15 +419,13 @@ impl MpsDaemons {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        let mut child = command
-            .spawn()
-            .map_err(|e| {
-                format!(
-                    "cannot run {} chrooted into {}: {e}",
-                    self.control.display(),
-                    self.tools.host_root().display()
-                )
-            })?;
+        let mut child = command.spawn().map_err(|e| {
+            format!(
+                "cannot run {} chrooted into {}: {e}",
+                self.control.display(),
+                self.tools.host_root().display()
+            )
+        })?;
         if let Some(mut stdin) = child.stdin.take() {
             let _ = stdin.write_all(format!("{line}\n").as_bytes());
         }
@@ -517,11 +518,10 @@ fn processes_using(dir: &Path, pipe: &Path) -> Vec<i32> {
         })
         .filter(|pid| {
             // A process that exits meanwhile, or a zombie (empty environment), is not running.
-            std::fs::read(format!("/proc/{pid}/environ"))
-                .is_ok_and(|env| {
-                    env.split(|b| *b == 0)
-                        .any(|e| e == ours.as_slice() || e == older.as_slice())
-                })
+            std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|env| {
+                env.split(|b| *b == 0)
+                    .any(|e| e == ours.as_slice() || e == older.as_slice())
+            })
         })
         .collect()
 }

@@ -400,7 +400,9 @@ fn crashes_and_dead_daemons_are_repaired_at_start() {
             std::os::unix::net::UnixStream::connect(node.daemon_dir("done").join("pipe/control"))
                 .expect("connect to done's daemon");
         control.write_all(b"quit\n").expect("quit");
-        control.shutdown(std::net::Shutdown::Write).expect("shutdown");
+        control
+            .shutdown(std::net::Shutdown::Write)
+            .expect("shutdown");
         let _ = control.read_to_end(&mut Vec::new());
     }
     // A folder no claim owns (a crash after the daemon started, before the claim was recorded).
@@ -827,7 +829,11 @@ fn the_daemon_and_its_server_run_chrooted_in_a_cgroup_of_their_own() {
     );
     state.prepare(&claim_ref("c1"), &c).expect("prepare");
     let processes = node.mps_processes();
-    assert_eq!(processes.len(), 2, "control daemon and server: {processes:?}");
+    assert_eq!(
+        processes.len(),
+        2,
+        "control daemon and server: {processes:?}"
+    );
     let ours = cgroups_of(std::process::id());
     let mut daemon_cgroups = Vec::new();
     for pid in &processes {
@@ -835,9 +841,7 @@ fn the_daemon_and_its_server_run_chrooted_in_a_cgroup_of_their_own() {
         // in every hierarchy, so stopping the driver's container does not stop it.
         let cgroups = cgroups_of(*pid);
         assert!(
-            cgroups
-                .iter()
-                .all(|path| path.starts_with("/gpu-dra-mps/")),
+            cgroups.iter().all(|path| path.starts_with("/gpu-dra-mps/")),
             "{pid}: {cgroups:?} (the driver's: {ours:?})"
         );
         daemon_cgroups.extend(cgroups);
@@ -849,7 +853,9 @@ fn the_daemon_and_its_server_run_chrooted_in_a_cgroup_of_their_own() {
     node.assert_clean();
     for path in daemon_cgroups {
         for hierarchy in ["memory", "pids", "devices", "unified"] {
-            let dir = Path::new("/sys/fs/cgroup").join(hierarchy).join(path.trim_start_matches('/'));
+            let dir = Path::new("/sys/fs/cgroup")
+                .join(hierarchy)
+                .join(path.trim_start_matches('/'));
             assert!(!dir.exists(), "cgroup {} left", dir.display());
         }
     }
@@ -859,12 +865,17 @@ fn the_daemon_and_its_server_run_chrooted_in_a_cgroup_of_their_own() {
 #[ignore = "needs root: the MPS daemons' shm is a tmpfs mount (e2e/run-tests runs ignored tests)"]
 fn a_control_binary_the_driver_root_cannot_load_stops_the_start() {
     let node = Node::new("sim:2xH100-SXM5-80GB", MigPolicy::Static);
-    let control = node.dir.path().join("driver-root/usr/bin/nvidia-cuda-mps-control");
+    let control = node
+        .dir
+        .path()
+        .join("driver-root/usr/bin/nvidia-cuda-mps-control");
     // The fake tools load only with the fake driver root's loader: with this machine's (the
     // image's, in production) they do not run at all.
     let outside = std::process::Command::new(&control).output();
     assert!(
-        outside.as_ref().is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound),
+        outside
+            .as_ref()
+            .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound),
         "{outside:?}"
     );
     // Without its C library the driver root's control binary cannot load: the driver does

@@ -67,7 +67,10 @@ fn socket() -> PathBuf {
 /// folder.
 fn pipe_key() -> String {
     match std::env::var_os("GPU_DRA_MPS_FOLDER") {
-        Some(folder) => PathBuf::from(folder).join("pipe").to_string_lossy().into_owned(),
+        Some(folder) => PathBuf::from(folder)
+            .join("pipe")
+            .to_string_lossy()
+            .into_owned(),
         None => pipe_dir().to_string_lossy().into_owned(),
     }
 }
@@ -286,7 +289,10 @@ fn server() -> ExitCode {
     use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
     let clients_dir = pipe_dir().join("clients");
     if let Err(e) = std::fs::create_dir_all(&clients_dir) {
-        log(&format!("server: cannot create {}: {e}", clients_dir.display()));
+        log(&format!(
+            "server: cannot create {}: {e}",
+            clients_dir.display()
+        ));
         return ExitCode::from(1);
     }
     let me = std::process::id();
@@ -308,7 +314,10 @@ fn server() -> ExitCode {
                 if let Ok(mut fifo) = opened
                     && writeln!(fifo, "attached server={me}").is_ok()
                 {
-                    log(&format!("server {me}: client {} attached", name.to_string_lossy()));
+                    log(&format!(
+                        "server {me}: client {} attached",
+                        name.to_string_lossy()
+                    ));
                     attached.insert(name, fifo);
                 }
             }
@@ -318,7 +327,10 @@ fn server() -> ExitCode {
             attached.retain(|name, fifo| {
                 let alive = writeln!(fifo, "alive {beat}").is_ok();
                 if !alive {
-                    log(&format!("server {me}: client {} left", name.to_string_lossy()));
+                    log(&format!(
+                        "server {me}: client {} left",
+                        name.to_string_lossy()
+                    ));
                 }
                 alive
             });

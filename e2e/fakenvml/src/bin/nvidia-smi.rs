@@ -43,7 +43,11 @@ fn set_timeslice(uuid: &str, value: &str) -> ExitCode {
         Err(e) => return fail(format!("cannot read {}: {e}", path.display())),
     };
     let Ok(spec) = state.spec.parse() else {
-        return fail(format!("{}: unknown GPU spec {}", path.display(), state.spec));
+        return fail(format!(
+            "{}: unknown GPU spec {}",
+            path.display(),
+            state.spec
+        ));
     };
     let node = SimNode::new(spec, &state.node_name, Some(path));
     let inventory = match node.inventory() {
