@@ -380,4 +380,5 @@ summary="kill -9: $runs armed runs ($mig_runs carving MIG), every one killed at 
 log "$summary"
 # e2e/run-tests ends with this line beside the differentials' counts.
 [[ -z ${GPU_DRA_TEST_REPORT:-} ]] || echo "$summary" >>"$GPU_DRA_TEST_REPORT"
+log "mode: the driver as a host process (kill -9 at fail points inside prepare needs a process started with GPU_DRA_FAILPOINT armed); the image through the chart runs in e2e/install.sh"
 echo "$passed passed, 0 failed"

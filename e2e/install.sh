@@ -334,4 +334,5 @@ sockets=$(find "$E2E_KUBELET_ROOT/plugins_registry" "$E2E_KUBELET_ROOT/plugins/g
 [[ -z $sockets ]] || fail "sockets left after uninstall: $sockets"
 ok "helm uninstall: the running pod and its prepared GPU are left alone, no driver socket is left on the node"
 
+log "mode: the driver image installed by the Helm chart (DaemonSet pod, hostPID, the node's driver root and kubelet folder)"
 echo "$passed passed, 0 failed"

@@ -567,4 +567,5 @@ gc=$(grep -c 'unprepared a claim that no longer exists' "$LOGS/gpu-dra.log" || t
 ok "all ${#all_claims[@]} claims prepared once and unprepared once ($gc by the driver's garbage collection, the rest by the kubelet); no spec, claim or MIG instance left"
 
 log "total $((SECONDS - T0))s; kubelet nudged after a node-authorizer refusal: $NUDGES time(s)"
+log "mode: the driver as a host process on the real node (restarts stop and start the process); MPS, time-slicing, driver pod deletion, kill of its PID 1 and helm upgrade with the image through the chart run in e2e/install.sh"
 echo "$passed passed, 0 failed"

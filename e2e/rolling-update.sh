@@ -168,4 +168,5 @@ wait_for "all CDI specs removed" 30 bash -c "! ls '$GPU_DRA_CDI_ROOT'/k8s.gpu.nv
 ok "the new instance unprepared every claim, including the old instance's"
 
 kill -0 "$NEW_PID" || fail "the new instance exited"
+log "mode: two driver host processes (the second started beside the first with its own sockets, stopped at a chosen moment); the chart's rolling upgrade of the image, with pods arriving, runs in e2e/install.sh"
 echo "$passed passed, 0 failed"

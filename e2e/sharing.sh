@@ -119,4 +119,5 @@ out=$(kubelet unprepare --claim "default/share-c/${uid[share-c]}") || fail "unpr
 [[ $(hw | jq -c '.gpus') == "$before" ]] || fail "the GPU differs from before: $(hw | jq -c '.gpus') vs $before"
 [[ $(hw | jq '.mps_daemons // [] | length') == 0 ]] || fail "MPS daemons left in the simulated hardware: $(hw | jq -c '.mps_daemons')"
 ok "the daemon served until the last claim left; then stopped, shm unmounted, folder removed; the GPU is exactly as before"
+log "mode: the driver as a host process on the API server (no kubelet: prepare is called through kubelet-sim); MPS and the image through the chart on the real node run in e2e/install.sh"
 echo "$passed passed, 0 failed"

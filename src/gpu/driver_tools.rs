@@ -383,13 +383,37 @@ pub struct NvidiaSmi {
     tools: DriverRootTools,
     /// Inside the driver root.
     path: PathBuf,
-    /// Simulated GPUs: their state file's folder (on the host) and its name.
-    sim_state: Option<(PathBuf, OsString)>,
+    sim_state: Option<SimStateFile>,
+}
+
+/// Simulated GPUs' state file, for a fake tool in the driver root: its folder is bound at
+/// `/tmp/gpu-dra-sim` there and `GPU_DRA_SIM_STATE` names the file in it.
+#[derive(Debug, Clone)]
+pub struct SimStateFile {
+    /// The folder, on the host.
+    dir: PathBuf,
+    name: OsString,
+}
+
+impl SimStateFile {
+    pub fn new(path: &Path) -> Option<Self> {
+        Some(Self {
+            dir: path.parent()?.to_path_buf(),
+            name: path.file_name()?.to_os_string(),
+        })
+    }
+
+    /// `command`, with the state file where a fake tool finds it.
+    pub fn give_to(&self, command: ToolCommand) -> ToolCommand {
+        command
+            .bind(&self.dir, SIM_DIR)
+            .env("GPU_DRA_SIM_STATE", Path::new(SIM_DIR).join(&self.name))
+    }
 }
 
 /// Where the driver root keeps `nvidia-smi`.
 const NVIDIA_SMI_PATHS: &[&str] = &["usr/bin/nvidia-smi", "bin/nvidia-smi"];
-/// Where `nvidia-smi` finds the simulated GPUs' state folder, in the driver root.
+/// Where fake tools find the simulated GPUs' state folder, in the driver root.
 const SIM_DIR: &str = "/tmp/gpu-dra-sim";
 
 impl NvidiaSmi {
@@ -404,12 +428,7 @@ impl NvidiaSmi {
 
     /// Simulated GPUs: `nvidia-smi` works on this state file.
     pub fn on_simulated_gpus(mut self, state_file: Option<&Path>) -> Self {
-        self.sim_state = state_file.and_then(|path| {
-            Some((
-                path.parent()?.to_path_buf(),
-                path.file_name()?.to_os_string(),
-            ))
-        });
+        self.sim_state = state_file.and_then(SimStateFile::new);
         self
     }
 
@@ -426,10 +445,8 @@ impl NvidiaSmi {
             .command(&self.path)
             .args(["compute-policy", "-i", uuid, "--set-timeslice"])
             .arg(timeslice.to_string());
-        if let Some((dir, file)) = &self.sim_state {
-            command = command
-                .bind(dir, SIM_DIR)
-                .env("GPU_DRA_SIM_STATE", Path::new(SIM_DIR).join(file));
+        if let Some(state) = &self.sim_state {
+            command = state.give_to(command);
         }
         let shown = self
             .tools

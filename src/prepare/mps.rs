@@ -15,7 +15,7 @@
 //! process left in its cgroup (or, from an older driver, naming that folder in its environment)
 //! is killed.
 use std::collections::BTreeMap;
-use std::ffi::{CString, OsString};
+use std::ffi::CString;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -23,15 +23,13 @@ use std::time::{Duration, Instant};
 
 use super::cdi::{ContainerEdits, Mount};
 use super::cgroup::HostCgroups;
-use crate::gpu::driver_tools::{DriverRootTools, ToolCommand};
+use crate::gpu::driver_tools::{DriverRootTools, SimStateFile, ToolCommand};
 
 /// Where a claim's containers, and its daemon in the driver root, find the daemon's pipes
 /// (`CUDA_MPS_PIPE_DIRECTORY`).
 pub const CONTAINER_PIPE_DIR: &str = "/tmp/nvidia-mps";
 /// Where the daemon writes its logs, in the driver root.
 const DAEMON_LOG_DIR: &str = "/tmp/nvidia-mps-log";
-/// Where the daemon finds the simulated GPUs' state folder, in the driver root.
-const DAEMON_SIM_DIR: &str = "/tmp/gpu-dra-sim";
 /// Set in the daemon's environment: its folder on the host (tests and people find it by this).
 pub const FOLDER_ENV: &str = "GPU_DRA_MPS_FOLDER";
 /// The control binary, under the driver root.
@@ -74,8 +72,7 @@ pub struct MpsDaemons {
     shm_size: String,
     /// The host's cgroups the daemons run in, or why there are none.
     cgroups: Result<HostCgroups, String>,
-    /// Simulated GPUs: the folder of their state file (on the host) and its name.
-    sim_state: Option<(PathBuf, OsString)>,
+    sim_state: Option<SimStateFile>,
 }
 
 impl MpsDaemons {
@@ -95,12 +92,7 @@ impl MpsDaemons {
 
     /// Simulated GPUs: the daemons run on (and record themselves in) this state file.
     pub fn on_simulated_gpus(mut self, state_file: Option<PathBuf>) -> Self {
-        self.sim_state = state_file.and_then(|path| {
-            Some((
-                path.parent()?.to_path_buf(),
-                path.file_name()?.to_os_string(),
-            ))
-        });
+        self.sim_state = state_file.as_deref().and_then(SimStateFile::new);
         self
     }
 
@@ -398,10 +390,8 @@ impl MpsDaemons {
             .bind(&self.pipe_dir(uid), CONTAINER_PIPE_DIR)
             .bind(&self.log_dir(uid), DAEMON_LOG_DIR)
             .bind(&self.shm_dir(uid), "/dev/shm");
-        if let Some((dir, file)) = &self.sim_state {
-            command = command
-                .bind(dir, DAEMON_SIM_DIR)
-                .env("GPU_DRA_SIM_STATE", Path::new(DAEMON_SIM_DIR).join(file));
+        if let Some(state) = &self.sim_state {
+            command = state.give_to(command);
         }
         if !uuids.is_empty() {
             command = command.env("CUDA_VISIBLE_DEVICES", uuids.join(","));
