@@ -13,7 +13,8 @@
 #   3. a user pod with a claim runs with its GPU (device node, NVIDIA_VISIBLE_DEVICES);
 #      MPS (deploy/examples' whole-GPU and carved-MIG claims) with clients attached to their
 #      servers, which keep their servers through (a) the driver pod deleted, (b) the driver
-#      container's PID 1 killed and (c) the upgrade of step 4; the daemons run chrooted into the
+#      container's PID 1 killed, (d) a server holding more memory than the driver's whole limit
+#      and (c) the upgrade of step 4; the daemons run chrooted into the
 #      driver root in cgroups of their own; a time-sliced claim's interval is set through the
 #      driver root's nvidia-smi (the fake tools load only with the driver root's C library);
 #   4. `helm upgrade` to a new image tag rolls the DaemonSet (new pod beside the old, seamless
@@ -34,9 +35,11 @@ source "$E2E/mps-folder.sh"
 ROOT=$(dirname "$E2E")
 cd "$ROOT"
 NAME=install-e2e
-NAMESPACE=gpu-dra
-RELEASE=gpu-dra
 WORK=$(mktemp -d /tmp/gpu-dra-install.XXXXXX)
+# shellcheck source=chart.sh
+source "$E2E/chart.sh"
+NAMESPACE=$CHART_NAMESPACE
+RELEASE=$CHART_RELEASE
 # A long kubelet folder (as microk8s' is): the seamless-upgrade socket names, a pod UID each,
 # must still fit a unix socket path's 107 bytes.
 export GPU_DRA_CLUSTER_DIR=$WORK/cluster
@@ -83,20 +86,12 @@ wait_for() { # description, timeout seconds, command...
 # ---------------------------------------------------------------- 0. image, helm, cluster
 BIN=${GPU_DRA_K8S_BIN:-$("$E2E/build-k8s.sh" | tail -n 1)}
 export PATH="$BIN:$PATH"
-HELM=$("$E2E/build-helm.sh" | tail -n 1)/helm
 GPU_DRA=${GPU_DRA:-$ROOT/target/debug/gpu-dra}
 [[ -x $GPU_DRA ]] || cargo build --bin gpu-dra >&2
 export GPU_DRA
 
-# Two tags of the same build: the upgrade rolls the DaemonSet to the second. IMAGE_BINARY
-# (optional) puts another build of gpu-dra in the image instead of the node profile's.
-image_args=(--out "$WORK/image")
-[[ -z ${IMAGE_BINARY:-} ]] || image_args+=(--binary "$IMAGE_BINARY")
-eval "$("$E2E/build-image.sh" "${image_args[@]}" --tag e2e-1)"
-FIRST_ARCHIVE=$IMAGE_ARCHIVE FIRST_REF=$IMAGE_REF
-eval "$("$E2E/build-image.sh" "${image_args[@]}" --tag e2e-2)"
-SECOND_ARCHIVE=$IMAGE_ARCHIVE SECOND_REF=$IMAGE_REF
-REPOSITORY=${FIRST_REF%:*}
+# Two tags of the same build: the upgrade rolls the DaemonSet to the second.
+chart_build_images
 log "image $FIRST_REF: $((IMAGE_SIZE_BYTES / 1024)) KiB"
 
 # Four GPUs: three H100s (one carved for an MPS MIG device) and a T4, for the plain, MPS,
@@ -105,25 +100,11 @@ log "image $FIRST_REF: $((IMAGE_SIZE_BYTES / 1024)) KiB"
     fail "the real node did not start"
 eval "$("$E2E/cluster" env)"
 LOGS=$GPU_DRA_CLUSTER_DIR/logs
-ctr() { "$E2E_CTR" --address "$E2E_CONTAINERD_ADDRESS" -n k8s.io "$@" 2>>"$WORK/ctr.log"; }
-ctr images import "$FIRST_ARCHIVE" >/dev/null || fail "ctr could not import $FIRST_ARCHIVE"
-ctr images import "$SECOND_ARCHIVE" >/dev/null || fail "ctr could not import $SECOND_ARCHIVE"
-ctr images ls -q | grep -qx "$FIRST_REF" || fail "containerd does not list $FIRST_REF after the import"
+chart_import_images
 ok "images $FIRST_REF and $SECOND_REF imported into the node's containerd"
 
 # ---------------------------------------------------------------- 1-2. helm install
-# The cluster applied deviceclasses/ for the other tests; here the chart owns them.
-kubectl delete deviceclass --all >&2
-install_args=(
-    --namespace "$NAMESPACE" --create-namespace
-    --set "image.repository=$REPOSITORY" --set image.pullPolicy=Never
-    --set-string "gpus=${E2E_GPUS//,/\\,}" --set "mig=$E2E_MIG" --set "simState=$GPU_DRA_SIM_STATE"
-    --set "nvidiaDriverRoot=$E2E_DRIVER_ROOT" --set "devRoot=$GPU_DRA_DEV_ROOT"
-    --set "kubeletDir=$E2E_KUBELET_ROOT" --set "cdiRoot=$GPU_DRA_CDI_ROOT"
-)
-"$HELM" install "$RELEASE" deploy/helm/gpu-dra "${install_args[@]}" --set "image.tag=${FIRST_REF##*:}" \
-    --wait --timeout 120s >&2 || fail "helm install did not reach a ready release"
-driver_pods() { kubectl -n "$NAMESPACE" get pods -l "app.kubernetes.io/instance=$RELEASE" -o json; }
+chart_install "$FIRST_REF"
 DRIVER_POD=$(driver_pods | jq -r '.items[0].metadata.name')
 ready=$(driver_pods | jq -r '.items[0].status.conditions[] | select(.type == "Ready") | .status')
 [[ $ready == True ]] || fail "driver pod $DRIVER_POD is not Ready"
@@ -141,7 +122,6 @@ kubectl get validatingadmissionpolicybinding "$RELEASE-resourceslices" >/dev/nul
 # The container's only credentials are its projected ServiceAccount token.
 token_user=$(kubectl -n "$NAMESPACE" get pod "$DRIVER_POD" -o json | jq -r '.spec.serviceAccountName')
 [[ $token_user == "$RELEASE" ]] || fail "driver pod runs as ServiceAccount $token_user"
-driver_log() { cat "$E2E_POD_LOGS"/"$NAMESPACE"_"$1"_*/driver/*.log 2>/dev/null; }
 if driver_log "$DRIVER_POD" | grep -qiE 'forbidden|unauthorized|denied request'; then
     fail "the driver hit an authorization error: $(driver_log "$DRIVER_POD" | grep -iE 'forbidden|unauthorized|denied request' | head -n 2)"
 fi
@@ -240,15 +220,9 @@ clients_kept_their_servers() { # EVENT: each client still attached to the same s
         [[ $(daemon_of "$claim") == "${DAEMON[$claim]}" ]] || fail "claim $claim: MPS daemon ${DAEMON[$claim]} replaced by '$(daemon_of "$claim")' at $1"
     done
 }
-driver_ready() { # the DaemonSet's one pod that is not going away is Ready; prints its name
-    driver_pods | jq -e -r '[.items[] | select(.metadata.deletionTimestamp == null)] | select(length == 1) | .[0]
-        | select(any(.status.conditions[]?; .type == "Ready" and .status == "True")) | .metadata.name'
-}
 
 # (a) the driver pod deleted: the DaemonSet starts another.
-kubectl -n "$NAMESPACE" delete pod "$DRIVER_POD" --wait=true --timeout 60s >&2 || fail "deleting the driver pod"
-wait_for "a new driver pod Ready" 90 driver_ready
-DRIVER_POD=$(driver_ready)
+driver_restart
 clients_kept_their_servers "the driver pod's deletion"
 ok "(a) driver pod deleted, $DRIVER_POD took over: both clients kept their servers (same daemons, no restart)"
 
@@ -264,6 +238,36 @@ wait_for "the driver container restarted" 60 bash -c "(( \$(kubectl -n $NAMESPAC
 wait_for "the restarted driver Ready" 90 driver_ready
 clients_kept_their_servers "the driver container's kill -9"
 ok "(b) the driver container's PID 1 ($driver_pid) killed and restarted: both clients kept their servers"
+
+# (d) OOM-sized memory on the MPS side: the whole GPU's server holds 320 MiB for its client, more
+# than the driver container's whole limit (256Mi). In the driver's cgroup that would end in an
+# OOM kill there; in the daemon's own cgroup the driver does not notice.
+memory_cgroup_usage() { # PID: bytes its memory cgroup uses (cgroup v1, else v2)
+    local path
+    path=$(awk -F: '$2 == "memory" { print $3 }' "/proc/$1/cgroup")
+    if [[ -n $path && -f /sys/fs/cgroup/memory$path/memory.usage_in_bytes ]]; then
+        cat "/sys/fs/cgroup/memory$path/memory.usage_in_bytes"
+    else
+        path=$(awk -F: '$1 == "0" { print $3 }' "/proc/$1/cgroup")
+        cat "/sys/fs/cgroup$path/memory.current" 2>/dev/null || cat "/sys/fs/cgroup/unified$path/memory.current"
+    fi
+}
+restarts_before=$(kubectl -n "$NAMESPACE" get pod "$DRIVER_POD" -o jsonpath='{.status.containerStatuses[0].restartCount}')
+server=${SERVER[mps-gpu]}
+echo 320 >"$(mps_folder "$E2E_KUBELET_ROOT/plugins/gpu.nvidia.com" "$(claim_uid mps-gpu)")/pipe/clients/mps-gpu.mem"
+wait_for "MPS server $server holding 320 MiB" 30 bash -c "(( \$(awk '/^VmRSS:/ { print \$2 }' /proc/$server/status) > 320 * 1024 ))"
+server_cgroup_bytes=$(memory_cgroup_usage "$server")
+((server_cgroup_bytes > 320 * 1024 * 1024)) || fail "the MPS server's cgroup shows $server_cgroup_bytes bytes, not its 320 MiB"
+for pid in $(pgrep -x gpu-dra); do
+    grep -q "$DRIVER_POD_UID" "/proc/$pid/cgroup" 2>/dev/null && driver_pid=$pid
+done
+driver_cgroup_bytes=$(memory_cgroup_usage "$driver_pid")
+((driver_cgroup_bytes < 256 * 1024 * 1024)) || fail "the driver container's cgroup uses $driver_cgroup_bytes bytes"
+sleep 2
+[[ $(kubectl -n "$NAMESPACE" get pod "$DRIVER_POD" -o jsonpath='{.status.containerStatuses[0].restartCount}') == "$restarts_before" ]] ||
+    fail "the driver container restarted while the MPS server held 320 MiB"
+clients_kept_their_servers "the MPS server's 320 MiB"
+ok "(d) the MPS server holds 320 MiB (its cgroup: $((server_cgroup_bytes >> 20)) MiB) beyond the driver's 256Mi limit: the driver's cgroup has $((driver_cgroup_bytes >> 20)) MiB, no OOM kill, the clients kept their servers"
 
 # ---------------------------------------------------------------- 3c. time-slicing through the driver root's nvidia-smi
 kubectl apply -f deploy/examples/gpu-timesliced.yaml >&2
@@ -285,8 +289,7 @@ ok "time-sliced claim: the interval set and reset through the driver root's nvid
 mig_pod() { sed -e "s|\${E2E_IMAGE}|$E2E_IMAGE|g" -e "s|\${NAME}|$1|g" "$E2E/pods/mig-pod.yaml" | kubectl apply -f - >&2; }
 (for i in 1 2 3 4; do mig_pod "during-upgrade-$i"; sleep 2; done) &
 ARRIVALS=$!
-"$HELM" upgrade "$RELEASE" deploy/helm/gpu-dra "${install_args[@]}" --set "image.tag=${SECOND_REF##*:}" \
-    --wait --timeout 180s >&2 || fail "helm upgrade did not reach a ready release"
+chart_upgrade "$SECOND_REF"
 wait "$ARRIVALS" || fail "creating pods during the upgrade"
 for i in 1 2 3 4; do
     wait_for "pod during-upgrade-$i Running" 90 pod_running "during-upgrade-$i"
@@ -334,5 +337,5 @@ sockets=$(find "$E2E_KUBELET_ROOT/plugins_registry" "$E2E_KUBELET_ROOT/plugins/g
 [[ -z $sockets ]] || fail "sockets left after uninstall: $sockets"
 ok "helm uninstall: the running pod and its prepared GPU are left alone, no driver socket is left on the node"
 
-log "mode: the driver image installed by the Helm chart (DaemonSet pod, hostPID, the node's driver root and kubelet folder)"
+report_mode "the driver image installed by the Helm chart (DaemonSet pod, hostPID, the node's driver root and kubelet folder)"
 echo "$passed passed, 0 failed"

@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # e2e: the user scenarios NVIDIA documents for its DRA driver, on a real node (kubelet,
-# containerd, runc) with gpu-dra on simulated GPUs (2×H100 dynamic MIG + 1×T4). Manifests are in
-# e2e/pods/, written as a user would write them (only the image is filled in).
+# containerd, runc) with gpu-dra on simulated GPUs (2×H100 dynamic MIG + 1×T4). The driver is
+# what users install: the image (e2e/build-image.sh) through the Helm chart (e2e/chart.sh: the
+# chart's defaults, plus the node's driver root, dev root and folders, and shorter garbage
+# collection, resync and probe intervals through `extraEnv`); a driver restart is `kubectl
+# delete pod` of the driver pod. Manifests are in e2e/pods/, written as a user would write them
+# (only the image is filled in).
 #
 #   1. two pods from one ResourceClaimTemplate, each with its own GPU;
 #   2. one pod, two containers sharing one claim;
@@ -27,6 +31,8 @@ cd "$ROOT"
 source "$E2E/mps-folder.sh"
 NAME=pods-e2e
 WORK=$(mktemp -d /tmp/gpu-dra-pods.XXXXXX)
+# shellcheck source=chart.sh
+source "$E2E/chart.sh"
 export GPU_DRA_CLUSTER_DIR=$WORK/cluster
 passed=0
 T0=$SECONDS
@@ -39,8 +45,13 @@ fail() {
         log "pods and claims:"
         kubectl get pods,resourceclaims -o wide 2>&1 | sed 's/^/    /' >&2 || true
     fi
+    if [[ -n ${E2E_POD_LOGS:-} ]]; then
+        log "driver pods' logs (tail):"
+        driver_logs | cut -d' ' -f4- | grep -v '^\s' | tail -n 25 | cut -c1-400 | sed 's/^/    /' >&2
+        driver_logs >"$GPU_DRA_CLUSTER_DIR/logs/driver-pods.log" 2>/dev/null || true
+    fi
     local c
-    for c in gpu-dra kubelet; do
+    for c in kubelet; do
         [[ -f $GPU_DRA_CLUSTER_DIR/logs/$c.log ]] || continue
         log "$c log (tail):"
         grep -v '^\s' "$GPU_DRA_CLUSTER_DIR/logs/$c.log" | tail -n 25 | cut -c1-400 | sed 's/^/    /' >&2
@@ -69,10 +80,12 @@ export GPU_DRA=${GPU_DRA:-$ROOT/target/debug/gpu-dra}
 BIN=${GPU_DRA_K8S_BIN:-$("$E2E/build-k8s.sh" | tail -n 1)}
 export GPU_DRA_K8S_BIN=$BIN PATH="$BIN:$PATH"
 
+chart_build_images
+
 # Only one real node per machine: wait (a while) for another cluster's node to go away.
 up_log=$WORK/up.log
 for attempt in 1 2 3 4 5 6; do
-    if "$E2E/cluster" up --real-node --driver-args "--health-taint-effects reset=NoExecute,lost=NoExecute --health-probe-interval 1s" >"$up_log" 2>&1; then break; fi
+    if "$E2E/cluster" up --real-node --no-driver --service-network >"$up_log" 2>&1; then break; fi
     if ((attempt < 6)) && grep -q 'gpu-dra-real-node.lock' "$up_log" && ! grep -q "$GPU_DRA_CLUSTER_DIR" "$up_log"; then
         log "another real node is running; retrying in 30s"
         "$E2E/cluster" down >/dev/null 2>&1 || true
@@ -85,11 +98,6 @@ done
 eval "$("$E2E/cluster" env)"
 LOGS=$GPU_DRA_CLUSTER_DIR/logs
 log "cluster up ($((SECONDS - T0))s)"
-# Every claim that ever exists (some live only a second, e.g. a Job's): name -> UID.
-kubectl get resourceclaims -A --watch --output-watch-events -o json >"$WORK/claims.watch" 2>"$WORK/claims.watch.err" &
-WATCH_PID=$!
-
-# ---------------------------------------------------------------- helpers
 wait_for() { # description, timeout seconds, command...
     local what=$1 timeout=$2 deadline=$((SECONDS + $2))
     shift 2
@@ -98,6 +106,20 @@ wait_for() { # description, timeout seconds, command...
         sleep 0.3
     done
 }
+chart_import_images
+# NoExecute taints for GPUs that reset or fall off the bus (scenario 11), as an admin sets them;
+# the intervals are shorter than the defaults so the run stays short.
+chart_install "$FIRST_REF" --set-json 'healthTaintEffects="reset=NoExecute,lost=NoExecute"' \
+    --set-json 'extraEnv=[{"name":"GPU_DRA_GC_INTERVAL","value":"2s"},{"name":"GPU_DRA_RESYNC_INTERVAL","value":"5s"},{"name":"GPU_DRA_HEALTH_PROBE_INTERVAL","value":"1s"}]'
+DRIVER_POD=$(driver_ready) || fail "no ready driver pod after helm install"
+# The chart's driver keeps its state in its plugin folder.
+GPU_DRA_STATE_DIR=$E2E_KUBELET_ROOT/plugins/gpu.nvidia.com
+log "driver image $FIRST_REF installed by the chart: pod $DRIVER_POD ($((SECONDS - T0))s)"
+# Every claim that ever exists (some live only a second, e.g. a Job's): name -> UID.
+kubectl get resourceclaims -A --watch --output-watch-events -o json >"$WORK/claims.watch" 2>"$WORK/claims.watch.err" &
+WATCH_PID=$!
+
+# ---------------------------------------------------------------- helpers
 # apply FILE [POD_NAME [CLAIM]]: the manifest with the local image (and ${NAME}, ${CLAIM}) filled
 # in. FILE is under e2e/pods/, or a path (deploy/examples/ manifests, applied as users would).
 apply() {
@@ -173,8 +195,8 @@ mig_instances() { hw | jq '[.gpus[].gpu_instances[]] | length'; }
 mig_layout() { hw | jq -r '.gpus[] | .minor as $m | .gpu_instances[] | "\($m):\(.id):\(.placement.start):\(.compute_instances[0].uuid)"' | sort; }
 count_mig() { [[ $(mig_instances) == "$1" ]]; }
 file_id() { stat -c '%i:%Y.%y' "$1"; }
-n_prepared() { grep -c "INFO gpu_dra::prepare::state: prepared claim .*claimUID=$1" "$LOGS/gpu-dra.log" || true; }
-n_unprepared() { grep -c "INFO gpu_dra::prepare::state: unprepared claim .*claimUID=$1" "$LOGS/gpu-dra.log" || true; }
+n_prepared() { driver_logs | grep -c "INFO gpu_dra::prepare::state: prepared claim .*claimUID=$1" || true; }
+n_unprepared() { driver_logs | grep -c "INFO gpu_dra::prepare::state: unprepared claim .*claimUID=$1" || true; }
 registrations() { grep -c 'Registered DRA plugin.*gpu.nvidia.com' "$LOGS/kubelet.log" || true; }
 watched_uid() { jq -r --arg n "$1" 'select(.object.metadata.name == $n) | .object.metadata.uid' "$WORK/claims.watch" | head -n 1; }
 # Claims that were ever allocated (kube-controller-manager sometimes creates a claim for a Job's
@@ -432,16 +454,18 @@ u8g=$(claim_uid "$c8g")
 check_gpu drv-gpu ctr "$c8g" >/dev/null
 layout8=$(mig_layout)
 regs=$(registrations)
-"$E2E/cluster" stop gpu-dra >&2
+old_driver=$DRIVER_POD
+driver_stop
 pod_running drv-mig && pod_running drv-gpu || fail "pods stopped with the driver"
 [[ -f $(spec_of "$u8m") && -f $(spec_of "$u8g") ]] || fail "CDI specs removed when the driver stopped"
-"$E2E/cluster" start gpu-dra >&2 || fail "the driver did not restart"
+driver_wait_ready
+[[ $DRIVER_POD != "$old_driver" ]] || fail "the driver pod was not replaced"
 wait_for "kubelet re-registered the plugin" 30 bash -c "(( \$(grep -c 'Registered DRA plugin.*gpu.nvidia.com' '$LOGS/kubelet.log') > $regs ))"
-grep 'recovered prepared state' "$LOGS/gpu-dra.log" | tail -n 1 | grep -q 'checkpoint loaded' || fail "the driver did not load its checkpoint"
+driver_log "$DRIVER_POD" | grep 'recovered prepared state' | tail -n 1 | grep -q 'checkpoint loaded' || fail "the driver did not load its checkpoint"
 pod_running drv-mig && pod_running drv-gpu || fail "pods stopped after the driver restart"
 [[ -f $(spec_of "$u8m") && -f $(spec_of "$u8g") ]] || fail "CDI specs removed after the driver restart"
 [[ $(mig_layout) == "$layout8" ]] || fail "MIG instances changed across the restart: $layout8 -> $(mig_layout)"
-ok "8. driver restart: pods kept running, CDI specs and GPU instance kept, checkpoint loaded"
+ok "8. driver restart (pod $old_driver deleted, $DRIVER_POD started by the DaemonSet): pods kept running, CDI specs and GPU instance kept, checkpoint loaded"
 delete_pods drv-mig drv-gpu
 wait_unprepared "$u8m" "$u8g"
 wait_claims_gone "$c8m" "$c8g"
@@ -496,13 +520,12 @@ mode10=$(hw | jq -r ".gpus[] | select(.minor == $m10) | .compute_mode")
 [[ $mode10 == ExclusiveProcess ]] || fail "MPS GPU $m10 compute mode $mode10, want ExclusiveProcess"
 ok "10. MPS claim shared by two pods: one daemon on $d10 (50% threads, 10240M pinned, EXCLUSIVE_PROCESS); both pods got its pipe and shm"
 regs=$(registrations)
-"$E2E/cluster" stop gpu-dra >&2
-"$E2E/cluster" start gpu-dra >&2 || fail "the driver did not restart"
+driver_restart
 wait_for "kubelet re-registered the plugin" 30 bash -c "(( \$(grep -c 'Registered DRA plugin.*gpu.nvidia.com' '$LOGS/kubelet.log') > $regs ))"
 [[ $(grep -c 'Control daemon started' "$(mps_dir "$u10")/log/control.log") == 1 && $(mps_daemons "$u10") == 1 ]] ||
     fail "the MPS daemon did not outlive the driver restart: $(cat "$(mps_dir "$u10")/log/control.log")"
 pod_running mps-1 && pod_running mps-2 || fail "MPS pods stopped across the driver restart"
-ok "10. driver restart: the same MPS daemon kept serving (not restarted, not told again)"
+ok "10. driver pod deleted and replaced: the same MPS daemon kept serving (not restarted, not told again)"
 delete_pods mps-1 mps-2
 wait_unprepared "$u10"
 wait_for "MPS daemon of mps-gpu stopped, folder and mount removed" 30 mps_gone "$u10"
@@ -563,9 +586,9 @@ done
 ((${#bad[@]} == 0)) || fail "claims not prepared/unprepared exactly once: ${bad[*]}"
 [[ -z $(ls "$GPU_DRA_CDI_ROOT") ]] || fail "CDI specs left: $(ls "$GPU_DRA_CDI_ROOT")"
 [[ -z $(kubectl get resourceclaims -o name) ]] || fail "claims left: $(kubectl get resourceclaims -o name)"
-gc=$(grep -c 'unprepared a claim that no longer exists' "$LOGS/gpu-dra.log" || true)
+gc=$(driver_logs | grep -c 'unprepared a claim that no longer exists' || true)
 ok "all ${#all_claims[@]} claims prepared once and unprepared once ($gc by the driver's garbage collection, the rest by the kubelet); no spec, claim or MIG instance left"
 
 log "total $((SECONDS - T0))s; kubelet nudged after a node-authorizer refusal: $NUDGES time(s)"
-log "mode: the driver as a host process on the real node (restarts stop and start the process); MPS, time-slicing, driver pod deletion, kill of its PID 1 and helm upgrade with the image through the chart run in e2e/install.sh"
+report_mode "the driver image installed by the Helm chart (restarts: kubectl delete pod of the driver pod); the driver container's kill -9, an MPS server's memory and helm upgrade under live MPS clients run in e2e/install.sh"
 echo "$passed passed, 0 failed"

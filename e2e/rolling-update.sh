@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Seamless driver upgrade on the real node (KEP-4381, the kubelet plugin library's RollingUpdate
-# mode): while pods keep arriving, a second driver instance starts beside the first with its own
-# sockets, the kubelet registers both, the old one is stopped, and the new one serves on.
+# mode) as users do it: the driver image installed by the Helm chart (e2e/chart.sh,
+# `seamlessUpgrade: true`, its default), then `helm upgrade` to a new image tag while pods keep
+# arriving. The DaemonSet starts the new pod beside the old one (maxSurge 1), each with its own
+# sockets; the kubelet registers both; the old pod goes once the new one is Ready.
 # Nothing may fail in between: every pod runs, no prepare fails, and the new instance unprepares
 # what the old one prepared (CDI specs removed, MIG instances destroyed).
 set -euo pipefail
@@ -10,25 +12,24 @@ ROOT=$(dirname "$E2E")
 NAME=rolling-update
 WORK=$(mktemp -d "/tmp/gpu-dra-$NAME.XXXXXX")
 export GPU_DRA_CLUSTER_DIR=$WORK/cluster
-NEW_PID=
+# shellcheck source=chart.sh
+source "$E2E/chart.sh"
+ARCHIVER=
 passed=0
 
 log() { echo "$NAME: $*" >&2; }
 fail() {
     log "FAIL: $*"
-    for f in gpu-dra.log gpu-dra-new.log; do
-        [[ -f $GPU_DRA_CLUSTER_DIR/logs/$f ]] && { log "$f (tail):"; grep -E "WARN|ERROR|unprepared|prepared claim" "$GPU_DRA_CLUSTER_DIR/logs/$f" | tail -n 25 >&2; }
-    done
+    if [[ -n ${E2E_POD_LOGS:-} ]]; then
+        log "driver pods' logs:"
+        driver_logs | grep -E "WARN|ERROR|unprepared|prepared claim" | tail -n 25 | cut -c1-400 >&2
+    fi
     echo "$passed passed, 1 failed"
     exit 1
 }
 ok() { passed=$((passed + 1)); log "ok - $*"; }
 cleanup() {
-    if [[ -n $NEW_PID ]]; then
-        kill -TERM -- "-$NEW_PID" 2>/dev/null || true
-        for _ in $(seq 50); do kill -0 "$NEW_PID" 2>/dev/null || break; sleep 0.1; done
-        kill -KILL -- "-$NEW_PID" 2>/dev/null || true
-    fi
+    [[ -z $ARCHIVER ]] || kill "$ARCHIVER" 2>/dev/null || true
     "$E2E/cluster" down >/dev/null 2>&1 || true
     rm -rf "$WORK"
 }
@@ -43,24 +44,27 @@ wait_for() { # description, timeout seconds, command...
     done
 }
 
-"$E2E/cluster" up --real-node --gpus sim:2xH100-SXM5-80GB --driver-args "--rolling-update-uid instance-old" >&2 \
+chart_build_images
+"$E2E/cluster" up --real-node --no-driver --service-network --gpus sim:2xH100-SXM5-80GB >&2 \
     || fail "the real-node cluster did not start"
 eval "$("$E2E/cluster" env)"
 export PATH=$GPU_DRA_K8S_BIN:$PATH
 LOGS=$GPU_DRA_CLUSTER_DIR/logs
 REGISTRY=$E2E_KUBELET_ROOT/plugins_registry
+chart_import_images
+chart_install "$FIRST_REF"
+OLD_POD=$(driver_ready) || fail "no ready driver pod after helm install"
 mig_instances() {
     "$E2E_GPU_DRA" sim --gpus "$E2E_GPUS" --node-name "$E2E_NODE" --sim-state "$GPU_DRA_SIM_STATE" show \
         | jq '[.gpus[].gpu_instances[]] | length'
 }
 
-# Per-instance names: <driver>-<uid>-reg.sock, or a shorter digest form where the path would not
-# fit a unix socket address (as here, under a temp dir).
 reg_sockets() { find "$REGISTRY" -maxdepth 1 -type s -name '*-reg.sock' -printf '%f\n' | sort; }
+wait_for "the driver pod's registration socket" 30 bash -c "[[ -n \$(find '$REGISTRY' -maxdepth 1 -type s -name '*-reg.sock') ]]"
 OLD_SOCKET=$(reg_sockets)
 [[ $(wc -l <<<"$OLD_SOCKET") == 1 && $OLD_SOCKET != gpu.nvidia.com-reg.sock ]] \
     || fail "the old instance should have one per-instance registration socket: $OLD_SOCKET"
-ok "old instance registered on its own socket ($OLD_SOCKET)"
+ok "driver pod $OLD_POD ($FIRST_REF) registered on its own socket ($OLD_SOCKET)"
 
 kubectl apply -f - >/dev/null <<EOF
 apiVersion: resource.k8s.io/v1
@@ -100,34 +104,39 @@ EOF
 # (at most 12: two H100s hold 14 1g.10gb slices).
 (
     n=0 after=0
-    while ((n < 12 && after < 2)); do
+    # At most 14: the 1g.10gb slices two H100s have.
+    while ((n < 14 && after < 2)); do
         n=$((n + 1))
         pod "p$n"
         echo "p$n" >>"$WORK/pods"
         [[ -e $WORK/old-stopped ]] && after=$((after + 1))
-        sleep 0.5
+        sleep 1
     done
 ) &
 ARRIVALS=$!
 
-# The new instance: the same command line with another instance id (a DaemonSet surge pod).
-sleep 1.5
-mapfile -d '' -t ARGV <"$GPU_DRA_CLUSTER_DIR/cmd/gpu-dra"
-for i in "${!ARGV[@]}"; do [[ ${ARGV[$i]} == instance-old ]] && ARGV[i]=instance-new; done
-setsid "${ARGV[@]}" </dev/null >>"$LOGS/gpu-dra-new.log" 2>&1 &
-NEW_PID=$!
-# The kubelet's verdict reaches the instance through NotifyRegistrationStatus.
-wait_for "the kubelet to register the new instance" 20 grep -q 'registered with kubelet' "$LOGS/gpu-dra-new.log"
-[[ $(reg_sockets | wc -l) == 2 ]] && grep -qx "$OLD_SOCKET" <(reg_sockets) \
-    || fail "both instances should be registered side by side: $(reg_sockets)"
-ok "new instance registered beside the old one"
+# The kubelet removes a pod's logs with the pod: keep copies while the DaemonSet rolls, and
+# record every registration socket seen.
+(
+    while true; do
+        driver_logs_archive
+        reg_sockets >>"$WORK/sockets-seen"
+        sleep 0.2
+    done
+) &
+ARCHIVER=$!
 
-sleep 1
-"$E2E/cluster" stop gpu-dra >&2
+sleep 1.5
+chart_upgrade "$SECOND_REF"
+wait_for "the old driver pod $OLD_POD gone" 60 bash -c "! kubectl -n $CHART_NAMESPACE get pod $OLD_POD"
 touch "$WORK/old-stopped"
+NEW_POD=$(driver_ready) || fail "no ready driver pod after the upgrade"
+[[ $NEW_POD != "$OLD_POD" ]] || fail "the DaemonSet did not replace $OLD_POD"
+[[ $(sort -u "$WORK/sockets-seen" | wc -l) -ge 2 ]] || fail "never saw the new instance's registration socket: $(sort -u "$WORK/sockets-seen")"
+grep -qx "$OLD_SOCKET" <(sort -u "$WORK/sockets-seen") || fail "the old socket was never seen"
 [[ ! -e $REGISTRY/$OLD_SOCKET && $(reg_sockets | wc -l) == 1 ]] || fail "the old instance left its registration socket: $(reg_sockets)"
-wait_for "the new instance to take over slice publication" 20 grep -q 'publishing ResourceSlices for this node' "$LOGS/gpu-dra-new.log"
-ok "old instance stopped; the new one publishes"
+wait_for "the new instance to take over slice publication" 20 bash -c "cat $E2E_POD_LOGS/${CHART_NAMESPACE}_${NEW_POD}_*/driver/*.log | grep -q 'publishing ResourceSlices for this node'"
+ok "helm upgrade: $NEW_POD ($SECOND_REF) registered beside $OLD_POD on its own socket; the old pod went; the new one publishes"
 
 wait "$ARRIVALS" || fail "creating pods failed"
 mapfile -t PODS <"$WORK/pods"
@@ -153,8 +162,13 @@ ok "all ${#PODS[@]} pods that arrived during the switch run"
 failures=$(kubectl get events -o json | jq '[.items[] | select(.reason == "FailedPrepareDynamicResources"
     and (.message | contains("no relationship found between node") | not))] | length')
 [[ $failures == 0 ]] || fail "$failures prepare failures during the switch: $(kubectl get events | grep -i prepare)"
-prepared_by_old=$(grep -c 'prepared claim' "$LOGS/gpu-dra.log" || true)
-prepared_by_new=$(grep -c 'prepared claim' "$LOGS/gpu-dra-new.log" || true)
+kill "$ARCHIVER" 2>/dev/null || true
+wait "$ARCHIVER" 2>/dev/null || true
+ARCHIVER=
+driver_logs_archive
+pod_logs() { cat "$WORK"/driver-pod-logs/"${CHART_NAMESPACE}_$1"_*.log 2>/dev/null || true; }
+prepared_by_old=$(pod_logs "$OLD_POD" | grep -c 'INFO gpu_dra::prepare::state: prepared claim' || true)
+prepared_by_new=$(pod_logs "$NEW_POD" | grep -c 'INFO gpu_dra::prepare::state: prepared claim' || true)
 log "prepares logged: old instance $prepared_by_old, new instance $prepared_by_new"
 ((prepared_by_old > 0 && prepared_by_new > 0)) || fail "both instances should have prepared claims (old $prepared_by_old, new $prepared_by_new)"
 ((prepared_by_old + prepared_by_new == ${#PODS[@]})) || fail "each claim is prepared once: $prepared_by_old + $prepared_by_new prepares for ${#PODS[@]} pods"
@@ -167,6 +181,6 @@ wait_for "all MIG instances destroyed" 60 no_mig_instances
 wait_for "all CDI specs removed" 30 bash -c "! ls '$GPU_DRA_CDI_ROOT'/k8s.gpu.nvidia.com-claim_*.json"
 ok "the new instance unprepared every claim, including the old instance's"
 
-kill -0 "$NEW_PID" || fail "the new instance exited"
-log "mode: two driver host processes (the second started beside the first with its own sockets, stopped at a chosen moment); the chart's rolling upgrade of the image, with pods arriving, runs in e2e/install.sh"
+[[ $(driver_ready) == "$NEW_POD" ]] || fail "the new driver pod is not Ready any more"
+report_mode "the driver image installed by the Helm chart, rolled by helm upgrade (seamlessUpgrade)"
 echo "$passed passed, 0 failed"

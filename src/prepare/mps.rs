@@ -590,7 +590,8 @@ mod tests {
 
     #[test]
     fn containers_get_the_pipe_and_shm_of_their_claim() {
-        let daemons = MpsDaemons::new("/bin/false".into(), &[], "/var/lib/x/mps".into());
+        let tools = DriverRootTools::new(Path::new("/"), Path::new("/"));
+        let daemons = MpsDaemons::new(tools, "/bin/false".into(), "/var/lib/x/mps".into());
         let edits = daemons.container_edits("uid-1");
         assert_eq!(edits.env, ["CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps"]);
         assert_eq!(edits.mounts[0].host_path, "/var/lib/x/mps/uid-1/pipe");

@@ -328,8 +328,10 @@ fn a_carve_asks_nvml_only_about_the_carved_gpu() {
 }
 
 /// Time-slicing through the NVML backend: compute mode through NVML (the fake keeps it in the
-/// simulated hardware), the interval through the driver's `nvidia-smi`, as NVIDIA's driver does.
+/// simulated hardware), the interval through the driver's `nvidia-smi` chrooted into the driver
+/// root, as NVIDIA's driver does.
 #[test]
+#[ignore = "needs root: nvidia-smi runs chrooted into the driver root (e2e/run-tests runs ignored tests)"]
 fn time_slicing_through_nvml_and_nvidia_smi() {
     use gpu_dra::gpu::{ComputeMode, GpuControl, SharingSettings};
     use std::os::unix::fs::PermissionsExt;
@@ -345,14 +347,23 @@ fn time_slicing_through_nvml_and_nvidia_smi() {
         std::env::set_var("FAKE_NVML_NODE", "n5");
         std::env::set_var("FAKE_NVML_STATE", &state);
     }
-    let args = dir.path().join("nvidia-smi.args");
-    let smi = dir.path().join("nvidia-smi");
-    std::fs::write(
-        &smi,
-        format!("#!/bin/sh\necho \"$@\" >> {}\n", args.display()),
+    // The fake nvidia-smi (this package's binary) in a fake driver root: it runs only chrooted
+    // there, with the driver root's own C library, and acts on the simulated GPUs.
+    let root = dir.path().join("driver-root");
+    gpu_dra::prepare::driver_files::write_fake_driver_root(&root, "580.95.05")
+        .expect("fake driver root");
+    std::fs::copy(env!("CARGO_BIN_EXE_nvidia-smi"), root.join("usr/bin/nvidia-smi"))
+        .expect("install the fake nvidia-smi");
+    std::fs::set_permissions(
+        root.join("usr/bin/nvidia-smi"),
+        std::fs::Permissions::from_mode(0o755),
     )
-    .expect("fake nvidia-smi");
-    std::fs::set_permissions(&smi, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    .expect("chmod");
+    let tools = gpu_dra::gpu::driver_tools::DriverRootTools::new(&root, &root);
+    let smi = gpu_dra::gpu::driver_tools::NvidiaSmi::find(&tools)
+        .expect("nvidia-smi in the driver root")
+        .on_simulated_gpus(Some(&state));
+    smi.check().expect("the fake nvidia-smi loads in its driver root");
     let sliced = SharingSettings {
         compute_mode: ComputeMode::Default,
         timeslice: Some(2),
@@ -392,10 +403,10 @@ fn time_slicing_through_nvml_and_nvidia_smi() {
         sim.sharing_settings(1).expect("sim").compute_mode,
         ComputeMode::Default
     );
-    let uuid = sim.inventory().expect("inventory").gpus[1].uuid.clone();
     assert_eq!(
-        std::fs::read_to_string(&args).expect("nvidia-smi ran"),
-        format!("compute-policy -i {uuid} --set-timeslice 2\n")
+        sim.sharing_settings(1).expect("sim").timeslice,
+        Some(2),
+        "nvidia-smi set the interval on the simulated GPU"
     );
     // NVML has no call that reads the interval back.
     assert_eq!(nvml.sharing_settings(1).expect("read").timeslice, None);

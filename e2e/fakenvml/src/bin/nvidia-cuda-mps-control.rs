@@ -15,7 +15,10 @@
 //! The daemon starts an MPS server (this binary again, `--fake-server`) that models clients: a
 //! client makes a FIFO in `$CUDA_MPS_PIPE_DIRECTORY/clients/`, the server opens it and writes
 //! `attached server=<pid>` and then `alive <n>` every second. A client reading it sees end of
-//! file the moment its server is gone, as a CUDA client of a real server does.
+//! file the moment its server is gone, as a CUDA client of a real server does. A file
+//! `clients/<name>.mem` holding a number N makes the server hold N MiB for that client (touched,
+//! so it is resident), as a real server holds its clients' contexts: what it costs the node's
+//! memory, and whose cgroup pays for it, can be tested.
 //!
 //! Commands: `get_server_list`, `set_default_active_thread_percentage N`,
 //! `get_default_active_thread_percentage`, `set_default_device_pinned_mem_limit DEV LIMIT`,
@@ -297,8 +300,29 @@ fn server() -> ExitCode {
     }
     let me = std::process::id();
     let mut attached: BTreeMap<std::ffi::OsString, std::fs::File> = BTreeMap::new();
+    let mut held: BTreeMap<std::ffi::OsString, Vec<u8>> = BTreeMap::new();
     let mut tick: u64 = 0;
     loop {
+        for name in attached.keys() {
+            if held.contains_key(name) {
+                continue;
+            }
+            let mut file = name.clone();
+            file.push(".mem");
+            let Some(mib) = std::fs::read_to_string(clients_dir.join(&file))
+                .ok()
+                .and_then(|text| text.trim().parse::<usize>().ok())
+            else {
+                continue;
+            };
+            // Touched page by page, so the memory is resident and charged to this cgroup.
+            let mut memory = vec![0u8; mib << 20];
+            for page in memory.chunks_mut(4096) {
+                page[0] = 1;
+            }
+            log(&format!("server {me}: client {} holds {mib} MiB", name.to_string_lossy()));
+            held.insert(name.clone(), memory);
+        }
         if let Ok(entries) = std::fs::read_dir(&clients_dir) {
             for entry in entries.flatten() {
                 let name = entry.file_name();
