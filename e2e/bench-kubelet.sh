@@ -34,8 +34,6 @@ E2E=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(dirname "$E2E")
 cd "$ROOT"
 NAME=bench-kubelet
-NAMESPACE=gpu-dra
-RELEASE=gpu-dra
 PODS=4 CARVE=1s API_DELAY=10s RUNS=1
 while [[ $# -gt 0 ]]; do
     case $1 in
@@ -61,6 +59,8 @@ API_DELAY_S=$(seconds "$API_DELAY") || { echo "$NAME: --api-delay '$API_DELAY': 
 
 WORK=$(mktemp -d /tmp/gpu-dra-bench-kubelet.XXXXXX)
 export GPU_DRA_CLUSTER_DIR=$WORK/cluster
+# shellcheck source=chart.sh
+source "$E2E/chart.sh"
 PROXY_PID='' WATCH_PID=''
 T0=$SECONDS
 
@@ -97,7 +97,6 @@ wait_for() { # description, timeout seconds, command...
 BIN=${GPU_DRA_K8S_BIN:-$("$E2E/build-k8s.sh" | tail -n 1)}
 export PATH="$BIN:$PATH"
 API_DELAY_BIN=$("$E2E/build-k8s.sh" api-delay | tail -n 1)/api-delay
-HELM=$("$E2E/build-helm.sh" | tail -n 1)/helm
 if [[ -z ${IMAGE_BINARY:-} ]]; then
     cargo build --profile node --locked --no-default-features --bin gpu-dra >&2
     IMAGE_BINARY=$ROOT/target/node/gpu-dra
@@ -105,25 +104,18 @@ fi
 # Private copies: a concurrent build must not swap the binary between the image and the host.
 cp "$IMAGE_BINARY" "$WORK/gpu-dra"
 export GPU_DRA=${GPU_DRA:-$WORK/gpu-dra}
-eval "$("$E2E/build-image.sh" --binary "$WORK/gpu-dra" --out "$WORK/image" --tag bench)"
+IMAGE_BINARY=$WORK/gpu-dra chart_build_images
 
 GPUS=sim:${PODS}xH100-SXM5-80GB
 "$E2E/cluster" up --real-node --no-driver --service-network --gpus "$GPUS" >/dev/null || fail "the real node did not start"
 eval "$("$E2E/cluster" env)"
 LOGS=$GPU_DRA_CLUSTER_DIR/logs
 PKI=$GPU_DRA_CLUSTER_DIR/pki
-"$E2E_CTR" --address "$E2E_CONTAINERD_ADDRESS" -n k8s.io images import "$IMAGE_ARCHIVE" >/dev/null 2>>"$WORK/ctr.log" ||
-    fail "ctr could not import $IMAGE_ARCHIVE"
+chart_import_images
 
-# The chart owns the DeviceClasses. Values: the image, the simulated GPUs and their carve time,
-# and this node's folders (driver root, dev root, kubelet, CDI); everything else the defaults.
-kubectl delete deviceclass --all >&2
-"$HELM" install "$RELEASE" deploy/helm/gpu-dra --namespace "$NAMESPACE" --create-namespace \
-    --set "image.repository=${IMAGE_REF%:*}" --set "image.tag=${IMAGE_REF##*:}" --set image.pullPolicy=Never \
-    --set-string "gpus=${E2E_GPUS//,/\\,}" --set "simState=$GPU_DRA_SIM_STATE" --set-string "simMigDelay=$CARVE" \
-    --set "nvidiaDriverRoot=$E2E_DRIVER_ROOT" --set "devRoot=$GPU_DRA_DEV_ROOT" \
-    --set "kubeletDir=$E2E_KUBELET_ROOT" --set "cdiRoot=$GPU_DRA_CDI_ROOT" \
-    --wait --timeout 120s >/dev/null || fail "helm install did not reach a ready release"
+# Values (e2e/chart.sh): the image, the simulated GPUs and this node's folders, and the carve
+# time; everything else the defaults.
+chart_install "$FIRST_REF" --set-string "simMigDelay=$CARVE"
 registrations() { grep -c 'Registered DRA plugin.*gpu.nvidia.com' "$LOGS/kubelet.log" || true; }
 wait_for "the kubelet registered the plugin" 30 test "$(registrations)" -gt 0
 slices() { kubectl get resourceslices -o json --field-selector "spec.nodeName=$E2E_NODE"; }
@@ -268,17 +260,9 @@ wait_for "api-delay answers /readyz as the API server" 10 bash -c \
     "curl -sf --cacert '$PKI/ca.crt' --resolve 'kubernetes:$PROXY_PORT:$E2E_POD_GATEWAY' https://kubernetes:$PROXY_PORT/readyz | grep -qx ok"
 "$E2E/cluster" route-service "$PROXY_PORT" || fail "routing the kubernetes Service to api-delay"
 before=$(registrations)
-old_pod=$(kubectl -n "$NAMESPACE" get pods -l "app.kubernetes.io/instance=$RELEASE" -o jsonpath='{.items[0].metadata.name}')
-kubectl -n "$NAMESPACE" delete pod "$old_pod" --wait --timeout 60s >/dev/null || fail "restarting the driver pod"
-driver_ready() {
-    kubectl -n "$NAMESPACE" get pods -l "app.kubernetes.io/instance=$RELEASE" -o json | jq -e --arg old "$old_pod" \
-        '[.items[] | select(.metadata.name != $old and .metadata.deletionTimestamp == null)
-          | .status.conditions[]? | select(.type == "Ready" and .status == "True")] | length == 1'
-}
-wait_for "a new driver pod Ready" 90 driver_ready
+driver_restart
 wait_for "the kubelet registered the new driver pod" 30 test "$(registrations)" -gt "$before"
-driver_ip=$(kubectl -n "$NAMESPACE" get pods -l "app.kubernetes.io/instance=$RELEASE" -o json |
-    jq -r --arg old "$old_pod" '.items[] | select(.metadata.name != $old) | .status.podIP')
+driver_ip=$(kubectl -n "$CHART_NAMESPACE" get pod "$DRIVER_POD" -o jsonpath='{.status.podIP}')
 grep -qF "connection from $driver_ip:" "$WORK/api-delay.log" ||
     fail "the new driver pod ($driver_ip) does not reach the API server through api-delay"
 ok "api-delay in front of the API server for the driver pod (kubernetes Service -> $E2E_POD_GATEWAY:$PROXY_PORT), slow-* GETs held $API_DELAY"
