@@ -352,8 +352,11 @@ fn time_slicing_through_nvml_and_nvidia_smi() {
     let root = dir.path().join("driver-root");
     gpu_dra::prepare::driver_files::write_fake_driver_root(&root, "580.95.05")
         .expect("fake driver root");
-    std::fs::copy(env!("CARGO_BIN_EXE_nvidia-smi"), root.join("usr/bin/nvidia-smi"))
-        .expect("install the fake nvidia-smi");
+    std::fs::copy(
+        env!("CARGO_BIN_EXE_nvidia-smi"),
+        root.join("usr/bin/nvidia-smi"),
+    )
+    .expect("install the fake nvidia-smi");
     std::fs::set_permissions(
         root.join("usr/bin/nvidia-smi"),
         std::fs::Permissions::from_mode(0o755),
@@ -363,7 +366,8 @@ fn time_slicing_through_nvml_and_nvidia_smi() {
     let smi = gpu_dra::gpu::driver_tools::NvidiaSmi::find(&tools)
         .expect("nvidia-smi in the driver root")
         .on_simulated_gpus(Some(&state));
-    smi.check().expect("the fake nvidia-smi loads in its driver root");
+    smi.check()
+        .expect("the fake nvidia-smi loads in its driver root");
     let sliced = SharingSettings {
         compute_mode: ComputeMode::Default,
         timeslice: Some(2),

@@ -320,7 +320,10 @@ fn server() -> ExitCode {
             for page in memory.chunks_mut(4096) {
                 page[0] = 1;
             }
-            log(&format!("server {me}: client {} holds {mib} MiB", name.to_string_lossy()));
+            log(&format!(
+                "server {me}: client {} holds {mib} MiB",
+                name.to_string_lossy()
+            ));
             held.insert(name.clone(), memory);
         }
         if let Ok(entries) = std::fs::read_dir(&clients_dir) {
