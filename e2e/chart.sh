@@ -31,8 +31,10 @@ chart_import_images() {
         "$E2E_CTR" --address "$E2E_CONTAINERD_ADDRESS" -n k8s.io images import "$archive" >/dev/null 2>>"$WORK/ctr.log" ||
             fail "ctr could not import $archive"
     done
-    "$E2E_CTR" --address "$E2E_CONTAINERD_ADDRESS" -n k8s.io images ls -q 2>>"$WORK/ctr.log" | grep -qx "$FIRST_REF" ||
-        fail "containerd does not list $FIRST_REF after the import"
+    # Read whole before matching: `grep -q` leaving early would SIGPIPE ctr under pipefail.
+    local refs
+    refs=$("$E2E_CTR" --address "$E2E_CONTAINERD_ADDRESS" -n k8s.io images ls -q 2>>"$WORK/ctr.log") || true
+    grep -qx "$FIRST_REF" <<<"$refs" || fail "containerd does not list $FIRST_REF after the import (it lists: $(tr '\n' ' ' <<<"$refs"))"
 }
 
 # chart_install REF [helm args...]: `helm install` of REF's tag, waiting for a ready release. The
