@@ -2,12 +2,13 @@
 # Builds the e2e control plane (kube-apiserver, kube-scheduler, kubectl, etcd) and the real
 # node (kubelet, kube-controller-manager, containerd, ctr, containerd-shim-runc-v2) from the Go
 # modules pinned in e2e/versions.env, plus our Go test tools (kubelet-sim, cel-oracle,
-# alloc-oracle, api-delay from e2e/harness; cdi-inject from e2e/cdi-inject), into a cache
-# directory outside the repo:
+# alloc-oracle, api-delay from e2e/harness; cdi-inject from e2e/cdi-inject) and NVIDIA's
+# nvidia-cdi-hook (the container toolkit's module as published), into a cache directory outside
+# the repo:
 #
 #   ${GPU_DRA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-dra}/k8s-${K8S_VERSION}/bin
 #
-# Usage: e2e/build-k8s.sh [NAME...]     (default: all fourteen binaries)
+# Usage: e2e/build-k8s.sh [NAME...]     (default: all fifteen binaries)
 # A binary is skipped when it exists and its stamp matches (pin + Go version for the upstream
 # components; additionally a hash of the harness sources for our tools, of e2e/cdi-inject's
 # sources for cdi-inject). Progress goes to stderr; the LAST line of stdout is the bin dir, so
@@ -83,6 +84,7 @@ stamp_for() {
         containerd | containerd-shim-runc-v2 | ctr) echo "$CONTAINERD_VERSION $GOVERSION" ;;
         kubelet-sim | cel-oracle | alloc-oracle | api-delay) echo "$K8S_VERSION $GOVERSION $(tools_hash)" ;;
         cdi-inject) echo "$GOVERSION $(sources_hash "$CDI_INJECT_MOD")" ;;
+        nvidia-cdi-hook) echo "$NVIDIA_CTK_VERSION $GOVERSION" ;;
         *) die "unknown binary '$1'" ;;
     esac
 }
@@ -94,12 +96,12 @@ exec 9>"$BIN/.lock"
 flock 9
 
 ALL=(kube-apiserver kube-scheduler kubectl etcd kubelet-sim cel-oracle alloc-oracle api-delay cdi-inject
-    kubelet kube-controller-manager containerd containerd-shim-runc-v2 ctr)
+    kubelet kube-controller-manager containerd containerd-shim-runc-v2 ctr nvidia-cdi-hook)
 WANT=("$@")
 [[ ${#WANT[@]} -gt 0 ]] || WANT=("${ALL[@]}")
 
 declare -A STAMP
-k8s_pkgs=() tool_pkgs=() containerd_pkgs=() need_etcd= need_cdi_inject=
+k8s_pkgs=() tool_pkgs=() containerd_pkgs=() need_etcd= need_cdi_inject= need_cdi_hook=
 for name in "${WANT[@]}"; do
     STAMP[$name]=$(stamp_for "$name")
     if up_to_date "$name" "${STAMP[$name]}"; then
@@ -111,6 +113,7 @@ for name in "${WANT[@]}"; do
         etcd) need_etcd=1 ;;
         containerd | containerd-shim-runc-v2 | ctr) containerd_pkgs+=("github.com/containerd/containerd/v2/cmd/$name") ;;
         cdi-inject) need_cdi_inject=1 ;;
+        nvidia-cdi-hook) need_cdi_hook=1 ;;
         *) tool_pkgs+=("./cmd/$name") ;;
     esac
 done
@@ -165,6 +168,17 @@ if [[ -n $need_cdi_inject ]]; then
     log "building cdi-inject"
     (cd "$CDI_INJECT_MOD" && timed "$GO" build -trimpath -buildvcs=false -ldflags "-s -w" -o "$TMP/cdi-inject" .)
     install_bins cdi-inject
+fi
+
+if [[ -n $need_cdi_hook ]]; then
+    log "building nvidia-cdi-hook $NVIDIA_CTK_VERSION"
+    # Outside any module: the pin alone selects what is built. cgo, as NVIDIA ships it: the hook
+    # dlopens the driver root's libnvidia-ml.so.1.
+    (cd "$TMP" && GOFLAGS= GOBIN=$TMP timed "$GO" install -trimpath -buildvcs=false -ldflags "-s -w" \
+        "github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook@$NVIDIA_CTK_VERSION" 2>&1 \
+        | grep -v -e 'is deprecated' -e '^cgo-gcc-prolog' -e 'declared here' -e '^ *[0-9]* |' -e '^ *|' >&2 || true)
+    [[ -x $TMP/nvidia-cdi-hook ]] || die "nvidia-cdi-hook $NVIDIA_CTK_VERSION did not build"
+    install_bins nvidia-cdi-hook
 fi
 
 echo "$BIN"

@@ -8,6 +8,8 @@
 #      left and stays Pending;
 #   3. kubelet-sim prepares the three claims: one MPS daemon serves the GPU (EXCLUSIVE_PROCESS),
 #      each claim's containers get its pipe and their own limits (20480M pinned, 26% threads);
+#      this node cannot enforce memory per container (NVML limits: cgroup v2 and the toolkit's
+#      hook): each claim gets a GpuMemoryNotEnforced Warning Event saying so;
 #   4. unpreparing all three stops the daemon, removes its folder and mount and gives the GPU
 #      back its compute mode: the simulated GPU is exactly as before.
 #
@@ -106,6 +108,13 @@ done
 hw | jq -e --arg u "$gpu_uuid" '.mps_daemons | length == 1 and .[0].devices == [$u]' >/dev/null ||
     fail "the simulated hardware does not know the shared daemon: $(hw | jq -c '.mps_daemons')"
 ok "three claims prepared on gpu-0: one MPS daemon, each claim held to 20480M pinned and 26% of the threads"
+# This node cannot hold each container to its claim on the GPU itself (NVML memory limits need the
+# toolkit's hook and cgroup v2): each claim's owner is told, and what holds it instead.
+for c in share-a share-b share-c; do
+    wait_for "a GpuMemoryNotEnforced Warning Event on claim $c" 20 bash -c \
+        "kubectl get events -o json --field-selector involvedObject.name=$c | jq -e '.items[] | select(.type == \"Warning\" and .reason == \"GpuMemoryNotEnforced\" and (.message | contains(\"20480 MiB\") and contains(\"the MPS client\")))'"
+done
+ok "each claim's owner told why the GPU does not enforce its 20480 MiB per container here, and that the MPS limit holds it (GpuMemoryNotEnforced)"
 
 # ---------------------------------------------------------------- 4. unprepare
 for c in share-a share-b; do

@@ -148,6 +148,11 @@ impl DriverRootTools {
         &self.host
     }
 
+    /// How this process reaches the host's files.
+    pub fn host_view(&self) -> &HostView {
+        &self.host_view
+    }
+
     /// The first of `candidates` (paths relative to the driver root) that is an executable file
     /// there, as a path inside the driver root.
     pub fn find(&self, candidates: &[&str]) -> Option<PathBuf> {

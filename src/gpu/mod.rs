@@ -11,6 +11,7 @@ use std::str::FromStr;
 pub mod catalog;
 pub mod driver_tools;
 pub mod events;
+pub mod memory_limit;
 pub mod mig;
 pub mod model;
 pub mod nvml;
@@ -86,6 +87,13 @@ pub enum GpuError {
         minor: u32,
         operation: &'static str,
         reason: String,
+    },
+    /// A cgroup's GPU memory limits could not be read or set.
+    #[error("GPU {minor}: memory limits of cgroup {cgroup}: {failure}")]
+    MemoryLimit {
+        minor: u32,
+        cgroup: PathBuf,
+        failure: memory_limit::MemoryLimitFailure,
     },
 }
 
@@ -236,6 +244,32 @@ pub trait GpuControl: Send + Sync {
     fn sharing_settings(&self, minor: u32) -> Result<SharingSettings, GpuError>;
     /// Sets a full GPU's compute mode and, when given, its time-slice interval.
     fn set_sharing_settings(&self, minor: u32, settings: SharingSettings) -> Result<(), GpuError>;
+    /// Whether this backend can read and clear per-cgroup GPU memory limits (NVML 13.4's
+    /// `nvmlDeviceGetMemoryLimits_v1`/`SetMemoryLimits_v1`); the reason when it cannot.
+    fn memory_limits_supported(&self) -> Result<(), String> {
+        Err("this GPU backend has no per-cgroup memory limits".into())
+    }
+    /// The GPU memory limits of the cgroup at `cgroup` (a path this process can open) on a full
+    /// GPU; `None` when it has none.
+    fn memory_limit(
+        &self,
+        minor: u32,
+        cgroup: &std::path::Path,
+    ) -> Result<Option<memory_limit::MemoryLimit>, GpuError> {
+        Err(GpuError::MemoryLimit {
+            minor,
+            cgroup: cgroup.to_path_buf(),
+            failure: memory_limit::MemoryLimitFailure::NotSupported,
+        })
+    }
+    /// Clears the GPU memory limits of the cgroup at `cgroup` on a full GPU.
+    fn clear_memory_limit(&self, minor: u32, cgroup: &std::path::Path) -> Result<(), GpuError> {
+        Err(GpuError::MemoryLimit {
+            minor,
+            cgroup: cgroup.to_path_buf(),
+            failure: memory_limit::MemoryLimitFailure::NotSupported,
+        })
+    }
     /// Where simulated GPUs keep their state, for the processes that run on them (the MPS
     /// daemons record themselves there); `None` for real GPUs.
     fn sim_state_file(&self) -> Option<std::path::PathBuf> {
@@ -310,6 +344,19 @@ impl GpuControl for sim::SimNode {
     }
     fn sharing_settings(&self, minor: u32) -> Result<SharingSettings, GpuError> {
         sim::SimNode::sharing_settings(self, minor)
+    }
+    fn memory_limits_supported(&self) -> Result<(), String> {
+        Ok(())
+    }
+    fn memory_limit(
+        &self,
+        minor: u32,
+        cgroup: &std::path::Path,
+    ) -> Result<Option<memory_limit::MemoryLimit>, GpuError> {
+        sim::SimNode::memory_limit(self, minor, cgroup)
+    }
+    fn clear_memory_limit(&self, minor: u32, cgroup: &std::path::Path) -> Result<(), GpuError> {
+        self.set_memory_limit(minor, cgroup, memory_limit::MemoryLimit::NONE)
     }
     fn set_sharing_settings(&self, minor: u32, settings: SharingSettings) -> Result<(), GpuError> {
         sim::SimNode::set_sharing_settings_through_tools(self, minor, settings)

@@ -19,6 +19,7 @@ use nvml_wrapper_sys::bindings::{
 };
 
 use super::events::{GpuEvent, GpuEventKind, GpuEventSource, GpuProbe, RecoveryAction};
+use super::memory_limit::MemoryLimit;
 use super::mig::{self, GPU_INSTANCE_PROFILE_COUNT};
 use super::model::*;
 use super::nvml_raw::{self, RawError};
@@ -40,6 +41,8 @@ pub struct NvmlBackend {
     handles: Mutex<Option<Arc<GpuHandles>>>,
     /// The driver's `nvidia-smi`: NVML cannot set the time-slice interval.
     nvidia_smi: Option<super::driver_tools::NvidiaSmi>,
+    /// NVML 13.4's per-cgroup memory limit calls, or why the driver's NVML lacks them.
+    memory_limits: Result<nvml_raw::MemoryLimitCalls, String>,
 }
 
 /// Everything NVML answered, so MIG operations and inventories ask again only what can change:
@@ -315,11 +318,8 @@ impl NvmlBackend {
     /// Loads `library` (default: `libnvidia-ml.so.1` through the dynamic linker) and initialises it.
     pub fn open(library: Option<&Path>, sysfs_root: PathBuf) -> Result<Self, GpuError> {
         let mut builder = Nvml::builder();
-        if let Some(path) = library {
-            builder.lib_path(path.as_os_str());
-        } else {
-            builder.lib_path(OsStr::new("libnvidia-ml.so.1"));
-        }
+        let path = library.map_or(OsStr::new("libnvidia-ml.so.1"), Path::as_os_str);
+        builder.lib_path(path);
         let nvml = builder.init().map_err(|e| nvml_err("initialise NVML", e))?;
         Ok(Self {
             nvml: Arc::new(nvml),
@@ -327,6 +327,42 @@ impl NvmlBackend {
             cache: Mutex::new(None),
             handles: Mutex::new(None),
             nvidia_smi: None,
+            memory_limits: nvml_raw::MemoryLimitCalls::load(path),
+        })
+    }
+
+    /// One of NVML 13.4's memory limit calls on a full GPU, for the cgroup at `cgroup`.
+    fn memory_limit_call<T>(
+        &self,
+        minor: u32,
+        cgroup: &Path,
+        call: impl FnOnce(
+            &nvml_raw::MemoryLimitCalls,
+            nvml_wrapper_sys::bindings::nvmlDevice_t,
+            &std::ffi::CStr,
+        ) -> Result<T, nvml_raw::RawError>,
+    ) -> Result<T, GpuError> {
+        use super::memory_limit::MemoryLimitFailure as Failure;
+        let fail = |failure| GpuError::MemoryLimit {
+            minor,
+            cgroup: cgroup.to_path_buf(),
+            failure,
+        };
+        let calls = self
+            .memory_limits
+            .as_ref()
+            .map_err(|_| fail(Failure::NotSupported))?;
+        let path = std::ffi::CString::new(cgroup.as_os_str().as_encoded_bytes())
+            .map_err(|_| fail(Failure::InvalidArgument))?;
+        self.with_gpu(minor, "memory limits", |_, gpu| {
+            call(calls, gpu.handle.0, &path).map_err(|e| {
+                fail(match e.code {
+                    2 => Failure::InvalidArgument,
+                    15 => Failure::Lost,
+                    17 => Failure::OperatingSystem,
+                    _ => Failure::NotSupported,
+                })
+            })
         })
     }
 
@@ -1233,6 +1269,29 @@ impl super::GpuControl for NvmlBackend {
             Some(timeslice) => self.set_timeslice(minor, &uuid, timeslice),
             None => Ok(()),
         }
+    }
+
+    fn memory_limits_supported(&self) -> Result<(), String> {
+        self.memory_limits
+            .as_ref()
+            .map(|_| ())
+            .map_err(Clone::clone)
+    }
+
+    fn memory_limit(&self, minor: u32, cgroup: &Path) -> Result<Option<MemoryLimit>, GpuError> {
+        self.memory_limit_call(minor, cgroup, |calls, handle, path| {
+            // SAFETY: the handle belongs to the loaded NVML.
+            let limits = unsafe { calls.get(handle, path) }?;
+            Ok(limits.map(|(soft, hard)| MemoryLimit { soft, hard }))
+        })
+    }
+
+    fn clear_memory_limit(&self, minor: u32, cgroup: &Path) -> Result<(), GpuError> {
+        let none = MemoryLimit::NONE;
+        self.memory_limit_call(minor, cgroup, |calls, handle, path| {
+            // SAFETY: the handle belongs to the loaded NVML.
+            unsafe { calls.set(handle, path, none.soft, none.hard) }
+        })
     }
 
     fn invalidate(&self) {

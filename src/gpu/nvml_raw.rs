@@ -415,3 +415,131 @@ pub unsafe fn free_event_set(nvml: &Nvml, set: nvmlEventSet_t) -> Result<(), Raw
     // SAFETY: the caller vouches for `set`.
     check("nvmlEventSetFree", unsafe { free(set) })
 }
+
+/// `nvmlSetMemoryLimits_v1_t` (NVML 13.4).
+#[repr(C)]
+struct SetMemoryLimits {
+    name_space: *const std::os::raw::c_char,
+    soft_limit: u64,
+    hard_limit: u64,
+}
+
+/// `nvmlGetMemoryLimits_v1_t` (NVML 13.4).
+#[repr(C)]
+struct GetMemoryLimits {
+    name_space: *const std::os::raw::c_char,
+    soft_limit: u64,
+    hard_limit: u64,
+    current_used: u64,
+}
+
+type SetMemoryLimitsFn = unsafe extern "C" fn(nvmlDevice_t, *mut SetMemoryLimits) -> nvmlReturn_t;
+type GetMemoryLimitsFn = unsafe extern "C" fn(nvmlDevice_t, *mut GetMemoryLimits) -> nvmlReturn_t;
+
+/// NVML 13.4's per-cgroup memory limit calls, which nvml-wrapper's symbol table predates: looked
+/// up in the same library NVML was loaded from (the loader hands back the loaded copy).
+pub struct MemoryLimitCalls {
+    set: SetMemoryLimitsFn,
+    get: GetMemoryLimitsFn,
+    /// Keeps the symbols above valid.
+    _library: libloading::Library,
+}
+
+/// `NVML_ERROR_NOT_FOUND`: the cgroup has no limits on the device.
+const NOT_FOUND: nvmlReturn_t = 6;
+
+impl MemoryLimitCalls {
+    /// The calls, if the library at `path` (or the loader's `libnvidia-ml.so.1`) has both.
+    pub fn load(path: &std::ffi::OsStr) -> Result<Self, String> {
+        // SAFETY: NVML is loaded already (nvml-wrapper initialised it); loading it again runs no
+        // initialiser and returns the same copy.
+        let library = unsafe { libloading::Library::new(path) }
+            .map_err(|e| format!("cannot load {}: {e}", path.to_string_lossy()))?;
+        // SAFETY: the types are the published prototypes of these two functions.
+        let set = unsafe { library.get::<SetMemoryLimitsFn>(b"nvmlDeviceSetMemoryLimits_v1\0") }
+            .map(|s| *s)
+            .map_err(|_| {
+                "the driver's NVML has no nvmlDeviceSetMemoryLimits_v1 (NVML 13.4 added it)"
+                    .to_string()
+            })?;
+        // SAFETY: as above.
+        let get = unsafe { library.get::<GetMemoryLimitsFn>(b"nvmlDeviceGetMemoryLimits_v1\0") }
+            .map(|s| *s)
+            .map_err(|_| {
+                "the driver's NVML has no nvmlDeviceGetMemoryLimits_v1 (NVML 13.4 added it)"
+                    .to_string()
+            })?;
+        Ok(Self {
+            set,
+            get,
+            _library: library,
+        })
+    }
+
+    /// The limits of the cgroup at `cgroup` on `device`; `None` when it has none.
+    ///
+    /// # Safety
+    /// `device` must be a live handle of the library these calls came from.
+    pub unsafe fn get(
+        &self,
+        device: nvmlDevice_t,
+        cgroup: &std::ffi::CStr,
+    ) -> Result<Option<(u64, u64)>, RawError> {
+        let mut limits = GetMemoryLimits {
+            name_space: cgroup.as_ptr(),
+            soft_limit: 0,
+            hard_limit: 0,
+            current_used: 0,
+        };
+        // SAFETY: per this function's contract; `limits` lives for the call.
+        let ret = unsafe { (self.get)(device, &mut limits) };
+        if ret == NOT_FOUND {
+            return Ok(None);
+        }
+        check("nvmlDeviceGetMemoryLimits_v1", ret)?;
+        Ok(Some((limits.soft_limit, limits.hard_limit)))
+    }
+
+    /// Sets the limits of the cgroup at `cgroup` on `device` (0 and `u64::MAX` clear them).
+    ///
+    /// # Safety
+    /// `device` must be a live handle of the library these calls came from.
+    pub unsafe fn set(
+        &self,
+        device: nvmlDevice_t,
+        cgroup: &std::ffi::CStr,
+        soft: u64,
+        hard: u64,
+    ) -> Result<(), RawError> {
+        let mut limits = SetMemoryLimits {
+            name_space: cgroup.as_ptr(),
+            soft_limit: soft,
+            hard_limit: hard,
+        };
+        // SAFETY: per this function's contract; `limits` lives for the call.
+        check("nvmlDeviceSetMemoryLimits_v1", unsafe {
+            (self.set)(device, &mut limits)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_nvml_without_the_memory_limit_calls_says_which_it_lacks() {
+        // Any loadable library without them stands for an NVML older than 13.4.
+        let error = MemoryLimitCalls::load(std::ffi::OsStr::new("libc.so.6"))
+            .err()
+            .expect("no such symbols in the C library");
+        assert!(
+            error.contains("nvmlDeviceSetMemoryLimits_v1") && error.contains("13.4"),
+            "{error}"
+        );
+        let error = MemoryLimitCalls::load(std::ffi::OsStr::new("/nonexistent/libnvidia-ml.so.1"))
+            .err()
+            .expect("no such library");
+        assert!(error.contains("/nonexistent/libnvidia-ml.so.1"), "{error}");
+    }
+}

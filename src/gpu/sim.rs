@@ -17,6 +17,7 @@ use super::catalog::{self, SimModel};
 use super::events::{
     GpuEvent, GpuEventKind, GpuEventSource, GpuProbe, RESET_REQUIRED_XIDS, RecoveryAction,
 };
+use super::memory_limit::{MemoryLimit, MemoryLimitFailure, cgroup_id};
 use super::mig::profile_name;
 use super::model::*;
 use super::{GpuError, MigFailure};
@@ -196,6 +197,20 @@ pub struct SimGpuState {
     /// `nvmlDeviceGpuRecoveryAction_t` the driver reports (0: none).
     #[serde(default, skip_serializing_if = "is_zero_u32")]
     pub recovery_action: u32,
+    /// Memory limits per cgroup (`nvmlDeviceSetMemoryLimits_v1`); gone at boot, as cgroups are.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub memory_limits: Vec<SimMemoryLimit>,
+}
+
+/// One cgroup's memory limits on a simulated GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SimMemoryLimit {
+    /// The cgroup's id (its directory's inode): the key, whatever path reached it.
+    pub cgroup_id: u64,
+    /// The path it was set through, for people reading the state.
+    pub path: String,
+    #[serde(flatten)]
+    pub limit: MemoryLimit,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -295,6 +310,65 @@ impl SimNode {
         )?;
         smi.set_timeslice(&uuid, timeslice)
             .map_err(|reason| sharing_err(minor, OP, reason))
+    }
+
+    /// `nvmlDeviceSetMemoryLimits_v1` on a full GPU: the limits of the cgroup at `cgroup` (a
+    /// cgroup v2 directory); [`MemoryLimit::NONE`] clears them.
+    pub fn set_memory_limit(
+        &self,
+        minor: u32,
+        cgroup: &Path,
+        limit: MemoryLimit,
+    ) -> Result<(), GpuError> {
+        let model = self.model(minor, "set memory limits")?;
+        let fail = |failure| memory_limit_err(minor, cgroup, failure);
+        let id = cgroup_id(cgroup).ok_or_else(|| fail(MemoryLimitFailure::OperatingSystem))?;
+        super::memory_limit::check(limit, model.memory_mib << 20).map_err(fail)?;
+        self.write(|state| {
+            let gpu = gpu_even_if_lost(state, minor)
+                .ok_or_else(|| fail(MemoryLimitFailure::NotSupported))?;
+            if gpu.lost {
+                return Err(fail(MemoryLimitFailure::Lost));
+            }
+            if gpu.mig_current {
+                return Err(fail(MemoryLimitFailure::NotSupported));
+            }
+            gpu.memory_limits.retain(|l| l.cgroup_id != id);
+            if limit != MemoryLimit::NONE {
+                gpu.memory_limits.push(SimMemoryLimit {
+                    cgroup_id: id,
+                    path: cgroup.display().to_string(),
+                    limit,
+                });
+            }
+            Ok(())
+        })
+    }
+
+    /// `nvmlDeviceGetMemoryLimits_v1`: the limits of the cgroup at `cgroup`, `None` when it has
+    /// none on this GPU.
+    pub fn memory_limit(&self, minor: u32, cgroup: &Path) -> Result<Option<MemoryLimit>, GpuError> {
+        self.model(minor, "get memory limits")?;
+        let fail = |failure| memory_limit_err(minor, cgroup, failure);
+        let id = cgroup_id(cgroup).ok_or_else(|| fail(MemoryLimitFailure::OperatingSystem))?;
+        self.read(|state| {
+            let gpu = state
+                .gpus
+                .iter()
+                .find(|g| g.minor == minor)
+                .ok_or_else(|| fail(MemoryLimitFailure::NotSupported))?;
+            if gpu.lost {
+                return Err(fail(MemoryLimitFailure::Lost));
+            }
+            if gpu.mig_current {
+                return Err(fail(MemoryLimitFailure::NotSupported));
+            }
+            Ok(gpu
+                .memory_limits
+                .iter()
+                .find(|l| l.cgroup_id == id)
+                .map(|l| l.limit))
+        })
     }
 
     /// GPU instance creates and destroys take `delay` (`gpu-dra run --sim-mig-delay`).
@@ -808,6 +882,7 @@ impl SimNode {
                     lost: false,
                     volatile_dbe: 0,
                     recovery_action: 0,
+                    memory_limits: vec![],
                 })
                 .collect(),
             mps_daemons: vec![],
@@ -844,6 +919,7 @@ impl SimNode {
                 gpu.lost = false;
                 gpu.volatile_dbe = 0;
                 gpu.recovery_action = 0;
+                gpu.memory_limits.clear();
             }
             // Nor do processes.
             state.mps_daemons.clear();
@@ -1203,6 +1279,14 @@ impl SimState {
     /// Writes the state as `path` would hold it (tests build states by hand).
     pub fn save(&self, path: &Path) -> Result<(), GpuError> {
         write_atomically(path, self)
+    }
+}
+
+fn memory_limit_err(minor: u32, cgroup: &Path, failure: MemoryLimitFailure) -> GpuError {
+    GpuError::MemoryLimit {
+        minor,
+        cgroup: cgroup.to_path_buf(),
+        failure,
     }
 }
 

@@ -57,6 +57,7 @@ pub mod driver_files;
 pub mod failpoint;
 pub mod ldcache;
 pub mod lock;
+pub mod memory_limits;
 pub mod mps;
 pub mod sharing;
 pub mod state;

@@ -18,7 +18,7 @@
 //! it and write it out, never across hardware calls. Each operation refreshes only the inventory of
 //! the GPUs it holds, so it never overwrites what another operation saw of its own GPU.
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use k8s_openapi::api::resource::v1::{
@@ -34,6 +34,7 @@ use super::checkpoint::{
 };
 use super::driver_files::{DriverFilesError, DriverRoot};
 use super::failpoint::failpoint;
+use super::memory_limits::MemoryLimits;
 use super::mps::{MpsDaemons, MpsError};
 use super::sharing;
 use super::{ClaimRef, PreparedDevice};
@@ -142,6 +143,8 @@ pub struct DeviceState {
     /// Whether claims of different namespaces may share one MPS daemon
     /// (`--mps-share-across-namespaces`).
     mps_across_namespaces: bool,
+    /// How consumed GPU memory is enforced per container on this node.
+    memory_limits: MemoryLimits,
 }
 
 impl DeviceState {
@@ -160,6 +163,9 @@ impl DeviceState {
         let inventory = gpus.inventory()?;
         // Once, for the driver version NVML reports: no claim waits for it.
         let mut mps = None;
+        let mut memory_limits = MemoryLimits::Unavailable(
+            "the driver has no driver root (--nvidia-driver-root): the hook needs its NVML".into(),
+        );
         let driver_files = match &config.driver_root {
             Some(root) => {
                 let files = root.discover(&inventory.driver_version)?;
@@ -184,6 +190,22 @@ impl DeviceState {
                     // lacks, no view of the host) stops the start: every MPS claim would fail.
                     mps.check_tools()?;
                 }
+                let view = tools.host_view();
+                let hook = files.hook.as_deref().map(|h| (h, view.path(h)));
+                memory_limits = MemoryLimits::detect(
+                    gpus.as_ref(),
+                    hook.as_ref().map(|(h, here)| (*h, here.as_path())),
+                    &root.host,
+                    &view.path(Path::new("/sys/fs/cgroup")),
+                );
+                match &memory_limits {
+                    MemoryLimits::Enforced(hook) => {
+                        tracing::info!(hook = %hook.hook.display(), "consumed GPU memory is enforced per container (NVML memory limits)")
+                    }
+                    MemoryLimits::Unavailable(reason) => {
+                        tracing::info!(%reason, "consumed GPU memory is not enforced per container")
+                    }
+                }
                 Some(Arc::new(files))
             }
             None => None,
@@ -206,6 +228,7 @@ impl DeviceState {
             busy_claims: BusySet::default(),
             busy_gpus: BusySet::default(),
             mps_across_namespaces: false,
+            memory_limits,
         };
         if outcome == LoadOutcome::Fresh {
             // No checkpoint, yet this driver's work of this boot is on the node: it was lost.
@@ -253,6 +276,17 @@ impl DeviceState {
     pub fn with_mps_across_namespaces(mut self, allow: bool) -> Self {
         self.mps_across_namespaces = allow;
         self
+    }
+
+    /// How consumed GPU memory is enforced, instead of what [`open`](Self::open) found (a test
+    /// that mounts its own cgroup v2 hierarchy).
+    pub fn with_memory_limits(mut self, limits: MemoryLimits) -> Self {
+        self.memory_limits = limits;
+        self
+    }
+
+    pub fn memory_limits(&self) -> &MemoryLimits {
+        &self.memory_limits
     }
 
     pub fn config(&self) -> &DriverConfig {
@@ -628,6 +662,26 @@ impl DeviceState {
         if let Some(mps) = &self.mps {
             mps.stop(uid)?;
         }
+        if !self
+            .memory_limits
+            .for_claim(&entry.devices)
+            .0
+            .hooks
+            .is_empty()
+        {
+            let minors: Vec<u32> = {
+                let book = self.book();
+                entry
+                    .devices
+                    .iter()
+                    .filter_map(|d| book.inventory.gpus.iter().find(|g| g.uuid == d.uuid))
+                    .map(|g| g.minor)
+                    .collect()
+            };
+            for cgroup in self.memory_limits.clear_left_over(&*self.gpus, &minors) {
+                tracing::info!(claimUID = %uid, cgroup = %cgroup.display(), "cleared the GPU memory limit a container left");
+            }
+        }
         let mut touched = BTreeSet::new();
         for (index, record) in entry.devices.iter().enumerate() {
             // A shared device stays as it is (carved, its MPS daemon running, its compute mode)
@@ -777,7 +831,11 @@ impl DeviceState {
             .checkpoint
             .claims
             .get(uid)
-            .map(|entry| sharing::warnings(&entry.devices))
+            .map(|entry| {
+                let mut warnings = sharing::warnings(&entry.devices);
+                warnings.extend(self.memory_limits.for_claim(&entry.devices).1);
+                warnings
+            })
             .unwrap_or_default()
     }
 
@@ -1484,7 +1542,7 @@ impl DeviceState {
             .iter()
             .any(|d| d.share_id.is_none() && sharing::wants_mps(d.config.as_ref()));
         let shared = entry.devices.iter().find(|d| sharing::shared_mps(d));
-        let edits = match (&self.mps, shared) {
+        let mut edits = match (&self.mps, shared) {
             (Some(mps), _) if has_daemon => mps.container_edits(&entry.uid),
             (Some(mps), Some(record)) => {
                 let mut edits = mps.container_edits(&sharing::shared_daemon_key(&record.uuid));
@@ -1501,6 +1559,9 @@ impl DeviceState {
             }
             _ => ContainerEdits::default(),
         };
+        let (limits, _) = self.memory_limits.for_claim(&entry.devices);
+        edits.env.extend(limits.env);
+        edits.hooks.extend(limits.hooks);
         (self.cdi_devices(book, entry), edits)
     }
 

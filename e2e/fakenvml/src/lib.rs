@@ -293,6 +293,7 @@ fn gpu_error_code(e: &GpuError) -> Ret {
         GpuError::Mig { failure, .. } => failure.nvml_return(),
         // Compute modes belong to full GPUs: refused in MIG mode, as NVML does.
         GpuError::Sharing { .. } => NOT_SUPPORTED,
+        GpuError::MemoryLimit { failure, .. } => failure.nvml_return(),
         _ => UNKNOWN,
     }
 }
@@ -881,6 +882,98 @@ pub unsafe extern "C" fn nvmlDeviceSetComputeMode(device: nvmlDevice_t, mode: c_
             match fake.change(|node| node.set_sharing_settings(minor, settings)) {
                 Ok(()) => SUCCESS,
                 Err(code) => code,
+            }
+        },
+    )
+}
+
+/// `nvmlSetMemoryLimits_v1_t` (NVML 13.4).
+#[repr(C)]
+pub struct nvmlSetMemoryLimits_v1_t {
+    name_space: *const c_char,
+    soft_limit: c_ulonglong,
+    hard_limit: c_ulonglong,
+}
+
+/// `nvmlGetMemoryLimits_v1_t` (NVML 13.4).
+#[repr(C)]
+pub struct nvmlGetMemoryLimits_v1_t {
+    name_space: *const c_char,
+    soft_limit: c_ulonglong,
+    hard_limit: c_ulonglong,
+    current_used: c_ulonglong,
+}
+
+/// The cgroup path a limits struct names, if it names one.
+unsafe fn cgroup_path(name_space: *const c_char) -> Option<PathBuf> {
+    if name_space.is_null() {
+        return None;
+    }
+    // SAFETY: the caller passes a NUL-terminated path, as NVML's contract says.
+    let text = unsafe { CStr::from_ptr(name_space) }.to_str().ok()?;
+    Some(PathBuf::from(text))
+}
+
+/// Per-cgroup memory limits on a full GPU, recorded in the simulated GPUs' state (keyed by the
+/// cgroup, whatever path names it). MIG handles are refused, as NVML refuses them.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceSetMemoryLimits_v1(
+    device: nvmlDevice_t,
+    limits: *mut nvmlSetMemoryLimits_v1_t,
+) -> Ret {
+    on_live_gpu(
+        "nvmlDeviceSetMemoryLimits_v1",
+        device,
+        false,
+        |fake, _, minor| {
+            if limits.is_null() {
+                return INVALID_ARGUMENT;
+            }
+            // SAFETY: checked non-null; the caller owns the struct for the call.
+            let limits = unsafe { &*limits };
+            let Some(path) = (unsafe { cgroup_path(limits.name_space) }) else {
+                return INVALID_ARGUMENT;
+            };
+            let limit = gpu_dra::gpu::memory_limit::MemoryLimit {
+                soft: limits.soft_limit,
+                hard: limits.hard_limit,
+            };
+            match fake.change(|node| node.set_memory_limit(minor, &path, limit)) {
+                Ok(()) => SUCCESS,
+                Err(code) => code,
+            }
+        },
+    )
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryLimits_v1(
+    device: nvmlDevice_t,
+    limits: *mut nvmlGetMemoryLimits_v1_t,
+) -> Ret {
+    on_live_gpu(
+        "nvmlDeviceGetMemoryLimits_v1",
+        device,
+        false,
+        |fake, _, minor| {
+            if limits.is_null() {
+                return INVALID_ARGUMENT;
+            }
+            // SAFETY: checked non-null; the caller owns the struct for the call.
+            let limits = unsafe { &mut *limits };
+            let Some(path) = (unsafe { cgroup_path(limits.name_space) }) else {
+                return INVALID_ARGUMENT;
+            };
+            match fake.node.memory_limit(minor, &path) {
+                Ok(Some(limit)) => {
+                    limits.soft_limit = limit.soft;
+                    limits.hard_limit = limit.hard;
+                    // Simulated processes allocate nothing.
+                    limits.current_used = 0;
+                    SUCCESS
+                }
+                Ok(None) => NOT_FOUND,
+                Err(e) => gpu_error_code(&e),
             }
         },
     )

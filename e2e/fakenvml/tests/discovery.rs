@@ -415,3 +415,101 @@ fn time_slicing_through_nvml_and_nvidia_smi() {
     // NVML has no call that reads the interval back.
     assert_eq!(nvml.sharing_settings(1).expect("read").timeslice, None);
 }
+
+/// NVML 13.4's per-cgroup memory limits, as the driver reads and clears them through the NVML
+/// backend; set here through the simulated GPUs, as the toolkit's hook sets them through NVML.
+#[test]
+fn memory_limits_through_nvml() {
+    use gpu_dra::gpu::memory_limit::{LIMIT_MAX, MemoryLimit, MemoryLimitFailure};
+    use gpu_dra::gpu::{GpuControl, GpuError};
+    let _guard = ENV.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let spec = "sim:2xH100-SXM5-80GB";
+    let state = dir.path().join("s.json");
+    let sim = SimNode::new(spec.parse().expect("spec"), "n1", Some(state.clone()));
+    // A cgroup as NVML opens one: a folder with `cgroup.procs`.
+    let cgroup = dir.path().join("pod/container");
+    std::fs::create_dir_all(&cgroup).expect("cgroup dir");
+    std::fs::write(cgroup.join("cgroup.procs"), "").expect("cgroup.procs");
+    let sysfs = tempfile::tempdir().expect("sysfs");
+    write_fake_sysfs(sysfs.path(), 2).expect("sysfs links");
+    // SAFETY: the ENV lock serialises every reader and writer of these variables in this process.
+    unsafe {
+        std::env::set_var("FAKE_NVML_GPUS", spec);
+        std::env::set_var("FAKE_NVML_NODE", "n1");
+        std::env::set_var("FAKE_NVML_STATE", &state);
+    }
+    let nvml =
+        NvmlBackend::open(Some(&fake_library()), sysfs.path().to_path_buf()).expect("NVML init");
+    assert_eq!(nvml.memory_limits_supported(), Ok(()));
+    assert_eq!(nvml.memory_limit(0, &cgroup).expect("read"), None);
+
+    let limit = MemoryLimit {
+        soft: 8 << 30,
+        hard: 10 << 30,
+    };
+    sim.set_memory_limit(0, &cgroup, limit).expect("set");
+    assert_eq!(nvml.memory_limit(0, &cgroup).expect("read"), Some(limit));
+    assert_eq!(
+        nvml.memory_limit(1, &cgroup).expect("read"),
+        None,
+        "per GPU"
+    );
+    // The same cgroup through another path is the same cgroup.
+    let again = dir.path().join("again");
+    std::os::unix::fs::symlink(dir.path().join("pod"), &again).expect("symlink");
+    assert_eq!(
+        nvml.memory_limit(0, &again.join("container"))
+            .expect("read"),
+        Some(limit)
+    );
+    nvml.clear_memory_limit(0, &cgroup).expect("clear");
+    assert_eq!(nvml.memory_limit(0, &cgroup).expect("read"), None);
+
+    // NVML's refusals: soft above hard, beyond the GPU's memory, no such cgroup, a GPU in MIG
+    // mode; the state is unchanged by each.
+    let failure = |result: Result<(), GpuError>| match result {
+        Err(GpuError::MemoryLimit { failure, .. }) => failure,
+        other => panic!("{other:?}"),
+    };
+    let set = |minor, path: &Path, soft, hard| {
+        sim.set_memory_limit(minor, path, MemoryLimit { soft, hard })
+    };
+    assert_eq!(
+        failure(set(0, &cgroup, 2 << 30, 1 << 30)),
+        MemoryLimitFailure::InvalidArgument
+    );
+    assert_eq!(
+        failure(set(0, &cgroup, 0, 200 << 30)),
+        MemoryLimitFailure::InvalidArgument
+    );
+    set(0, &cgroup, 0, LIMIT_MAX).expect("no hard limit: clears");
+    assert_eq!(
+        failure(set(0, &dir.path().join("gone"), 0, 1 << 30)),
+        MemoryLimitFailure::OperatingSystem
+    );
+    match nvml.memory_limit(0, &dir.path().join("gone")) {
+        Err(GpuError::MemoryLimit { failure, .. }) => {
+            assert_eq!(failure, MemoryLimitFailure::OperatingSystem)
+        }
+        other => panic!("{other:?}"),
+    }
+    nvml.set_mig_mode(1, true).expect("MIG on");
+    assert_eq!(
+        failure(set(1, &cgroup, 0, 1 << 30)),
+        MemoryLimitFailure::NotSupported
+    );
+    match nvml.memory_limit(1, &cgroup) {
+        Err(GpuError::MemoryLimit { failure, .. }) => {
+            assert_eq!(failure, MemoryLimitFailure::NotSupported)
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        sim.state()
+            .expect("state")
+            .gpus
+            .iter()
+            .all(|g| g.memory_limits.is_empty())
+    );
+}

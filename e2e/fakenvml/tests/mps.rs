@@ -1,9 +1,12 @@
 //! MPS claims, prepared in process on simulated GPUs with the fake `nvidia-cuda-mps-control`
 //! (this package's binary) in a fake driver root: the daemon really runs, is told the claim's
-//! limits, outlives a driver restart, and leaves nothing behind.
+//! limits, outlives a driver restart, and leaves nothing behind. Also the GPU memory limits a
+//! shared claim's containers get through NVIDIA's own `nvidia-cdi-hook` and the fake NVML.
 //!
 //! Needs root (the daemon's shm is a tmpfs mount), as the driver does: plain `cargo test` lists
 //! the tests as ignored; `cargo test -- --include-ignored` (e2e/run-tests) runs them.
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -896,5 +899,314 @@ fn a_control_binary_the_driver_root_cannot_load_stops_the_start() {
         error.contains("usr/bin/nvidia-cuda-mps-control") && error.contains("libgcc_s.so.1"),
         "{error}"
     );
+    node.assert_clean();
+}
+
+/// The cgroup v2 hierarchy of this machine (`/sys/fs/cgroup`, or `/sys/fs/cgroup/unified` on a
+/// hybrid one).
+fn cgroup2_root() -> PathBuf {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .expect("mountinfo")
+        .lines()
+        .find_map(|line| {
+            let (mount, fs) = line.split_once(" - ")?;
+            let point = mount.split(' ').nth(4)?;
+            fs.starts_with("cgroup2 ").then(|| PathBuf::from(point))
+        })
+        .expect("this machine mounts no cgroup v2 hierarchy: the memory limit tests need one")
+}
+
+/// A cgroup of the test's own, with one process in it per container; removed at drop.
+struct TestCgroups {
+    dir: PathBuf,
+    children: Vec<std::process::Child>,
+}
+
+impl TestCgroups {
+    fn new(root: &Path) -> Self {
+        let dir = root.join(format!("gpu-dra-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("test cgroup");
+        Self {
+            dir,
+            children: vec![],
+        }
+    }
+
+    /// A container: a cgroup below the test's with a process in it; its cgroup and PID.
+    fn container(&mut self, name: &str) -> (PathBuf, u32) {
+        let cgroup = self.dir.join(name);
+        std::fs::create_dir_all(&cgroup).expect("container cgroup");
+        let child = std::process::Command::new("sleep")
+            .arg("300")
+            .spawn()
+            .expect("sleep");
+        let pid = child.id();
+        std::fs::write(cgroup.join("cgroup.procs"), pid.to_string()).expect("join the cgroup");
+        self.children.push(child);
+        (cgroup, pid)
+    }
+
+    /// The containers exit; their cgroups stay, empty (a runtime may keep them a while).
+    fn stop(&mut self) {
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        self.children.clear();
+    }
+}
+
+impl Drop for TestCgroups {
+    fn drop(&mut self) {
+        self.stop();
+        if let Ok(entries) = std::fs::read_dir(&self.dir) {
+            for e in entries.flatten().filter(|e| e.path().is_dir()) {
+                let _ = std::fs::remove_dir(e.path());
+            }
+        }
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// What the runtimes' CDI library gives a container of claim `uid`: its environment and hooks.
+fn injected(node: &Node, uid: &str) -> serde_json::Value {
+    let tool = std::env::var_os("CDI_INJECT").expect(
+        "CDI_INJECT is not set (e2e/build-k8s.sh builds cdi-inject; e2e/run-tests sets it)",
+    );
+    let spec = node.spec(uid);
+    // The runtimes' library stats every device node's host path: make them, under the dev root.
+    let dev_root = node.config.dev_root.as_deref().expect("a dev root");
+    let nodes = spec["containerEdits"]["deviceNodes"]
+        .as_array()
+        .into_iter()
+        .chain(spec["devices"].as_array().into_iter().flat_map(|d| {
+            d.iter()
+                .filter_map(|d| d["containerEdits"]["deviceNodes"].as_array())
+        }))
+        .flatten();
+    for (minor, dev) in nodes.enumerate() {
+        let host = PathBuf::from(dev["hostPath"].as_str().expect("hostPath"));
+        assert!(host.starts_with(dev_root), "{host:?} outside the dev root");
+        if !host.exists() {
+            std::fs::create_dir_all(host.parent().expect("parent")).expect("dev dir");
+            let made = std::process::Command::new("mknod")
+                .arg(&host)
+                .args(["c", "195", &minor.to_string()])
+                .status()
+                .expect("mknod");
+            assert!(made.success(), "mknod {host:?}");
+        }
+    }
+    let devices: Vec<String> = spec["devices"]
+        .as_array()
+        .expect("devices")
+        .iter()
+        .map(|d| {
+            format!(
+                "k8s.gpu.nvidia.com/claim={}",
+                d["name"].as_str().expect("name")
+            )
+        })
+        .collect();
+    let out = std::process::Command::new(tool)
+        .arg("--spec-dir")
+        .arg(&node.config.cdi_root)
+        .arg("--device")
+        .arg(devices.join(","))
+        .output()
+        .expect("cdi-inject");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    serde_json::from_slice(&out.stdout).expect("cdi-inject json")
+}
+
+/// Runs a container's `createRuntime` hooks as runc does (the container's state on stdin, its
+/// bundle's config.json holding its environment) for the container process `pid`. Outside runc:
+/// this machine's runtime runs on cgroup v1, and the hook wants the node's `/sys/fs/cgroup` to
+/// be cgroup v2, so it runs in a mount namespace of its own where it is. The fake NVML's
+/// configuration is added to each hook's environment.
+fn run_create_runtime_hooks(node: &Node, container: &serde_json::Value, pid: u32, spec: &str) {
+    let bundle = tempfile::tempdir().expect("bundle");
+    let config = json!({"ociVersion": "1.2.1", "process": {"env": container["env"]}});
+    std::fs::write(bundle.path().join("config.json"), config.to_string()).expect("config.json");
+    let state = json!({"ociVersion": "1.2.1", "id": format!("c{pid}"), "status": "creating",
+                       "pid": pid, "bundle": bundle.path()});
+    let hooks = container["hooks"]["createRuntime"]
+        .as_array()
+        .expect("createRuntime hooks");
+    assert!(!hooks.is_empty(), "no createRuntime hook: {container}");
+    for hook in hooks {
+        let args: Vec<&str> = hook["args"]
+            .as_array()
+            .expect("args")
+            .iter()
+            .filter_map(|a| a.as_str())
+            .collect();
+        let mut command = std::process::Command::new("unshare");
+        command
+            .args(["-m", "--propagation", "private", "sh", "-c"])
+            .arg(r#"mount --bind "$0" /sys/fs/cgroup && exec "$@""#)
+            .arg(cgroup2_root())
+            .arg(hook["path"].as_str().expect("path"))
+            .args(&args[1..])
+            .env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .env("FAKE_NVML_GPUS", spec)
+            .env("FAKE_NVML_NODE", "n1")
+            .env("FAKE_NVML_STATE", node.dir.path().join("hw.json"))
+            .stdin(std::process::Stdio::piped());
+        let mut child = command.spawn().expect("run the hook");
+        use std::io::Write as _;
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(state.to_string().as_bytes())
+            .expect("state on stdin");
+        let out = child.wait_with_output().expect("hook");
+        assert!(
+            out.status.success(),
+            "{args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs root (cgroups, the MPS shm), NVIDIA's nvidia-cdi-hook (NVIDIA_CDI_HOOK) and cdi-inject (CDI_INJECT): e2e/run-tests builds both"]
+fn consumed_memory_is_each_containers_hard_limit_on_the_gpu_set_by_nvidias_hook() {
+    use gpu_dra::gpu::memory_limit::MemoryLimit;
+    use gpu_dra::prepare::memory_limits::{LimitHook, MemoryLimits};
+    let spec = "sim:2xH100-SXM5-80GB";
+    let mut node = Node::with_shares(spec, MigPolicy::Off, ConsumableShares::Memory);
+    node.config.dev_root = Some(node.dir.path().join("dev-root"));
+    let hook =
+        PathBuf::from(std::env::var_os("NVIDIA_CDI_HOOK").expect(
+            "NVIDIA_CDI_HOOK is not set (e2e/build-k8s.sh builds it; e2e/run-tests sets it)",
+        ));
+    // The hook loads the driver root's libnvidia-ml.so.1: the fake one, on the same simulated
+    // GPUs as the driver.
+    let root = node.dir.path().join("driver-root");
+    let version = node.sim.inventory().expect("inventory").driver_version;
+    std::fs::copy(
+        common::fake_library(),
+        root.join(format!(
+            "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.{version}"
+        )),
+    )
+    .expect("install the fake NVML");
+    let cgroups_root = cgroup2_root();
+
+    // What the driver finds on its own: the hook and NVML can, the cgroup hierarchy decides.
+    let tmpfs = node.dir.path();
+    let detected = |cgroup_root: &Path, hook_file: &Path| {
+        MemoryLimits::detect(&*node.sim, Some((&hook, hook_file)), &root, cgroup_root)
+    };
+    assert!(matches!(
+        detected(&cgroups_root, &hook),
+        MemoryLimits::Enforced(_)
+    ));
+    let not_v2 = detected(tmpfs, &hook);
+    assert!(
+        matches!(&not_v2, MemoryLimits::Unavailable(r) if r.contains("not cgroup v2")),
+        "{not_v2:?}"
+    );
+    let old_hook = node.dir.path().join("old-hook");
+    std::fs::write(
+        &old_hook,
+        b"nvidia-cdi-hook 1.17: update-ldcache create-symlinks",
+    )
+    .expect("old hook");
+    let old = detected(&cgroups_root, &old_hook);
+    assert!(
+        matches!(&old, MemoryLimits::Unavailable(r) if r.contains("has no apply-cuda-memory-limits command")),
+        "{old:?}"
+    );
+
+    // Without limits, the claim's owner is told what holds it instead.
+    let (state, _) = node.open();
+    let state = state.with_memory_limits(not_v2);
+    let m = claim(
+        "m1",
+        vec![shared("gpu", "gpu-0", "share-0", "20Gi")],
+        vec![(None, mps("GpuConfig", json!({})))],
+    );
+    state.prepare(&claim_ref("m1"), &m).expect("prepare");
+    let warnings = format!("{:?}", state.warnings("m1"));
+    assert!(
+        warnings.contains("GpuMemoryNotEnforced")
+            && warnings.contains("20480 MiB")
+            && warnings.contains("not cgroup v2")
+            && warnings.contains("MPS client's pinned-memory limit holds it"),
+        "{warnings}"
+    );
+    assert!(
+        !injected(&node, "m1")["env"]
+            .to_string()
+            .contains("NVIDIA_GPU_MEMORY_LIMIT")
+    );
+    state.unprepare("m1").expect("unprepare");
+    drop(state);
+
+    // With them: an MPS claim on gpu-0 and a plain one on gpu-1, each container held to what its
+    // claim consumed, request (soft) and limit (hard) alike.
+    let (state, _) = node.open();
+    let state = state.with_memory_limits(MemoryLimits::Enforced(LimitHook {
+        hook: hook.clone(),
+        driver_root: root.clone(),
+        cgroup_root: cgroups_root.clone(),
+    }));
+    let p = claim(
+        "p1",
+        vec![shared("gpu", "gpu-1", "share-1", "10Gi")],
+        vec![],
+    );
+    state.prepare(&claim_ref("m1"), &m).expect("prepare");
+    state.prepare(&claim_ref("p1"), &p).expect("prepare");
+    assert!(state.warnings("m1").is_empty() && state.warnings("p1").is_empty());
+    let mut cgroups = TestCgroups::new(&cgroups_root);
+    let mut containers = vec![];
+    for (uid, mib, minor) in [("m1", 20480u64, 0u32), ("p1", 10240, 1)] {
+        let container = injected(&node, uid);
+        let env = container["env"].to_string();
+        assert!(
+            env.contains(&format!("NVIDIA_GPU_MEMORY_REQUEST={mib}"))
+                && env.contains(&format!("NVIDIA_GPU_MEMORY_LIMIT={mib}")),
+            "{uid}: {env}"
+        );
+        let (cgroup, pid) = cgroups.container(uid);
+        assert_eq!(node.sim.memory_limit(minor, &cgroup).expect("read"), None);
+        run_create_runtime_hooks(&node, &container, pid, spec);
+        let bytes = mib << 20;
+        assert_eq!(
+            node.sim.memory_limit(minor, &cgroup).expect("read"),
+            Some(MemoryLimit {
+                soft: bytes,
+                hard: bytes
+            }),
+            "{uid}: the container's cgroup on GPU {minor}"
+        );
+        // The other GPU holds this container to nothing.
+        assert_eq!(
+            node.sim.memory_limit(1 - minor, &cgroup).expect("read"),
+            None
+        );
+        containers.push((uid, cgroup, minor));
+    }
+
+    // The containers exit, their cgroups stay: unprepare clears what they held.
+    cgroups.stop();
+    for (uid, cgroup, minor) in containers {
+        state.unprepare(uid).expect("unprepare");
+        assert_eq!(
+            node.sim.memory_limit(minor, &cgroup).expect("read"),
+            None,
+            "{uid}"
+        );
+    }
     node.assert_clean();
 }

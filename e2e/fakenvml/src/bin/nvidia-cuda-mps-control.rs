@@ -349,7 +349,7 @@ fn server() -> ExitCode {
                 }
             }
         }
-        if tick % 5 == 0 {
+        if tick.is_multiple_of(5) {
             let beat = tick / 5;
             attached.retain(|name, fifo| {
                 let alive = writeln!(fifo, "alive {beat}").is_ok();
