@@ -2,13 +2,14 @@
 # Builds the e2e control plane (kube-apiserver, kube-scheduler, kubectl, etcd) and the real
 # node (kubelet, kube-controller-manager, containerd, ctr, containerd-shim-runc-v2) from the Go
 # modules pinned in e2e/versions.env, plus our Go test tools (kubelet-sim, cel-oracle,
-# alloc-oracle, api-delay from e2e/harness; cdi-inject from e2e/cdi-inject) and NVIDIA's
+# alloc-oracle, api-delay from e2e/harness; cdi-inject from e2e/cdi-inject; nvml-mocks from
+# e2e/nvml-mocks, NVIDIA's NVML mock servers as JSON) and NVIDIA's
 # nvidia-cdi-hook (the container toolkit's module as published), into a cache directory outside
 # the repo:
 #
 #   ${GPU_DRA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-dra}/k8s-${K8S_VERSION}/bin
 #
-# Usage: e2e/build-k8s.sh [NAME...]     (default: all fifteen binaries)
+# Usage: e2e/build-k8s.sh [NAME...]     (default: all sixteen binaries)
 # A binary is skipped when it exists and its stamp matches (pin + Go version for the upstream
 # components; additionally a hash of the harness sources for our tools, of e2e/cdi-inject's
 # sources for cdi-inject). Progress goes to stderr; the LAST line of stdout is the bin dir, so
@@ -35,6 +36,7 @@ HARNESS=$E2E_DIR/harness
 ETCD_MOD=$E2E_DIR/etcd
 CONTAINERD_MOD=$E2E_DIR/containerd
 CDI_INJECT_MOD=$E2E_DIR/cdi-inject
+NVML_MOCKS_MOD=$E2E_DIR/nvml-mocks
 GOVERSION=$("$GO" env GOVERSION)
 
 # The go.mod files are what the build really uses; refuse to build when they disagree with
@@ -49,6 +51,8 @@ check_pins() {
         || die "e2e/etcd/go.mod does not require go.etcd.io/etcd/server/v3 $ETCD_VERSION (versions.env)"
     grep -qE "^\s*github\.com/containerd/containerd/v2 ${CONTAINERD_VERSION}( |$)" "$CONTAINERD_MOD/go.mod" \
         || die "e2e/containerd/go.mod does not require github.com/containerd/containerd/v2 $CONTAINERD_VERSION (versions.env)"
+    grep -qE "^require github\.com/NVIDIA/go-nvml ${GO_NVML_VERSION}$" "$NVML_MOCKS_MOD/go.mod" \
+        || die "e2e/nvml-mocks/go.mod does not require github.com/NVIDIA/go-nvml $GO_NVML_VERSION (versions.env)"
     # cdi-inject must see our CDI specs through the CDI library our containerd is built with.
     local mod ours theirs
     for mod in tags.cncf.io/container-device-interface tags.cncf.io/container-device-interface/specs-go \
@@ -85,6 +89,7 @@ stamp_for() {
         kubelet-sim | cel-oracle | alloc-oracle | api-delay) echo "$K8S_VERSION $GOVERSION $(tools_hash)" ;;
         cdi-inject) echo "$GOVERSION $(sources_hash "$CDI_INJECT_MOD")" ;;
         nvidia-cdi-hook) echo "$NVIDIA_CTK_VERSION $GOVERSION" ;;
+        nvml-mocks) echo "$GOVERSION $(sources_hash "$NVML_MOCKS_MOD")" ;;
         *) die "unknown binary '$1'" ;;
     esac
 }
@@ -96,12 +101,12 @@ exec 9>"$BIN/.lock"
 flock 9
 
 ALL=(kube-apiserver kube-scheduler kubectl etcd kubelet-sim cel-oracle alloc-oracle api-delay cdi-inject
-    kubelet kube-controller-manager containerd containerd-shim-runc-v2 ctr nvidia-cdi-hook)
+    kubelet kube-controller-manager containerd containerd-shim-runc-v2 ctr nvidia-cdi-hook nvml-mocks)
 WANT=("$@")
 [[ ${#WANT[@]} -gt 0 ]] || WANT=("${ALL[@]}")
 
 declare -A STAMP
-k8s_pkgs=() tool_pkgs=() containerd_pkgs=() need_etcd= need_cdi_inject= need_cdi_hook=
+k8s_pkgs=() tool_pkgs=() containerd_pkgs=() need_etcd= need_cdi_inject= need_cdi_hook= need_nvml_mocks=
 for name in "${WANT[@]}"; do
     STAMP[$name]=$(stamp_for "$name")
     if up_to_date "$name" "${STAMP[$name]}"; then
@@ -114,6 +119,7 @@ for name in "${WANT[@]}"; do
         containerd | containerd-shim-runc-v2 | ctr) containerd_pkgs+=("github.com/containerd/containerd/v2/cmd/$name") ;;
         cdi-inject) need_cdi_inject=1 ;;
         nvidia-cdi-hook) need_cdi_hook=1 ;;
+        nvml-mocks) need_nvml_mocks=1 ;;
         *) tool_pkgs+=("./cmd/$name") ;;
     esac
 done
@@ -168,6 +174,16 @@ if [[ -n $need_cdi_inject ]]; then
     log "building cdi-inject"
     (cd "$CDI_INJECT_MOD" && timed "$GO" build -trimpath -buildvcs=false -ldflags "-s -w" -o "$TMP/cdi-inject" .)
     install_bins cdi-inject
+fi
+
+if [[ -n $need_nvml_mocks ]]; then
+    log "building nvml-mocks"
+    # cgo: go-nvml's package has NVML's header; its deprecation warnings are noise.
+    (cd "$NVML_MOCKS_MOD" && timed "$GO" build -trimpath -buildvcs=false -ldflags "-s -w" -o "$TMP/nvml-mocks" . 2>&1 \
+        | grep -v -e 'is deprecated' -e '^cgo-gcc-prolog' -e 'declared here' -e '^ *[0-9]* |' -e '^ *|' \
+            -e '^# github.com/NVIDIA/go-nvml' -e '^In file included from' >&2 || true)
+    [[ -x $TMP/nvml-mocks ]] || die "nvml-mocks did not build"
+    install_bins nvml-mocks
 fi
 
 if [[ -n $need_cdi_hook ]]; then

@@ -1,6 +1,24 @@
 //! GPU models the simulator knows, with values from real `nvidia-smi` / NVML output
 //! (../shared/reference/mig-nvml.md §1.4; one driver release per product, see §1.5).
 //! Each model cites its sources; a value no published output shows is marked DERIVED, with how.
+//!
+//! ## go-nvml's mock servers
+//!
+//! NVIDIA's Go bindings mock eight of these GPUs (`github.com/NVIDIA/go-nvml/pkg/nvml/mock`,
+//! v0.13.4-1); `tests/nvml_mocks.rs` compares what they report with this catalog, field by field.
+//! Where they differ, this catalog keeps the sourced value, because the mocks simplify:
+//! - MIG profile ids: the mocks use the `NVML_GPU_INSTANCE_PROFILE_*` enum as the id; NVML
+//!   returns the profile's own id (`nvidia-smi mig -lgip` ID column), which device names carry.
+//! - Placements: the mocks size them in compute slices (3g: 3, 7g: 7) and put the double-memory
+//!   1g at every slice; `nvidia-smi mig -lgipp` counts memory slices (3g/4g {0,4}:4, 7g {0}:8,
+//!   1g double memory {0,2,4,6}:2), the rule our allocator and carves follow.
+//! - MIG memory, SMs and engines: the mocks derive them from a 1g row (multiples, GiB fractions);
+//!   the rows below are `nvidia-smi mig -lgip` output (B200 3g/4g/7g DERIVED, as noted there).
+//! - GPU memory: the mocks report the nominal size; NVML's total is the usable framebuffer.
+//! - Names and PCI ids (A30, H200, B200, and "Mock NVIDIA A100-SXM4-40GB"): ours are what
+//!   `nvidia-smi` and pci.ids show; the mocks' H200 0x2333 and B200 0x2B00 are no such parts.
+//!
+//! The A100 PCIe mocks have no model here (the SXM4 parts carry the same MIG geometry).
 use super::model::{Architecture, Version2};
 
 /// A simulated product.
