@@ -9,7 +9,7 @@
 #
 #   ${GPU_DRA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-dra}/k8s-${K8S_VERSION}/bin
 #
-# Usage: e2e/build-k8s.sh [NAME...]     (default: all sixteen binaries)
+# Usage: e2e/build-k8s.sh [NAME...]     (default: all seventeen binaries)
 # A binary is skipped when it exists and its stamp matches (pin + Go version for the upstream
 # components; additionally a hash of the harness sources for our tools, of e2e/cdi-inject's
 # sources for cdi-inject). Progress goes to stderr; the LAST line of stdout is the bin dir, so
@@ -88,7 +88,7 @@ stamp_for() {
         containerd | containerd-shim-runc-v2 | ctr) echo "$CONTAINERD_VERSION $GOVERSION" ;;
         kubelet-sim | cel-oracle | alloc-oracle | api-delay) echo "$K8S_VERSION $GOVERSION $(tools_hash)" ;;
         cdi-inject) echo "$GOVERSION $(sources_hash "$CDI_INJECT_MOD")" ;;
-        nvidia-cdi-hook) echo "$NVIDIA_CTK_VERSION $GOVERSION" ;;
+        nvidia-cdi-hook | nvidia-ctk) echo "$NVIDIA_CTK_VERSION $GOVERSION" ;;
         nvml-mocks) echo "$GOVERSION $(sources_hash "$NVML_MOCKS_MOD")" ;;
         *) die "unknown binary '$1'" ;;
     esac
@@ -101,12 +101,12 @@ exec 9>"$BIN/.lock"
 flock 9
 
 ALL=(kube-apiserver kube-scheduler kubectl etcd kubelet-sim cel-oracle alloc-oracle api-delay cdi-inject
-    kubelet kube-controller-manager containerd containerd-shim-runc-v2 ctr nvidia-cdi-hook nvml-mocks)
+    kubelet kube-controller-manager containerd containerd-shim-runc-v2 ctr nvidia-cdi-hook nvidia-ctk nvml-mocks)
 WANT=("$@")
 [[ ${#WANT[@]} -gt 0 ]] || WANT=("${ALL[@]}")
 
 declare -A STAMP
-k8s_pkgs=() tool_pkgs=() containerd_pkgs=() need_etcd= need_cdi_inject= need_cdi_hook= need_nvml_mocks=
+k8s_pkgs=() tool_pkgs=() containerd_pkgs=() need_etcd= need_cdi_inject= ctk_pkgs=() need_nvml_mocks=
 for name in "${WANT[@]}"; do
     STAMP[$name]=$(stamp_for "$name")
     if up_to_date "$name" "${STAMP[$name]}"; then
@@ -118,7 +118,7 @@ for name in "${WANT[@]}"; do
         etcd) need_etcd=1 ;;
         containerd | containerd-shim-runc-v2 | ctr) containerd_pkgs+=("github.com/containerd/containerd/v2/cmd/$name") ;;
         cdi-inject) need_cdi_inject=1 ;;
-        nvidia-cdi-hook) need_cdi_hook=1 ;;
+        nvidia-cdi-hook | nvidia-ctk) ctk_pkgs+=("github.com/NVIDIA/nvidia-container-toolkit/cmd/$name@$NVIDIA_CTK_VERSION") ;;
         nvml-mocks) need_nvml_mocks=1 ;;
         *) tool_pkgs+=("./cmd/$name") ;;
     esac
@@ -186,15 +186,19 @@ if [[ -n $need_nvml_mocks ]]; then
     install_bins nvml-mocks
 fi
 
-if [[ -n $need_cdi_hook ]]; then
-    log "building nvidia-cdi-hook $NVIDIA_CTK_VERSION"
-    # Outside any module: the pin alone selects what is built. cgo, as NVIDIA ships it: the hook
-    # dlopens the driver root's libnvidia-ml.so.1.
-    (cd "$TMP" && GOFLAGS= GOBIN=$TMP timed "$GO" install -trimpath -buildvcs=false -ldflags "-s -w" \
-        "github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook@$NVIDIA_CTK_VERSION" 2>&1 \
-        | grep -v -e 'is deprecated' -e '^cgo-gcc-prolog' -e 'declared here' -e '^ *[0-9]* |' -e '^ *|' >&2 || true)
-    [[ -x $TMP/nvidia-cdi-hook ]] || die "nvidia-cdi-hook $NVIDIA_CTK_VERSION did not build"
-    install_bins nvidia-cdi-hook
+if [[ ${#ctk_pkgs[@]} -gt 0 ]]; then
+    log "building ${ctk_pkgs[*]##*/}"
+    # Outside any module: the pin alone selects what is built. cgo, as NVIDIA ships them: they
+    # dlopen the driver root's libnvidia-ml.so.1. NVML's deprecation warnings are noise.
+    (cd "$TMP" && GOFLAGS= GOBIN=$TMP timed "$GO" install -trimpath -buildvcs=false -ldflags "-s -w" "${ctk_pkgs[@]}" 2>&1 \
+        | grep -v -e 'is deprecated' -e '^cgo-gcc-prolog' -e 'declared here' -e '^ *[0-9]* |' -e '^ *|' \
+            -e '^# github.com/NVIDIA/go-nvml' -e '^In file included from' >&2 || true)
+    names=("${ctk_pkgs[@]##*/}")
+    names=("${names[@]%@*}")
+    for name in "${names[@]}"; do
+        [[ -x $TMP/$name ]] || die "$name $NVIDIA_CTK_VERSION did not build"
+    done
+    install_bins "${names[@]}"
 fi
 
 echo "$BIN"

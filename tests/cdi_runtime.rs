@@ -209,7 +209,7 @@ fn containers_get_device_nodes_and_the_drivers_files() {
     );
     let options = strings(libcuda, "options", "");
     assert!(
-        ["ro", "nosuid", "nodev", "bind"]
+        ["ro", "nosuid", "nodev", "rbind", "rprivate"]
             .iter()
             .all(|o| options.contains(&o.to_string())),
         "{options:?}"

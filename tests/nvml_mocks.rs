@@ -3,6 +3,8 @@
 //! descriptions of the same GPUs. Every field that differs is either fixed or explained below
 //! (and in the catalog, next to the value, with the source our value comes from); an explanation
 //! that no longer matches a difference fails the test too, so the table stays true.
+mod differential;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
@@ -150,26 +152,6 @@ const EXPLAINED: &[(&str, &str, &str)] = &[
     ),
 ];
 
-/// Whether `text` matches `pattern`, where `*` stands for any text.
-fn glob(pattern: &str, text: &str) -> bool {
-    let parts: Vec<&str> = pattern.split('*').collect();
-    let (first, last) = (parts[0], parts[parts.len() - 1]);
-    if parts.len() == 1 {
-        return pattern == text;
-    }
-    if !text.starts_with(first) || text.len() < first.len() + last.len() || !text.ends_with(last) {
-        return false;
-    }
-    let mut rest = &text[first.len()..text.len() - last.len()];
-    for part in &parts[1..parts.len() - 1] {
-        match rest.find(part) {
-            Some(at) => rest = &rest[at + part.len()..],
-            None => return false,
-        }
-    }
-    true
-}
-
 /// `NVML_DEVICE_ARCH_*`.
 fn nvml_architecture(architecture: Architecture) -> u32 {
     match architecture {
@@ -280,12 +262,6 @@ fn fields(ours: &SimModel, theirs: &MockModel) -> BTreeMap<String, (String, Stri
     fields
 }
 
-fn explained(mock: &str, field: &str) -> Option<usize> {
-    EXPLAINED
-        .iter()
-        .position(|(m, f, _)| glob(m, mock) && glob(f, field))
-}
-
 #[test]
 #[ignore = "needs NVML_MOCKS, NVIDIA's mock servers described by e2e/nvml-mocks (e2e/build-k8s.sh builds it; e2e/run-tests runs ignored tests)"]
 fn nvidias_nvml_mocks_agree_with_the_simulator_or_the_difference_is_explained() {
@@ -303,9 +279,8 @@ fn nvidias_nvml_mocks_agree_with_the_simulator_or_the_difference_is_explained() 
     let mocks: Vec<MockModel> = serde_json::from_slice(&out.stdout).expect("nvml-mocks JSON");
     assert!(mocks.len() >= 8, "go-nvml mocks {} GPUs", mocks.len());
 
-    let mut unexplained = vec![];
-    let mut used = vec![false; EXPLAINED.len()];
-    let (mut compared, mut differences, mut models) = (0, 0, 0);
+    let mut explanations = differential::Explanations::new(EXPLAINED);
+    let (mut compared, mut models) = (0, 0);
     for theirs in &mocks {
         let same = SAME_GPU
             .iter()
@@ -324,36 +299,16 @@ fn nvidias_nvml_mocks_agree_with_the_simulator_or_the_difference_is_explained() 
             if a == b {
                 continue;
             }
-            differences += 1;
-            match explained(&theirs.mock, &field) {
-                Some(i) => used[i] = true,
-                None => unexplained.push(format!("{} {field}: ours {a}, go-nvml {b}", theirs.mock)),
-            }
+            explanations.difference(
+                &theirs.mock,
+                &field,
+                format!("{} {field}: ours {a}, go-nvml {b}", theirs.mock),
+            );
         }
     }
-    let stale: Vec<_> = EXPLAINED
-        .iter()
-        .zip(&used)
-        .filter(|(_, used)| !**used)
-        .map(|((m, f, _), _)| format!("{m} {f}"))
-        .collect();
-    assert!(
-        unexplained.is_empty() && stale.is_empty(),
-        "unexplained differences:\n  {}\nexplanations matching no difference:\n  {}",
-        unexplained.join("\n  "),
-        stale.join("\n  ")
-    );
-    let line = format!(
-        "NVML mocks vs simulator: {models} GPU models, {compared} fields compared, 0 mismatches ({differences} differences explained in tests/nvml_mocks.rs)"
-    );
-    eprintln!("{line}");
-    if let Some(report) = std::env::var_os("GPU_DRA_TEST_REPORT") {
-        use std::io::Write as _;
-        let mut file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(report)
-            .expect("report");
-        writeln!(file, "{line}").expect("report line");
-    }
+    explanations.assert_all_explained();
+    differential::report(&format!(
+        "NVML mocks vs simulator: {models} GPU models, {compared} fields compared, 0 mismatches ({} differences explained in tests/nvml_mocks.rs)",
+        explanations.differences
+    ));
 }

@@ -81,8 +81,9 @@ pub enum SimCommand {
         #[arg(long, requires = "gpu_instance")]
         compute_instance: Option<u32>,
     },
-    /// Write a driver root holding the simulated driver's files (empty libraries named for its
-    /// version, their links and ld cache, binaries, GSP firmware), for
+    /// Write a driver root holding the simulated driver's files (an R580 set of libraries named
+    /// for its version, minimal ELF files with their SONAMEs, their links and ld cache, binaries,
+    /// GSP firmware, ICD files), for
     /// `gpu-dra run --nvidia-driver-root DIR` on simulated GPUs.
     DriverRoot { dir: PathBuf },
 }

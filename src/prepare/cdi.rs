@@ -319,8 +319,13 @@ impl CdiStore {
         let Some(files) = &self.driver_files else {
             return ContainerEdits::default();
         };
-        let read_only =
-            || -> Vec<String> { ["ro", "nosuid", "nodev", "bind"].map(String::from).to_vec() };
+        // The toolkit's options (rbind and rprivate: a mount under the file's folder comes along
+        // and nothing propagates back).
+        let read_only = || -> Vec<String> {
+            ["ro", "nosuid", "nodev", "rbind", "rprivate"]
+                .map(String::from)
+                .to_vec()
+        };
         let bind = |host: &Path, container: &Path, options: Vec<String>| Mount {
             host_path: host.to_string_lossy().into_owned(),
             container_path: container.to_string_lossy().into_owned(),
@@ -331,18 +336,20 @@ impl CdiStore {
             .iter()
             .chain(&files.binaries)
             .chain(&files.firmware)
+            .chain(&files.configs)
             .map(|f| bind(&f.host_path, &f.container_path, read_only()))
             .collect();
         mounts.extend(files.sockets.iter().map(|f| {
             bind(
                 &f.host_path,
                 &f.container_path,
-                ["nosuid", "nodev", "noexec", "bind"]
+                ["nosuid", "nodev", "rbind", "rprivate", "noexec"]
                     .map(String::from)
                     .to_vec(),
             )
         }));
         let mut hooks = Vec::new();
+        let mut env = Vec::new();
         match &files.hook {
             Some(hook) => {
                 if !files.links.is_empty() {
@@ -357,12 +364,39 @@ impl CdiStore {
                     }
                     hooks.push(toolkit_hook(hook, args));
                 }
+                // As NVIDIA's specs, where the node's hook has the command: CUDA forward
+                // compatibility libraries in the image are used only when newer than the driver.
+                if files.hook_commands.contains("enable-cuda-compat") {
+                    hooks.push(toolkit_hook(
+                        hook,
+                        vec![
+                            "enable-cuda-compat".into(),
+                            format!("--host-driver-version={}", files.version),
+                        ],
+                    ));
+                    let dirs: Vec<String> = files
+                        .library_dirs()
+                        .iter()
+                        .map(|d| d.to_string_lossy().into_owned())
+                        .collect();
+                    env.push(format!("NVIDIA_CTK_LIBCUDA_DIR={}", dirs.join(":")));
+                }
                 let mut args = vec!["update-ldcache".to_string()];
                 for dir in files.library_dirs() {
                     args.push("--folder".into());
                     args.push(dir.to_string_lossy().into_owned());
                 }
                 hooks.push(toolkit_hook(hook, args));
+                // The container cannot make device nodes the claim was not given; EGL and Vulkan
+                // see only the claim's GPUs.
+                for command in [
+                    "disable-device-node-modification",
+                    "update-application-profile",
+                ] {
+                    if files.hook_commands.contains(command) {
+                        hooks.push(toolkit_hook(hook, vec![command.to_string()]));
+                    }
+                }
             }
             None => {
                 let host_of: BTreeMap<&Path, &Path> = files
@@ -378,6 +412,7 @@ impl CdiStore {
             }
         }
         ContainerEdits {
+            env,
             mounts,
             hooks,
             ..ContainerEdits::default()

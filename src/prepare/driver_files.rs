@@ -30,6 +30,57 @@ const SOCKETS: [&str; 2] = [
     "run/nvidia-fabricmanager/socket",
 ];
 const FIRMWARE_DIRS: [&str; 2] = ["lib/firmware/nvidia", "usr/lib/firmware/nvidia"];
+/// ICD and vendor files (the toolkit's list): path under a config folder (`etc/` or
+/// `usr/share/` of the driver root, searched in that order) and the folder containers see it in.
+const CONFIGS: [(&str, &str); 13] = [
+    ("glvnd/egl_vendor.d/10_nvidia.json", "/usr/share"),
+    (
+        "egl/egl_external_platform.d/15_nvidia_gbm.json",
+        "/usr/share",
+    ),
+    (
+        "egl/egl_external_platform.d/10_nvidia_wayland.json",
+        "/usr/share",
+    ),
+    (
+        "egl/egl_external_platform.d/09_nvidia_wayland2.json",
+        "/usr/share",
+    ),
+    (
+        "egl/egl_external_platform.d/20_nvidia_xcb.json",
+        "/usr/share",
+    ),
+    (
+        "egl/egl_external_platform.d/20_nvidia_xlib.json",
+        "/usr/share",
+    ),
+    ("nvidia/nvoptix.bin", "/usr/share"),
+    ("OpenCL/vendors/nvidia.icd", "/etc"),
+    ("vulkan/icd.d/nvidia_icd.json", "/etc"),
+    ("vulkan/icd.d/nvidia_layers.json", "/etc"),
+    ("vulkan/implicit_layer.d/nvidia_layers.json", "/etc"),
+    ("vulkan/icd.d/nvidia_icd.x86_64.json", "/etc"),
+    ("vulkan/icd.d/nvidia_icd.aarch64.json", "/etc"),
+];
+const CONFIG_DIRS: [&str; 2] = ["etc", "usr/share"];
+/// The NVVM of older CUDA releases, versioned by its own number (`libnvidia-nvvm70.so.4`).
+const LEGACY_NVVM: &str = "libnvidia-nvvm70.so.";
+/// Libraries applications open by their development name (`dlopen("libcuda.so")`): the toolkit
+/// links `<name>.so` in every container, whether or not the host has that link.
+const DEV_LINKED: [&str; 2] = ["libcuda", "libnvidia-opticalflow"];
+/// Subfolders of a library folder whose links point at driver libraries (GBM's backend).
+const LINK_SUBDIRS: [&str; 1] = ["gbm"];
+/// The toolkit hook's commands a spec may use, where the node's hook has them (read from the
+/// binary, which names its commands).
+pub const HOOK_COMMANDS: [&str; 6] = [
+    "create-symlinks",
+    "update-ldcache",
+    "enable-cuda-compat",
+    "disable-device-node-modification",
+    "update-application-profile",
+    "apply-cuda-memory-limits",
+];
+
 /// The toolkit's hook binaries, newest first.
 const HOOKS: [&str; 2] = ["usr/bin/nvidia-cdi-hook", "usr/bin/nvidia-ctk"];
 
@@ -73,9 +124,13 @@ pub struct DriverFiles {
     pub binaries: Vec<DriverFile>,
     pub firmware: Vec<DriverFile>,
     pub sockets: Vec<DriverFile>,
+    /// ICD and vendor files (OpenCL, Vulkan, EGL).
+    pub configs: Vec<DriverFile>,
     /// The toolkit's hook binary on the host, when the node has one: it makes the links and
     /// updates the container's ld cache.
     pub hook: Option<PathBuf>,
+    /// Which of [`HOOK_COMMANDS`] that hook has (none known when its binary cannot be read).
+    pub hook_commands: BTreeSet<&'static str>,
 }
 
 impl DriverFiles {
@@ -105,7 +160,12 @@ impl DriverRoot {
     /// Finds the files of driver `version`; a root without its libraries is an error.
     pub fn discover(&self, version: &str) -> Result<DriverFiles, DriverFilesError> {
         let libraries = self.libraries(version)?;
-        if libraries.is_empty() {
+        let suffix = format!(".so.{version}");
+        // The legacy NVVM alone (another version's root) is no driver.
+        if !libraries
+            .iter()
+            .any(|l| l.container_path.to_string_lossy().ends_with(&suffix))
+        {
             return Err(DriverFilesError::NoDriver {
                 root: self.here.clone(),
                 version: version.to_string(),
@@ -140,12 +200,35 @@ impl DriverRoot {
             .filter(|rel| self.here.join(rel).exists())
             .map(|rel| self.file(Path::new(rel)))
             .collect();
+        let configs = CONFIGS
+            .iter()
+            .filter_map(|(rel, container_dir)| {
+                let found = CONFIG_DIRS
+                    .iter()
+                    .map(|dir| Path::new(dir).join(rel))
+                    .find(|path| self.here.join(path).is_file())?;
+                Some(DriverFile {
+                    container_path: Path::new(container_dir).join(rel),
+                    host_path: self.host.join(found),
+                })
+            })
+            .collect();
         let hook = self.hook.clone().or_else(|| {
             HOOKS
                 .iter()
                 .find(|rel| self.here.join(rel).is_file())
                 .map(|rel| self.host.join(rel))
         });
+        let hook_commands = hook
+            .as_deref()
+            .and_then(|h| std::fs::read(self.here_of(h)).ok())
+            .map(|binary| {
+                HOOK_COMMANDS
+                    .into_iter()
+                    .filter(|c| binary.windows(c.len()).any(|w| w == c.as_bytes()))
+                    .collect()
+            })
+            .unwrap_or_default();
         Ok(DriverFiles {
             version: version.to_string(),
             libraries,
@@ -153,8 +236,18 @@ impl DriverRoot {
             binaries,
             firmware,
             sockets,
+            configs,
             hook,
+            hook_commands,
         })
+    }
+
+    /// A host path as this process reaches it: through the driver root when under it.
+    fn here_of(&self, host_path: &Path) -> PathBuf {
+        match host_path.strip_prefix(&self.host) {
+            Ok(rel) => self.here.join(rel),
+            Err(_) => host_path.to_path_buf(),
+        }
     }
 
     fn file(&self, rel: &Path) -> DriverFile {
@@ -203,7 +296,9 @@ impl DriverRoot {
                 let rel = dir.join(&name);
                 let is_file = std::fs::symlink_metadata(self.here.join(&rel))
                     .is_ok_and(|m| m.file_type().is_file());
-                if name.starts_with("lib") && name.ends_with(&suffix) && is_file {
+                let wanted = (name.starts_with("lib") && name.ends_with(&suffix))
+                    || name.starts_with(LEGACY_NVVM);
+                if wanted && is_file {
                     // First folder wins, as in the dynamic linker's search.
                     found.entry(name).or_insert_with(|| self.file(&rel));
                 }
@@ -221,7 +316,11 @@ impl DriverRoot {
             .filter_map(|t| t.parent().map(Path::to_path_buf))
             .collect();
         let mut links = Vec::new();
-        for dir in dirs {
+        let link_dirs: Vec<PathBuf> = dirs
+            .iter()
+            .flat_map(|d| std::iter::once(d.clone()).chain(LINK_SUBDIRS.iter().map(|s| d.join(s))))
+            .collect();
+        for dir in link_dirs {
             let Some(rel_dir) = relative(&dir) else {
                 continue;
             };
@@ -238,6 +337,22 @@ impl DriverRoot {
                     links.push(LibraryLink {
                         link: Path::new("/").join(&rel),
                         target,
+                    });
+                }
+            }
+        }
+        for target in &targets {
+            let Some(name) = target.file_name().map(|n| n.to_string_lossy().into_owned()) else {
+                continue;
+            };
+            for lib in DEV_LINKED {
+                let link = target.with_file_name(format!("{lib}.so"));
+                if name.starts_with(&format!("{lib}.so."))
+                    && !links.iter().any(|l: &LibraryLink| l.link == link)
+                {
+                    links.push(LibraryLink {
+                        link,
+                        target: target.clone(),
                     });
                 }
             }
@@ -324,23 +439,11 @@ pub fn write_fake_driver_root(root: &Path, version: &str) -> std::io::Result<()>
     let lib_dir = root.join("usr/lib/x86_64-linux-gnu");
     std::fs::create_dir_all(&lib_dir)?;
     let mut cached = Vec::new();
-    for (name, soname) in [
-        ("libcuda", Some("libcuda.so.1")),
-        ("libnvidia-ml", Some("libnvidia-ml.so.1")),
-        (
-            "libnvidia-ptxjitcompiler",
-            Some("libnvidia-ptxjitcompiler.so.1"),
-        ),
-        ("libnvidia-nvvm", Some("libnvidia-nvvm.so.4")),
-        ("libcudadebugger", Some("libcudadebugger.so.1")),
-        ("libnvidia-opencl", Some("libnvidia-opencl.so.1")),
-        ("libnvidia-cfg", Some("libnvidia-cfg.so.1")),
-        ("libnvidia-allocator", Some("libnvidia-allocator.so.1")),
-        ("libnvidia-gpucomp", None),
-    ] {
+    for (name, soname) in FAKE_LIBRARIES {
         let file = format!("{name}.so.{version}");
-        std::fs::write(lib_dir.join(&file), b"")?;
+        // A SONAME the file itself names, as the toolkit and ldconfig read it.
         let link = soname.map(str::to_string).unwrap_or_else(|| file.clone());
+        std::fs::write(lib_dir.join(&file), fake_shared_object(&link))?;
         if link != file {
             symlink(&file, lib_dir.join(&link))?;
         }
@@ -348,6 +451,23 @@ pub fn write_fake_driver_root(root: &Path, version: &str) -> std::io::Result<()>
             name: link.clone(),
             path: Path::new("/usr/lib/x86_64-linux-gnu").join(&link),
         });
+    }
+    // The legacy NVVM R580 still ships, versioned by its own number.
+    std::fs::write(
+        lib_dir.join("libnvidia-nvvm70.so.4"),
+        fake_shared_object("libnvidia-nvvm70.so.4"),
+    )?;
+    // GBM finds the driver's backend through this link (the installer makes it).
+    std::fs::create_dir_all(lib_dir.join("gbm"))?;
+    symlink(
+        "../libnvidia-allocator.so.1",
+        lib_dir.join("gbm/nvidia-drm_gbm.so"),
+    )?;
+    // The ICD and vendor files the installer puts in /etc and /usr/share.
+    for (path, content) in FAKE_CONFIGS {
+        let path = root.join(path);
+        std::fs::create_dir_all(path.parent().unwrap_or(root))?;
+        std::fs::write(path, content)?;
     }
     // The development link only libcuda has.
     symlink("libcuda.so.1", lib_dir.join("libcuda.so"))?;
@@ -365,6 +485,171 @@ pub fn write_fake_driver_root(root: &Path, version: &str) -> std::io::Result<()>
     std::fs::create_dir_all(root.join("run/nvidia-persistenced"))?;
     std::fs::write(root.join("run/nvidia-persistenced/socket"), b"")?;
     Ok(())
+}
+
+/// The driver libraries of a fake driver root, versioned `<name>.so.<version>`, with the SONAME
+/// the installer links them by (`None`: the versioned name is the SONAME): the compute, video
+/// and graphics libraries an R580 data-center driver installs.
+pub const FAKE_LIBRARIES: [(&str, Option<&str>); 26] = [
+    ("libcuda", Some("libcuda.so.1")),
+    ("libnvidia-ml", Some("libnvidia-ml.so.1")),
+    (
+        "libnvidia-ptxjitcompiler",
+        Some("libnvidia-ptxjitcompiler.so.1"),
+    ),
+    ("libnvidia-nvvm", Some("libnvidia-nvvm.so.4")),
+    ("libcudadebugger", Some("libcudadebugger.so.1")),
+    ("libnvidia-opencl", Some("libnvidia-opencl.so.1")),
+    ("libnvidia-cfg", Some("libnvidia-cfg.so.1")),
+    ("libnvidia-allocator", Some("libnvidia-allocator.so.1")),
+    ("libnvidia-gpucomp", None),
+    ("libnvidia-pkcs11-openssl3", None),
+    ("libnvcuvid", Some("libnvcuvid.so.1")),
+    ("libnvidia-encode", Some("libnvidia-encode.so.1")),
+    ("libnvidia-opticalflow", Some("libnvidia-opticalflow.so.1")),
+    ("libnvidia-fbc", Some("libnvidia-fbc.so.1")),
+    ("libEGL_nvidia", Some("libEGL_nvidia.so.0")),
+    ("libGLESv2_nvidia", Some("libGLESv2_nvidia.so.2")),
+    ("libGLESv1_CM_nvidia", Some("libGLESv1_CM_nvidia.so.1")),
+    ("libGLX_nvidia", Some("libGLX_nvidia.so.0")),
+    ("libnvidia-eglcore", None),
+    ("libnvidia-glcore", None),
+    ("libnvidia-tls", None),
+    ("libnvidia-glsi", None),
+    ("libnvidia-glvkspirv", None),
+    ("libnvidia-rtcore", None),
+    ("libnvoptix", Some("libnvoptix.so.1")),
+    ("libnvidia-ngx", Some("libnvidia-ngx.so.1")),
+];
+
+/// A fake driver root's ICD and vendor files: root-relative path and content.
+pub const FAKE_CONFIGS: [(&str, &str); 7] = [
+    ("etc/OpenCL/vendors/nvidia.icd", "libnvidia-opencl.so.1\n"),
+    (
+        "etc/vulkan/icd.d/nvidia_icd.json",
+        r#"{"file_format_version": "1.0.1", "ICD": {"library_path": "libGLX_nvidia.so.0", "api_version": "1.4.312"}}"#,
+    ),
+    (
+        "etc/vulkan/implicit_layer.d/nvidia_layers.json",
+        r#"{"file_format_version": "1.0.1", "layer": {"name": "VK_LAYER_NV_optimus", "type": "INSTANCE", "library_path": "libGLX_nvidia.so.0"}}"#,
+    ),
+    (
+        "usr/share/glvnd/egl_vendor.d/10_nvidia.json",
+        r#"{"file_format_version": "1.0.0", "ICD": {"library_path": "libEGL_nvidia.so.0"}}"#,
+    ),
+    (
+        "usr/share/egl/egl_external_platform.d/15_nvidia_gbm.json",
+        r#"{"file_format_version": "1.0.0", "ICD": {"library_path": "libnvidia-egl-gbm.so.1"}}"#,
+    ),
+    (
+        "usr/share/egl/egl_external_platform.d/10_nvidia_wayland.json",
+        r#"{"file_format_version": "1.0.0", "ICD": {"library_path": "libnvidia-egl-wayland.so.1"}}"#,
+    ),
+    ("usr/share/nvidia/nvoptix.bin", "fake OptiX data"),
+];
+
+/// A minimal x86-64 ELF shared object whose dynamic section names `soname`: enough for
+/// `ldconfig`, the toolkit's SONAME reader and `readelf -d`; nothing to load or run.
+pub fn fake_shared_object(soname: &str) -> Vec<u8> {
+    const EHDR: usize = 64;
+    const PHDR: usize = 56;
+    const SHDR: usize = 64;
+    let align8 = |n: usize| n.div_ceil(8) * 8;
+    let dynstr: Vec<u8> = [&[0u8][..], soname.as_bytes(), &[0u8]].concat();
+    let shstrtab = b"\0.dynstr\0.dynamic\0.shstrtab\0";
+    let dynstr_off = EHDR + 2 * PHDR;
+    let dynamic_off = align8(dynstr_off + dynstr.len());
+    let dynamic_len = 4 * 16;
+    let shstrtab_off = dynamic_off + dynamic_len;
+    let shdr_off = align8(shstrtab_off + shstrtab.len());
+    let total = shdr_off + 4 * SHDR;
+    let mut out = vec![0u8; total];
+    let put = |out: &mut Vec<u8>, at: usize, bytes: &[u8]| {
+        out[at..at + bytes.len()].copy_from_slice(bytes)
+    };
+    let u16le = |v: u16| v.to_le_bytes();
+    let u32le = |v: u32| v.to_le_bytes();
+    let u64le = |v: u64| v.to_le_bytes();
+    // ELF header: 64-bit, little-endian, ET_DYN, EM_X86_64.
+    put(&mut out, 0, &[0x7f, b'E', b'L', b'F', 2, 1, 1, 0]);
+    put(&mut out, 16, &u16le(3));
+    put(&mut out, 18, &u16le(62));
+    put(&mut out, 20, &u32le(1));
+    put(&mut out, 32, &u64le(EHDR as u64));
+    put(&mut out, 40, &u64le(shdr_off as u64));
+    put(&mut out, 52, &u16le(EHDR as u16));
+    put(&mut out, 54, &u16le(PHDR as u16));
+    put(&mut out, 56, &u16le(2));
+    put(&mut out, 58, &u16le(SHDR as u16));
+    put(&mut out, 60, &u16le(4));
+    put(&mut out, 62, &u16le(3));
+    // Program headers: one read-write PT_LOAD of the whole file at address 0, and PT_DYNAMIC.
+    let phdr = |out: &mut Vec<u8>,
+                at: usize,
+                kind: u32,
+                flags: u32,
+                off: usize,
+                len: usize,
+                align: u64| {
+        put(out, at, &u32le(kind));
+        put(out, at + 4, &u32le(flags));
+        for (field, value) in [
+            (8, off as u64),
+            (16, off as u64),
+            (24, off as u64),
+            (32, len as u64),
+            (40, len as u64),
+            (48, align),
+        ] {
+            put(out, at + field, &u64le(value));
+        }
+    };
+    phdr(&mut out, EHDR, 1, 6, 0, total, 0x1000);
+    phdr(&mut out, EHDR + PHDR, 2, 6, dynamic_off, dynamic_len, 8);
+    put(&mut out, dynstr_off, &dynstr);
+    // DT_SONAME, DT_STRTAB, DT_STRSZ, DT_NULL.
+    for (i, (tag, value)) in [
+        (14u64, 1u64),
+        (5, dynstr_off as u64),
+        (10, dynstr.len() as u64),
+        (0, 0),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        put(&mut out, dynamic_off + 16 * i, &u64le(tag));
+        put(&mut out, dynamic_off + 16 * i + 8, &u64le(value));
+    }
+    put(&mut out, shstrtab_off, shstrtab);
+    // Sections: null, .dynstr, .dynamic (linked to .dynstr), .shstrtab.
+    let shdr = |out: &mut Vec<u8>,
+                index: usize,
+                name: u32,
+                kind: u32,
+                flags: u64,
+                off: usize,
+                len: usize,
+                link: u32,
+                entsize: u64| {
+        let at = shdr_off + index * SHDR;
+        put(out, at, &u32le(name));
+        put(out, at + 4, &u32le(kind));
+        put(out, at + 8, &u64le(flags));
+        put(
+            out,
+            at + 16,
+            &u64le(if flags != 0 { off as u64 } else { 0 }),
+        );
+        put(out, at + 24, &u64le(off as u64));
+        put(out, at + 32, &u64le(len as u64));
+        put(out, at + 40, &u32le(link));
+        put(out, at + 48, &u64le(1));
+        put(out, at + 56, &u64le(entsize));
+    };
+    shdr(&mut out, 1, 1, 3, 2, dynstr_off, dynstr.len(), 0, 0);
+    shdr(&mut out, 2, 9, 6, 3, dynamic_off, dynamic_len, 1, 16);
+    shdr(&mut out, 3, 18, 3, 0, shstrtab_off, shstrtab.len(), 0, 0);
+    out
 }
 
 /// The loader of the fake driver root's tools (e2e/fakenvml links its binaries to it): a path
@@ -450,7 +735,8 @@ mod tests {
             .iter()
             .map(|l| l.container_path.to_string_lossy().into_owned())
             .collect();
-        assert_eq!(names.len(), 9, "{names:?}");
+        // And the legacy NVVM.
+        assert_eq!(names.len(), FAKE_LIBRARIES.len() + 1, "{names:?}");
         assert!(names.contains(&format!("/usr/lib/x86_64-linux-gnu/libcuda.so.{VERSION}")));
         assert!(!names.iter().any(|n| n.contains("470")), "{names:?}");
         assert_eq!(
@@ -491,7 +777,7 @@ mod tests {
         std::fs::create_dir_all(dir.path().join("usr/bin")).expect("bin");
         std::fs::write(dir.path().join("usr/bin/nvidia-cdi-hook"), b"").expect("hook");
         let files = root(dir.path()).discover(VERSION).expect("discover");
-        assert_eq!(files.libraries.len(), 9);
+        assert_eq!(files.libraries.len(), FAKE_LIBRARIES.len() + 1);
         assert_eq!(
             files.hook,
             Some(PathBuf::from("/run/nvidia/driver/usr/bin/nvidia-cdi-hook"))

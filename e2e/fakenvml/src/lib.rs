@@ -573,6 +573,71 @@ pub unsafe extern "C" fn nvmlDeviceGetName(
     })
 }
 
+/// `nvmlDeviceAttributes_t`.
+#[repr(C)]
+pub struct nvmlDeviceAttributes_t {
+    multiprocessor_count: c_uint,
+    shared_copy_engine_count: c_uint,
+    shared_decoder_count: c_uint,
+    shared_encoder_count: c_uint,
+    shared_jpeg_count: c_uint,
+    shared_ofa_count: c_uint,
+    gpu_instance_slice_count: c_uint,
+    compute_instance_slice_count: c_uint,
+    memory_size_mb: c_ulonglong,
+}
+
+/// A MIG device's attributes, from its GPU instance's profile (its compute instance is the
+/// full-size one); NVML answers only for MIG devices.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetAttributes_v2(
+    device: nvmlDevice_t,
+    attributes: *mut nvmlDeviceAttributes_t,
+) -> Ret {
+    on_gpu(
+        "nvmlDeviceGetAttributes_v2",
+        device,
+        true,
+        |fake, key, minor| {
+            let DeviceKey::Mig { gi, .. } = key else {
+                return NOT_SUPPORTED;
+            };
+            let Some(profile) = fake.gpu(minor).and_then(|g| {
+                let mig = g.mig.as_ref()?;
+                let instance = mig.instances.iter().find(|i| i.gpu_instance_id == gi)?;
+                mig.profile_by_id(instance.profile_id)
+            }) else {
+                return NOT_FOUND;
+            };
+            out!(
+                attributes,
+                nvmlDeviceAttributes_t {
+                    multiprocessor_count: profile.multiprocessors,
+                    shared_copy_engine_count: profile.copy_engines,
+                    shared_decoder_count: profile.decoders,
+                    shared_encoder_count: profile.encoders,
+                    shared_jpeg_count: profile.jpeg_engines,
+                    shared_ofa_count: profile.ofa_engines,
+                    gpu_instance_slice_count: profile.slice_count,
+                    compute_instance_slice_count: profile.slice_count,
+                    memory_size_mb: profile.memory_mib,
+                }
+            );
+            SUCCESS
+        },
+    )
+}
+
+/// The unversioned name older clients call.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetAttributes(
+    device: nvmlDevice_t,
+    attributes: *mut nvmlDeviceAttributes_t,
+) -> Ret {
+    // SAFETY: the same contract.
+    unsafe { nvmlDeviceGetAttributes_v2(device, attributes) }
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetUUID(
     device: nvmlDevice_t,
