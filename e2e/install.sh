@@ -205,6 +205,9 @@ for claim in mig-2g-mps mps-gpu; do
         fail "claim $claim: its MPS daemon's root is $(readlink "/proc/${DAEMON[$claim]}/root"), not the driver root"
 done
 ok "MPS claims (carved 2g.20gb and whole GPU) prepared by the chart's driver; clients attached to servers ${SERVER[*]}; daemons ${DAEMON[*]} chrooted into the driver root, in cgroups of their own"
+# This node's MPS cgroups (other tests on the machine may have their own under gpu-dra-mps).
+MPS_CGROUPS=$(mps_cgroups "$E2E_KUBELET_ROOT/")
+[[ -n $MPS_CGROUPS ]] || fail "no cgroup found for the MPS daemons"
 
 clients_kept_their_servers() { # EVENT: each client still attached to the same server and hearing from it
     local pod claim beats
@@ -322,7 +325,7 @@ for dir in $mps_left_before; do
     wait_for "MPS folder $dir removed" 60 bash -c "[[ ! -e $dir ]]"
 done
 [[ -z $(mps_processes "$E2E_KUBELET_ROOT/") ]] || fail "MPS processes left: $(mps_processes "$E2E_KUBELET_ROOT/" | tr '\n' ' ')"
-left_cgroups=$(find /sys/fs/cgroup/*/gpu-dra-mps -mindepth 1 -maxdepth 1 -type d 2>/dev/null || true)
+left_cgroups=$(for cg in $MPS_CGROUPS; do ls -d /sys/fs/cgroup/*"$cg" 2>/dev/null; done || true)
 [[ -z $left_cgroups ]] || fail "MPS cgroups left: $left_cgroups"
 grep -q " $E2E_KUBELET_ROOT/plugins/gpu.nvidia.com/mps/" /proc/self/mountinfo && fail "MPS shm mounts left"
 [[ $(hw | jq '.mps_daemons // [] | length') == 0 ]] || fail "MPS daemons left in the simulated hardware: $(hw | jq -c '.mps_daemons')"

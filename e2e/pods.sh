@@ -208,7 +208,7 @@ watched_name() { jq -r --arg u "$1" 'select(.object.metadata.uid == $u) | .objec
 # /dev/nvidia<minor> (the allocated gpu-<minor>), its UUID in NVIDIA_VISIBLE_DEVICES and in the
 # claim's status.devices. Prints the minor.
 # check_driver_files WHERE OUTPUT: the container got the driver's files from the node's driver
-# root (a fake one with empty files): libraries and their links, nvidia-smi, GSP firmware.
+# root (a fake one: minimal ELF libraries): libraries and their links, nvidia-smi, GSP firmware.
 check_driver_files() {
     local want f
     for want in /usr/lib/x86_64-linux-gnu/libcuda.so.1 /usr/lib/x86_64-linux-gnu/libcuda.so.$E2E_DRIVER_VERSION \
