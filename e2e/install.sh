@@ -10,7 +10,9 @@
 #   2. the DaemonSet pod becomes Ready through its own probes, registers with the real kubelet
 #      and publishes the node's slices with nothing but the chart's ServiceAccount (RBAC and
 #      the admission policy in force: no authorization errors in its log);
-#   3. a user pod with a claim runs with its GPU (device node, NVIDIA_VISIBLE_DEVICES);
+#   3. a user pod with a claim runs with its GPU (device node, NVIDIA_VISIBLE_DEVICES), and
+#      NVIDIA's nvidia-cdi-hook (in the driver root, run by runc from our CDI spec) made its
+#      library links and its ld cache (the image's static ldconfig) finds libcuda.so.1;
 #      MPS (deploy/examples' whole-GPU and carved-MIG claims) with clients attached to their
 #      servers, which keep their servers through (a) the driver pod deleted, (b) the driver
 #      container's PID 1 killed, (d) a server holding more memory than the driver's whole limit
@@ -96,6 +98,10 @@ log "image $FIRST_REF: $((IMAGE_SIZE_BYTES / 1024)) KiB"
 
 # Four GPUs: three H100s (one carved for an MPS MIG device) and a T4, for the plain, MPS,
 # time-sliced and after-upgrade claims that live at once.
+# NVIDIA's own nvidia-cdi-hook in the node's driver root, as the container toolkit installs it:
+# containerd's runc runs it from the driver's CDI specs for every GPU container here (e2e/pods.sh
+# runs without it: each library also bound at its links' paths).
+export E2E_CDI_HOOK=${NVIDIA_CDI_HOOK:?NVIDIA_CDI_HOOK is not set: e2e/build-k8s.sh builds nvidia-cdi-hook (e2e/run-tests sets it)}
 "$E2E/cluster" up --real-node --no-driver --service-network --gpus sim:3xH100-SXM5-80GB,1xT4 >/dev/null ||
     fail "the real node did not start"
 eval "$("$E2E/cluster" env)"
@@ -156,7 +162,16 @@ wait_for "pod before-upgrade Running" 90 pod_running before-upgrade
 FIRST_CLAIM=$(check_gpu before-upgrade)
 FIRST_UID=$(kubectl get resourceclaim "$FIRST_CLAIM" -o jsonpath='{.metadata.uid}')
 [[ -f $GPU_DRA_CDI_ROOT/k8s.gpu.nvidia.com-claim_$FIRST_UID.json ]] || fail "no CDI spec for claim $FIRST_CLAIM"
-ok "user pod runs with its GPU, prepared by the installed driver"
+# NVIDIA's hook ran in the container: the library links it made, and the container's ld cache
+# (rebuilt by its own ldconfig) finds libcuda.so.1.
+out=$(ctr_out before-upgrade)
+spec=$GPU_DRA_CDI_ROOT/k8s.gpu.nvidia.com-claim_$FIRST_UID.json
+jq -e --arg h "$E2E_DRIVER_ROOT/usr/bin/nvidia-cdi-hook" '[.containerEdits.hooks[] | select(.path == $h) | .args[1]] | index("create-symlinks") != null and index("update-ldcache") != null' "$spec" >/dev/null ||
+    fail "the CDI spec does not run the driver root's nvidia-cdi-hook: $(jq -c '.containerEdits.hooks' "$spec")"
+grep -qx "link=/usr/lib/x86_64-linux-gnu/libcuda.so.1->/usr/lib/x86_64-linux-gnu/libcuda.so.$E2E_DRIVER_VERSION" <<<"$out" ||
+    fail "before-upgrade: libcuda.so.1 is not the hook's link: $(grep '^link=' <<<"$out")"
+grep -qx "ldcache=libcuda.so.1" <<<"$out" || fail "before-upgrade: the container's ld cache has no libcuda.so.1"
+ok "user pod runs with its GPU, prepared by the installed driver; NVIDIA's nvidia-cdi-hook (run by runc) made its library links and ld cache"
 
 # ---------------------------------------------------------------- 3b. MPS clients that outlive driver restarts
 # deploy/examples' MPS claims as users apply them: a carved 2g.20gb MIG device and a whole GPU,

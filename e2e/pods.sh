@@ -208,13 +208,18 @@ watched_name() { jq -r --arg u "$1" 'select(.object.metadata.uid == $u) | .objec
 # /dev/nvidia<minor> (the allocated gpu-<minor>), its UUID in NVIDIA_VISIBLE_DEVICES and in the
 # claim's status.devices. Prints the minor.
 # check_driver_files WHERE OUTPUT: the container got the driver's files from the node's driver
-# root (a fake one: minimal ELF libraries): libraries and their links, nvidia-smi, GSP firmware.
+# root (a fake one: minimal ELF libraries): libraries and their links, nvidia-smi, GSP firmware;
+# without the toolkit's hook on this node, each link is the library bound at the link's path.
 check_driver_files() {
     local want f
     for want in /usr/lib/x86_64-linux-gnu/libcuda.so.1 /usr/lib/x86_64-linux-gnu/libcuda.so.$E2E_DRIVER_VERSION \
         /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1 /usr/bin/nvidia-smi /lib/firmware/nvidia/$E2E_DRIVER_VERSION/gsp_ga10x.bin; do
         grep -qx "file=$want" <<<"$2" || fail "$1: no $want from the driver root; it has: $(grep '^file=' <<<"$2" | tr '\n' ' ')"
     done
+    # This node has no nvidia-cdi-hook (e2e/install.sh's has NVIDIA's): the library itself is
+    # bound at its link's path, so no link exists (only pods that print links are checked).
+    ! grep -q '^link=/usr/lib/x86_64-linux-gnu/libcuda.so.1->' <<<"$2" ||
+        fail "$1: libcuda.so.1 is a link on a node without the hook: $(grep '^link=' <<<"$2")"
 }
 
 check_gpu() {

@@ -3,7 +3,8 @@
 # archives, without a registry or a container engine:
 #
 #   busybox  gpu-dra.local/e2e/busybox:e2e  Debian's /bin/busybox (busybox-static) with its
-#            applet symlinks (sh, env, ls, cat, sleep, ...); the image pods run.
+#            applet symlinks (sh, env, ls, cat, sleep, ...) and the machine's static
+#            /sbin/ldconfig (NVIDIA's update-ldcache hook runs it); the image pods run.
 #   pause    gpu-dra.local/e2e/pause:e2e    our pause.c, gcc -static; the pod sandbox image.
 #
 # Each archive is an oci-layout directory tarred up (oci-layout, index.json, blobs/sha256/...),
@@ -34,7 +35,7 @@ for tool in gcc tar jq sha256sum; do
 done
 
 CACHE=${GPU_DRA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-dra}
-key=$(cat "${BASH_SOURCE[0]}" "$HERE/oci.sh" "$HERE/pause.c" "$BUSYBOX" | sha256sum | cut -c1-16)
+key=$(cat "${BASH_SOURCE[0]}" "$HERE/oci.sh" "$HERE/pause.c" "$BUSYBOX" "${LDCONFIG:-/sbin/ldconfig}" | sha256sum | cut -c1-16)
 OUT=$CACHE/images/$key
 
 emit() {
@@ -69,6 +70,12 @@ while read -r applet; do
     mkdir -p "$rootfs/$(dirname "$applet")"
     ln -s /bin/busybox "$rootfs/$applet"
 done < <("$BUSYBOX" --list-full)
+# NVIDIA's update-ldcache hook runs the container's own ldconfig: this machine's glibc one, which
+# Debian links statically (it runs in an image without a C library).
+LDCONFIG=${LDCONFIG:-/sbin/ldconfig}
+[[ -x $LDCONFIG ]] && ! LC_ALL=C readelf -l "$LDCONFIG" 2>/dev/null | grep -c INTERP >/dev/null ||
+    die "$LDCONFIG is missing or dynamically linked: the image needs a static ldconfig (Debian's libc-bin has one)"
+cp "$LDCONFIG" "$rootfs/sbin/ldconfig"
 printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n' >"$rootfs/etc/passwd"
 printf 'root:x:0:\nnogroup:x:65534:\n' >"$rootfs/etc/group"
 image_archive busybox "$BUSYBOX_IMAGE" "$rootfs" \
