@@ -154,14 +154,41 @@ impl Node {
 
 impl Drop for Node {
     fn drop(&mut self) {
-        // A failed test must not leave daemons or mounts on the machine.
+        // A failed test must not leave daemons, their cgroups or mounts on the machine.
+        let mut cgroups = std::collections::BTreeSet::new();
         for pid in self.mps_processes() {
+            if let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")) {
+                cgroups.extend(text.lines().filter_map(|l| {
+                    let path = l.splitn(3, ':').nth(2)?;
+                    path.contains("gpu-dra-mps/").then(|| path.to_string())
+                }));
+            }
             if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
                 let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
             }
         }
         for mount in self.mounts_under_dir() {
             let _ = rustix::mount::unmount(mount.as_str(), rustix::mount::UnmountFlags::DETACH);
+        }
+        // Empty once the killed processes are reaped (a moment later).
+        for _ in 0..50 {
+            let mut left = false;
+            for cgroup in &cgroups {
+                for hierarchy in std::fs::read_dir("/sys/fs/cgroup")
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                {
+                    let dir = hierarchy.path().join(cgroup.trim_start_matches('/'));
+                    if dir.exists() && std::fs::remove_dir(&dir).is_err() {
+                        left = true;
+                    }
+                }
+            }
+            if !left {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
         }
     }
 }
