@@ -70,16 +70,22 @@ const LEGACY_NVVM: &str = "libnvidia-nvvm70.so.";
 const DEV_LINKED: [&str; 2] = ["libcuda", "libnvidia-opticalflow"];
 /// Subfolders of a library folder whose links point at driver libraries (GBM's backend).
 const LINK_SUBDIRS: [&str; 1] = ["gbm"];
-/// The toolkit hook's commands a spec may use, where the node's hook has them (read from the
-/// binary, which names its commands).
-pub const HOOK_COMMANDS: [&str; 6] = [
-    "create-symlinks",
-    "update-ldcache",
+/// The toolkit hook's commands a spec uses only where the node's hook has them (read from the
+/// binary, which names its commands); `create-symlinks` and `update-ldcache` every hook has.
+pub const HOOK_COMMANDS: [&str; 4] = [
     "enable-cuda-compat",
     "disable-device-node-modification",
     "update-application-profile",
     "apply-cuda-memory-limits",
 ];
+
+/// Which of [`HOOK_COMMANDS`] a hook binary has.
+pub fn hook_commands(binary: &[u8]) -> BTreeSet<&'static str> {
+    HOOK_COMMANDS
+        .into_iter()
+        .filter(|c| binary.windows(c.len()).any(|w| w == c.as_bytes()))
+        .collect()
+}
 
 /// The toolkit's hook binaries, newest first.
 const HOOKS: [&str; 2] = ["usr/bin/nvidia-cdi-hook", "usr/bin/nvidia-ctk"];
@@ -222,12 +228,7 @@ impl DriverRoot {
         let hook_commands = hook
             .as_deref()
             .and_then(|h| std::fs::read(self.here_of(h)).ok())
-            .map(|binary| {
-                HOOK_COMMANDS
-                    .into_iter()
-                    .filter(|c| binary.windows(c.len()).any(|w| w == c.as_bytes()))
-                    .collect()
-            })
+            .map(|binary| hook_commands(&binary))
             .unwrap_or_default();
         Ok(DriverFiles {
             version: version.to_string(),
@@ -242,11 +243,12 @@ impl DriverRoot {
         })
     }
 
-    /// A host path as this process reaches it: through the driver root when under it.
+    /// A host path as this process reaches it: through the driver root when under it, else
+    /// through the host's view (a `--nvidia-cdi-hook-path` elsewhere on the host).
     fn here_of(&self, host_path: &Path) -> PathBuf {
         match host_path.strip_prefix(&self.host) {
             Ok(rel) => self.here.join(rel),
-            Err(_) => host_path.to_path_buf(),
+            Err(_) => crate::gpu::driver_tools::HostView::find().path(host_path),
         }
     }
 

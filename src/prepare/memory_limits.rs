@@ -8,13 +8,14 @@
 //! held to what the claim consumed (KEP-5075 `memory`). Where the node cannot (NVML or toolkit
 //! too old, cgroup v1, MIG devices), the claim's owner is told, and the MPS client limits stay
 //! what holds the claim.
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use super::cdi::{ContainerEdits, Hook};
 use super::checkpoint::DeviceRecord;
 use crate::gpu::GpuControl;
 
-/// The toolkit hook's command; its binary names it, so its presence is read without running it.
+/// The toolkit hook's command (one of `driver_files::HOOK_COMMANDS`, read from its binary).
 pub const HOOK_COMMAND: &str = "apply-cuda-memory-limits";
 const REQUEST_ENV: &str = "NVIDIA_GPU_MEMORY_REQUEST";
 const LIMIT_ENV: &str = "NVIDIA_GPU_MEMORY_LIMIT";
@@ -44,35 +45,29 @@ pub struct LimitHook {
 }
 
 impl MemoryLimits {
-    /// What this node can do. `hook`: the toolkit's hook (host path) and the same file as this
-    /// process reaches it; `host_cgroup_root`: the host's `/sys/fs/cgroup` as this process
-    /// reaches it.
+    /// What this node can do. `hook`: the toolkit's hook (host path) and the commands its binary
+    /// has (`DriverFiles::hook_commands`); `host_cgroup_root`: the host's `/sys/fs/cgroup` as
+    /// this process reaches it.
     pub fn detect(
         gpus: &dyn GpuControl,
-        hook: Option<(&Path, &Path)>,
+        hook: Option<(&Path, &BTreeSet<&str>)>,
         driver_root: &Path,
         host_cgroup_root: &Path,
     ) -> Self {
         if let Err(reason) = gpus.memory_limits_supported() {
             return Self::Unavailable(reason);
         }
-        let Some((hook, hook_here)) = hook else {
+        let Some((hook, commands)) = hook else {
             return Self::Unavailable(format!(
                 "the node has no nvidia-cdi-hook (the NVIDIA container toolkit's, 1.20 or newer, applies the limits; --nvidia-cdi-hook-path names it when it is outside {})",
                 driver_root.display()
             ));
         };
-        match std::fs::read(hook_here) {
-            Ok(binary) if contains(&binary, HOOK_COMMAND.as_bytes()) => {}
-            Ok(_) => {
-                return Self::Unavailable(format!(
-                    "{} has no {HOOK_COMMAND} command (the NVIDIA container toolkit added it in 1.20)",
-                    hook.display()
-                ));
-            }
-            Err(e) => {
-                return Self::Unavailable(format!("cannot read {}: {e}", hook.display()));
-            }
+        if !commands.contains(HOOK_COMMAND) {
+            return Self::Unavailable(format!(
+                "{} has no {HOOK_COMMAND} command, or cannot be read (the NVIDIA container toolkit added it in 1.20)",
+                hook.display()
+            ));
         }
         match rustix::fs::statfs(host_cgroup_root) {
             Ok(fs) if i128::from(fs.f_type) == CGROUP2_MAGIC => {}
@@ -236,8 +231,4 @@ fn populated(dir: &Path) -> bool {
         .map(|events| events.lines().any(|l| l == "populated 1"))
         // No such file: the root cgroup (never empty) or no cgroup at all.
         .unwrap_or(true)
-}
-
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle)
 }

@@ -190,13 +190,11 @@ impl DeviceState {
                     // lacks, no view of the host) stops the start: every MPS claim would fail.
                     mps.check_tools()?;
                 }
-                let view = tools.host_view();
-                let hook = files.hook.as_deref().map(|h| (h, view.path(h)));
                 memory_limits = MemoryLimits::detect(
                     gpus.as_ref(),
-                    hook.as_ref().map(|(h, here)| (*h, here.as_path())),
+                    files.hook.as_deref().map(|h| (h, &files.hook_commands)),
                     &root.host,
-                    &view.path(Path::new("/sys/fs/cgroup")),
+                    &tools.host_view().path(Path::new("/sys/fs/cgroup")),
                 );
                 match &memory_limits {
                     MemoryLimits::Enforced(hook) => {

@@ -1131,7 +1131,10 @@ fn consumed_memory_is_each_containers_hard_limit_on_the_gpu_set_by_nvidias_hook(
     // What the driver finds on its own: the hook and NVML can, the cgroup hierarchy decides.
     let tmpfs = node.dir.path();
     let detected = |cgroup_root: &Path, hook_file: &Path| {
-        MemoryLimits::detect(&*node.sim, Some((&hook, hook_file)), &root, cgroup_root)
+        let commands = gpu_dra::prepare::driver_files::hook_commands(
+            &std::fs::read(hook_file).expect("hook binary"),
+        );
+        MemoryLimits::detect(&*node.sim, Some((&hook, &commands)), &root, cgroup_root)
     };
     assert!(matches!(
         detected(&cgroups_root, &hook),
