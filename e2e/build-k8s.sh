@@ -3,13 +3,14 @@
 # node (kubelet, kube-controller-manager, containerd, ctr, containerd-shim-runc-v2) from the Go
 # modules pinned in e2e/versions.env, plus our Go test tools (kubelet-sim, cel-oracle,
 # alloc-oracle, api-delay from e2e/harness; cdi-inject from e2e/cdi-inject; nvml-mocks from
-# e2e/nvml-mocks, NVIDIA's NVML mock servers as JSON) and NVIDIA's
-# nvidia-cdi-hook (the container toolkit's module as published), into a cache directory outside
-# the repo:
+# e2e/nvml-mocks, NVIDIA's NVML mock servers as JSON, and fake-nvidia-smi beside it;
+# gpu-check-compare from e2e/harness) and NVIDIA's nvidia-cdi-hook and nvidia-ctk (the container
+# toolkit's module as published), plus static builds for the e2e/gpu-check.sh kit (kit-runc,
+# kit-nvidia-cdi-hook), into a cache directory outside the repo:
 #
 #   ${GPU_DRA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-dra}/k8s-${K8S_VERSION}/bin
 #
-# Usage: e2e/build-k8s.sh [NAME...]     (default: all seventeen binaries)
+# Usage: e2e/build-k8s.sh [NAME...]     (default: all twenty-one binaries)
 # A binary is skipped when it exists and its stamp matches (pin + Go version for the upstream
 # components; additionally a hash of the harness sources for our tools, of e2e/cdi-inject's
 # sources for cdi-inject). Progress goes to stderr; the LAST line of stdout is the bin dir, so
@@ -86,10 +87,12 @@ stamp_for() {
         kube-apiserver | kube-scheduler | kubectl | kubelet | kube-controller-manager) echo "$K8S_VERSION $GOVERSION $K8S_LDFLAGS" ;;
         etcd) echo "$ETCD_VERSION $GOVERSION" ;;
         containerd | containerd-shim-runc-v2 | ctr) echo "$CONTAINERD_VERSION $GOVERSION" ;;
-        kubelet-sim | cel-oracle | alloc-oracle | api-delay) echo "$K8S_VERSION $GOVERSION $(tools_hash)" ;;
+        kubelet-sim | cel-oracle | alloc-oracle | api-delay | gpu-check-compare) echo "$K8S_VERSION $GOVERSION $(tools_hash)" ;;
         cdi-inject) echo "$GOVERSION $(sources_hash "$CDI_INJECT_MOD")" ;;
         nvidia-cdi-hook | nvidia-ctk) echo "$NVIDIA_CTK_VERSION $GOVERSION" ;;
-        nvml-mocks) echo "$GOVERSION $(sources_hash "$NVML_MOCKS_MOD")" ;;
+        nvml-mocks | fake-nvidia-smi) echo "$GOVERSION $(sources_hash "$NVML_MOCKS_MOD")" ;;
+        kit-nvidia-cdi-hook) echo "$NVIDIA_CTK_VERSION $GOVERSION static" ;;
+        kit-runc) echo "$RUNC_VERSION $GOVERSION static" ;;
         *) die "unknown binary '$1'" ;;
     esac
 }
@@ -101,12 +104,14 @@ exec 9>"$BIN/.lock"
 flock 9
 
 ALL=(kube-apiserver kube-scheduler kubectl etcd kubelet-sim cel-oracle alloc-oracle api-delay cdi-inject
-    kubelet kube-controller-manager containerd containerd-shim-runc-v2 ctr nvidia-cdi-hook nvidia-ctk nvml-mocks)
+    kubelet kube-controller-manager containerd containerd-shim-runc-v2 ctr nvidia-cdi-hook nvidia-ctk nvml-mocks
+    fake-nvidia-smi gpu-check-compare kit-nvidia-cdi-hook kit-runc)
 WANT=("$@")
 [[ ${#WANT[@]} -gt 0 ]] || WANT=("${ALL[@]}")
 
 declare -A STAMP
 k8s_pkgs=() tool_pkgs=() containerd_pkgs=() need_etcd= need_cdi_inject= ctk_pkgs=() need_nvml_mocks=
+need_fake_smi= static_pkgs=()
 for name in "${WANT[@]}"; do
     STAMP[$name]=$(stamp_for "$name")
     if up_to_date "$name" "${STAMP[$name]}"; then
@@ -120,6 +125,9 @@ for name in "${WANT[@]}"; do
         cdi-inject) need_cdi_inject=1 ;;
         nvidia-cdi-hook | nvidia-ctk) ctk_pkgs+=("github.com/NVIDIA/nvidia-container-toolkit/cmd/$name@$NVIDIA_CTK_VERSION") ;;
         nvml-mocks) need_nvml_mocks=1 ;;
+        fake-nvidia-smi) need_fake_smi=1 ;;
+        kit-nvidia-cdi-hook) static_pkgs+=("github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook@$NVIDIA_CTK_VERSION") ;;
+        kit-runc) static_pkgs+=("github.com/opencontainers/runc@$RUNC_VERSION") ;;
         *) tool_pkgs+=("./cmd/$name") ;;
     esac
 done
@@ -184,6 +192,35 @@ if [[ -n $need_nvml_mocks ]]; then
             -e '^# github.com/NVIDIA/go-nvml' -e '^In file included from' >&2 || true)
     [[ -x $TMP/nvml-mocks ]] || die "nvml-mocks did not build"
     install_bins nvml-mocks
+fi
+
+if [[ -n $need_fake_smi ]]; then
+    log "building fake-nvidia-smi"
+    (cd "$NVML_MOCKS_MOD" && timed "$GO" build -trimpath -buildvcs=false -ldflags "-s -w" -o "$TMP/fake-nvidia-smi" ./fake-nvidia-smi 2>&1 \
+        | grep -v -e 'is deprecated' -e '^cgo-gcc-prolog' -e 'declared here' -e '^ *[0-9]* |' -e '^ *|' \
+            -e '^# github.com/NVIDIA/go-nvml' -e '^In file included from' >&2 || true)
+    [[ -x $TMP/fake-nvidia-smi ]] || die "fake-nvidia-smi did not build"
+    install_bins fake-nvidia-smi
+fi
+
+if [[ ${#static_pkgs[@]} -gt 0 ]]; then
+    # For the e2e/gpu-check.sh kit, copied to machines whose glibc may be older than ours: linked
+    # statically (cgo against static glibc; runc without seccomp, the hook's NVML dlopen unused
+    # by the hooks the kit runs).
+    for pkg in "${static_pkgs[@]}"; do
+        name=${pkg%@*}; name=kit-${name##*/}
+        log "building $name (static)"
+        mkdir -p "$TMP/$name.d"
+        (cd "$TMP/$name.d" && GOFLAGS= GOBIN=$TMP/$name.d CGO_ENABLED=1 timed "$GO" install -trimpath -buildvcs=false \
+            -tags "netgo osusergo" -ldflags "-s -w -linkmode external -extldflags -static" "$pkg" 2>&1 \
+            | grep -v -e 'is deprecated' -e '^cgo-gcc-prolog' -e 'declared here' -e '^ *[0-9]* |' -e '^ *|' \
+                -e '^# github.com/NVIDIA/go-nvml' -e '^In file included from' -e 'statically linked applications' \
+                -e 'in function' -e '^# github.com/' >&2 || true)
+        built=$(find "$TMP/$name.d" -maxdepth 1 -type f -perm -u+x | head -1)
+        [[ -n $built ]] && ! LC_ALL=C readelf -l "$built" | grep -q INTERP || die "$name did not build statically"
+        mv "$built" "$TMP/$name"
+        install_bins "$name"
+    done
 fi
 
 if [[ ${#ctk_pkgs[@]} -gt 0 ]]; then

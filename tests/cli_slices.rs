@@ -29,6 +29,18 @@ fn device_names(list: &serde_json::Value) -> Vec<String> {
         .collect()
 }
 
+/// A simulated node of two H100s, node `n1`, whose hardware lives in `state`.
+fn two_h100s(state: &str) -> [&str; 6] {
+    [
+        "--gpus",
+        "sim:2xH100-SXM5-80GB",
+        "--node-name",
+        "n1",
+        "--sim-state",
+        state,
+    ]
+}
+
 #[test]
 fn prints_a_v1_list_of_one_pool() {
     let list = stdout(&gpu_dra(&[
@@ -70,14 +82,7 @@ fn mig_instances_made_in_one_process_show_in_another() {
     let dir = tempfile::tempdir().expect("tempdir");
     let state = dir.path().join("hw.json");
     let state = state.to_str().expect("utf-8");
-    let common = [
-        "--gpus",
-        "sim:2xH100-SXM5-80GB",
-        "--node-name",
-        "n1",
-        "--sim-state",
-        state,
-    ];
+    let common = two_h100s(state);
     let sim = |extra: &[&str]| {
         let mut args = vec!["sim"];
         args.extend(common);
@@ -160,4 +165,68 @@ fn bad_specs_fail_clearly() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("\"Bad_Node\" is not a DNS subdomain"), "{err}");
+}
+
+/// `gpu-dra health` reads what the driver's watcher would: every GPU registered for fault events,
+/// its liveness and recovery action; a fault during the wait and a lost GPU fail it, and say so.
+#[test]
+fn health_reports_registration_faults_and_lost_gpus() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("hw.json");
+    let state = state.to_str().expect("utf-8 path");
+    let node = two_h100s(state);
+    let health = |wait: &str| {
+        let mut args = vec!["health", "--wait", wait];
+        args.extend(node);
+        gpu_dra(&args)
+    };
+
+    let healthy = stdout(&health("100ms"));
+    let gpus = healthy["gpus"].as_array().expect("gpus");
+    assert_eq!(gpus.len(), 2);
+    for gpu in gpus {
+        assert_eq!(gpu["faultEvents"], "registered", "{gpu}");
+        assert_eq!(gpu["lost"], false, "{gpu}");
+        assert_eq!(gpu["recoveryAction"], "None", "{gpu}");
+    }
+    assert_eq!(healthy["events"], serde_json::json!([]));
+
+    // An XID raised while `health` waits is reported, and fails it.
+    let faulted = std::thread::scope(|scope| {
+        let waiting = scope.spawn(|| health("3s"));
+        std::thread::sleep(std::time::Duration::from_millis(800));
+        let mut inject = vec!["sim"];
+        inject.extend(node);
+        inject.extend(["inject", "--gpu", "1", "--xid", "48"]);
+        assert!(gpu_dra(&inject).status.success(), "inject");
+        waiting.join().expect("health thread")
+    });
+    assert_eq!(faulted.status.code(), Some(1), "a fault fails the check");
+    let report: serde_json::Value = serde_json::from_slice(&faulted.stdout).expect("JSON");
+    let events = report["events"].as_array().expect("events");
+    assert!(
+        events
+            .iter()
+            .any(|e| e["minor"] == 1 && e["kind"]["code"] == 48),
+        "XID 48 on GPU 1 in {events:?}"
+    );
+
+    // A GPU that stops answering is lost, and not watched.
+    let mut lose = vec!["sim"];
+    lose.extend(node);
+    lose.extend(["inject", "--gpu", "0", "--lost"]);
+    assert!(gpu_dra(&lose).status.success(), "lose");
+    let lost = health("100ms");
+    assert_eq!(lost.status.code(), Some(1), "a lost GPU fails the check");
+    let report: serde_json::Value = serde_json::from_slice(&lost.stdout).expect("JSON");
+    let gpu0 = report["gpus"]
+        .as_array()
+        .expect("gpus")
+        .iter()
+        .find(|g| g["device"] == "gpu-0")
+        .cloned();
+    assert!(
+        gpu0.as_ref().is_some_and(|g| g["lost"] == true),
+        "gpu-0 lost in {report}"
+    );
 }

@@ -36,6 +36,11 @@ struct Scripted {
 struct ScriptedEvents(mpsc::Receiver<GpuEvent>);
 
 impl GpuEventSource for ScriptedEvents {
+    fn watched(&self) -> Vec<u32> {
+        // Scripted: every event comes from the test, none from a registration.
+        Vec::new()
+    }
+
     fn wait(&mut self, timeout: Duration) -> Result<Vec<GpuEvent>, GpuError> {
         let mut events = Vec::new();
         if let Ok(event) = self.0.recv_timeout(timeout) {

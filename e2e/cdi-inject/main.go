@@ -2,10 +2,14 @@
 // the CDI library container runtimes themselves use (tags.cncf.io/container-device-interface,
 // the version containerd 2.x in e2e/containerd builds with).
 //
-//	cdi-inject --spec-dir DIR [--device QUALIFIED_ID ...]
+//	cdi-inject --spec-dir DIR [--device QUALIFIED_ID ...] [--oci-spec FILE --write-spec OUT]
 //
 // --device may repeat and also takes a comma-separated list
 // (e.g. k8s.gpu.nvidia.com/claim=uid-gpu-0,k8s.gpu.nvidia.com/claim=uid-gpu-1).
+//
+// --oci-spec: inject into this OCI runtime spec (a bundle's config.json) instead of an empty one,
+// and write the result to --write-spec, as a runtime would before starting the container
+// (e2e/gpu-check.sh runs runc on it). Only written when the injection succeeded.
 //
 // It loads a CDI cache over exactly DIR (no auto-refresh, no /etc/cdi or /var/run/cdi), then
 // injects the devices into an empty OCI runtime spec (Process with no env, empty Linux), the
@@ -127,12 +131,30 @@ func run(args []string, stdout, stderr io.Writer) int {
 	specDir := fs.String("spec-dir", "", "the only CDI spec directory to load (required)")
 	var devices deviceList
 	fs.Var(&devices, "device", "fully qualified CDI device to inject (repeatable, or comma-separated)")
+	ociSpec := fs.String("oci-spec", "", "OCI runtime spec to inject into (default: an empty one)")
+	writeSpec := fs.String("write-spec", "", "where to write the injected OCI spec (with --oci-spec)")
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
 	}
 	if *specDir == "" || fs.NArg() > 0 {
-		fmt.Fprintln(stderr, "usage: cdi-inject --spec-dir DIR [--device QUALIFIED_ID ...]")
+		fmt.Fprintln(stderr, "usage: cdi-inject --spec-dir DIR [--device QUALIFIED_ID ...] [--oci-spec FILE --write-spec OUT]")
 		return exitUsage
+	}
+	if (*ociSpec == "") != (*writeSpec == "") {
+		fmt.Fprintln(stderr, "cdi-inject: --oci-spec and --write-spec go together")
+		return exitUsage
+	}
+	base := &oci.Spec{Process: &oci.Process{Env: []string{}}, Linux: &oci.Linux{}}
+	if *ociSpec != "" {
+		raw, err := os.ReadFile(*ociSpec)
+		if err == nil {
+			base = &oci.Spec{}
+			err = json.Unmarshal(raw, base)
+		}
+		if err != nil {
+			fmt.Fprintf(stderr, "cdi-inject: --oci-spec %s: %v\n", *ociSpec, err)
+			return exitUsage
+		}
 	}
 	// The library silently skips a spec directory that does not exist; a test pointing at the
 	// wrong directory must not look like "no devices".
@@ -184,7 +206,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		code = exitSpecErrors
 	}
 	if len(devices) > 0 {
-		spec := &oci.Spec{Process: &oci.Process{Env: []string{}}, Linux: &oci.Linux{}}
+		spec := base
 		unresolved, err := cache.InjectDevices(spec, devices...)
 		if err != nil {
 			out.InjectError = err.Error()
@@ -192,6 +214,16 @@ func run(args []string, stdout, stderr io.Writer) int {
 			code = exitInjectError
 		} else {
 			fill(&out, spec)
+			if *writeSpec != "" {
+				raw, err := json.MarshalIndent(spec, "", "  ")
+				if err == nil {
+					err = os.WriteFile(*writeSpec, raw, 0o644)
+				}
+				if err != nil {
+					fmt.Fprintf(stderr, "cdi-inject: --write-spec %s: %v\n", *writeSpec, err)
+					return exitUsage
+				}
+			}
 		}
 	}
 

@@ -169,3 +169,63 @@ devices:
 		t.Fatalf("missing spec dir: exit %d", code)
 	}
 }
+
+func TestInjectIntoABundleSpec(t *testing.T) {
+	tmp := t.TempDir()
+	specDir := filepath.Join(tmp, "cdi")
+	if err := os.Mkdir(specDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	write(t, filepath.Join(specDir, "k8s.gpu.nvidia.com-claim_uid-1.json"), `{
+  "cdiVersion": "0.6.0",
+  "kind": "k8s.gpu.nvidia.com/claim",
+  "devices": [{"name": "gpu-0", "containerEdits": {"env": ["NVIDIA_VISIBLE_DEVICES=GPU-0"]}}]
+}`)
+	bundle := filepath.Join(tmp, "config.json")
+	write(t, bundle, `{"ociVersion": "1.2.0", "process": {"args": ["/probe"], "cwd": "/", "env": ["PATH=/bin"]}, "root": {"path": "rootfs"}, "linux": {}}`)
+	injected := filepath.Join(tmp, "injected.json")
+
+	code, out, stderr := invoke(t, "--spec-dir", specDir, "--device", "k8s.gpu.nvidia.com/claim=gpu-0",
+		"--oci-spec", bundle, "--write-spec", injected)
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	if !slices.Contains(out.Env, "NVIDIA_VISIBLE_DEVICES=GPU-0") {
+		t.Errorf("env %v", out.Env)
+	}
+	raw, err := os.ReadFile(injected)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var spec struct {
+		Process struct {
+			Args []string `json:"args"`
+			Env  []string `json:"env"`
+		} `json:"process"`
+		Root struct {
+			Path string `json:"path"`
+		} `json:"root"`
+	}
+	if err := json.Unmarshal(raw, &spec); err != nil {
+		t.Fatal(err)
+	}
+	// The bundle's own settings stay; the claim's edits are added.
+	if !slices.Equal(spec.Process.Args, []string{"/probe"}) || spec.Root.Path != "rootfs" ||
+		!slices.Equal(spec.Process.Env, []string{"PATH=/bin", "NVIDIA_VISIBLE_DEVICES=GPU-0"}) {
+		t.Errorf("written spec: %s", raw)
+	}
+
+	// Half of the pair is a usage error, and nothing is written.
+	if code, _, _ := invoke(t, "--spec-dir", specDir, "--oci-spec", bundle); code != exitUsage {
+		t.Errorf("--oci-spec alone: exit %d", code)
+	}
+	// An unresolvable device writes nothing.
+	other := filepath.Join(tmp, "other.json")
+	if code, _, _ := invoke(t, "--spec-dir", specDir, "--device", "k8s.gpu.nvidia.com/claim=gpu-9",
+		"--oci-spec", bundle, "--write-spec", other); code != exitInjectError {
+		t.Errorf("unresolved device: exit %d", code)
+	}
+	if _, err := os.Stat(other); !os.IsNotExist(err) {
+		t.Errorf("a failed injection wrote %s", other)
+	}
+}

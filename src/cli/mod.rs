@@ -16,6 +16,7 @@ pub mod claims;
 #[cfg(feature = "tools")]
 pub mod demo;
 pub mod duration;
+pub mod health;
 #[cfg(feature = "tools")]
 pub mod live;
 #[cfg(feature = "tools")]
@@ -97,6 +98,9 @@ pub enum Command {
     /// Print the CDI spec a claim holding some of this node's devices gets (device nodes, driver
     /// libraries, binaries, firmware, hooks).
     Cdi(cdi::CdiArgs),
+    /// Read each GPU's health once as the driver's watcher does (NVML fault events, liveness,
+    /// recovery action); changes nothing.
+    Health(health::HealthArgs),
     /// Operate simulated GPU hardware (MIG mode, instances) in a state file.
     Sim(sim::SimArgs),
     /// Replay a random MIG workload: failed placements with our device order vs name order.
@@ -139,6 +143,7 @@ pub fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Run(args) => run::run(args),
         Command::Slices(args) => slices::run(args),
         Command::Cdi(args) => cdi::run(args),
+        Command::Health(args) => health::run(args),
         Command::Sim(args) => sim::run(args),
         #[cfg(feature = "tools")]
         Command::Demo(args) => demo::run(args),

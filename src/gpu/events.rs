@@ -93,6 +93,9 @@ impl GpuProbe {
 
 /// A registered NVML event set over every GPU of the node.
 pub trait GpuEventSource: Send {
+    /// Minors of the GPUs whose events this set receives (a GPU that could not register is
+    /// missing: its faults go unseen).
+    fn watched(&self) -> Vec<u32>;
     /// Waits up to `timeout` for events; returns the ones that arrived (none on timeout).
     fn wait(&mut self, timeout: Duration) -> Result<Vec<GpuEvent>, GpuError>;
 }

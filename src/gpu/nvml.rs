@@ -270,6 +270,10 @@ impl NvmlEventSource {
 }
 
 impl GpuEventSource for NvmlEventSource {
+    fn watched(&self) -> Vec<u32> {
+        self.gpus.iter().map(|(minor, _)| *minor).collect()
+    }
+
     fn wait(&mut self, timeout: Duration) -> Result<Vec<GpuEvent>, GpuError> {
         let deadline = Instant::now() + timeout;
         let mut events = Vec::new();

@@ -643,9 +643,12 @@ impl SimNode {
     /// Events raised from now on, as an NVML event set delivers them.
     pub fn event_source(&self) -> Result<SimEventSource, GpuError> {
         let seen = self.read(|state| Ok(state.event_serial))?;
+        // As NVML: a GPU registers if it answers now (a lost one cannot).
+        let watched = self.inventory()?.gpus.iter().map(|g| g.minor).collect();
         Ok(SimEventSource {
             node: self.clone(),
             seen,
+            watched,
         })
     }
 
@@ -999,12 +1002,17 @@ impl SimNode {
 pub struct SimEventSource {
     node: SimNode,
     seen: u64,
+    watched: Vec<u32>,
 }
 
 /// How often [`SimEventSource`] looks at the state while waiting.
 const EVENT_POLL: Duration = Duration::from_millis(100);
 
 impl GpuEventSource for SimEventSource {
+    fn watched(&self) -> Vec<u32> {
+        self.watched.clone()
+    }
+
     fn wait(&mut self, timeout: Duration) -> Result<Vec<GpuEvent>, GpuError> {
         let deadline = Instant::now() + timeout;
         loop {
