@@ -54,11 +54,13 @@ pub mod checkpoint;
 pub mod claims;
 pub mod driver;
 pub mod driver_files;
+pub mod effects;
 pub mod failpoint;
 pub mod ldcache;
 pub mod lock;
 pub mod memory_limits;
 pub mod mps;
+pub mod plan;
 pub mod sharing;
 pub mod state;
 

@@ -15,9 +15,9 @@ use std::collections::BTreeMap;
 use crate::config::{
     DeviceConfig, GpuConfig, GpuSharing, MigDeviceConfig, MpsConfig, SharingStrategy,
 };
-use crate::gpu::{ComputeMode, GpuControl, GpuError, SharingSettings};
+use crate::gpu::{ComputeMode, SharingSettings};
 
-use super::checkpoint::{DeviceRecord, SharingRecord};
+use super::checkpoint::DeviceRecord;
 use super::mps::{DaemonSpec, megabytes};
 
 /// The sharing strategy a configuration asks for, and its MPS settings.
@@ -78,8 +78,9 @@ pub fn check(
     Ok(())
 }
 
-/// The settings sharing gives a full GPU, if its configuration changes them.
-fn wanted(config: Option<&DeviceConfig>) -> Option<SharingSettings> {
+/// The settings sharing gives a full GPU, if its configuration changes them (applied by
+/// [`super::effects::compute_mode`]).
+pub fn wanted(config: Option<&DeviceConfig>) -> Option<SharingSettings> {
     let Some(DeviceConfig::GpuConfig(GpuConfig {
         sharing:
             Some(GpuSharing {
@@ -110,22 +111,6 @@ fn wanted(config: Option<&DeviceConfig>) -> Option<SharingSettings> {
     })
 }
 
-/// What must be recorded before preparing a full GPU with this configuration: its current
-/// settings, when sharing will change them.
-pub fn record_before(
-    gpus: &dyn GpuControl,
-    minor: u32,
-    config: Option<&DeviceConfig>,
-) -> Result<Option<SharingRecord>, GpuError> {
-    if wanted(config).is_none() {
-        return Ok(None);
-    }
-    Ok(Some(SharingRecord {
-        minor,
-        before: gpus.sharing_settings(minor)?,
-    }))
-}
-
 /// What a claim's owner should be told about how its sharing configuration was applied:
 /// `(reason, note)` for a Warning Event on the claim.
 pub fn warnings(devices: &[DeviceRecord]) -> Vec<(&'static str, String)> {
@@ -149,33 +134,6 @@ pub fn warnings(devices: &[DeviceRecord]) -> Vec<(&'static str, String)> {
             )
         })
         .collect()
-}
-
-/// Applies a prepared device's sharing settings to the hardware (the MPS daemon is started
-/// separately, once per claim).
-pub fn apply(gpus: &dyn GpuControl, record: &DeviceRecord) -> Result<(), GpuError> {
-    match (&record.sharing, wanted(record.config.as_ref())) {
-        (Some(sharing), Some(settings)) => {
-            gpus.set_sharing_settings(sharing.minor, settings)?;
-            tracing::info!(device = %record.device, uuid = %record.uuid, compute_mode = ?settings.compute_mode, timeslice = ?settings.timeslice, "sharing settings applied");
-            Ok(())
-        }
-        _ => Ok(()),
-    }
-}
-
-/// Puts back what [`apply`] changed (also after a crash at any point in between).
-pub fn revert(gpus: &dyn GpuControl, record: &DeviceRecord) -> Result<(), GpuError> {
-    let Some(sharing) = &record.sharing else {
-        return Ok(());
-    };
-    let changed_timeslice = wanted(record.config.as_ref()).is_none_or(|s| s.timeslice.is_some());
-    let before = SharingSettings {
-        compute_mode: sharing.before.compute_mode,
-        // Unknown (NVML cannot read it): the driver's default, as NVIDIA's driver restores.
-        timeslice: changed_timeslice.then(|| sharing.before.timeslice.unwrap_or(0)),
-    };
-    gpus.set_sharing_settings(sharing.minor, before)
 }
 
 /// The MPS daemon a claim's devices need, if any of them asks for MPS. `uuid_of` gives a device's

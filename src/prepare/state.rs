@@ -1,15 +1,15 @@
-//! Prepared-device state: the prepare and unprepare steps, crash recovery and garbage collection.
+//! Prepared-device state: the orchestration of prepare and unprepare, crash recovery and garbage
+//! collection. What a claim means on this node is planned in [`super::plan`]; each change to the
+//! hardware is an effect of its own in [`super::effects`], kept by one protocol (intent recorded,
+//! change, ids recorded, undo from the record, adopt at start). Here:
 //!
-//! Every change to the node (a carved MIG instance, a CDI spec) is bracketed by checkpoint writes
-//! so that a crash at any point is undone at the next start:
-//!
-//! - prepare: record the claim as `PrepareStarted` with what it will create (only when it creates
-//!   hardware state) → carve MIG instances, recording their ids → write the CDI spec → record
-//!   `PrepareCompleted`;
-//! - unprepare: mark `PrepareStarted` → remove the CDI spec → destroy what was carved → drop the
-//!   claim;
-//! - start: roll back every claim that is not `PrepareCompleted`, rewrite missing specs of
-//!   completed claims, delete specs no claim owns.
+//! - prepare: plan → record the claim as `PrepareStarted` with what it will create (only when it
+//!   creates hardware state) → apply the effects in order (MIG carve, whole-GPU MIG mode, compute
+//!   mode, MPS daemons) → write the CDI spec → record `PrepareCompleted`;
+//! - unprepare: mark `PrepareStarted` → remove the CDI spec → undo the effects in reverse order
+//!   (a device another claim still shares is left to it) → drop the claim;
+//! - start: roll back every claim that is not `PrepareCompleted`, let each effect adopt what the
+//!   hardware holds, rewrite missing specs of completed claims, delete specs no claim owns.
 //!
 //! Concurrency: claims on different GPUs are prepared and unprepared side by side. Each operation
 //! first holds its claim (the same claim never interleaves with itself), then every GPU its devices
@@ -21,9 +21,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use k8s_openapi::api::resource::v1::{
-    AllocatedDeviceStatus, DeviceRequestAllocationResult, ResourceClaim,
-};
+use k8s_openapi::api::resource::v1::{AllocatedDeviceStatus, ResourceClaim};
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 
 use super::busy::BusySet;
@@ -33,16 +31,19 @@ use super::checkpoint::{
     LoadOutcome, MigRecord,
 };
 use super::driver_files::{DriverFilesError, DriverRoot};
+use super::effects::compute_mode::{self, ComputeMode};
+use super::effects::mig_carve::{self, MigCarve};
+use super::effects::mig_mode::WholeGpu;
+use super::effects::mps_daemon::{self, SharedMps};
+use super::effects::{ClaimDevice, DeviceEffect, Host};
 use super::failpoint::failpoint;
 use super::memory_limits::MemoryLimits;
 use super::mps::{MpsDaemons, MpsError};
+use super::plan::{PlannedDevice, Planner, Target};
 use super::sharing;
 use super::{ClaimRef, PreparedDevice};
-use crate::config::{self, DeviceConfig};
-use crate::gpu::mig::{
-    GpuMode, MigPolicy, choose_modes, gpu_device_name, mig_device_name, parse_mig_device_name,
-};
-use crate::gpu::{GpuControl, GpuError, NodeInventory, Placement};
+use crate::gpu::mig::{GpuMode, MigPolicy, choose_modes, parse_mig_device_name};
+use crate::gpu::{GpuControl, GpuError, NodeInventory};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PrepareError {
@@ -99,27 +100,6 @@ pub struct RecoveryReport {
     pub mps_stopped: Vec<String>,
 }
 
-/// A device of this node a claim result names.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Target {
-    Gpu {
-        minor: u32,
-        uuid: String,
-    },
-    /// An existing MIG device (static MIG): used as is, never destroyed by us.
-    StaticMig {
-        parent_minor: u32,
-        gpu_instance_id: u32,
-        compute_instance_id: u32,
-        uuid: String,
-    },
-    /// A free MIG placement: carved at prepare, destroyed at unprepare.
-    Placement {
-        parent_minor: u32,
-        profile_id: u32,
-        placement: Placement,
-    },
-}
 /// What the driver knows and has written down: guarded by [`DeviceState::book`].
 struct Book {
     checkpoint: Checkpoint,
@@ -251,7 +231,7 @@ impl DeviceState {
         state.recover(&mut report)?;
         state.refresh_all()?;
         // MIG devices no prepared claim owns are someone else's, unless we were told to take over.
-        let owned = state.owned_gpu_instances();
+        let owned = mig_carve::owned(&state.checkpoint());
         let inventory = state.inventory();
         state.modes = choose_modes(&inventory.gpus, state.config.mig_policy, |minor| {
             inventory
@@ -265,7 +245,8 @@ impl DeviceState {
                         .any(|i| !owned.contains(&(minor, i.gpu_instance_id)))
                 })
         });
-        report.instances_destroyed = state.destroy_unowned()?;
+        report.instances_destroyed = mig_carve::adopt(&state, &state.modes, &owned)?;
+        state.refresh_all()?;
         Ok((state, report))
     }
 
@@ -353,47 +334,10 @@ impl DeviceState {
         }
         let completed: BTreeSet<String> = self.book().checkpoint.claims.keys().cloned().collect();
         if let Some(mps) = &self.mps {
-            let shared: BTreeMap<String, DeviceRecord> = self
-                .book()
-                .checkpoint
-                .claims
-                .values()
-                .flat_map(|c| c.devices.iter())
-                .filter(|d| sharing::shared_mps(d))
-                .map(|d| (sharing::shared_daemon_key(&d.uuid), d.clone()))
-                .collect();
-            for key in mps.claim_uids()? {
-                if !completed.contains(&key) && !shared.contains_key(&key) {
-                    mps.stop(&key)?;
-                    report.mps_stopped.push(key);
-                }
-            }
-            for (key, record) in &shared {
-                if !mps.answers(key) {
-                    tracing::warn!(daemon = %key, "the MPS daemon of a shared GPU does not answer: starting it again");
-                    mps.start(key, &sharing::shared_daemon_spec(record))?;
-                    report.mps_restarted.push(key.clone());
-                }
-            }
-            for uid in &completed {
-                let Some(entry) = self.book().checkpoint.claims.get(uid).cloned() else {
-                    continue;
-                };
-                let spec =
-                    sharing::daemon_spec(&entry.devices, |d| d.uuid.clone()).map_err(|reason| {
-                        PrepareError::Claim {
-                            claim: format!("{}/{}", entry.namespace, entry.name),
-                            reason,
-                        }
-                    })?;
-                if let Some(spec) = spec
-                    && !mps.answers(uid)
-                {
-                    tracing::warn!(claimUID = %uid, "the MPS daemon of a prepared claim does not answer: starting it again");
-                    mps.start(uid, &spec)?;
-                    report.mps_restarted.push(uid.clone());
-                }
-            }
+            let checkpoint = self.book().checkpoint.clone();
+            let (stopped, restarted) = mps_daemon::adopt(mps, &checkpoint)?;
+            report.mps_stopped = stopped;
+            report.mps_restarted = restarted;
         }
         for uid in &completed {
             if !self.cdi.spec_path(uid).exists() {
@@ -494,7 +438,7 @@ impl DeviceState {
         if self.book().checkpoint.claims.contains_key(&uid) {
             self.roll_back(&uid)?;
         }
-        let plan = self.plan(&self.book(), claim_ref, claim)?;
+        let plan = self.planner(&self.book()).plan(claim_ref, claim)?;
         let result = self.apply_plan(claim_ref, plan);
         if result.is_err() && self.book().checkpoint.claims.contains_key(&uid) {
             // Undo at once what was carved, rather than leaving it to a retry or a restart.
@@ -509,7 +453,7 @@ impl DeviceState {
     fn apply_plan(
         &self,
         claim_ref: &ClaimRef,
-        plan: Vec<(DeviceRequestAllocationResult, Target, Option<DeviceConfig>)>,
+        plan: Vec<PlannedDevice>,
     ) -> Result<Vec<PreparedDevice>, PrepareError> {
         let uid = claim_ref.uid.clone();
         // What time-slicing will change, read before the book is locked (a hardware call).
@@ -531,7 +475,7 @@ impl DeviceState {
             sharing.push(match (target, joined) {
                 (Target::Gpu { .. }, Some(record)) => Some(record),
                 (Target::Gpu { minor, .. }, None) => {
-                    sharing::record_before(&*self.gpus, *minor, config.as_ref())?
+                    compute_mode::record_before(&*self.gpus, *minor, config.as_ref())?
                 }
                 _ => None,
             });
@@ -550,7 +494,7 @@ impl DeviceState {
                 devices: plan
                     .iter()
                     .map(|(result, target, config)| {
-                        self.record(&book, &uid, result, target, config)
+                        self.planner(&book).record(&uid, result, target, config)
                     })
                     .collect(),
                 unknown: Default::default(),
@@ -578,39 +522,33 @@ impl DeviceState {
                 checkpoint.claims.insert(uid.clone(), entry.clone());
             })?;
             failpoint("prepare-started");
-            self.carve(&uid)?;
-            if let Some(carved) = self.book().checkpoint.claims.get(&uid) {
-                entry = carved.clone();
-            }
         }
-        for (_, target, _) in &plan {
-            if let Target::Gpu { minor, .. } = target {
-                self.ensure_whole(*minor)?;
-            }
-        }
-        for record in &entry.devices {
-            sharing::apply(&*self.gpus, record)?;
-            if record.sharing.is_some() {
-                failpoint("prepare-sharing-applied");
+        // Effect by effect, device by device; each records what it made as soon as it exists.
+        let effects: [&dyn DeviceEffect; 3] = [&MigCarve, &WholeGpu, &ComputeMode];
+        for effect in effects {
+            for index in 0..entry.devices.len() {
+                let device = ClaimDevice {
+                    uid: &uid,
+                    index,
+                    record: &entry.devices[index],
+                };
+                effect.apply(self, &device)?;
+                if let Some(recorded) = self.book().checkpoint.claims.get(&uid) {
+                    entry.devices[index] = recorded.devices[index].clone();
+                }
             }
         }
         // After the carve (the daemon needs the MIG devices' UUIDs) and the compute mode.
-        let daemon =
-            sharing::daemon_spec(&entry.devices, |d| d.uuid.clone()).map_err(|reason| {
-                PrepareError::Claim {
-                    claim: claim_ref.to_string(),
-                    reason,
-                }
-            })?;
-        if let (Some(spec), Some(mps)) = (daemon, &self.mps) {
+        if let (Some(spec), Some(mps)) = (mps_daemon::claim_daemon(&entry)?, &self.mps) {
             mps.start(&uid, &spec)?;
         }
-        if let Some(mps) = &self.mps {
-            for record in entry.devices.iter().filter(|d| sharing::shared_mps(d)) {
-                // Already running when another claim shares the GPU.
-                let key = sharing::shared_daemon_key(&record.uuid);
-                mps.start(&key, &sharing::shared_daemon_spec(record))?;
-            }
+        for (index, record) in entry.devices.iter().enumerate() {
+            let device = ClaimDevice {
+                uid: &uid,
+                index,
+                record,
+            };
+            SharedMps(self.mps.as_ref()).apply(self, &device)?;
         }
         let (cdi_devices, claim_edits) = self.claim_spec(&self.book(), &entry);
         self.cdi.write(&uid, &cdi_devices, &claim_edits)?;
@@ -680,15 +618,16 @@ impl DeviceState {
                 tracing::info!(claimUID = %uid, cgroup = %cgroup.display(), "cleared the GPU memory limit a container left");
             }
         }
-        let mut touched = BTreeSet::new();
+        // A shared device stays as it is (carved, its MPS daemon running, its compute mode) until
+        // its last claim leaves; a carve this claim made passes to a claim still on it.
+        let mut left_to_sharers = BTreeSet::new();
         for (index, record) in entry.devices.iter().enumerate() {
-            // A shared device stays as it is (carved, its MPS daemon running, its compute mode)
-            // until its last claim leaves; a carve this claim made passes to a claim still on it.
             let sharer = record
                 .share_id
                 .as_ref()
                 .and_then(|_| self.other_sharer(uid, record));
             if let Some((other_uid, other_index)) = sharer {
+                left_to_sharers.insert(index);
                 if let Some(mig) = record.mig.as_ref().filter(|m| m.created) {
                     self.record_change(|checkpoint| {
                         if let Some(other) = checkpoint
@@ -710,29 +649,26 @@ impl DeviceState {
                     })?;
                     tracing::info!(device = %record.device, from = %uid, to = %other_uid, "a shared MIG device's carve passes to a claim still using it");
                 }
-                continue;
             }
-            if sharing::shared_mps(record)
-                && let Some(mps) = &self.mps
-            {
-                mps.stop(&sharing::shared_daemon_key(&record.uuid))?;
-            }
-            sharing::revert(&*self.gpus, record)?;
-            let Some(mig) = record.mig.as_ref().filter(|m| m.created) else {
-                continue;
-            };
-            touched.insert(mig.parent_minor);
-            self.destroy_carved(mig)?;
-            self.record_change(|checkpoint| {
-                if let Some(stored) = checkpoint.claims.get_mut(uid) {
-                    stored.devices[index].mig = Some(MigRecord {
-                        created: false,
-                        ..mig.clone()
-                    });
-                }
-            })?;
-            failpoint("rollback-mig-destroyed");
         }
+        // The effects in reverse order, from what the checkpoint recorded.
+        let shared_mps = SharedMps(self.mps.as_ref());
+        let effects: [&dyn DeviceEffect; 4] = [&shared_mps, &ComputeMode, &WholeGpu, &MigCarve];
+        for effect in effects {
+            for (index, record) in entry.devices.iter().enumerate() {
+                if !left_to_sharers.contains(&index) {
+                    effect.undo(self, &ClaimDevice { uid, index, record })?;
+                }
+            }
+        }
+        let touched: BTreeSet<u32> = entry
+            .devices
+            .iter()
+            .enumerate()
+            .filter(|(index, _)| !left_to_sharers.contains(index))
+            .filter_map(|(_, d)| d.mig.as_ref().filter(|m| m.created))
+            .map(|m| m.parent_minor)
+            .collect();
         self.record_change(|checkpoint| {
             checkpoint.claims.remove(uid);
         })?;
@@ -790,28 +726,7 @@ impl DeviceState {
             else {
                 continue;
             };
-            let own =
-                sharing::daemon_spec(&entry.devices, |d| d.uuid.clone()).map_err(|reason| {
-                    PrepareError::Claim {
-                        claim: format!("{}/{}", entry.namespace, entry.name),
-                        reason,
-                    }
-                })?;
-            let mut daemons: Vec<(String, super::mps::DaemonSpec)> =
-                own.into_iter().map(|spec| (uid.clone(), spec)).collect();
-            daemons.extend(
-                entry
-                    .devices
-                    .iter()
-                    .filter(|d| sharing::shared_mps(d))
-                    .map(|d| {
-                        (
-                            sharing::shared_daemon_key(&d.uuid),
-                            sharing::shared_daemon_spec(d),
-                        )
-                    }),
-            );
-            for (key, spec) in daemons {
+            for (key, spec) in mps_daemon::daemons_of(&entry)? {
                 if started.contains(&key) || mps.answers(&key) {
                     continue;
                 }
@@ -938,598 +853,17 @@ impl DeviceState {
         Ok(())
     }
 
-    fn plan(
-        &self,
-        book: &Book,
-        claim_ref: &ClaimRef,
-        claim: &ResourceClaim,
-    ) -> Result<Vec<(DeviceRequestAllocationResult, Target, Option<DeviceConfig>)>, PrepareError>
-    {
-        let name = format!("{}/{}", claim_ref.namespace, claim_ref.name);
-        let bad = |reason: String| PrepareError::Claim {
-            claim: name.clone(),
-            reason,
-        };
-        let actual_uid = claim.metadata.uid.as_deref().unwrap_or_default();
-        if actual_uid != claim_ref.uid {
-            return Err(bad(format!(
-                "has UID {actual_uid:?}, kubelet asked for {:?}",
-                claim_ref.uid
-            )));
+    /// Plans claims against the book as it is now.
+    fn planner<'a>(&'a self, book: &'a Book) -> Planner<'a> {
+        Planner {
+            config: &self.config,
+            modes: &self.modes,
+            checkpoint: &book.checkpoint,
+            inventory: &book.inventory,
+            cdi: &self.cdi,
+            mps_available: self.mps.is_some(),
+            mps_across_namespaces: self.mps_across_namespaces,
         }
-        let allocation = claim
-            .status
-            .as_ref()
-            .and_then(|s| s.allocation.as_ref())
-            .and_then(|a| a.devices.as_ref())
-            .ok_or_else(|| bad("is not allocated".into()))?;
-        let configs =
-            self.decode_configs(allocation.config.as_deref().unwrap_or_default(), &bad)?;
-        let mut plan = Vec::new();
-        let mut seen = BTreeSet::new();
-        for (i, result) in allocation.results.iter().flatten().enumerate() {
-            if result.driver != self.config.driver_name {
-                continue;
-            }
-            let at = format!("status.allocation.devices.results[{i}]");
-            if result.pool != self.config.node_name {
-                return Err(bad(format!(
-                    "{at}: device {:?} is in pool {:?}, not this node's pool {:?}",
-                    result.device, result.pool, self.config.node_name
-                )));
-            }
-            let target = self
-                .resolve(book, &result.device)
-                .map_err(|reason| bad(format!("{at}: device {:?}: {reason}", result.device)))?;
-            let admin = result.admin_access == Some(true);
-            // A shareID: the scheduler allocated part of a device published for several claims.
-            let shared = result.share_id.is_some();
-            if shared && !self.config.consumable.is_on() {
-                return Err(bad(format!(
-                    "{at}.shareID: device {:?} is not published for sharing (--consumable-shares is off)",
-                    result.device
-                )));
-            }
-            if !admin
-                && let Some(holder) = book.checkpoint.exclusive_holder_of(
-                    &result.pool,
-                    &result.device,
-                    &claim_ref.uid,
-                    shared,
-                )
-            {
-                return Err(bad(format!(
-                    "{at}: device {:?} is already prepared for ResourceClaim {}/{}",
-                    result.device, holder.namespace, holder.name
-                )));
-            }
-            // Stale slices can still offer a placement of a GPU another claim holds whole (or the
-            // whole GPU while another claim holds one of its MIG devices): never share a GPU
-            // that way, and never switch a GPU that is in use into MIG mode.
-            if !admin
-                && let Some((holder, device)) =
-                    book.checkpoint
-                        .holder_on_gpu(&result.pool, &claim_ref.uid, |held| {
-                            conflicts_on_gpu(&target, held)
-                        })
-            {
-                return Err(bad(format!(
-                    "{at}: device {:?} shares its GPU with {device:?}, which is prepared for ResourceClaim {}/{}",
-                    result.device, holder.namespace, holder.name
-                )));
-            }
-            if !admin && result.share_id.is_none() && !seen.insert(result.device.clone()) {
-                return Err(bad(format!(
-                    "{at}: device {:?} is allocated twice",
-                    result.device
-                )));
-            }
-            let config = configs
-                .iter()
-                .rev()
-                .find(|(requests, _, _)| applies_to(requests, &result.request));
-            if let Some((_, config, path)) = config {
-                let parent = match &target {
-                    Target::Gpu { minor, .. } => *minor,
-                    Target::StaticMig { parent_minor, .. }
-                    | Target::Placement { parent_minor, .. } => *parent_minor,
-                };
-                let capability = book
-                    .inventory
-                    .gpus
-                    .iter()
-                    .find(|g| g.minor == parent)
-                    .map_or(0, |g| g.cuda_compute_capability.major);
-                sharing::check(config, self.mps.is_some(), capability).map_err(
-                    |(field, reason)| {
-                        bad(format!(
-                            "request {:?}: {path}.{field}: {reason}",
-                            result.request
-                        ))
-                    },
-                )?;
-                // Sharing settings change the device for everyone on it: never under another
-                // claim's processes (an admin-access claim may be prepared beside one). Claims
-                // sharing a device through MPS share its one daemon instead.
-                let joins_shared_mps = shared && sharing::wants_mps(Some(config));
-                if shared && sharing::changes_device(config) && !joins_shared_mps {
-                    return Err(bad(format!(
-                        "request {:?}: {path}.sharing.strategy: time-slicing changes the GPU for every claim sharing it; claims sharing a GPU (shareID) are time-sliced already, or use MPS",
-                        result.request
-                    )));
-                }
-                // Any other claim on the device counts here, admin-access ones included.
-                let other_holder = book.checkpoint.claims.values().find(|c| {
-                    c.uid != claim_ref.uid
-                        && c.devices
-                            .iter()
-                            .any(|d| d.pool == result.pool && d.device == result.device)
-                });
-                if sharing::changes_device(config)
-                    && !joins_shared_mps
-                    && let Some(holder) = other_holder
-                {
-                    return Err(bad(format!(
-                        "request {:?}: {path}.sharing: device {:?} is in use by ResourceClaim {}/{}; its sharing mode cannot change under that claim's processes",
-                        result.request, result.device, holder.namespace, holder.name
-                    )));
-                }
-            }
-            let config = config.map(|(_, c, _)| c.clone());
-            if shared {
-                // The claims sharing a GPU all reach it through its one MPS daemon, or none does:
-                // a process outside MPS cannot use a GPU in EXCLUSIVE_PROCESS mode.
-                let mps = sharing::wants_mps(config.as_ref());
-                let other = book.checkpoint.claims.values().find_map(|c| {
-                    let d = c.devices.iter().find(|d| {
-                        c.uid != claim_ref.uid
-                            && d.pool == result.pool
-                            && d.device == result.device
-                            && d.share_id.is_some()
-                    })?;
-                    (sharing::wants_mps(d.config.as_ref()) != mps).then_some(c)
-                });
-                if let Some(other) = other {
-                    return Err(bad(format!(
-                        "{at}: device {:?} is shared by ResourceClaim {}/{} {} MPS; all claims sharing a GPU must use MPS, or none",
-                        result.device,
-                        other.namespace,
-                        other.name,
-                        if mps { "without" } else { "with" }
-                    )));
-                }
-                // One daemon serves every claim on the device: its pipe, shm and control
-                // commands are shared, so tenants of different namespaces are kept apart.
-                let foreign = book.checkpoint.claims.values().find(|c| {
-                    c.uid != claim_ref.uid
-                        && c.namespace != claim_ref.namespace
-                        && c.devices.iter().any(|d| {
-                            d.pool == result.pool
-                                && d.device == result.device
-                                && sharing::shared_mps(d)
-                        })
-                });
-                if mps
-                    && !self.mps_across_namespaces
-                    && let Some(other) = foreign
-                {
-                    return Err(bad(format!(
-                        "{at}: device {:?} is shared through one MPS daemon by ResourceClaim {}/{} of namespace {:?}; claims of namespace {:?} and {:?} do not share an MPS daemon (its pipe, shm and control commands are one for all) unless the node allows it (--mps-share-across-namespaces, chart value mpsShareAcrossNamespaces)",
-                        result.device,
-                        other.namespace,
-                        other.name,
-                        other.namespace,
-                        claim_ref.namespace,
-                        other.namespace
-                    )));
-                }
-            }
-            match (&target, &config) {
-                (Target::Gpu { .. }, Some(DeviceConfig::MigDeviceConfig(_))) => {
-                    return Err(bad(format!(
-                        "{at}: a MigDeviceConfig cannot apply to full GPU {:?}",
-                        result.device
-                    )));
-                }
-                (
-                    Target::StaticMig { .. } | Target::Placement { .. },
-                    Some(DeviceConfig::GpuConfig(_)),
-                ) => {
-                    return Err(bad(format!(
-                        "{at}: a GpuConfig cannot apply to MIG device {:?}",
-                        result.device
-                    )));
-                }
-                _ => {}
-            }
-            plan.push((result.clone(), target, config));
-        }
-        // The MPS client limits of a shared GPU address it as the container's device 0.
-        if plan.len() > 1
-            && let Some((result, _, _)) = plan
-                .iter()
-                .find(|(r, _, c)| r.share_id.is_some() && sharing::wants_mps(c.as_ref()))
-        {
-            return Err(bad(format!(
-                "request {:?}: device {:?} is a shared GPU with MPS, which must be the claim's only device ({} allocated)",
-                result.request,
-                result.device,
-                plan.len()
-            )));
-        }
-        Ok(plan)
-    }
-
-    /// Decodes every opaque config for this driver, strictly; one bad config fails the claim.
-    fn decode_configs(
-        &self,
-        configs: &[k8s_openapi::api::resource::v1::DeviceAllocationConfiguration],
-        bad: &dyn Fn(String) -> PrepareError,
-    ) -> Result<Vec<(Vec<String>, DeviceConfig, String)>, PrepareError> {
-        let mut decoded = Vec::new();
-        // Class configs come before claim configs, so a claim's setting wins.
-        let ordered = configs
-            .iter()
-            .enumerate()
-            .filter(|(_, c)| c.source == "FromClass")
-            .chain(
-                configs
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, c)| c.source != "FromClass"),
-            );
-        for (i, c) in ordered {
-            let Some(opaque) = c
-                .opaque
-                .as_ref()
-                .filter(|o| o.driver == self.config.driver_name)
-            else {
-                continue;
-            };
-            let config = config::decode(&opaque.parameters.0).map_err(|e| {
-                bad(format!(
-                    "status.allocation.devices.config[{i}].opaque.parameters: {e}"
-                ))
-            })?;
-            decoded.push((
-                c.requests.clone().unwrap_or_default(),
-                config,
-                format!("status.allocation.devices.config[{i}].opaque.parameters"),
-            ));
-        }
-        Ok(decoded)
-    }
-
-    fn resolve(&self, book: &Book, device: &str) -> Result<Target, String> {
-        for gpu in &book.inventory.gpus {
-            if gpu_device_name(gpu.minor) == device {
-                if gpu.mig.as_ref().is_some_and(|m| !m.instances.is_empty()) {
-                    return Err("its GPU has MIG devices, so it cannot be used whole".into());
-                }
-                let dynamic = self.modes.get(&gpu.minor) == Some(&GpuMode::Dynamic);
-                if gpu.mig.as_ref().is_some_and(|m| m.mode.current)
-                    && !(dynamic && gpu.architecture.toggles_mig_without_reset())
-                {
-                    return Err("its GPU is in MIG mode, so it cannot be used whole".into());
-                }
-                return Ok(Target::Gpu {
-                    minor: gpu.minor,
-                    uuid: gpu.uuid.clone(),
-                });
-            }
-        }
-        let parsed = parse_mig_device_name(device).ok_or("no such device on this node")?;
-        let gpu = book
-            .inventory
-            .gpus
-            .iter()
-            .find(|g| g.minor == parsed.parent_minor)
-            .ok_or_else(|| format!("no GPU with minor {}", parsed.parent_minor))?;
-        let mig = gpu.mig.as_ref().ok_or("its GPU is not MIG-capable")?;
-        let profile = mig
-            .profile_by_id(parsed.profile_id)
-            .ok_or("its GPU has no such MIG profile")?;
-        if mig_device_name(gpu.minor, &profile.name, profile.id, parsed.start) != device {
-            return Err("the name does not match the GPU's MIG profile".into());
-        }
-        if let Some(instance) = mig
-            .instances
-            .iter()
-            .find(|i| i.profile_id == parsed.profile_id && i.placement.start == parsed.start)
-        {
-            return Ok(Target::StaticMig {
-                parent_minor: gpu.minor,
-                gpu_instance_id: instance.gpu_instance_id,
-                compute_instance_id: instance.compute_instance_id,
-                uuid: instance.uuid.clone(),
-            });
-        }
-        let placement = profile
-            .placements
-            .iter()
-            .find(|p| p.start == parsed.start)
-            .copied()
-            .ok_or("no such placement for its profile")?;
-        if self.modes.get(&gpu.minor) != Some(&GpuMode::Dynamic) {
-            return Err("no such MIG device exists, and its GPU is not in dynamic MIG mode".into());
-        }
-        Ok(Target::Placement {
-            parent_minor: gpu.minor,
-            profile_id: profile.id,
-            placement,
-        })
-    }
-
-    fn record(
-        &self,
-        book: &Book,
-        uid: &str,
-        result: &DeviceRequestAllocationResult,
-        target: &Target,
-        config: &Option<DeviceConfig>,
-    ) -> DeviceRecord {
-        let (uuid, mig) = match target {
-            Target::Gpu { uuid, .. } => (uuid.clone(), None),
-            Target::StaticMig {
-                parent_minor,
-                gpu_instance_id,
-                compute_instance_id,
-                uuid,
-            } => {
-                let instance = book
-                    .inventory
-                    .gpus
-                    .iter()
-                    .find(|g| g.minor == *parent_minor)
-                    .and_then(|g| g.mig.as_ref())
-                    .and_then(|m| {
-                        m.instances
-                            .iter()
-                            .find(|i| i.gpu_instance_id == *gpu_instance_id)
-                    });
-                (
-                    uuid.clone(),
-                    instance.map(|i| MigRecord {
-                        parent_minor: *parent_minor,
-                        profile_id: i.profile_id,
-                        placement: i.placement,
-                        created: false,
-                        gpu_instance_id: Some(*gpu_instance_id),
-                        compute_instance_id: Some(*compute_instance_id),
-                    }),
-                )
-            }
-            Target::Placement {
-                parent_minor,
-                profile_id,
-                placement,
-            } => (
-                String::new(),
-                Some(MigRecord {
-                    parent_minor: *parent_minor,
-                    profile_id: *profile_id,
-                    placement: *placement,
-                    created: true,
-                    gpu_instance_id: None,
-                    compute_instance_id: None,
-                }),
-            ),
-        };
-        DeviceRecord {
-            request_names: vec![result.request.clone()],
-            pool: result.pool.clone(),
-            device: result.device.clone(),
-            cdi_device_ids: vec![self.cdi.device_id(uid, &result.device)],
-            share_id: result.share_id.clone(),
-            consumed: result
-                .consumed_capacity
-                .iter()
-                .flatten()
-                .map(|(name, quantity)| (name.clone(), quantity.0.clone()))
-                .collect(),
-            admin_access: result.admin_access == Some(true),
-            uuid,
-            mig,
-            config: config.clone(),
-            sharing: None,
-            unknown: Default::default(),
-        }
-    }
-    /// Creates the MIG instances a started claim planned, recording each id as soon as it exists.
-    /// The caller holds the claim's GPUs.
-    fn carve(&self, uid: &str) -> Result<(), PrepareError> {
-        let planned: Vec<(usize, MigRecord)> = match self.book().checkpoint.claims.get(uid) {
-            Some(entry) => entry
-                .devices
-                .iter()
-                .enumerate()
-                .filter_map(|(index, d)| Some((index, d.mig.clone()?)))
-                .collect(),
-            None => return Ok(()),
-        };
-        let mut touched = BTreeSet::new();
-        for (index, mig) in planned {
-            if !mig.created || mig.compute_instance_id.is_some() {
-                continue;
-            }
-            touched.insert(mig.parent_minor);
-            self.ensure_mig_mode(mig.parent_minor)?;
-            let gi =
-                self.gpus
-                    .create_gpu_instance(mig.parent_minor, mig.profile_id, mig.placement)?;
-            // The instance exists; the checkpoint does not know its id yet.
-            failpoint("prepare-gi-created-unrecorded");
-            self.update_mig(uid, index, |m| m.gpu_instance_id = Some(gi))?;
-            failpoint("prepare-gi-created");
-            let (ci, mig_uuid) = self.gpus.create_compute_instance(mig.parent_minor, gi)?;
-            failpoint("prepare-ci-created-unrecorded");
-            self.record_change(|checkpoint| {
-                if let Some(device) = checkpoint
-                    .claims
-                    .get_mut(uid)
-                    .map(|e| &mut e.devices[index])
-                {
-                    if let Some(m) = device.mig.as_mut() {
-                        m.compute_instance_id = Some(ci);
-                    }
-                    device.uuid = mig_uuid;
-                }
-            })?;
-            failpoint("prepare-ci-created");
-        }
-        self.refresh(&touched)
-    }
-
-    fn update_mig(
-        &self,
-        uid: &str,
-        index: usize,
-        change: impl FnOnce(&mut MigRecord),
-    ) -> Result<(), PrepareError> {
-        self.record_change(|checkpoint| {
-            if let Some(mig) = checkpoint
-                .claims
-                .get_mut(uid)
-                .and_then(|e| e.devices[index].mig.as_mut())
-            {
-                change(mig);
-            }
-        })
-    }
-
-    /// Whether MIG mode is on for a GPU, and whether the GPU can switch it without a reset.
-    fn mig_mode(&self, minor: u32) -> (bool, bool) {
-        let book = self.book();
-        let gpu = book.inventory.gpus.iter().find(|g| g.minor == minor);
-        (
-            gpu.and_then(|g| g.mig.as_ref())
-                .is_some_and(|m| m.mode.current),
-            gpu.is_some_and(|g| g.architecture.toggles_mig_without_reset()),
-        )
-    }
-
-    fn ensure_mig_mode(&self, minor: u32) -> Result<(), PrepareError> {
-        let (enabled, toggles) = self.mig_mode(minor);
-        if !enabled {
-            if !toggles {
-                return Err(GpuError::Mig {
-                    minor,
-                    operation: "enable MIG mode",
-                    failure: crate::gpu::MigFailure::NotSupported,
-                    detail: "this GPU needs a reset to change MIG mode; enable it beforehand"
-                        .into(),
-                }
-                .into());
-            }
-            self.gpus.set_mig_mode(minor, true)?;
-            failpoint("mig-mode-enabled");
-            self.refresh(&BTreeSet::from([minor]))?;
-        }
-        Ok(())
-    }
-
-    /// Destroys a carved instance: compute instances, then the GPU instance. Ids that were never
-    /// recorded (a crash right after creation) are found by profile and placement, which only this
-    /// claim could hold.
-    fn destroy_carved(&self, mig: &MigRecord) -> Result<(), PrepareError> {
-        let minor = mig.parent_minor;
-        let existing = self.gpus.gpu_instances(minor)?;
-        let found = existing.iter().find(|gi| match mig.gpu_instance_id {
-            Some(id) => gi.id == id,
-            None => gi.profile_id == mig.profile_id && gi.placement == mig.placement,
-        });
-        if let Some(gi) = found {
-            for &ci in &gi.compute_instances {
-                ignore_not_found(self.gpus.destroy_compute_instance(minor, gi.id, ci))?;
-            }
-            ignore_not_found(self.gpus.destroy_gpu_instance(minor, gi.id))?;
-        }
-        self.release_mig_mode(minor)
-    }
-
-    /// Turns MIG mode off again on a dynamic GPU that can toggle it once nothing is carved, so the
-    /// whole GPU is usable (and behaves) as before.
-    fn release_mig_mode(&self, minor: u32) -> Result<(), PrepareError> {
-        if self.modes.get(&minor) != Some(&GpuMode::Dynamic) {
-            return Ok(());
-        }
-        let (enabled, toggles) = self.mig_mode(minor);
-        if !enabled || !toggles {
-            return Ok(());
-        }
-        if self.gpus.gpu_instances(minor)?.is_empty() {
-            self.gpus.set_mig_mode(minor, false)?;
-            failpoint("mig-mode-disabled");
-        }
-        Ok(())
-    }
-
-    /// A whole GPU of a dynamic GPU may be left in MIG mode (e.g. a crash after the last instance
-    /// was destroyed); switch it off before handing the GPU out whole.
-    fn ensure_whole(&self, minor: u32) -> Result<(), PrepareError> {
-        let (mig_on, _) = self.mig_mode(minor);
-        if mig_on {
-            self.release_mig_mode(minor)?;
-            self.refresh(&BTreeSet::from([minor]))?;
-        }
-        Ok(())
-    }
-
-    /// (GPU minor, GPU instance id) of every MIG instance a recorded claim holds.
-    fn owned_gpu_instances(&self) -> BTreeSet<(u32, u32)> {
-        self.book()
-            .checkpoint
-            .claims
-            .values()
-            .flat_map(|c| c.devices.iter())
-            .filter_map(|d| d.mig.as_ref())
-            .filter_map(|m| Some((m.parent_minor, m.gpu_instance_id?)))
-            .collect()
-    }
-
-    /// Destroys MIG instances on dynamic GPUs that no prepared claim owns (left by a crash, or by
-    /// someone else under `--mig dynamic`). Returns "gpu<minor>/gi<id>" of each. Runs at start,
-    /// before any other operation.
-    fn destroy_unowned(&self) -> Result<Vec<String>, PrepareError> {
-        let owned = self.owned_gpu_instances();
-        let dynamic: Vec<u32> = self
-            .modes
-            .iter()
-            .filter(|(_, m)| **m == GpuMode::Dynamic)
-            .map(|(minor, _)| *minor)
-            .collect();
-        let mut destroyed = Vec::new();
-        for minor in dynamic {
-            let instances = match self.gpus.gpu_instances(minor) {
-                Ok(instances) => instances,
-                // A GPU that fell off the bus holds up nothing else: its leftovers are cleaned
-                // at a later start, once it answers.
-                Err(GpuError::Mig {
-                    failure: crate::gpu::MigFailure::Lost,
-                    ..
-                }) => {
-                    tracing::warn!(
-                        gpu = minor,
-                        "GPU is lost: its MIG devices no claim owns are left for a later start"
-                    );
-                    continue;
-                }
-                Err(error) => return Err(error.into()),
-            };
-            for gi in instances {
-                if owned.contains(&(minor, gi.id)) {
-                    continue;
-                }
-                for &ci in &gi.compute_instances {
-                    ignore_not_found(self.gpus.destroy_compute_instance(minor, gi.id, ci))?;
-                }
-                ignore_not_found(self.gpus.destroy_gpu_instance(minor, gi.id))?;
-                destroyed.push(format!("gpu{minor}/gi{}", gi.id));
-            }
-            self.release_mig_mode(minor)?;
-        }
-        self.refresh_all()?;
-        Ok(destroyed)
     }
 
     /// A claim's spec content: its devices, and what all its containers get (the MPS daemon's
@@ -1593,6 +927,34 @@ impl DeviceState {
     }
 }
 
+impl Host for DeviceState {
+    fn gpus(&self) -> &dyn GpuControl {
+        &*self.gpus
+    }
+
+    fn record(&self, change: &mut dyn FnMut(&mut Checkpoint)) -> Result<(), PrepareError> {
+        self.record_change(change)
+    }
+
+    fn refresh(&self, minors: &BTreeSet<u32>) -> Result<(), PrepareError> {
+        DeviceState::refresh(self, minors)
+    }
+
+    fn gpu_mode(&self, minor: u32) -> Option<GpuMode> {
+        self.modes.get(&minor).copied()
+    }
+
+    fn mig_mode(&self, minor: u32) -> (bool, bool) {
+        let book = self.book();
+        let gpu = book.inventory.gpus.iter().find(|g| g.minor == minor);
+        (
+            gpu.and_then(|g| g.mig.as_ref())
+                .is_some_and(|m| m.mode.current),
+            gpu.is_some_and(|g| g.architecture.toggles_mig_without_reset()),
+        )
+    }
+}
+
 /// Memory of the GPU or MIG device with this UUID.
 fn device_memory(book: &Book, uuid: &str) -> u64 {
     book.inventory
@@ -1617,23 +979,6 @@ fn device_gpu(device: &str) -> Option<u32> {
     device.strip_prefix("gpu-")?.parse().ok()
 }
 
-fn ignore_not_found(result: Result<(), GpuError>) -> Result<(), PrepareError> {
-    match result {
-        Ok(())
-        | Err(GpuError::Mig {
-            failure: crate::gpu::MigFailure::NotFound,
-            ..
-        }) => Ok(()),
-        Err(e) => Err(e.into()),
-    }
-}
-
-/// Whether a config with these `requests` applies to `request` (`req` or `req/sub`).
-fn applies_to(requests: &[String], request: &str) -> bool {
-    let parent = request.split('/').next().unwrap_or(request);
-    requests.is_empty() || requests.iter().any(|r| r == request || r == parent)
-}
-
 fn prepared_devices(entry: &ClaimEntry) -> Vec<PreparedDevice> {
     entry
         .devices
@@ -1656,22 +1001,6 @@ fn describe(outcome: &LoadOutcome) -> String {
             format!(
                 "checkpoint from a previous boot: {dropped} claims dropped (they are prepared again on demand)"
             )
-        }
-    }
-}
-
-/// Whether `held` (another claim's device) and `target` cannot both be in use: a whole GPU and any
-/// MIG device of that GPU.
-fn conflicts_on_gpu(target: &Target, held: &DeviceRecord) -> bool {
-    let held_mig_parent = held
-        .mig
-        .as_ref()
-        .map(|m| m.parent_minor)
-        .or_else(|| parse_mig_device_name(&held.device).map(|parsed| parsed.parent_minor));
-    match target {
-        Target::Gpu { minor, .. } => held_mig_parent == Some(*minor),
-        Target::StaticMig { parent_minor, .. } | Target::Placement { parent_minor, .. } => {
-            held_mig_parent.is_none() && held.device == gpu_device_name(*parent_minor)
         }
     }
 }

@@ -1,0 +1,166 @@
+//! What a prepare changes on the node's hardware, one module per effect, all kept by one
+//! protocol so that a crash (kill -9) at any point is undone at the next start:
+//!
+//! 1. **intent**: what the effect will change is in the claim's checkpoint entry before anything
+//!    changes (the MIG placement to carve, the compute mode the GPU had, the daemon it needs);
+//! 2. **apply**: the change, and what it made (instance ids, UUIDs) recorded as soon as it
+//!    exists, through [`Host::record`];
+//! 3. **undo**: from the record alone, whatever happened in between (ids never recorded, a
+//!    change never made, one made twice);
+//! 4. **adopt**: at start, what the hardware holds that no record explains is removed, and what
+//!    a prepared claim needs but the hardware lost is restored.
+//!
+//! [`DeviceEffect`]s act on one device of a claim: [`mig_carve::MigCarve`],
+//! [`mig_mode::WholeGpu`], [`compute_mode::ComputeMode`], [`mps_daemon::SharedMps`]. The claim's
+//! own MPS daemon is one per claim ([`mps_daemon`]). The orchestration (which effects, in which
+//! order, under which locks) is `DeviceState`'s, in `state.rs`.
+use std::collections::BTreeSet;
+
+use super::checkpoint::{Checkpoint, DeviceRecord};
+use super::state::PrepareError;
+use crate::gpu::mig::GpuMode;
+use crate::gpu::{GpuControl, GpuError};
+
+pub mod compute_mode;
+pub mod mig_carve;
+pub mod mig_mode;
+pub mod mps_daemon;
+
+/// What an effect needs of the node state it changes: the GPUs, the checkpoint, the inventory.
+pub trait Host {
+    fn gpus(&self) -> &dyn GpuControl;
+    /// Changes the checkpoint and writes it out, in one step no other operation can split.
+    fn record(&self, change: &mut dyn FnMut(&mut Checkpoint)) -> Result<(), PrepareError>;
+    /// Re-reads these GPUs (held by the caller) after a change to them.
+    fn refresh(&self, minors: &BTreeSet<u32>) -> Result<(), PrepareError>;
+    /// How the GPU is offered (decided at start).
+    fn gpu_mode(&self, minor: u32) -> Option<GpuMode>;
+    /// Whether MIG mode is on for a GPU, and whether the GPU can switch it without a reset, as
+    /// last read.
+    fn mig_mode(&self, minor: u32) -> (bool, bool);
+}
+
+/// Device `index` of claim `uid`, as the checkpoint records it now.
+#[derive(Clone, Copy)]
+pub struct ClaimDevice<'a> {
+    pub uid: &'a str,
+    pub index: usize,
+    pub record: &'a DeviceRecord,
+}
+
+/// One effect on one device of a claim. Applied in order, device by device, after the claim's
+/// intent is recorded; undone in reverse order, from the record.
+pub trait DeviceEffect {
+    /// Changes the hardware for the device.
+    fn apply(&self, host: &dyn Host, device: &ClaimDevice) -> Result<(), PrepareError>;
+    /// Puts back what [`apply`](Self::apply) changed, also when it stopped half way.
+    fn undo(&self, host: &dyn Host, device: &ClaimDevice) -> Result<(), PrepareError>;
+}
+
+/// A MIG object already gone is what an undo wants.
+fn ignore_not_found(result: Result<(), GpuError>) -> Result<(), PrepareError> {
+    match result {
+        Ok(())
+        | Err(GpuError::Mig {
+            failure: crate::gpu::MigFailure::NotFound,
+            ..
+        }) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod test_host {
+    //! A [`Host`] over a simulated node and an in-memory checkpoint, for the effects' own tests.
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::sync::Mutex;
+
+    use super::{ClaimDevice, Host};
+    use crate::gpu::mig::GpuMode;
+    use crate::gpu::sim::SimNode;
+    use crate::gpu::{GpuControl, NodeInventory};
+    use crate::prepare::checkpoint::{Checkpoint, DeviceRecord};
+    use crate::prepare::state::PrepareError;
+
+    pub struct TestHost {
+        pub sim: SimNode,
+        pub checkpoint: Mutex<Checkpoint>,
+        pub inventory: Mutex<NodeInventory>,
+        pub modes: BTreeMap<u32, GpuMode>,
+        /// How many checkpoint writes the effects made.
+        pub writes: Mutex<usize>,
+    }
+
+    impl TestHost {
+        pub fn new(spec: &str, mode: GpuMode) -> Self {
+            let sim = SimNode::new(spec.parse().expect("spec"), "n1", None);
+            let inventory = sim.inventory().expect("inventory");
+            let modes = inventory.gpus.iter().map(|g| (g.minor, mode)).collect();
+            Self {
+                sim,
+                checkpoint: Mutex::new(Checkpoint::new("boot")),
+                inventory: Mutex::new(inventory),
+                modes,
+                writes: Mutex::new(0),
+            }
+        }
+
+        pub fn checkpoint(&self) -> Checkpoint {
+            self.checkpoint.lock().expect("lock").clone()
+        }
+    }
+
+    /// Device 0 of claim `uid`.
+    pub fn first(record: &DeviceRecord) -> ClaimDevice<'_> {
+        ClaimDevice {
+            uid: "uid",
+            index: 0,
+            record,
+        }
+    }
+
+    /// A device record of claim pool `n1` with nothing applied yet.
+    pub fn record(device: &str) -> DeviceRecord {
+        DeviceRecord {
+            request_names: vec!["gpu".into()],
+            pool: "n1".into(),
+            device: device.into(),
+            cdi_device_ids: vec![],
+            share_id: None,
+            consumed: Default::default(),
+            admin_access: false,
+            uuid: String::new(),
+            mig: None,
+            config: None,
+            sharing: None,
+            unknown: Default::default(),
+        }
+    }
+
+    impl Host for TestHost {
+        fn gpus(&self) -> &dyn GpuControl {
+            &self.sim
+        }
+        fn record(&self, change: &mut dyn FnMut(&mut Checkpoint)) -> Result<(), PrepareError> {
+            change(&mut self.checkpoint.lock().expect("lock"));
+            *self.writes.lock().expect("lock") += 1;
+            Ok(())
+        }
+        fn refresh(&self, _minors: &BTreeSet<u32>) -> Result<(), PrepareError> {
+            *self.inventory.lock().expect("lock") = self.sim.inventory()?;
+            Ok(())
+        }
+        fn gpu_mode(&self, minor: u32) -> Option<GpuMode> {
+            self.modes.get(&minor).copied()
+        }
+        fn mig_mode(&self, minor: u32) -> (bool, bool) {
+            let inventory = self.inventory.lock().expect("lock");
+            let gpu = inventory.gpus.iter().find(|g| g.minor == minor);
+            (
+                gpu.and_then(|g| g.mig.as_ref())
+                    .is_some_and(|m| m.mode.current),
+                gpu.is_some_and(|g| g.architecture.toggles_mig_without_reset()),
+            )
+        }
+    }
+}
