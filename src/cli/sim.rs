@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use clap::{Args, Subcommand};
 
 use super::CliError;
-use crate::gpu::sim::{SimFault, SimNode, SimSpec};
+use crate::gpu::sim::{PciDriver, SimFault, SimNode, SimSpec};
 use crate::gpu::{GpuError, Placement};
 
 #[derive(Debug, Args)]
@@ -86,6 +86,28 @@ pub enum SimCommand {
     /// GSP firmware, ICD files), for
     /// `gpu-dra run --nvidia-driver-root DIR` on simulated GPUs.
     DriverRoot { dir: PathBuf },
+    /// Bind a GPU's PCI function to another kernel driver, as `driver_override` + `unbind` +
+    /// `drivers_probe` in sysfs do: `vfio-pci` (for a virtual machine; NVML no longer sees the
+    /// GPU; refused while MIG devices or an MPS daemon use it) or back to `nvidia` (initialized as
+    /// by a reset). A binding made this way is gone at the next boot.
+    Bind {
+        #[arg(long)]
+        gpu: u32,
+        /// `vfio-pci` or `nvidia`.
+        #[arg(long, value_parser = parse_driver)]
+        driver: PciDriver,
+        /// Also lay out the simulated sysfs here, as `sysfs` does.
+        #[arg(long)]
+        sysfs: Option<PathBuf>,
+    },
+    /// Write what the kernel shows of the simulated GPUs in sysfs under a folder (`bus/pci`
+    /// devices and drivers, IOMMU groups, each function's `driver` link and `driver_override`),
+    /// for `gpu-dra run --sysfs-root DIR`.
+    Sysfs { dir: PathBuf },
+}
+
+fn parse_driver(s: &str) -> Result<PciDriver, String> {
+    s.parse()
 }
 
 fn parse_spec(s: &str) -> Result<SimSpec, String> {
@@ -144,6 +166,21 @@ pub fn run(args: SimArgs) -> Result<ExitCode, CliError> {
             }
             node.inject(gpu, fault)?;
             println!("GPU {gpu}: {fault:?}");
+        }
+        SimCommand::Bind { gpu, driver, sysfs } => {
+            node.bind_driver(gpu, driver)?;
+            if let Some(dir) = sysfs {
+                node.write_sysfs(&dir)?;
+            }
+            println!("GPU {gpu}: bound to {}", driver.sysfs_name());
+        }
+        SimCommand::Sysfs { dir } => {
+            node.write_sysfs(&dir)?;
+            println!(
+                "{}: sysfs of {} GPUs",
+                dir.display(),
+                node.spec().gpu_count()
+            );
         }
         SimCommand::DriverRoot { dir } => {
             let version = crate::gpu::catalog::SIM_DRIVER_VERSION;

@@ -200,6 +200,46 @@ pub struct SimGpuState {
     /// Memory limits per cgroup (`nvmlDeviceSetMemoryLimits_v1`); gone at boot, as cgroups are.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub memory_limits: Vec<SimMemoryLimit>,
+    /// The kernel driver the GPU's PCI function is bound to (sysfs `driver`). Bound to
+    /// `vfio-pci` it is invisible to NVML; a runtime binding does not survive a reboot.
+    #[serde(default, skip_serializing_if = "PciDriver::is_nvidia")]
+    pub driver: PciDriver,
+}
+
+/// The kernel driver a simulated GPU is bound to.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PciDriver {
+    /// NVIDIA's kernel module: NVML, CUDA and the device nodes `/dev/nvidia*`.
+    #[default]
+    Nvidia,
+    /// For passthrough to a virtual machine: `/dev/vfio/<IOMMU group>`, no NVML.
+    VfioPci,
+}
+
+impl PciDriver {
+    fn is_nvidia(&self) -> bool {
+        *self == Self::Nvidia
+    }
+
+    /// The driver's name in sysfs (`/sys/bus/pci/drivers/<name>`).
+    pub fn sysfs_name(&self) -> &'static str {
+        match self {
+            Self::Nvidia => "nvidia",
+            Self::VfioPci => "vfio-pci",
+        }
+    }
+}
+
+impl std::str::FromStr for PciDriver {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "nvidia" => Ok(Self::Nvidia),
+            "vfio-pci" => Ok(Self::VfioPci),
+            other => Err(format!("{other:?}: the drivers are nvidia and vfio-pci")),
+        }
+    }
 }
 
 /// One cgroup's memory limits on a simulated GPU.
@@ -355,7 +395,7 @@ impl SimNode {
             let gpu = state
                 .gpus
                 .iter()
-                .find(|g| g.minor == minor)
+                .find(|g| g.minor == minor && g.driver == PciDriver::Nvidia)
                 .ok_or_else(|| fail(MemoryLimitFailure::NotSupported))?;
             if gpu.lost {
                 return Err(fail(MemoryLimitFailure::Lost));
@@ -417,7 +457,7 @@ impl SimNode {
             let gpu = state
                 .gpus
                 .iter()
-                .find(|g| g.minor == minor)
+                .find(|g| g.minor == minor && g.driver == PciDriver::Nvidia)
                 .ok_or_else(|| sharing_err(minor, "read compute mode", "no such GPU"))?;
             Ok(SharingSettings {
                 compute_mode: gpu.compute_mode,
@@ -563,6 +603,73 @@ impl SimNode {
         })
     }
 
+    /// Binds a GPU's PCI function to another kernel driver, as writing `driver_override`,
+    /// `unbind` and `drivers_probe` in sysfs does. Leaving `nvidia` needs the GPU idle (no MIG
+    /// device, no MPS daemon, not lost: NVIDIA's module refuses to let go of a GPU in use);
+    /// coming back to it initializes the GPU as a reset does (instances, compute mode,
+    /// time-slice and memory limits gone; a pending MIG mode applied).
+    pub fn bind_driver(&self, minor: u32, driver: PciDriver) -> Result<(), GpuError> {
+        const OP: &str = "bind the PCI function";
+        self.model(minor, OP)?;
+        self.write(|state| {
+            let uuid = gpu_uuid(&self.node_name, minor);
+            let daemons = state.mps_daemons.iter().any(|d| d.devices.contains(&uuid));
+            let gpu = state
+                .gpus
+                .iter_mut()
+                .find(|g| g.minor == minor)
+                .ok_or_else(|| mig_err(minor, OP, MigFailure::NotFound, "no such GPU"))?;
+            if gpu.driver == driver {
+                return Ok(());
+            }
+            if gpu.driver == PciDriver::Nvidia {
+                let busy = if gpu.lost {
+                    Some("the GPU is lost")
+                } else if !gpu.gpu_instances.is_empty() {
+                    Some("MIG devices exist on it")
+                } else if daemons {
+                    Some("an MPS daemon uses it")
+                } else {
+                    None
+                };
+                if let Some(reason) = busy {
+                    return Err(mig_err(minor, OP, MigFailure::InUse, reason));
+                }
+            } else {
+                gpu.gpu_instances.clear();
+                gpu.mig_current = gpu.mig_pending;
+                gpu.compute_mode = ComputeMode::Default;
+                gpu.timeslice = 0;
+                gpu.volatile_dbe = 0;
+                gpu.recovery_action = 0;
+                gpu.memory_limits.clear();
+            }
+            gpu.driver = driver;
+            Ok(())
+        })
+    }
+
+    /// The kernel driver each GPU is bound to, by minor.
+    pub fn drivers(&self) -> Result<Vec<(u32, PciDriver)>, GpuError> {
+        self.read(|state| Ok(state.gpus.iter().map(|g| (g.minor, g.driver)).collect()))
+    }
+
+    /// Lays out this node's sysfs under `root` as the kernel would show it now (the bindings
+    /// included); see [`render_sysfs`].
+    pub fn write_sysfs(&self, root: &Path) -> Result<(), GpuError> {
+        let drivers = self.drivers()?;
+        render_sysfs(root, &drivers, |index| {
+            self.spec
+                .models()
+                .nth(index as usize)
+                .map(|m| m.pci_device_id)
+        })
+        .map_err(|e| GpuError::State {
+            path: root.to_path_buf(),
+            reason: format!("writing the simulated sysfs: {e}"),
+        })
+    }
+
     /// Raises a fault on a GPU, or resets it (see [`SimFault`]).
     pub fn inject(&self, minor: u32, fault: SimFault) -> Result<(), GpuError> {
         const OP: &str = "inject";
@@ -631,7 +738,7 @@ impl SimNode {
             let gpu = state
                 .gpus
                 .iter()
-                .find(|g| g.minor == minor)
+                .find(|g| g.minor == minor && g.driver == PciDriver::Nvidia)
                 .ok_or_else(|| mig_err(minor, "probe", MigFailure::NotFound, "no such GPU"))?;
             Ok(GpuProbe {
                 lost: gpu.lost,
@@ -886,6 +993,7 @@ impl SimNode {
                     volatile_dbe: 0,
                     recovery_action: 0,
                     memory_limits: vec![],
+                    driver: PciDriver::Nvidia,
                 })
                 .collect(),
             mps_daemons: vec![],
@@ -923,6 +1031,8 @@ impl SimNode {
                 gpu.volatile_dbe = 0;
                 gpu.recovery_action = 0;
                 gpu.memory_limits.clear();
+                // A binding made at run time (sysfs) is not made again at boot.
+                gpu.driver = PciDriver::Nvidia;
             }
             // Nor do processes.
             state.mps_daemons.clear();
@@ -979,16 +1089,24 @@ impl SimNode {
     }
 
     fn inventory_of(&self, state: &SimState) -> NodeInventory {
-        let gpus = self
+        let mut gpus: Vec<Gpu> = self
             .spec
             .models()
             .enumerate()
-            .map(|(index, model)| {
+            .filter_map(|(index, model)| {
                 let minor = index as u32;
                 let gpu_state = state.gpus.iter().find(|g| g.minor == minor);
-                sim_gpu(model, index as u32, &self.node_name, gpu_state)
+                // NVML sees only GPUs bound to NVIDIA's kernel module.
+                if gpu_state.is_some_and(|g| g.driver != PciDriver::Nvidia) {
+                    return None;
+                }
+                Some(sim_gpu(model, minor, &self.node_name, gpu_state))
             })
             .collect();
+        // NVML's indexes count the GPUs it sees.
+        for (index, gpu) in gpus.iter_mut().enumerate() {
+            gpu.index = index as u32;
+        }
         NodeInventory {
             driver_version: catalog::SIM_DRIVER_VERSION.to_string(),
             cuda_driver_version: cuda_version(catalog::SIM_CUDA_DRIVER_VERSION),
@@ -1060,19 +1178,99 @@ pub fn sim_pci_location(index: u32) -> (String, String, i64) {
     )
 }
 
-/// Lays out `<root>/bus/pci/devices/<bdf>` links for `gpu_count` simulated GPUs, as sysfs shows
-/// them, so NVML-backed discovery finds the same PCIe roots the simulator reports.
+/// Lays out the sysfs of `gpu_count` simulated GPUs under `root`, every one bound to `nvidia`, so
+/// NVML-backed discovery finds the same PCIe roots the simulator reports (see [`render_sysfs`]).
 pub fn write_fake_sysfs(root: &Path, gpu_count: u32) -> std::io::Result<()> {
-    let devices = root.join("bus/pci/devices");
-    fs::create_dir_all(&devices)?;
-    for index in 0..gpu_count {
-        let (bus_id, pcie_root, _) = sim_pci_location(index);
+    let gpus: Vec<(u32, PciDriver)> = (0..gpu_count).map(|i| (i, PciDriver::Nvidia)).collect();
+    render_sysfs(root, &gpus, |_| None)
+}
+
+/// The IOMMU group of a simulated GPU: one group per GPU, as on servers with ACS.
+pub fn sim_iommu_group(index: u32) -> u32 {
+    40 + index
+}
+
+/// Lays out, for GPUs `(index, driver)`, what the kernel shows of them in sysfs: the function's
+/// folder under its PCIe root (`vendor`, `device`, `class`, `numa_node`, `driver_override`, the
+/// `driver` and `iommu_group` links), `bus/pci/devices/<bdf>`, `bus/pci/drivers/<driver>/<bdf>`
+/// with the drivers' `bind`/`unbind` files, and `kernel/iommu_groups/<group>/devices/<bdf>`.
+/// `pci_id` gives a GPU's `device << 16 | vendor` (0x10de: NVIDIA's vendor id when unknown).
+/// Run again after a binding changes: links are replaced.
+pub fn render_sysfs(
+    root: &Path,
+    gpus: &[(u32, PciDriver)],
+    pci_id: impl Fn(u32) -> Option<u32>,
+) -> std::io::Result<()> {
+    let link = |target: &str, at: &Path| -> std::io::Result<()> {
+        if let Some(parent) = at.parent() {
+            fs::create_dir_all(parent)?;
+        }
+        let _ = fs::remove_file(at);
+        std::os::unix::fs::symlink(target, at)
+    };
+    for driver in [PciDriver::Nvidia, PciDriver::VfioPci] {
+        let dir = root.join("bus/pci/drivers").join(driver.sysfs_name());
+        fs::create_dir_all(&dir)?;
+        for file in ["bind", "unbind", "new_id"] {
+            if !dir.join(file).exists() {
+                fs::write(dir.join(file), "")?;
+            }
+        }
+    }
+    if !root.join("bus/pci/drivers_probe").exists() {
+        fs::write(root.join("bus/pci/drivers_probe"), "")?;
+    }
+    for &(index, driver) in gpus {
+        let (bus_id, pcie_root, numa_node) = sim_pci_location(index);
         let domain = &bus_id[..4];
         let bridge = format!("{domain}:{}:01.0", &pcie_root[pcie_root.len() - 2..]);
-        let target = format!("../../../devices/{pcie_root}/{bridge}/{bus_id}");
-        let link = devices.join(&bus_id);
-        let _ = fs::remove_file(&link);
-        std::os::unix::fs::symlink(target, link)?;
+        let function = format!("devices/{pcie_root}/{bridge}/{bus_id}");
+        let folder = root.join(&function);
+        fs::create_dir_all(&folder)?;
+        let id = pci_id(index).unwrap_or(0x10DE);
+        for (file, value) in [
+            ("vendor", format!("0x{:04x}", id & 0xFFFF)),
+            ("device", format!("0x{:04x}", id >> 16)),
+            // A 3D controller: NVIDIA's data-center GPUs.
+            ("class", "0x030200".to_string()),
+            ("numa_node", numa_node.to_string()),
+        ] {
+            fs::write(folder.join(file), format!("{value}\n"))?;
+        }
+        let override_file = folder.join("driver_override");
+        let wanted = match driver {
+            PciDriver::Nvidia => "(null)".to_string(),
+            other => other.sysfs_name().to_string(),
+        };
+        fs::write(override_file, format!("{wanted}\n"))?;
+        let group = sim_iommu_group(index);
+        link(
+            &format!("../../../../kernel/iommu_groups/{group}"),
+            &folder.join("iommu_group"),
+        )?;
+        link(
+            &format!("../../../../bus/pci/drivers/{}", driver.sysfs_name()),
+            &folder.join("driver"),
+        )?;
+        link(
+            &format!("../../../{function}"),
+            &root.join("bus/pci/devices").join(&bus_id),
+        )?;
+        link(
+            &format!("../../../../{function}"),
+            &root.join(format!("kernel/iommu_groups/{group}/devices/{bus_id}")),
+        )?;
+        for other in [PciDriver::Nvidia, PciDriver::VfioPci] {
+            let at = root
+                .join("bus/pci/drivers")
+                .join(other.sysfs_name())
+                .join(&bus_id);
+            if other == driver {
+                link(&format!("../../../../{function}"), &at)?;
+            } else {
+                let _ = fs::remove_file(at);
+            }
+        }
     }
     Ok(())
 }
@@ -1211,8 +1409,12 @@ pub fn full_compute_profile(slices: u32) -> u32 {
 }
 
 /// A GPU's state whether or not it answers (faults and resets reach lost GPUs too).
+/// A GPU bound to another kernel driver is not NVML's at all.
 fn gpu_even_if_lost(state: &mut SimState, minor: u32) -> Option<&mut SimGpuState> {
-    state.gpus.iter_mut().find(|g| g.minor == minor)
+    state
+        .gpus
+        .iter_mut()
+        .find(|g| g.minor == minor && g.driver == PciDriver::Nvidia)
 }
 
 fn gpu_state<'a>(
@@ -1226,12 +1428,27 @@ fn gpu_state<'a>(
         .find(|g| g.minor == minor)
         .ok_or_else(|| mig_err(minor, operation, MigFailure::NotFound, "no such GPU"))
         .and_then(|gpu| {
-            if gpu.lost {
+            if gpu.driver != PciDriver::Nvidia {
+                Err(unbound(minor, operation, gpu.driver))
+            } else if gpu.lost {
                 Err(mig_err(minor, operation, MigFailure::Lost, ""))
             } else {
                 Ok(gpu)
             }
         })
+}
+
+/// NVML has no handle for a GPU another kernel driver holds.
+fn unbound(minor: u32, operation: &'static str, driver: PciDriver) -> GpuError {
+    mig_err(
+        minor,
+        operation,
+        MigFailure::NotFound,
+        &format!(
+            "the GPU is bound to {}, not nvidia: NVML does not see it",
+            driver.sysfs_name()
+        ),
+    )
 }
 
 fn mig_err(minor: u32, operation: &'static str, failure: MigFailure, detail: &str) -> GpuError {
@@ -1316,6 +1533,136 @@ mod tests {
             "n1",
             state,
         )
+    }
+
+    #[test]
+    fn a_gpu_bound_to_vfio_pci_leaves_nvml_until_it_comes_back_initialized() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("hw.json");
+        let node = h100_node(3, Some(path.clone()));
+        let exclusive = SharingSettings {
+            compute_mode: ComputeMode::ExclusiveProcess,
+            timeslice: None,
+        };
+        node.set_sharing_settings(1, exclusive).expect("set");
+        node.bind_driver(1, PciDriver::VfioPci)
+            .expect("to vfio-pci");
+        let inventory = node.inventory().expect("inventory");
+        let seen: Vec<(u32, u32)> = inventory.gpus.iter().map(|g| (g.minor, g.index)).collect();
+        // NVML's indexes count only what it sees; minors stay.
+        assert_eq!(seen, vec![(0, 0), (2, 1)]);
+        let error = node
+            .sharing_settings(1)
+            .expect_err("no NVML handle")
+            .to_string();
+        assert!(error.contains("no such GPU"), "{error}");
+        assert!(
+            node.inject(1, SimFault::Lost).is_err(),
+            "no NVML events from it"
+        );
+        // Another process sees the binding (the fake libnvidia-ml shares the state).
+        let other = h100_node(3, Some(path.clone()));
+        assert_eq!(other.inventory().expect("inventory").gpus.len(), 2);
+
+        node.bind_driver(1, PciDriver::Nvidia).expect("back");
+        assert_eq!(node.inventory().expect("inventory").gpus.len(), 3);
+        assert_eq!(
+            node.sharing_settings(1).expect("read").compute_mode,
+            ComputeMode::Default,
+            "initialized as by a reset"
+        );
+
+        // A binding made at run time does not survive a reboot.
+        node.bind_driver(2, PciDriver::VfioPci)
+            .expect("to vfio-pci");
+        let mut state: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).expect("state")).expect("json");
+        state["boot_id"] = "an earlier boot".into();
+        std::fs::write(&path, state.to_string()).expect("write");
+        assert_eq!(node.drivers().expect("drivers")[2], (2, PciDriver::Nvidia));
+    }
+
+    #[test]
+    fn a_gpu_in_use_stays_with_nvidia() {
+        let node = h100_node(1, None);
+        node.set_mig_mode(0, true).expect("MIG on");
+        let profile = node.inventory().expect("inventory").gpus[0]
+            .mig
+            .as_ref()
+            .expect("mig")
+            .profiles[0]
+            .clone();
+        node.create_gpu_instance(0, profile.id, profile.placements[0])
+            .expect("carve");
+        let error = node
+            .bind_driver(0, PciDriver::VfioPci)
+            .expect_err("in use")
+            .to_string();
+        assert!(error.contains("MIG devices exist"), "{error}");
+        assert_eq!(
+            node.drivers().expect("drivers"),
+            vec![(0, PciDriver::Nvidia)]
+        );
+    }
+
+    #[test]
+    fn sysfs_shows_each_binding_as_the_kernel_does() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let node = h100_node(2, None);
+        node.write_sysfs(dir.path()).expect("sysfs");
+        node.bind_driver(1, PciDriver::VfioPci)
+            .expect("to vfio-pci");
+        node.write_sysfs(dir.path()).expect("sysfs again");
+        let function = |index: u32| {
+            dir.path()
+                .join("bus/pci/devices")
+                .join(sim_pci_location(index).0)
+        };
+        let driver = |index: u32| {
+            std::fs::canonicalize(function(index).join("driver"))
+                .expect("driver link resolves")
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+        };
+        assert_eq!(driver(0).as_deref(), Some("nvidia"));
+        assert_eq!(driver(1).as_deref(), Some("vfio-pci"));
+        let read = |index: u32, file: &str| {
+            std::fs::read_to_string(function(index).join(file)).expect("file")
+        };
+        assert_eq!(read(1, "vendor"), "0x10de\n");
+        assert_eq!(read(1, "device"), "0x2330\n");
+        assert_eq!(read(1, "class"), "0x030200\n");
+        assert_eq!(read(1, "driver_override"), "vfio-pci\n");
+        assert_eq!(read(0, "driver_override"), "(null)\n");
+        let group = std::fs::read_link(function(1).join("iommu_group")).expect("group link");
+        let group = group
+            .file_name()
+            .expect("group")
+            .to_string_lossy()
+            .into_owned();
+        assert_eq!(group, sim_iommu_group(1).to_string());
+        let members: Vec<String> = std::fs::read_dir(
+            dir.path()
+                .join(format!("kernel/iommu_groups/{group}/devices")),
+        )
+        .expect("group devices")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+        assert_eq!(members, vec![sim_pci_location(1).0]);
+        // The function is listed under its driver only.
+        let bus_id = sim_pci_location(1).0;
+        assert!(
+            dir.path()
+                .join("bus/pci/drivers/vfio-pci")
+                .join(&bus_id)
+                .exists()
+        );
+        assert!(
+            !dir.path()
+                .join("bus/pci/drivers/nvidia")
+                .join(&bus_id)
+                .exists()
+        );
     }
 
     #[test]

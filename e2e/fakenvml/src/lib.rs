@@ -757,7 +757,7 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
             let Some(gpu) = fake.gpu(minor) else {
                 return NOT_FOUND;
             };
-            let (bus_id, _, _) = sim_pci_location(gpu.index);
+            let (bus_id, _, _) = sim_pci_location(gpu.minor);
             let mut parts = bus_id
                 .split([':', '.'])
                 .map(|p| u32::from_str_radix(p, 16).unwrap_or(0));
@@ -766,7 +766,7 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
                 parts.next().unwrap_or(0),
                 parts.next().unwrap_or(0),
             );
-            let model = fake.node.spec().models().nth(gpu.index as usize);
+            let model = fake.node.spec().models().nth(gpu.minor as usize);
             let mut info = nvmlPciInfo_t {
                 busIdLegacy: [0; 16],
                 domain,

@@ -513,3 +513,23 @@ fn memory_limits_through_nvml() {
             .all(|g| g.memory_limits.is_empty())
     );
 }
+
+/// A GPU bound to vfio-pci (for a virtual machine) is not NVML's: the real NVML code path sees
+/// the others, with NVML's indexes counting only them, and the same PCIe roots as before.
+#[test]
+fn a_gpu_bound_to_vfio_pci_is_not_discovered() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (sim, nvml) = discover_both(
+        "sim:3xH100-SXM5-80GB",
+        "n1",
+        &dir.path().join("s.json"),
+        |sim| {
+            sim.bind_driver(1, gpu_dra::gpu::sim::PciDriver::VfioPci)
+                .expect("to vfio-pci")
+        },
+    );
+    assert_eq!(nvml, sim);
+    let seen: Vec<(u32, u32)> = nvml.gpus.iter().map(|g| (g.minor, g.index)).collect();
+    assert_eq!(seen, vec![(0, 0), (2, 1)]);
+    assert_eq!(nvml.gpus[1].pcie_root.as_deref(), Some("pci0000:37"));
+}
