@@ -735,3 +735,80 @@ fn v1beta1_slices_and_classes_allocate_like_v1_ones() {
     )));
     assert_eq!(old, new);
 }
+
+/// KubeVirt's VirtualMachineInstances and VirtualMachines are read as pods are: their
+/// virt-launcher pod gets claims made from their templates; a halted VM runs none.
+#[test]
+fn kubevirt_vms_get_their_launcher_pods_claims() {
+    let file = repo("tests/fixtures/manifests/kubevirt/vm-gpu.yaml");
+    let out = run(
+        "match",
+        "2xH100-SXM5-80GB",
+        &["-f", &file, "--replicas", "-o", "json"],
+    );
+    let list = json(&out);
+    let allocated = allocations(&list);
+    assert_eq!(allocated.len(), 2, "{allocated:?}");
+    for (name, results) in &allocated {
+        assert!(
+            name.starts_with("virt-launcher-vm-dra-gpu-")
+                || name.starts_with("virt-launcher-vm-running-"),
+            "{name}"
+        );
+        assert!(
+            name.contains("-dra-gpu-claim-") || name.contains("-gpu-"),
+            "{name}"
+        );
+        assert_eq!(results.len(), 1);
+        assert!(results[0].starts_with("dra-gpu=gpu-"), "{results:?}");
+    }
+    let notes = text(&out.stderr);
+    assert!(
+        notes.contains("VirtualMachine default/vm-halted: halted (spec.runStrategy or spec.running): no VMI runs; nothing to allocate"),
+        "{notes}"
+    );
+
+    let explained = run("explain", "2xH100-SXM5-80GB", &["-f", &file]);
+    let explanation = text(&explained.stdout);
+    assert!(
+        explanation.contains("(virt-launcher of VirtualMachineInstance default/vm-dra-gpu)"),
+        "{explanation}"
+    );
+}
+
+#[test]
+fn kubevirt_device_references_are_checked() {
+    let vmi = |devices: &str| {
+        format!(
+            "apiVersion: kubevirt.io/v1\nkind: VirtualMachineInstance\nmetadata:\n  name: vmi\nspec:\n  resourceClaims:\n  - name: gpu\n    resourceClaimName: shared\n  domain:\n    devices:\n{devices}"
+        )
+    };
+    let (error, file) = error_of(&vmi(
+        "      gpus:\n      - name: g\n        claimName: other\n        requestName: gpu\n",
+    ));
+    assert_eq!(
+        error,
+        format!(
+            "error: VirtualMachineInstance default/vmi ({file}, document 1): spec.domain.devices.gpus[0].claimName: Invalid value: \"other\": no spec.resourceClaims entry has this name"
+        )
+    );
+    let (error, _) = error_of(&vmi(
+        "      hostDevices:\n      - name: h\n        claimName: gpu\n",
+    ));
+    assert!(error.ends_with("spec.domain.devices.hostDevices[0].requestName: Required value: a device taken from a claim names its request"), "{error}");
+    let (error, _) = error_of(&vmi(
+        "      gpus:\n      - name: g\n        deviceName: nvidia.com/GH100\n        claimName: gpu\n        requestName: gpu\n",
+    ));
+    assert!(error.ends_with("spec.domain.devices.gpus[0]: Invalid value: deviceName and claimName are mutually exclusive"), "{error}");
+    let (error, _) = error_of(
+        "apiVersion: kubevirt.io/v1\nkind: VirtualMachine\nmetadata:\n  name: vm\nspec:\n  runStrategy: Sometimes\n  template:\n    spec: {}\n",
+    );
+    assert!(
+        error.contains("spec.runStrategy: Unsupported value: \"Sometimes\""),
+        "{error}"
+    );
+    let (error, _) = error_of(
+        "apiVersion: kubevirt.io/v1beta1\nkind: VirtualMachineInstance\nmetadata:\n  name: vmi\nspec: {}\n",
+    );
+    assert!(error.contains("apiVersion: \"kubevirt.io/v1beta1\" does not serve VirtualMachineInstance; use kubevirt.io/v1"), "{error}");
+}

@@ -1,6 +1,7 @@
 //! What users `kubectl apply -f`, read for `match` and `explain`: multi-document YAML or JSON
 //! (also `kind: List`) holding Pods, workloads (Deployment, ReplicaSet, StatefulSet, DaemonSet,
-//! Job, CronJob), and resource.k8s.io ResourceClaims, ResourceClaimTemplates, DeviceClasses and
+//! Job, CronJob), KubeVirt's VirtualMachineInstances and VirtualMachines (their virt-launcher
+//! pod holds their claims), and resource.k8s.io ResourceClaims, ResourceClaimTemplates, DeviceClasses and
 //! ResourceSlices in v1beta1, v1beta2 or v1 ([`convert`] makes them v1 as the API server does,
 //! [`validate`] applies its create-time checks). Other kinds are skipped with a note.
 //!
@@ -313,6 +314,9 @@ fn pod_kind(kind: &str) -> Option<PodKind> {
         "DaemonSet" => ("DaemonSet", "apps/v1", TEMPLATE),
         "Job" => ("Job", "batch/v1", TEMPLATE),
         "CronJob" => ("CronJob", "batch/v1", CRON),
+        // KubeVirt: the VMI's spec holds `resourceClaims` as a pod spec does.
+        "VirtualMachineInstance" => ("VirtualMachineInstance", "kubevirt.io/v1", POD),
+        "VirtualMachine" => ("VirtualMachine", "kubevirt.io/v1", TEMPLATE),
         _ => return None,
     };
     Some(PodKind {
@@ -664,6 +668,9 @@ fn parse_workload(
         };
         claims.push(PodClaim { name, source });
     }
+    if pk.kind.starts_with("VirtualMachine") {
+        device_claim_refs(value, pk, &names)?;
+    }
     let job = |spec: &[&'static str]| -> Result<Replicas, FieldError> {
         let with = |key: &'static str| [spec, &[key]].concat();
         let parallelism = count_field(value, &with("parallelism"), 1)?;
@@ -671,7 +678,8 @@ fn parse_workload(
         Ok(Replicas::Parallel(parallelism.min(completions)))
     };
     let replicas = match pk.kind {
-        "Pod" => Replicas::Replicas(1),
+        "Pod" | "VirtualMachineInstance" => Replicas::Replicas(1),
+        "VirtualMachine" => Replicas::Replicas(u64::from(vm_runs(value)?)),
         "DaemonSet" => Replicas::PerNode,
         "Job" => job(&["spec"])?,
         "CronJob" => job(&["spec", "jobTemplate", "spec"])?,
@@ -685,6 +693,97 @@ fn parse_workload(
         claims,
         replicas,
     })
+}
+
+/// Whether a VirtualMachine runs a VMI (and so a virt-launcher pod): `spec.runStrategy`
+/// (`Halted` does not; `Always`, `RerunOnFailure`, `Manual`, `Once` do) or the older
+/// `spec.running`.
+fn vm_runs(value: &Value) -> Result<bool, FieldError> {
+    let spec = value.get("spec");
+    match (
+        spec.and_then(|s| s.get("runStrategy")),
+        spec.and_then(|s| s.get("running")),
+    ) {
+        (Some(Value::String(strategy)), None) => match strategy.as_str() {
+            "Halted" => Ok(false),
+            "Always" | "RerunOnFailure" | "Manual" | "Once" => Ok(true),
+            other => Err(FieldError::new(
+                "spec.runStrategy",
+                format!(
+                    "Unsupported value: {other:?}: supported values: \"Always\", \"Halted\", \"Manual\", \"RerunOnFailure\", \"Once\""
+                ),
+            )),
+        },
+        (None | Some(Value::Null), Some(Value::Bool(running))) => Ok(*running),
+        (None | Some(Value::Null), None | Some(Value::Null)) => Ok(false),
+        (Some(_), Some(_)) => Err(FieldError::new(
+            "spec.running",
+            "Invalid value: running and runStrategy are mutually exclusive",
+        )),
+        (Some(other), None) => Err(FieldError::new(
+            "spec.runStrategy",
+            format!("Invalid value: {other}: must be a string"),
+        )),
+        (_, Some(other)) => Err(FieldError::new(
+            "spec.running",
+            format!("Invalid value: {other}: must be a boolean"),
+        )),
+    }
+}
+
+/// KubeVirt's devices that take a claim (`domain.devices.gpus[]`, `hostDevices[]`): each with a
+/// `claimName` names an entry of `resourceClaims` and gives a `requestName`, and has no
+/// `deviceName` beside them (as KubeVirt's admission checks).
+fn device_claim_refs(
+    value: &Value,
+    pk: &PodKind,
+    claim_names: &HashSet<String>,
+) -> Result<(), FieldError> {
+    let devices = at_path(value, pk.spec_path)
+        .and_then(|s| s.get("domain"))
+        .and_then(|d| d.get("devices"));
+    for list in ["gpus", "hostDevices"] {
+        let entries = match devices.and_then(|d| d.get(list)) {
+            None | Some(Value::Null) => continue,
+            Some(Value::Array(entries)) => entries,
+            Some(_) => {
+                return Err(FieldError::new(
+                    format!("{}.domain.devices.{list}", pk.spec_field),
+                    "must be a list",
+                ));
+            }
+        };
+        for (i, device) in entries.iter().enumerate() {
+            let at = format!("{}.domain.devices.{list}[{i}]", pk.spec_field);
+            let text = |key: &str| device.get(key).and_then(Value::as_str).unwrap_or("");
+            let claim = text("claimName");
+            if claim.is_empty() {
+                continue;
+            }
+            if !text("deviceName").is_empty() {
+                return Err(FieldError::new(
+                    at,
+                    "Invalid value: deviceName and claimName are mutually exclusive",
+                ));
+            }
+            if !claim_names.contains(claim) {
+                return Err(FieldError::new(
+                    format!("{at}.claimName"),
+                    format!(
+                        "Invalid value: {claim:?}: no {}.resourceClaims entry has this name",
+                        pk.spec_field
+                    ),
+                ));
+            }
+            if text("requestName").is_empty() {
+                return Err(FieldError::new(
+                    format!("{at}.requestName"),
+                    "Required value: a device taken from a claim names its request",
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The characters the API server's name generator appends (`names.SimpleNameGenerator`).
@@ -852,6 +951,8 @@ fn pod_name(w: &Workload, replica: u64) -> String {
     match w.kind {
         "Pod" => w.name.clone(),
         "StatefulSet" => format!("{}-{replica}", w.name),
+        // KubeVirt's launcher pod of the VMI (a VM's VMI has the VM's name).
+        "VirtualMachineInstance" | "VirtualMachine" => format!("virt-launcher-{}-{suffix}", w.name),
         // Pods of the Deployment's ReplicaSet `<name>-<pod-template-hash>`.
         "Deployment" => format!("{}-{}-{suffix}", w.name, name_chars(&seed, 10)),
         // Pods of the CronJob's Job `<name>-<scheduled minute>`.
@@ -869,7 +970,20 @@ fn replica_note(w: &Workload, all: bool) -> Option<String> {
     let what = w.describe();
     let n = w.replicas.count();
     let (count, unit) = match w.replicas {
-        Replicas::Replicas(_) if w.kind == "Pod" => return None,
+        Replicas::Replicas(_) if w.kind == "Pod" || w.kind == "VirtualMachineInstance" => {
+            return None;
+        }
+        Replicas::Replicas(0) if w.kind == "VirtualMachine" => {
+            return Some(if all {
+                format!(
+                    "{what}: halted (spec.runStrategy or spec.running): no VMI runs; nothing to allocate"
+                )
+            } else {
+                format!(
+                    "{what}: halted (spec.runStrategy or spec.running): no VMI runs; allocating its claims anyway"
+                )
+            });
+        }
         Replicas::Replicas(1) | Replicas::Parallel(1) => return None,
         Replicas::Replicas(n) => (n, "replicas"),
         Replicas::Parallel(n) => (n, "pods at once (parallelism)"),
@@ -979,6 +1093,13 @@ pub fn plan(m: &Manifests, all_replicas: bool) -> Result<Plan, ManifestError> {
             }
             let title = match (w.kind, all_replicas) {
                 ("Pod", _) => format!("Pod {}/{pod}", w.namespace),
+                ("VirtualMachineInstance" | "VirtualMachine", _) => {
+                    format!(
+                        "Pod {}/{pod} (virt-launcher of {})",
+                        w.namespace,
+                        w.describe()
+                    )
+                }
                 (_, true) => format!(
                     "Pod {}/{pod} ({}, replica {} of {total})",
                     w.namespace,
