@@ -269,17 +269,33 @@ fn replicas_place_every_pod_with_claims_of_its_own() {
     );
     assert_ne!(trainers[0].1, trainers[1].1, "and its own GPU");
     assert_eq!(results.len(), 5, "{results:?}");
-    // Four GPUs cannot hold two trainers, the nightly job, the notebook and a MIG device.
+    // Four GPUs cannot hold two trainers, the nightly job, the notebook and a MIG device: what
+    // fits is printed, the notebook explained, and the exit status says "partly" (3).
     let out = run(
         "match",
         "4xH100-SXM5-80GB",
-        &["--replicas", "-f", &fixture("v1")],
+        &["--replicas", "-o", "json", "-f", &fixture("v1")],
     );
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
-    assert!(out.stdout.is_empty());
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
     let stderr = text(&out.stderr);
     assert!(stderr.contains("Pod ml/notebook:"), "{stderr}");
     assert!(stderr.contains("once ml/trainer-"), "{stderr}");
+    let fitted: Vec<String> = allocations(&serde_json::from_slice(&out.stdout).expect("JSON"))
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect();
+    assert_eq!(fitted.len(), 4, "{fitted:?}");
+    assert!(
+        fitted.iter().all(|n| !n.starts_with("notebook")),
+        "{fitted:?}"
+    );
+    // explain says the same: some fit.
+    let out = run(
+        "explain",
+        "4xH100-SXM5-80GB",
+        &["--replicas", "-f", &fixture("v1")],
+    );
+    assert_eq!(out.status.code(), Some(3));
     // Without --replicas one pod stands for the Deployment, and everything fits.
     let out = run("match", "4xH100-SXM5-80GB", &["-f", &fixture("v1")]);
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -575,7 +591,8 @@ fn a_claim_that_can_never_fit_says_so_in_one_line() {
     .expect("write");
     let file = path.display().to_string();
     let out = run("match", "4xH100-SXM5-80GB", &["-f", &file]);
-    assert_eq!(out.status.code(), Some(1));
+    // The other pods fit: partly (3).
+    assert_eq!(out.status.code(), Some(3));
     let stderr = text(&out.stderr);
     let never: Vec<&str> = stderr
         .lines()
@@ -605,7 +622,8 @@ fn a_claim_that_can_never_fit_says_so_in_one_line() {
     )
     .expect("write");
     let out = run("explain", "4xH100-SXM5-80GB", &["-f", &file]);
-    assert_eq!(out.status.code(), Some(1));
+    // The notebook never fits; the other pods do.
+    assert_eq!(out.status.code(), Some(3));
     let report = text(&out.stdout);
     assert!(
         report.contains(&format!("ResourceClaim ml/notebook-gpu ({file}, document 6): spec.devices.requests[0].exactly.count: request \"gpu\" never fits on node sim-node: it asks for 5 devices and only 4 pass its class and selectors")),

@@ -76,8 +76,9 @@ pub struct ClaimInputs {
     after_help = "Examples:\n  gpu-dra match --slices sim:1xT4,1xH100-SXM5-80GB \
     --classes deviceclasses/ claim.yaml\n  gpu-dra match --slices sim:4xH100-SXM5-80GB \
     --classes deviceclasses/ -f training.yaml --replicas\n  gpu-dra match --print-v1 -f \
-    v1beta1-claims.yaml\n\nExit status: 0 allocated, 1 not satisfiable (explanation on \
-    stderr), 2 bad input."
+    v1beta1-claims.yaml\n\nExit status: 0 everything allocated; 1 nothing could be allocated \
+    (explanation on stderr); 3 partly: the pods that fit are printed (stdout), the others \
+    explained (stderr); 2 bad input."
 )]
 pub struct MatchArgs {
     #[command(flatten)]
@@ -98,7 +99,8 @@ pub struct MatchArgs {
     --classes deviceclasses/ claim.yaml\n  gpu-dra explain --slices sim:1xH100-SXM5-80GB \
     --classes deviceclasses/ -f deployment.yaml --replicas\n  gpu-dra explain pod/trainer -n ml   \
     (a live cluster: why is it Pending, or which devices it got; also `kubectl gpu-dra explain` \
-    with gpu-dra installed as kubectl-gpu_dra)"
+    with gpu-dra installed as kubectl-gpu_dra)\n\nExit status (offline): 0 every pod fits; 1 none \
+    does; 3 some do; 2 bad input."
 )]
 pub struct ExplainArgs {
     #[command(flatten)]
@@ -464,7 +466,7 @@ pub fn run_match(args: MatchArgs) -> Result<ExitCode, CliError> {
             }
         }
     }
-    if failed {
+    if failed && out.is_empty() {
         return Ok(ExitCode::from(1));
     }
     let document = if out.len() == 1 {
@@ -473,8 +475,15 @@ pub fn run_match(args: MatchArgs) -> Result<ExitCode, CliError> {
         serde_json::json!({"apiVersion": "v1", "kind": "List", "items": out})
     };
     write_document(&document, args.output)?;
-    Ok(ExitCode::SUCCESS)
+    Ok(if failed {
+        ExitCode::from(PARTIAL)
+    } else {
+        ExitCode::SUCCESS
+    })
 }
+
+/// Exit status of `match` and `explain` when some pods fit and others do not.
+const PARTIAL: u8 = 3;
 
 /// The verdict plus, per request, the devices that came closest.
 fn short_explanation(e: &Explanation) -> String {
@@ -534,7 +543,7 @@ pub fn run_explain(args: ExplainArgs) -> Result<ExitCode, CliError> {
     let loaded = load(&args.inputs)?;
     let mut state = loaded.state.clone();
     let mut done = HashSet::new();
-    let mut all_allocated = true;
+    let (mut allocated, mut refused) = (0, 0);
     let units = &loaded.plan.units;
     // One claim file explains as it always did; pods get a heading each.
     let headed = units.len() > 1 || units.iter().any(|u| u.title.is_some());
@@ -569,13 +578,14 @@ pub fn run_explain(args: ExplainArgs) -> Result<ExitCode, CliError> {
                         .map_err(usage)?;
                     done.insert(key);
                 }
+                allocated += 1;
             }
-            _ => all_allocated = false,
+            _ => refused += 1,
         }
     }
-    Ok(if all_allocated {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
+    Ok(match (allocated, refused) {
+        (_, 0) => ExitCode::SUCCESS,
+        (0, _) => ExitCode::from(1),
+        _ => ExitCode::from(PARTIAL),
     })
 }
