@@ -165,12 +165,20 @@ spec=$WORK/cdi/k8s.gpu.nvidia.com-claim_$uid.json
 [[ -f $spec ]] || fail "no CDI spec at $spec"
 wait_for "status.devices reported with the driver's token" 20 bash -c \
     "kubectl get resourceclaim $claim_name -o json | jq -e '.status.devices[0].data.uuid | startswith(\"GPU-\")'"
+info=$(curl -sf "$METRICS/metrics" | grep "^gpu_dra_prepared_device_info{.*claim=\"$claim_name\"") \
+    || fail "no gpu_dra_prepared_device_info series for the prepared claim"
+for label in 'namespace="default"' "claim_uid=\"$uid\"" "dra_device=\"$device\"" 'UUID="GPU-' 'GPU_I_ID=""' \
+    "Hostname=\"$NODE\"" 'sharing="exclusive"'; do
+    [[ $info == *"$label"* ]] || fail "the info series lacks $label: $info"
+done
 bad=$(kubelet prepare --claim "default/no-such-claim/0000")
 [[ $(jq -r '.claims[0].error' <<<"$bad") == *"not found"* ]] || fail "a missing claim must fail: $bad"
 out=$(kubelet unprepare --claim "default/$claim_name/$uid") || fail "unprepare: $out"
 [[ $(jq -r '.claims[0].error' <<<"$out") == "" ]] || fail "unprepare: $out"
 [[ ! -e $spec ]] || fail "CDI spec still there after unprepare"
-ok "kubelet-sim prepared the scheduler's claim (CDI spec, status.devices via associated-node:patch) and unprepared it"
+! curl -sf "$METRICS/metrics" | grep -q "^gpu_dra_prepared_device_info{.*claim=\"$claim_name\"" \
+    || fail "the claim's gpu_dra_prepared_device_info series is still there after unprepare"
+ok "kubelet-sim prepared the scheduler's claim (CDI spec, status.devices via associated-node:patch, a gpu_dra_prepared_device_info series with DCGM's labels) and unprepared it (series gone)"
 
 # ---------------------------------------------------------------- 6. metrics, no authorization errors
 metrics=$(curl -sf "$METRICS/metrics") || fail "GET /metrics"

@@ -63,6 +63,10 @@ struct GpuLabel {
     gpu: String,
 }
 
+/// Labels of `prepared_device_info`, in order. `UUID`, `GPU_I_ID`, `GPU_I_PROFILE` and
+/// `Hostname` are DCGM exporter's names, so PromQL joins its series with ours on them.
+type PreparedDeviceLabels = Vec<(&'static str, String)>;
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OperationLabel {
     operation: &'static str,
@@ -154,6 +158,7 @@ pub struct Metrics {
     slice_writes: Family<OperationLabel, Counter>,
     slice_sync_errors: Counter,
     device_health: Family<DeviceStateLabel, Gauge>,
+    prepared_device_info: Family<PreparedDeviceLabels, Gauge>,
     xid_errors: Family<XidLabel, Counter>,
     ecc_errors: Family<GpuLabel, Counter>,
     registered: AtomicBool,
@@ -220,6 +225,12 @@ impl Metrics {
             "1 for each published device's current health state (healthy, unhealthy), 0 for the other",
             device_health.clone(),
         );
+        let prepared_device_info = Family::<PreparedDeviceLabels, Gauge>::default();
+        registry.register(
+            "prepared_device_info",
+            "1 for each device of each claim prepared on this node: the claim (namespace, claim, claim_uid, request), the DRA device (dra_device), the GPU and MIG device as DCGM exporter labels them (UUID, GPU_I_ID, GPU_I_PROFILE, Hostname) with mig_uuid and compute_instance_id, and how it is shared (sharing, consumed, admin_access); join DCGM's series on UUID and GPU_I_ID",
+            prepared_device_info.clone(),
+        );
         let xid_errors = Family::<XidLabel, Counter>::default();
         registry.register(
             "gpu_xid_errors",
@@ -235,6 +246,7 @@ impl Metrics {
         Self {
             registry,
             device_health,
+            prepared_device_info,
             xid_errors,
             ecc_errors,
             prepare,
@@ -328,6 +340,57 @@ impl Metrics {
         self.prepared_devices.set(to_gauge(devices));
     }
 
+    /// One `prepared_device_info` series per device of each prepared claim; series of claims
+    /// unprepared since are dropped (so the series count stays the prepared devices').
+    pub fn observe_prepared_devices(&self, checkpoint: &Checkpoint, inventory: &NodeInventory) {
+        self.prepared_device_info.clear();
+        for claim in checkpoint.claims.values().filter(|c| c.is_completed()) {
+            for device in &claim.devices {
+                let gpu = match &device.mig {
+                    Some(mig) => inventory.gpus.iter().find(|g| g.minor == mig.parent_minor),
+                    None => inventory.gpus.iter().find(|g| g.uuid == device.uuid),
+                };
+                let (gi, ci, profile, mig_uuid) = match &device.mig {
+                    Some(mig) => (
+                        mig.gpu_instance_id.map(|id| id.to_string()),
+                        mig.compute_instance_id.map(|id| id.to_string()),
+                        gpu.and_then(|g| g.mig.as_ref())
+                            .and_then(|m| m.profile_by_id(mig.profile_id))
+                            .map(|p| p.name.clone()),
+                        Some(device.uuid.clone()),
+                    ),
+                    None => (None, None, None, None),
+                };
+                let gpu_uuid = match &device.mig {
+                    Some(_) => gpu.map(|g| g.uuid.clone()),
+                    None => Some(device.uuid.clone()),
+                };
+                let consumed: Vec<String> = device
+                    .consumed
+                    .iter()
+                    .map(|(name, quantity)| format!("{name}={quantity}"))
+                    .collect();
+                let labels: PreparedDeviceLabels = vec![
+                    ("namespace", claim.namespace.clone()),
+                    ("claim", claim.name.clone()),
+                    ("claim_uid", claim.uid.clone()),
+                    ("request", device.request_names.join(",")),
+                    ("dra_device", device.device.clone()),
+                    ("UUID", gpu_uuid.unwrap_or_default()),
+                    ("GPU_I_ID", gi.unwrap_or_default()),
+                    ("GPU_I_PROFILE", profile.unwrap_or_default()),
+                    ("compute_instance_id", ci.unwrap_or_default()),
+                    ("mig_uuid", mig_uuid.unwrap_or_default()),
+                    ("Hostname", device.pool.clone()),
+                    ("sharing", crate::prepare::sharing::mode(device).to_string()),
+                    ("consumed", consumed.join(",")),
+                    ("admin_access", device.admin_access.to_string()),
+                ];
+                self.prepared_device_info.get_or_create(&labels).set(1);
+            }
+        }
+    }
+
     /// Records one run of the ResourceSlice publisher; `published_devices` is the device count
     /// of the slices it synced.
     pub fn observe_slice_sync(
@@ -406,8 +469,11 @@ impl DriverObserver for Metrics {
     }
 
     fn state_changed(&self, state: &DeviceState) {
-        self.observe_checkpoint(&state.checkpoint());
-        self.observe_inventory(&state.inventory());
+        let checkpoint = state.checkpoint();
+        let inventory = state.inventory();
+        self.observe_checkpoint(&checkpoint);
+        self.observe_inventory(&inventory);
+        self.observe_prepared_devices(&checkpoint, &inventory);
     }
 }
 

@@ -337,3 +337,84 @@ fn a_standby_instance_is_ready_while_the_instance_it_replaces_publishes() {
     metrics.set_publisher_standby(false);
     assert!(!metrics.readiness().is_ready());
 }
+
+/// Each prepared device is one info series with the labels DCGM exporter joins on; a claim
+/// still being prepared has none, and an unprepared claim's series go.
+#[test]
+fn prepared_devices_are_info_series_that_join_with_dcgm() {
+    let sim = SimNode::new("2xH100-SXM5-80GB".parse().expect("spec"), "n1", None);
+    sim.set_mig_mode(1, true).expect("MIG mode on");
+    let before = sim.inventory().expect("inventory");
+    let profile = before.gpus[1].mig.as_ref().expect("MIG").profiles[0].clone();
+    let gi = sim
+        .create_gpu_instance(1, profile.id, profile.placements[0])
+        .expect("GPU instance");
+    let (ci, mig_uuid) = sim
+        .create_compute_instance(1, gi)
+        .expect("compute instance");
+    let inventory = sim.inventory().expect("inventory");
+    let gpu0 = inventory.gpus[0].uuid.clone();
+    let gpu1 = inventory.gpus[1].uuid.clone();
+    let mps = serde_json::to_value(
+        crate::config::decode(&serde_json::json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": {"strategy": "MPS"}}))
+            .expect("config"),
+    )
+    .expect("as the checkpoint stores it");
+    let entries = [
+        serde_json::json!({"namespace": "ml", "name": "whole", "uid": "u1", "state": "PrepareCompleted",
+            "devices": [{"requestNames": ["gpu"], "pool": "n1", "device": "gpu-0", "uuid": gpu0,
+                "shareId": "s1", "consumed": {"memory": "20Gi"}, "config": mps}]}),
+        serde_json::json!({"namespace": "ml", "name": "mig", "uid": "u2", "state": "PrepareCompleted",
+            "devices": [{"requestNames": ["mig"], "pool": "n1", "device": format!("gpu-1-mig-{}-{}-0", profile.name.replace('.', ""), profile.id),
+                "uuid": mig_uuid,
+                "mig": {"parentMinor": 1, "profileId": profile.id, "placement": profile.placements[0],
+                    "created": true, "gpuInstanceId": gi, "computeInstanceId": ci}}]}),
+        serde_json::json!({"namespace": "ml", "name": "starting", "uid": "u3", "state": "PrepareStarted",
+            "devices": [{"requestNames": ["gpu"], "pool": "n1", "device": "gpu-0", "uuid": gpu0}]}),
+    ];
+    let mut checkpoint = Checkpoint::new("boot");
+    for entry in entries {
+        let uid = entry["uid"].as_str().expect("uid").to_string();
+        checkpoint
+            .claims
+            .insert(uid, serde_json::from_value(entry).expect("claim entry"));
+    }
+    let metrics = Metrics::new();
+    metrics.observe_prepared_devices(&checkpoint, &inventory);
+    let text = metrics.encode().expect("encodes");
+    let series: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("gpu_dra_prepared_device_info{"))
+        .collect();
+    assert_eq!(series.len(), 2, "{text}");
+    let whole = format!(
+        r#"gpu_dra_prepared_device_info{{namespace="ml",claim="whole",claim_uid="u1",request="gpu",dra_device="gpu-0",UUID="{gpu0}",GPU_I_ID="",GPU_I_PROFILE="",compute_instance_id="",mig_uuid="",Hostname="n1",sharing="shared-mps",consumed="memory=20Gi",admin_access="false"}} 1"#
+    );
+    assert!(series.contains(&whole.as_str()), "{whole}\nnot in\n{text}");
+    let mig = series
+        .iter()
+        .find(|l| l.contains(r#"claim="mig""#))
+        .expect("the MIG claim's series");
+    for label in [
+        format!(r#"UUID="{gpu1}""#),
+        format!(r#"GPU_I_ID="{gi}""#),
+        format!(r#"GPU_I_PROFILE="{}""#, profile.name),
+        format!(r#"compute_instance_id="{ci}""#),
+        format!(r#"mig_uuid="{mig_uuid}""#),
+        r#"sharing="exclusive""#.to_string(),
+    ] {
+        assert!(mig.contains(&label), "{label} in {mig}");
+    }
+
+    // Unprepared: its series goes.
+    checkpoint.claims.remove("u2");
+    metrics.observe_prepared_devices(&checkpoint, &inventory);
+    let text = metrics.encode().expect("encodes");
+    assert!(!text.contains(r#"claim="mig""#), "{text}");
+    assert_eq!(
+        text.lines()
+            .filter(|l| l.starts_with("gpu_dra_prepared_device_info{"))
+            .count(),
+        1
+    );
+}

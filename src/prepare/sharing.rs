@@ -43,6 +43,19 @@ pub fn changes_device(config: &DeviceConfig) -> bool {
 }
 
 /// Whether a device's configuration asks for MPS.
+/// How a prepared device is shared, in one word (metrics): `shared-mps` (a consumable share
+/// through its GPU's one MPS daemon), `shared` (a consumable share), `mps`, `time-slicing` or
+/// `exclusive`.
+pub fn mode(record: &DeviceRecord) -> &'static str {
+    match (record.share_id.is_some(), strategy(record.config.as_ref())) {
+        (true, Some((SharingStrategy::Mps, _))) => "shared-mps",
+        (true, _) => "shared",
+        (false, Some((SharingStrategy::Mps, _))) => "mps",
+        (false, Some((SharingStrategy::TimeSlicing, _))) => "time-slicing",
+        (false, None) => "exclusive",
+    }
+}
+
 pub fn wants_mps(config: Option<&DeviceConfig>) -> bool {
     matches!(strategy(config), Some((SharingStrategy::Mps, _)))
 }
