@@ -234,7 +234,7 @@ run_checks() {
     "$smi" -L
 
     echo "== 1. slices: gpu-dra slices --gpus nvml"
-    if dyn gpu-dra slices --gpus nvml "${nvml_args[@]}" --node-name gpu-check -o json >"$OUT/slices.json" 2>"$OUT/slices.err"; then
+    if dyn gpu-dra slices --gpus nvml ${nvml_args[@]+"${nvml_args[@]}"} --node-name gpu-check -o json >"$OUT/slices.json" 2>"$OUT/slices.err"; then
         echo "$(grep -c '"name": "gpu-' "$OUT/slices.json") devices published"
         record "1 slices" PASS
     else
@@ -259,7 +259,7 @@ run_checks() {
     fi
 
     echo "== 3. health: NVML fault events registered, recovery action read"
-    if dyn gpu-dra health --gpus nvml "${nvml_args[@]}" --node-name gpu-check --wait 3s >"$OUT/health.json" 2>"$OUT/health.err"; then
+    if dyn gpu-dra health --gpus nvml ${nvml_args[@]+"${nvml_args[@]}"} --node-name gpu-check --wait 3s >"$OUT/health.json" 2>"$OUT/health.err"; then
         cat "$OUT/health.json"
         record "3 health" PASS
     else
@@ -270,8 +270,8 @@ run_checks() {
     echo "== 4. cdi: gpu-dra cdi --device gpu-0 with the driver root $DRIVER_ROOT"
     mkdir -p "$OUT/cdi-ours" "$OUT/cdi-nvidia"
     local ours_device=
-    if dyn gpu-dra cdi --gpus nvml "${nvml_args[@]}" --node-name gpu-check --device gpu-0 \
-        --nvidia-driver-root "$DRIVER_ROOT" --nvidia-cdi-hook-path "$KIT/bin/nvidia-cdi-hook" "${dev_args[@]}" \
+    if dyn gpu-dra cdi --gpus nvml ${nvml_args[@]+"${nvml_args[@]}"} --node-name gpu-check --device gpu-0 \
+        --nvidia-driver-root "$DRIVER_ROOT" --nvidia-cdi-hook-path "$KIT/bin/nvidia-cdi-hook" ${dev_args[@]+"${dev_args[@]}"} \
         >"$OUT/cdi-ours/k8s.gpu.nvidia.com-gpu-check.json" 2>"$OUT/cdi.err" \
         && "$KIT/bin/cdi-inject" --spec-dir "$OUT/cdi-ours" >"$OUT/cdi-ours.json"; then
         ours_device=$(sed -n '/"devices": \[/,/\]/ s/^ *"\(k8s\.[^"]*\)",\{0,1\}$/\1/p' "$OUT/cdi-ours.json" | head -1)
