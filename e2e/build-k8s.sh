@@ -217,7 +217,7 @@ if [[ ${#static_pkgs[@]} -gt 0 ]]; then
                 -e '^# github.com/NVIDIA/go-nvml' -e '^In file included from' -e 'statically linked applications' \
                 -e 'in function' -e '^# github.com/' >&2 || true)
         built=$(find "$TMP/$name.d" -maxdepth 1 -type f -perm -u+x | head -1)
-        [[ -n $built ]] && ! LC_ALL=C readelf -l "$built" | grep -q INTERP || die "$name did not build statically"
+        [[ -n $built && $(LC_ALL=C readelf -l "$built") != *INTERP* ]] || die "$name did not build statically"
         mv "$built" "$TMP/$name"
         install_bins "$name"
     done

@@ -55,9 +55,9 @@ ok "no GPU: refused with exit 3 ($(cat "$WORK/refused.out")), nothing written"
 GPUS=sim:1xH100-SXM5-80GB,1xA100-SXM4-40GB
 STATE=$WORK/hw.json
 sim() { "$GPU_DRA" sim --gpus "$GPUS" --node-name n1 --sim-state "$STATE" "$@" >/dev/null; }
-# The A100 in MIG mode with no MIG device: the placements comparison runs on it.
-sim mig-mode --gpu 1 --enabled true
-sim reset --gpu 1
+# The H100 in MIG mode with no MIG device: the placements comparison runs on it, and the probes
+# take the A100 (the first GPU not in MIG mode).
+sim mig-mode --gpu 0 --enabled true
 DRIVER_ROOT=$WORK/root
 version=$("$GPU_DRA" sim --gpus "$GPUS" --node-name n1 --sim-state "$STATE" driver-root "$DRIVER_ROOT" | awk '{ print $NF }')
 libdir=$DRIVER_ROOT/usr/lib/x86_64-linux-gnu
@@ -106,8 +106,8 @@ cat "$WORK/run.out" >&2
 [[ $rc -eq 0 ]] || fail "the kit on the fakes: exit $rc"
 grep -q 'gpu-check: all 6 steps passed' "$WORK/run.out" || fail "not all six steps passed"
 ok "all six steps passed on the fakes"
-grep -q '^ok *gpu-1 MIG placements (profile id:start): 0:0 5:0 9:0 9:4 14:0 14:2 14:4' "$WORK/run.out" \
-    || fail "the A100's MIG placements were not compared with mig -lgipp"
+grep -q '^ok *gpu-0 MIG placements (profile id:start): 0:0 5:0 9:0 9:4 14:0 14:2 14:4 15:0 15:2 15:4 15:6 19:0' "$WORK/run.out" \
+    || fail "the H100's MIG placements were not compared with mig -lgipp"
 grep -q '^2 GPUs compared, 0 mismatches' "$WORK/run.out" || fail "comparison count line"
 ok "slices match fake-nvidia-smi on both GPUs, MIG placements included"
 [[ $(grep -c '^probe ok: fake libcuda' "$WORK/run.out") -eq 2 ]] || fail "want two probe runs on the fake libcuda"
@@ -115,10 +115,28 @@ for spec in ours nvidia; do
     grep -q "libcuda from /usr/lib/x86_64-linux-gnu/libcuda.so.1" "$OUT/$spec-probe.log" \
         || fail "$spec: libcuda not loaded by soname through the ld cache: $(cat "$OUT/$spec-probe.log")"
 done
-ok "the probe ran in runc with our spec and with nvidia-ctk's, libcuda.so.1 found through the ld cache"
+a100=$(jq -r '.items[].spec.devices[]? | select(.name == "gpu-1") | .attributes.uuid.string' "$OUT/slices.json")
+grep -q "NVIDIA_VISIBLE_DEVICES=$a100" "$OUT/ours-probe.log" \
+    || fail "our probe did not get the A100 (the first GPU not in MIG mode, $a100): $(cat "$OUT/ours-probe.log")"
+grep -q 'nvidia.com/gpu=1' "$WORK/run.out" || fail "nvidia-ctk's device is not the A100's index 1"
+ok "the probe ran in runc with our spec and with nvidia-ctk's on the first GPU not in MIG mode, libcuda.so.1 found through the ld cache"
 grep -q '"faultEvents": "registered"' "$OUT/health.json" && grep -q '"recoveryAction": "None"' "$OUT/health.json" \
     || fail "health report: $(cat "$OUT/health.json")"
 ok "health: events registered, recovery action read"
+
+# Every GPU in MIG mode: the probes are skipped, not failed (CUDA runs only in MIG devices).
+sim mig-mode --gpu 1 --enabled true
+sim reset --gpu 1
+set +e
+unshare -m --propagation private sh -c 'mount --bind "$0" /proc/driver && exec "$@"' "$PROC_DRIVER" \
+    env -i "${fake_env[@]}" GPU_CHECK_DRIVER_ROOT="$DRIVER_ROOT" GPU_CHECK_DEV_ROOT="$DEV_ROOT" GPU_CHECK_PROBE_MIB=64 \
+    "$KIT/gpu-check.sh" --out "$WORK/out-mig" >"$WORK/run-mig.out" 2>&1
+rc=$?
+set -e
+[[ $rc -eq 0 ]] && grep -q 'gpu-check: no step failed; 2 skipped' "$WORK/run-mig.out" \
+    && grep -q '^   SKIP  5 probe' "$WORK/run-mig.out" \
+    || { cat "$WORK/run-mig.out" >&2; fail "every GPU in MIG mode: exit $rc, want 0 with both probes skipped"; }
+ok "every GPU in MIG mode: both probes skipped with the reason, nothing failed"
 
 # A difference is caught, not waved through.
 sed 's/<uuid>GPU-/<uuid>GPU-0/' "$OUT/smi.xml" >"$WORK/smi-changed.xml"

@@ -19,12 +19,13 @@
 #               (gpu-check-compare, e2e/harness/cmd/gpu-check-compare)
 #   3. health   `gpu-dra health`: the NVML fault event set registered on every GPU, the recovery
 #               action read, no fault while it waits
-#   4. cdi      `gpu-dra cdi --device gpu-0` with the real driver root, loaded by the runtimes' CDI
-#               library (cdi-inject)
+#   4. cdi      `gpu-dra cdi --device gpu-<minor>` for the first GPU not in MIG mode, with the real
+#               driver root, loaded by the runtimes' CDI library (cdi-inject)
 #   5. probe    cuda-probe (e2e/gpu-check/cuda-probe.c: libcuda.so.1 by soname, cuInit, exactly
 #               one device, 1 GiB cuMemAlloc, memset, copy back) in a runc container whose rootfs
 #               has none of the driver: only what our CDI spec gives it, applied by the CDI library
-#   6. nvidia   the same probe with the spec `nvidia-ctk cdi generate` writes for GPU 0
+#   6. nvidia   the same probe with the spec `nvidia-ctk cdi generate` writes for that GPU
+#               (both probes are skipped, not failed, when every GPU is in MIG mode)
 #
 # The kit's binaries are static where they can be (runc, cdi-inject, gpu-check-compare, NVIDIA's
 # nvidia-cdi-hook); gpu-dra and nvidia-ctk load the driver's NVML with dlopen, so they run on the
@@ -69,7 +70,7 @@ build_kit() {
     strip "$dir/dyn/gpu-dra"
     gcc -O2 -Wall -Wextra -Werror -o "$dir/probe/cuda-probe" "$here/gpu-check/cuda-probe.c" -ldl
     # NVIDIA's update-ldcache hook runs the container's own ldconfig: a static one.
-    [[ -x /sbin/ldconfig ]] && ! LC_ALL=C readelf -l /sbin/ldconfig | grep -q INTERP \
+    [[ -x /sbin/ldconfig && $(LC_ALL=C readelf -l /sbin/ldconfig) != *INTERP* ]] \
         || die "/sbin/ldconfig is dynamically linked: the probe's rootfs needs a static ldconfig (Debian's libc-bin has one)"
     install -m 0755 /sbin/ldconfig "$dir/probe/ldconfig"
     # This machine's glibc, for gpu-dra, nvidia-ctk and the probe's rootfs. libdl, libpthread and
@@ -210,7 +211,7 @@ run_checks() {
         why="no ${DEV_ROOT%/}/dev/nvidiactl (the NVIDIA kernel driver is not loaded)"
     elif [[ -z $smi ]]; then
         why="no nvidia-smi in PATH or under the driver root $DRIVER_ROOT"
-    elif ! "$smi" -L >/dev/null 2>&1 || ! "$smi" -L | grep -q '^GPU '; then
+    elif ! grep -q '^GPU ' <<<"$("$smi" -L 2>/dev/null)"; then
         why="nvidia-smi -L lists no GPU"
     fi
     if [[ -n $why ]]; then
@@ -267,10 +268,20 @@ run_checks() {
         record "3 health" FAIL
     fi
 
-    echo "== 4. cdi: gpu-dra cdi --device gpu-0 with the driver root $DRIVER_ROOT"
+    # The probe's GPU: the first one not in MIG mode (a GPU in MIG mode runs CUDA only in its MIG
+    # devices). nvidia-smi's order is NVML's, which nvidia-ctk's index names follow.
+    local probe_index= probe_minor=
+    read -r probe_index probe_minor < <(awk '
+        /<gpu id=/ { index_ = n++; mode = ""; minor = "" }
+        /<current_mig>/ { gsub(/.*<current_mig>|<\/current_mig>.*/, ""); mode = $0 }
+        /<minor_number>/ { gsub(/.*<minor_number>|<\/minor_number>.*/, ""); minor = $0 }
+        /<\/gpu>/ && mode != "Enabled" && !found { print index_, minor; found = 1 }
+    ' "$OUT/smi.xml" 2>/dev/null) || true
+    local gpu=gpu-${probe_minor:-0}
+    echo "== 4. cdi: gpu-dra cdi --device $gpu with the driver root $DRIVER_ROOT"
     mkdir -p "$OUT/cdi-ours" "$OUT/cdi-nvidia"
     local ours_device=
-    if dyn gpu-dra cdi --gpus nvml ${nvml_args[@]+"${nvml_args[@]}"} --node-name gpu-check --device gpu-0 \
+    if dyn gpu-dra cdi --gpus nvml ${nvml_args[@]+"${nvml_args[@]}"} --node-name gpu-check --device "$gpu" \
         --nvidia-driver-root "$DRIVER_ROOT" --nvidia-cdi-hook-path "$KIT/bin/nvidia-cdi-hook" ${dev_args[@]+"${dev_args[@]}"} \
         >"$OUT/cdi-ours/k8s.gpu.nvidia.com-gpu-check.json" 2>"$OUT/cdi.err" \
         && "$KIT/bin/cdi-inject" --spec-dir "$OUT/cdi-ours" >"$OUT/cdi-ours.json"; then
@@ -282,18 +293,23 @@ run_checks() {
         record "4 cdi" FAIL
     fi
 
-    echo "== 5. probe: CUDA in a runc container with our CDI spec alone"
-    if [[ -n $ours_device ]] && probe ours "$OUT/cdi-ours" "$ours_device"; then
+    echo "== 5. probe: CUDA in a runc container with our CDI spec alone ($gpu)"
+    if [[ -z $probe_index ]]; then
+        echo "every GPU is in MIG mode: CUDA runs only in MIG devices, and this kit creates none"
+        record "5 probe (our spec)" SKIP
+    elif [[ -n $ours_device ]] && probe ours "$OUT/cdi-ours" "$ours_device"; then
         record "5 probe (our spec)" PASS
     else
         record "5 probe (our spec)" FAIL
     fi
 
-    echo "== 6. nvidia: the same probe with nvidia-ctk's spec"
-    if dyn nvidia-ctk cdi generate --mode nvml --format json --device-name-strategy index \
+    echo "== 6. nvidia: the same probe with nvidia-ctk's spec (nvidia.com/gpu=${probe_index:-?})"
+    if [[ -z $probe_index ]]; then
+        record "6 probe (nvidia-ctk's spec)" SKIP
+    elif dyn nvidia-ctk cdi generate --mode nvml --format json --device-name-strategy index \
         --driver-root "$DRIVER_ROOT" --dev-root "$DEV_ROOT" --nvidia-cdi-hook-path "$KIT/bin/nvidia-cdi-hook" \
         --output "$OUT/cdi-nvidia/nvidia.json" >"$OUT/nvidia-ctk.log" 2>&1 \
-        && probe nvidia "$OUT/cdi-nvidia" nvidia.com/gpu=0; then
+        && probe nvidia "$OUT/cdi-nvidia" "nvidia.com/gpu=$probe_index"; then
         record "6 probe (nvidia-ctk's spec)" PASS
     else
         tail -n 20 "$OUT/nvidia-ctk.log"
@@ -304,13 +320,19 @@ run_checks() {
     echo "== summary ($((SECONDS - start)) s; everything is in $OUT)"
     for i in "${!step_names[@]}"; do
         echo "   ${step_results[$i]}  ${step_names[$i]}"
-        [[ ${step_results[$i]} == PASS ]] || failed=$((failed + 1))
+        if [[ ${step_results[$i]} == FAIL ]]; then failed=$((failed + 1)); fi
     done
     if ((failed > 0)); then
         echo "gpu-check: $failed of ${#step_names[@]} steps failed"
         exit 1
     fi
-    echo "gpu-check: all ${#step_names[@]} steps passed"
+    local skipped
+    skipped=$(printf '%s\n' "${step_results[@]}" | grep -c '^SKIP$' || true)
+    if ((skipped > 0)); then
+        echo "gpu-check: no step failed; $skipped skipped (see above)"
+    else
+        echo "gpu-check: all ${#step_names[@]} steps passed"
+    fi
 }
 
 case ${1:-} in
