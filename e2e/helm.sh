@@ -168,6 +168,7 @@ wait_for "status.devices reported with the driver's token" 20 bash -c \
 info=$(curl -sf "$METRICS/metrics" | grep "^gpu_dra_prepared_device_info{.*claim=\"$claim_name\"") \
     || fail "no gpu_dra_prepared_device_info series for the prepared claim"
 for label in 'namespace="default"' "claim_uid=\"$uid\"" "dra_device=\"$device\"" 'UUID="GPU-' 'GPU_I_ID=""' \
+    'pods="default/classic-gpu-pod"' \
     "Hostname=\"$NODE\"" 'sharing="exclusive"'; do
     [[ $info == *"$label"* ]] || fail "the info series lacks $label: $info"
 done

@@ -63,6 +63,12 @@ struct GpuLabel {
     gpu: String,
 }
 
+#[derive(Default)]
+struct ClaimPods {
+    pods: std::collections::HashMap<String, Vec<String>>,
+    last: Option<(Checkpoint, NodeInventory)>,
+}
+
 /// Labels of `prepared_device_info`, in order. `UUID`, `GPU_I_ID`, `GPU_I_PROFILE` and
 /// `Hostname` are DCGM exporter's names, so PromQL joins its series with ours on them.
 type PreparedDeviceLabels = Vec<(&'static str, String)>;
@@ -159,6 +165,9 @@ pub struct Metrics {
     slice_sync_errors: Counter,
     device_health: Family<DeviceStateLabel, Gauge>,
     prepared_device_info: Family<PreparedDeviceLabels, Gauge>,
+    /// The pods each claim (by UID) is reserved for, and what the info series were last
+    /// rendered from, so a change of either renders them again.
+    claim_pods: std::sync::Mutex<ClaimPods>,
     xid_errors: Family<XidLabel, Counter>,
     ecc_errors: Family<GpuLabel, Counter>,
     registered: AtomicBool,
@@ -228,7 +237,7 @@ impl Metrics {
         let prepared_device_info = Family::<PreparedDeviceLabels, Gauge>::default();
         registry.register(
             "prepared_device_info",
-            "1 for each device of each claim prepared on this node: the claim (namespace, claim, claim_uid, request), the DRA device (dra_device), the GPU and MIG device as DCGM exporter labels them (UUID, GPU_I_ID, GPU_I_PROFILE, Hostname) with mig_uuid and compute_instance_id, and how it is shared (sharing, consumed, admin_access); join DCGM's series on UUID and GPU_I_ID",
+            "1 for each device of each claim prepared on this node: the claim (namespace, claim, claim_uid, request, pods: the namespace/name of the pods it is reserved for), the DRA device (dra_device), the GPU and MIG device as DCGM exporter labels them (UUID, GPU_I_ID, GPU_I_PROFILE, Hostname) with mig_uuid and compute_instance_id, and how it is shared (sharing, consumed, admin_access); join DCGM's series on UUID and GPU_I_ID",
             prepared_device_info.clone(),
         );
         let xid_errors = Family::<XidLabel, Counter>::default();
@@ -247,6 +256,7 @@ impl Metrics {
             registry,
             device_health,
             prepared_device_info,
+            claim_pods: std::sync::Mutex::new(ClaimPods::default()),
             xid_errors,
             ecc_errors,
             prepare,
@@ -343,6 +353,32 @@ impl Metrics {
     /// One `prepared_device_info` series per device of each prepared claim; series of claims
     /// unprepared since are dropped (so the series count stays the prepared devices').
     pub fn observe_prepared_devices(&self, checkpoint: &Checkpoint, inventory: &NodeInventory) {
+        let mut claim_pods = self.claim_pods.lock().unwrap_or_else(|p| p.into_inner());
+        claim_pods
+            .pods
+            .retain(|uid, _| checkpoint.claims.contains_key(uid));
+        self.render_prepared_devices(checkpoint, inventory, &claim_pods.pods);
+        claim_pods.last = Some((checkpoint.clone(), inventory.clone()));
+    }
+
+    /// The pods a claim is reserved for changed: its info series say so from now on.
+    pub fn observe_claim_pods(&self, claim_uid: &str, pods: &[String]) {
+        let mut claim_pods = self.claim_pods.lock().unwrap_or_else(|p| p.into_inner());
+        if claim_pods.pods.get(claim_uid).map(Vec::as_slice) == Some(pods) {
+            return;
+        }
+        claim_pods.pods.insert(claim_uid.to_string(), pods.to_vec());
+        if let Some((checkpoint, inventory)) = &claim_pods.last {
+            self.render_prepared_devices(checkpoint, inventory, &claim_pods.pods);
+        }
+    }
+
+    fn render_prepared_devices(
+        &self,
+        checkpoint: &Checkpoint,
+        inventory: &NodeInventory,
+        pods: &std::collections::HashMap<String, Vec<String>>,
+    ) {
         self.prepared_device_info.clear();
         for claim in checkpoint.claims.values().filter(|c| c.is_completed()) {
             for device in &claim.devices {
@@ -375,6 +411,12 @@ impl Metrics {
                     ("claim", claim.name.clone()),
                     ("claim_uid", claim.uid.clone()),
                     ("request", device.request_names.join(",")),
+                    (
+                        "pods",
+                        pods.get(&claim.uid)
+                            .map(|p| p.join(","))
+                            .unwrap_or_default(),
+                    ),
                     ("dra_device", device.device.clone()),
                     ("UUID", gpu_uuid.unwrap_or_default()),
                     ("GPU_I_ID", gi.unwrap_or_default()),
@@ -468,6 +510,10 @@ impl DriverObserver for Metrics {
         self.unprepare.record(ok, seconds);
     }
 
+    fn claim_users(&self, claim_uid: &str, pods: &[String]) {
+        self.observe_claim_pods(claim_uid, pods);
+    }
+
     fn state_changed(&self, state: &DeviceState) {
         let checkpoint = state.checkpoint();
         let inventory = state.inventory();
@@ -500,6 +546,12 @@ impl DriverObserver for ObserverList {
     fn state_changed(&self, state: &DeviceState) {
         for observer in &self.0 {
             observer.state_changed(state);
+        }
+    }
+
+    fn claim_users(&self, claim_uid: &str, pods: &[String]) {
+        for observer in &self.0 {
+            observer.claim_users(claim_uid, pods);
         }
     }
 }

@@ -388,7 +388,7 @@ fn prepared_devices_are_info_series_that_join_with_dcgm() {
         .collect();
     assert_eq!(series.len(), 2, "{text}");
     let whole = format!(
-        r#"gpu_dra_prepared_device_info{{namespace="ml",claim="whole",claim_uid="u1",request="gpu",dra_device="gpu-0",UUID="{gpu0}",GPU_I_ID="",GPU_I_PROFILE="",compute_instance_id="",mig_uuid="",Hostname="n1",sharing="shared-mps",consumed="memory=20Gi",admin_access="false"}} 1"#
+        r#"gpu_dra_prepared_device_info{{namespace="ml",claim="whole",claim_uid="u1",request="gpu",pods="",dra_device="gpu-0",UUID="{gpu0}",GPU_I_ID="",GPU_I_PROFILE="",compute_instance_id="",mig_uuid="",Hostname="n1",sharing="shared-mps",consumed="memory=20Gi",admin_access="false"}} 1"#
     );
     assert!(series.contains(&whole.as_str()), "{whole}\nnot in\n{text}");
     let mig = series
@@ -406,7 +406,17 @@ fn prepared_devices_are_info_series_that_join_with_dcgm() {
         assert!(mig.contains(&label), "{label} in {mig}");
     }
 
-    // Unprepared: its series goes.
+    // The pods a claim is reserved for show as soon as the driver reads them.
+    metrics.observe_claim_pods("u2", &["ml/trainer-0".into(), "ml/trainer-1".into()]);
+    let text = metrics.encode().expect("encodes");
+    assert!(
+        text.lines()
+            .any(|l| l.contains(r#"claim="mig""#)
+                && l.contains(r#"pods="ml/trainer-0,ml/trainer-1""#)),
+        "{text}"
+    );
+
+    // Unprepared: its series goes, and what was known of its pods.
     checkpoint.claims.remove("u2");
     metrics.observe_prepared_devices(&checkpoint, &inventory);
     let text = metrics.encode().expect("encodes");

@@ -22,6 +22,23 @@ pub trait DriverObserver: Send + Sync + 'static {
     fn prepared(&self, _claim: &ClaimRef, _ok: bool, _seconds: f64) {}
     fn unprepared(&self, _claim: &ClaimRef, _ok: bool, _seconds: f64) {}
     fn state_changed(&self, _state: &DeviceState) {}
+    /// The pods a claim of this node is reserved for (`status.reservedFor`), as last read: at
+    /// each prepare call and each garbage collection round.
+    fn claim_users(&self, _claim_uid: &str, _pods: &[String]) {}
+}
+
+/// `namespace/name` of the pods a claim is reserved for.
+fn reserved_pods(claim: &k8s_openapi::api::resource::v1::ResourceClaim) -> Vec<String> {
+    let namespace = claim.metadata.namespace.as_deref().unwrap_or_default();
+    claim
+        .status
+        .as_ref()
+        .and_then(|s| s.reserved_for.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|r| r.resource == "pods" && r.api_group.as_deref().unwrap_or("").is_empty())
+        .map(|r| format!("{namespace}/{}", r.name))
+        .collect()
 }
 
 struct NoObserver;
@@ -199,8 +216,12 @@ impl Driver {
                 // Re-created under a new UID, deallocated, or now allocated elsewhere: its devices
                 // may go to someone else, so they must not stay prepared here.
                 Ok(Some(current)) => {
-                    current.metadata.uid.as_deref() != Some(claim.uid.as_str())
-                        || !allocated_here(&current, &driver_name, &pool)
+                    let replaced = current.metadata.uid.as_deref() != Some(claim.uid.as_str());
+                    if !replaced {
+                        self.observer
+                            .claim_users(&claim.uid, &reserved_pods(&current));
+                    }
+                    replaced || !allocated_here(&current, &driver_name, &pool)
                 }
                 Err(e) => {
                     tracing::warn!(claim = %claim, claimUID = %claim.uid, error = %e, "garbage collection: cannot look the claim up");
@@ -304,6 +325,10 @@ impl NodeDriver for Driver {
             async move {
                 let result = match fetched {
                     Ok(Some(object)) => {
+                        if object.metadata.uid.as_deref() == Some(claim.uid.as_str()) {
+                            self.observer
+                                .claim_users(&claim.uid, &reserved_pods(&object));
+                        }
                         let claim = claim.clone();
                         run_blocking(move || {
                             let _hold = hold;
