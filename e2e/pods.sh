@@ -128,6 +128,24 @@ apply() {
     sed -e "s|\${E2E_IMAGE}|$E2E_IMAGE|g" -e "s|\${NAME}|${2:-}|g" -e "s|\${CLAIM}|${3:-}|g" "$file" | kubectl apply -f - >&2
 }
 phase() { [[ $(kubectl get pod "$1" -o jsonpath='{.status.phase}') == "$2" ]]; }
+# device_info UID: the driver's gpu_dra_prepared_device_info series of one claim, scraped from the
+# driver pod's /metrics (the chart's metrics port) as Prometheus would.
+device_info() {
+    local ip
+    ip=$(kubectl get pod -n "$CHART_NAMESPACE" "$DRIVER_POD" -o jsonpath='{.status.podIP}')
+    curl -sf "http://$ip:9400/metrics" | grep "^gpu_dra_prepared_device_info{.*claim_uid=\"$1\"" || true
+}
+# has_info UID LABEL...: the claim has info series, and each LABEL is in them.
+has_info() {
+    local info label
+    info=$(device_info "$1")
+    shift
+    [[ -n $info ]] || return 1
+    for label in "$@"; do [[ $info == *"$label"* ]] || return 1; done
+}
+no_info() { [[ -z $(device_info "$1") ]]; }
+# info_count UID PATTERN N: N of the claim's info series match PATTERN.
+info_count() { [[ $(device_info "$1" | grep -c "$2") == "$3" ]]; }
 pod_running() { # every container running and ready
     [[ $(kubectl get pod "$1" -o json | jq '.status.phase == "Running" and ([.status.containerStatuses[]?.ready] | length > 0 and all)') == true ]]
 }
@@ -276,8 +294,13 @@ ua=$(claim_uid "$ca")
 ub=$(claim_uid "$cb")
 [[ -f $(spec_of "$ua") && -f $(spec_of "$ub") ]] || fail "CDI specs missing for $ca/$cb"
 ok "1. two pods from one template: each Running with its own GPU (nvidia$ma, nvidia$mb), UUIDs match the claims"
+wait_for "the info series of pod-a's claim" 15 has_info "$ua" 'namespace="default"' 'pods="default/pod-a"' \
+    "dra_device=\"gpu-$ma\"" "UUID=\"$(attr "gpu-$ma" uuid)\"" 'GPU_I_ID=""' 'sharing="exclusive"'
+ok "1. /metrics: gpu_dra_prepared_device_info names pod-a, its claim and gpu-$ma with DCGM's UUID label"
 delete_pods pod-a pod-b
 wait_unprepared "$ua" "$ub"
+wait_for "the info series gone with the claims" 15 no_info "$ua"
+no_info "$ub" || fail "pod-b's claim still has info series: $(device_info "$ub")"
 wait_claims_gone "$ca" "$cb"
 count_mig "$BASE" || fail "MIG instances changed by whole-GPU pods: $(mig_layout)"
 ok "1. pods deleted: CDI specs removed, generated claims deleted"
@@ -309,6 +332,9 @@ u3=$(claim_uid shared-gpu)
 sliced=$(hw | jq -r ".gpus[] | select(.minor == $s1) | \"\\(.compute_mode)/\\(.timeslice)\"")
 [[ $sliced == Default/3 ]] || fail "shared claim: GPU $s1 compute mode/time-slice $sliced, expected Default/3 (TimeSlicing Long)"
 ok "3. one time-sliced ResourceClaim shared by two pods: both Running on nvidia$s1 (time-slice Long applied), reservedFor lists both"
+wait_for "the shared claim's info series names both pods" 15 has_info "$u3" 'default/shared-1' 'default/shared-2' \
+    'sharing="time-slicing"'
+ok "3. /metrics: the shared claim's series names both pods, sharing time-slicing"
 delete_pods shared-1
 sleep 1 # the claim must stay prepared while shared-2 uses it
 [[ -f $(spec_of "$u3") ]] || fail "shared claim unprepared while shared-2 still runs"
@@ -406,6 +432,12 @@ minor=$(cut -d: -f1 <<<"$layout" | head -n 1)
 [[ $(cut -d: -f4 <<<"$layout" | sort) == "$(printf '%s\n' "${migs[@]}")" ]] || fail "container's MIG UUIDs ($vis) are not the simulator's: $layout"
 grep -q "^dev=nvidia$minor$" <<<"$out" || fail "mig-deployment: no /dev/nvidia$minor for the parent GPU"
 ok "4. Deployment: 4 × 1g.10gb on gpu-$minor ($(echo "${devs[@]}")); container sees the 4 MIG UUIDs and ${caps// /,} caps"
+wait_for "4 MIG info series" 15 info_count "$u4" 'GPU_I_PROFILE="1g.10gb"' 4
+info4=$(device_info "$u4")
+[[ $(grep -o 'GPU_I_ID="[0-9]*"' <<<"$info4" | sort -u | wc -l) == 4 && $(grep -c "UUID=\"$parents\"" <<<"$info4") == 4 ]] \
+    || fail "the MIG claim's info series: $info4"
+for m in "${migs[@]}"; do grep -q "mig_uuid=\"$m\"" <<<"$info4" || fail "no info series with mig_uuid $m: $info4"; done
+ok "4. /metrics: 4 series, one per carved MIG device, with the parent's UUID, each GPU_I_ID and the MIG UUIDs"
 kubectl delete deployment mig-deployment --timeout=60s >&2
 wait_for "deployment pod gone" 60 gone pod "$dp"
 wait_unprepared "$u4"
@@ -524,6 +556,8 @@ hw | jq -e --arg u "$uuid10" '.mps_daemons | length == 1 and .[0].devices == [$u
 mode10=$(hw | jq -r ".gpus[] | select(.minor == $m10) | .compute_mode")
 [[ $mode10 == ExclusiveProcess ]] || fail "MPS GPU $m10 compute mode $mode10, want ExclusiveProcess"
 ok "10. MPS claim shared by two pods: one daemon on $d10 (50% threads, 10240M pinned, EXCLUSIVE_PROCESS); both pods got its pipe and shm"
+wait_for "the MPS claim's info series" 15 has_info "$u10" 'sharing="mps"' 'default/mps-1' 'default/mps-2' "UUID=\"$uuid10\""
+ok "10. /metrics: the MPS claim's series says mps and names both pods"
 regs=$(registrations)
 driver_restart
 wait_for "kubelet re-registered the plugin" 30 bash -c "(( \$(grep -c 'Registered DRA plugin.*gpu.nvidia.com' '$LOGS/kubelet.log') > $regs ))"
