@@ -94,14 +94,20 @@ set -e
 [[ $rc -eq 3 ]] && grep -q 'no nvidia-smi' "$WORK/refused2.out" || { cat "$WORK/refused2.out" >&2; fail "no nvidia-smi: exit $rc, want 3"; }
 ok "device nodes without nvidia-smi: refused with exit 3"
 
+# run_on_fakes OUT LOG: the kit against the fakes (with the fake /proc/driver), output in OUT;
+# sets rc.
+run_on_fakes() {
+    set +e
+    unshare -m --propagation private sh -c 'mount --bind "$0" /proc/driver && exec "$@"' "$PROC_DRIVER" \
+        env -i "${fake_env[@]}" GPU_CHECK_DRIVER_ROOT="$DRIVER_ROOT" GPU_CHECK_DEV_ROOT="$DEV_ROOT" GPU_CHECK_PROBE_MIB=64 \
+        "$KIT/gpu-check.sh" --out "$1" >"$2" 2>&1
+    rc=$?
+    set -e
+}
+
 # Every step on the fakes.
 OUT=$WORK/out
-set +e
-unshare -m --propagation private sh -c 'mount --bind "$0" /proc/driver && exec "$@"' "$PROC_DRIVER" \
-    env -i "${fake_env[@]}" GPU_CHECK_DRIVER_ROOT="$DRIVER_ROOT" GPU_CHECK_DEV_ROOT="$DEV_ROOT" GPU_CHECK_PROBE_MIB=64 \
-    "$KIT/gpu-check.sh" --out "$OUT" >"$WORK/run.out" 2>&1
-rc=$?
-set -e
+run_on_fakes "$OUT" "$WORK/run.out"
 cat "$WORK/run.out" >&2
 [[ $rc -eq 0 ]] || fail "the kit on the fakes: exit $rc"
 grep -q 'gpu-check: all 6 steps passed' "$WORK/run.out" || fail "not all six steps passed"
@@ -127,12 +133,7 @@ ok "health: events registered, recovery action read"
 # Every GPU in MIG mode: the probes are skipped, not failed (CUDA runs only in MIG devices).
 sim mig-mode --gpu 1 --enabled true
 sim reset --gpu 1
-set +e
-unshare -m --propagation private sh -c 'mount --bind "$0" /proc/driver && exec "$@"' "$PROC_DRIVER" \
-    env -i "${fake_env[@]}" GPU_CHECK_DRIVER_ROOT="$DRIVER_ROOT" GPU_CHECK_DEV_ROOT="$DEV_ROOT" GPU_CHECK_PROBE_MIB=64 \
-    "$KIT/gpu-check.sh" --out "$WORK/out-mig" >"$WORK/run-mig.out" 2>&1
-rc=$?
-set -e
+run_on_fakes "$WORK/out-mig" "$WORK/run-mig.out"
 [[ $rc -eq 0 ]] && grep -q 'gpu-check: no step failed; 2 skipped' "$WORK/run-mig.out" \
     && grep -q '^   SKIP  5 probe' "$WORK/run-mig.out" \
     || { cat "$WORK/run-mig.out" >&2; fail "every GPU in MIG mode: exit $rc, want 0 with both probes skipped"; }
