@@ -95,6 +95,7 @@ fn bench_driver(
         state_dir: dir.join("state"),
         dev_root: None,
         consumable: Default::default(),
+        passthrough: false,
         driver_root: Some(gpu_dra::prepare::driver_files::DriverRoot {
             here: driver_root.clone(),
             host: driver_root,

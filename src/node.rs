@@ -109,6 +109,8 @@ pub struct NodeOptions {
     pub consumable: crate::slices::consumable::ConsumableShares,
     /// Claims of different namespaces may share one MPS daemon.
     pub mps_across_namespaces: bool,
+    /// GPUs are also offered to virtual machines (`--passthrough`).
+    pub passthrough: bool,
     /// Device order within the pool (`--device-order`).
     pub device_order: crate::slices::DeviceOrder,
     /// Set during a rolling update: this instance's id (pod UID).
@@ -314,6 +316,7 @@ impl NodeAgent {
         let node_name = options.discovery.node_name.clone();
         let mut slice_options = SliceOptions::new(&options.driver_name, &node_name);
         slice_options.consumable = options.consumable;
+        slice_options.passthrough = options.passthrough;
         slice_options.order = options.device_order;
         let control = gpu::open_control(&options.discovery)?;
         let monitor_control = control.clone();
@@ -353,6 +356,7 @@ impl NodeAgent {
                 dev_root: options.dev_root.clone(),
                 driver_root: options.driver_root.clone(),
                 consumable: options.consumable,
+                passthrough: options.passthrough,
             },
             control,
         );
@@ -379,6 +383,9 @@ impl NodeAgent {
         let inventory = state.inventory().clone();
         slice_options.modes = Some(state.modes().clone());
         tracing::info!(modes = ?state.modes(), destroyed = ?recovery.instances_destroyed, "GPU modes");
+        if options.passthrough {
+            log_passthrough(&inventory, state.modes());
+        }
         // Faults seen before a restart are published with the first slices, not after them.
         let mut health_book =
             HealthBook::load(&options.state_dir, &state.checkpoint().node_boot_id)?;
@@ -719,6 +726,36 @@ async fn report_on_node(
         .await
 }
 
+/// Says, once at start, which GPUs are offered to virtual machines and why the others are not.
+fn log_passthrough(
+    inventory: &crate::gpu::NodeInventory,
+    modes: &std::collections::BTreeMap<u32, crate::gpu::mig::GpuMode>,
+) {
+    if inventory.pci.gpus.is_empty() {
+        tracing::warn!(
+            "--passthrough: no NVIDIA GPU in sysfs (bus/pci/devices); none is offered to virtual machines"
+        );
+    }
+    for (function, verdict) in crate::slices::passthrough::eligibility(inventory, modes) {
+        let device = crate::slices::passthrough::vfio_device_name(function.index);
+        match verdict {
+            Ok(()) => tracing::info!(
+                %device,
+                pciBusID = %function.bus_id,
+                iommuGroup = function.iommu_group.unwrap_or_default(),
+                driver = function.driver.as_deref().unwrap_or(""),
+                "GPU offered to virtual machines"
+            ),
+            Err(reason) => tracing::warn!(
+                %device,
+                pciBusID = %function.bus_id,
+                %reason,
+                "GPU not offered to virtual machines"
+            ),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -778,6 +815,7 @@ mod tests {
                 dev_root: None,
                 driver_root: None,
                 consumable: Default::default(),
+                passthrough: false,
             },
             sim.clone(),
         )

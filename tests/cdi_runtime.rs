@@ -159,6 +159,7 @@ fn containers_get_device_nodes_and_the_drivers_files() {
         state_dir: dir.path().join("state"),
         dev_root: Some(dev_root.clone()),
         consumable: Default::default(),
+        passthrough: false,
         driver_root: Some(DriverRoot {
             here: driver_root.clone(),
             // As on a GPU-operator node: the host sees the root elsewhere than this process.

@@ -550,7 +550,7 @@ fn an_unknown_device_class_names_the_template_and_field() {
         "{line}"
     );
     assert!(
-        line.ends_with(": spec.spec.devices.requests[0].exactly.deviceClassName: DeviceClass \"gpu.nvidia.co\" not found; the DeviceClasses given are gpu.nvidia.com, h100.example.com, mig.nvidia.com"),
+        line.ends_with(": spec.spec.devices.requests[0].exactly.deviceClassName: DeviceClass \"gpu.nvidia.co\" not found; the DeviceClasses given are gpu.nvidia.com, h100.example.com, mig.nvidia.com, vfio.gpu.nvidia.com"),
         "{line}"
     );
 }
@@ -762,7 +762,7 @@ fn kubevirt_vms_get_their_launcher_pods_claims() {
     let out = run(
         "match",
         "2xH100-SXM5-80GB",
-        &["-f", &file, "--replicas", "-o", "json"],
+        &["-f", &file, "--replicas", "--passthrough", "-o", "json"],
     );
     let list = json(&out);
     let allocated = allocations(&list);
@@ -778,7 +778,7 @@ fn kubevirt_vms_get_their_launcher_pods_claims() {
             "{name}"
         );
         assert_eq!(results.len(), 1);
-        assert!(results[0].starts_with("dra-gpu=gpu-"), "{results:?}");
+        assert!(results[0].starts_with("dra-gpu=gpu-vfio-"), "{results:?}");
     }
     let notes = text(&out.stderr);
     assert!(
@@ -786,7 +786,11 @@ fn kubevirt_vms_get_their_launcher_pods_claims() {
         "{notes}"
     );
 
-    let explained = run("explain", "2xH100-SXM5-80GB", &["-f", &file]);
+    let explained = run(
+        "explain",
+        "2xH100-SXM5-80GB",
+        &["-f", &file, "--passthrough"],
+    );
     let explanation = text(&explained.stdout);
     assert!(
         explanation.contains("(virt-launcher of VirtualMachineInstance default/vm-dra-gpu)"),
@@ -829,4 +833,76 @@ fn kubevirt_device_references_are_checked() {
         "apiVersion: kubevirt.io/v1beta1\nkind: VirtualMachineInstance\nmetadata:\n  name: vmi\nspec: {}\n",
     );
     assert!(error.contains("apiVersion: \"kubevirt.io/v1beta1\" does not serve VirtualMachineInstance; use kubevirt.io/v1"), "{error}");
+}
+
+/// NVIDIA's two VFIO demo specs, verbatim, on a node published with `--passthrough`: each gets a
+/// `gpu-vfio-<index>` device, the config variant with its VfioDeviceConfig; without
+/// `--passthrough` nothing fits. The config variant's Pod is in another namespace than its
+/// template upstream: named as such, and allocated once the namespace is mended.
+#[test]
+fn nvidias_vfio_specs_allocate_gpus_for_virtual_machines() {
+    let plain = repo("tests/fixtures/manifests/nvidia-vfio/gpu-test-vfiopci.yaml");
+    let out = run(
+        "match",
+        "2xH100-SXM5-80GB",
+        &["-f", &plain, "--passthrough", "-o", "json"],
+    );
+    let allocated = allocations(&as_list(json(&out)));
+    assert_eq!(allocated.len(), 1, "{allocated:?}");
+    assert_eq!(allocated[0].1, ["gpu=gpu-vfio-0"]);
+
+    let without = run("match", "2xH100-SXM5-80GB", &["-f", &plain]);
+    assert_eq!(without.status.code(), Some(1), "{}", text(&without.stderr));
+
+    let config = repo("tests/fixtures/manifests/nvidia-vfio/gpu-test-vfio-config.yaml");
+    let out = run(
+        "match",
+        "2xH100-SXM5-80GB",
+        &["-f", &config, "--passthrough"],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains(
+            "ResourceClaimTemplate gpu-test-vfiopci/single-gpu-full-vfioconfig is not in the inputs"
+        ),
+        "{}",
+        text(&out.stderr)
+    );
+    let dir = tempfile::tempdir().expect("tmp");
+    let mended = dir.path().join("mended.yaml");
+    let content = std::fs::read_to_string(&config).expect("read");
+    std::fs::write(
+        &mended,
+        content.replace("namespace: gpu-test-vfiopci", "namespace: gpu-test-vfio"),
+    )
+    .expect("write");
+    let out = run(
+        "match",
+        "2xH100-SXM5-80GB",
+        &[
+            "-f",
+            mended.to_str().expect("utf-8"),
+            "--passthrough",
+            "-o",
+            "json",
+        ],
+    );
+    let list = as_list(json(&out));
+    let allocated = allocations(&list);
+    assert_eq!(allocated.len(), 1, "{allocated:?}");
+    assert_eq!(allocated[0].1, ["gpu=gpu-vfio-0"]);
+    let config = &list["items"][0]["status"]["allocation"]["devices"]["config"][0];
+    assert_eq!(
+        config["opaque"]["parameters"]["kind"], "VfioDeviceConfig",
+        "{config}"
+    );
+}
+
+/// One claim is printed as itself, several as a List: always a List.
+fn as_list(value: Value) -> Value {
+    if value["kind"] == "List" {
+        value
+    } else {
+        serde_json::json!({"kind": "List", "items": [value]})
+    }
 }

@@ -169,6 +169,7 @@ async fn start(carve: Duration) -> Node {
         state_dir: dir.path().join("state"),
         dev_root: None,
         consumable: Default::default(),
+        passthrough: false,
         driver_root: None,
     };
     let (state, _) = DeviceState::open(config, gpus.clone()).expect("open");

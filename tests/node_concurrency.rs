@@ -48,6 +48,7 @@ fn open_state(dir: &Path) -> DeviceState {
         state_dir: dir.join("state"),
         dev_root: None,
         consumable: Default::default(),
+        passthrough: false,
         driver_root: None,
     };
     DeviceState::open(config, Arc::new(sim(dir)))

@@ -164,6 +164,7 @@ fn slow_node(spec: &str, carve: Duration) -> (tempfile::TempDir, Arc<SlowGpus>, 
         state_dir: dir.path().join("state"),
         dev_root: None,
         consumable: Default::default(),
+        passthrough: false,
         driver_root: None,
     };
     let (state, _) = DeviceState::open(config, gpus.clone()).expect("open");

@@ -29,6 +29,10 @@ pub struct ClaimInputs {
     /// or `sim:<N>x<MODEL>[,...]` for the slices a simulated node publishes. Repeat for more.
     #[arg(long = "slices", value_name = "FILE|DIR|sim:SPEC")]
     pub slices: Vec<String>,
+    /// `sim:` slices also offer each GPU to virtual machines (`gpu-vfio-<index>`), as a driver
+    /// run with `--passthrough` publishes them.
+    #[arg(long)]
+    pub passthrough: bool,
     /// DeviceClasses (v1, v1beta2 or v1beta1): YAML/JSON files or directories. Repeat for more.
     #[arg(long = "classes", value_name = "FILE|DIR")]
     pub classes: Vec<PathBuf>,
@@ -126,7 +130,12 @@ fn usage(e: impl std::fmt::Display) -> CliError {
     CliError::Usage(e.to_string())
 }
 
-fn simulated_slices(spec: &str, node: &str, driver: &str) -> Result<Vec<ResourceSlice>, CliError> {
+fn simulated_slices(
+    spec: &str,
+    node: &str,
+    driver: &str,
+    passthrough: bool,
+) -> Result<Vec<ResourceSlice>, CliError> {
     let source: GpuSource = spec.parse()?;
     let inventory = gpu::discover(&DiscoveryConfig {
         source,
@@ -137,7 +146,11 @@ fn simulated_slices(spec: &str, node: &str, driver: &str) -> Result<Vec<Resource
         nvidia_smi: None,
         sim_mig_delay: std::time::Duration::ZERO,
     })?;
-    Ok(slices::build(&inventory, &SliceOptions::new(driver, node))?)
+    let options = SliceOptions {
+        passthrough,
+        ..SliceOptions::new(driver, node)
+    };
+    Ok(slices::build(&inventory, &options)?)
 }
 
 /// Reads the positional claim file and the `-f` sources, and plans the pods' claims. Notes
@@ -170,7 +183,12 @@ fn load(inputs: &ClaimInputs) -> Result<Loaded, CliError> {
     let mut all_slices = Vec::new();
     for source in &inputs.slices {
         if source.starts_with("sim:") {
-            all_slices.extend(simulated_slices(source, &inputs.node, &inputs.driver_name)?);
+            all_slices.extend(simulated_slices(
+                source,
+                &inputs.node,
+                &inputs.driver_name,
+                inputs.passthrough,
+            )?);
         } else {
             let mut files = Manifests::default();
             files

@@ -138,6 +138,7 @@ pub fn run(args: DemoArgs) -> Result<ExitCode, CliError> {
             state_dir: dir.join("state"),
             dev_root: None,
             consumable: Default::default(),
+            passthrough: false,
         },
         sim.clone(),
     )

@@ -264,6 +264,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode, CliError> {
         driver_name: args.driver_name.clone(),
         mig_policy: args.gpu.mig,
         consumable: args.gpu.consumable_shares,
+        passthrough: args.gpu.passthrough,
         mps_across_namespaces: args.mps_share_across_namespaces,
         device_order: args.device_order,
         kubeconfig: args.kubeconfig.clone(),

@@ -38,6 +38,13 @@ pub struct GpuArgs {
     /// number N of `shares` per device (default request 1). Applies to full GPUs and MIG devices.
     #[arg(long, env = "GPU_DRA_CONSUMABLE_SHARES", default_value = "off")]
     pub consumable_shares: slices::consumable::ConsumableShares,
+    /// Also publish each eligible GPU for virtual machines as `gpu-vfio-<index>` (class
+    /// `vfio.gpu.nvidia.com`; NVIDIA's `PassthroughSupport`): prepared, it is bound to
+    /// `vfio-pci`. A GPU's VFIO device and its other devices exclude each other (a counter set
+    /// per PCI function). Needs the IOMMU on; GPUs in MIG mode with MIG devices offered
+    /// statically, or sharing an IOMMU group with a device bound elsewhere, are not offered.
+    #[arg(long, env = "GPU_DRA_PASSTHROUGH")]
+    pub passthrough: bool,
 }
 
 impl GpuArgs {
@@ -87,6 +94,7 @@ pub fn run(args: SlicesArgs) -> Result<ExitCode, CliError> {
     let options = SliceOptions {
         mig_policy: args.gpu.mig,
         consumable: args.gpu.consumable_shares,
+        passthrough: args.gpu.passthrough,
         ..SliceOptions::new(&args.driver_name, &args.node_name)
     };
     let slices = slices::build(&inventory, &options)?;

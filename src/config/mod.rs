@@ -27,6 +27,62 @@ fn err(field: &str, reason: impl Into<String>) -> ConfigError {
 pub enum DeviceConfig {
     GpuConfig(GpuConfig),
     MigDeviceConfig(MigDeviceConfig),
+    VfioDeviceConfig(VfioDeviceConfig),
+}
+
+/// How a GPU handed to a virtual machine is reached (NVIDIA's `VfioDeviceConfig`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct VfioDeviceConfig {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub iommu: Option<IommuConfig>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct IommuConfig {
+    /// `LegacyOnly` (default; `/dev/vfio/<group>`) or `PreferIommuFD` (the function's
+    /// `/dev/vfio/devices/vfioN` cdev when the node has iommufd). Checked in [`validate`] so
+    /// the error names the field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend_policy: Option<String>,
+    /// Also give the container the IOMMU API device: `/dev/vfio/vfio` (legacy) or `/dev/iommu`
+    /// (iommufd). KubeVirt needs it, with `LegacyOnly`.
+    #[serde(
+        default,
+        rename = "enableAPIDevice",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub enable_api_device: Option<bool>,
+}
+
+/// The IOMMU backend a VFIO device is reached through.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum IommuBackend {
+    #[default]
+    LegacyOnly,
+    PreferIommuFd,
+}
+
+impl VfioDeviceConfig {
+    /// The backend policy (`LegacyOnly` when unset or empty, as NVIDIA normalizes it).
+    pub fn backend(&self) -> IommuBackend {
+        match self
+            .iommu
+            .as_ref()
+            .and_then(|i| i.backend_policy.as_deref())
+        {
+            Some("PreferIommuFD") => IommuBackend::PreferIommuFd,
+            _ => IommuBackend::LegacyOnly,
+        }
+    }
+
+    pub fn api_device(&self) -> bool {
+        self.iommu
+            .as_ref()
+            .and_then(|i| i.enable_api_device)
+            .unwrap_or(false)
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -143,10 +199,15 @@ pub fn decode(parameters: &serde_json::Value) -> Result<DeviceConfig, ConfigErro
         "MigDeviceConfig" => {
             DeviceConfig::MigDeviceConfig(serde_json::from_value(body).map_err(|e| serde_err(&e))?)
         }
+        "VfioDeviceConfig" => {
+            DeviceConfig::VfioDeviceConfig(serde_json::from_value(body).map_err(|e| serde_err(&e))?)
+        }
         other => {
             return Err(err(
                 "kind",
-                format!("{other:?} is not supported; use \"GpuConfig\" or \"MigDeviceConfig\""),
+                format!(
+                    "{other:?} is not supported; use \"GpuConfig\", \"MigDeviceConfig\" or \"VfioDeviceConfig\""
+                ),
             ));
         }
     };
@@ -161,6 +222,20 @@ fn serde_err(e: &serde_json::Error) -> ConfigError {
 
 fn validate(config: &DeviceConfig) -> Result<(), ConfigError> {
     match config {
+        DeviceConfig::VfioDeviceConfig(VfioDeviceConfig {
+            iommu:
+                Some(IommuConfig {
+                    backend_policy: Some(policy),
+                    ..
+                }),
+        }) if !["", "LegacyOnly", "PreferIommuFD"].contains(&policy.as_str()) => {
+            return Err(err(
+                "iommu.backendPolicy",
+                format!(
+                    "unknown IOMMU backend policy {policy:?}; supported: \"LegacyOnly\", \"PreferIommuFD\""
+                ),
+            ));
+        }
         DeviceConfig::GpuConfig(GpuConfig {
             sharing: Some(sharing),
         }) => {
@@ -267,6 +342,30 @@ mod tests {
     }
 
     #[test]
+    fn decodes_nvidias_vfio_configs_with_their_defaults() {
+        let decode_vfio = |parameters: serde_json::Value| match decode(&parameters) {
+            Ok(DeviceConfig::VfioDeviceConfig(c)) => c,
+            other => panic!("not a VfioDeviceConfig: {other:?}"),
+        };
+        let full = decode_vfio(json!({
+            "apiVersion": "resource.nvidia.com/v1beta1", "kind": "VfioDeviceConfig",
+            "iommu": {"backendPolicy": "LegacyOnly", "enableAPIDevice": true}
+        }));
+        assert_eq!(full.backend(), IommuBackend::LegacyOnly);
+        assert!(full.api_device());
+        let bare = decode_vfio(
+            json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "VfioDeviceConfig"}),
+        );
+        assert_eq!(bare.backend(), IommuBackend::LegacyOnly);
+        assert!(!bare.api_device());
+        let fd = decode_vfio(json!({
+            "apiVersion": "resource.nvidia.com/v1beta1", "kind": "VfioDeviceConfig",
+            "iommu": {"backendPolicy": "PreferIommuFD"}
+        }));
+        assert_eq!(fd.backend(), IommuBackend::PreferIommuFd);
+    }
+
+    #[test]
     fn rejects_bad_input_naming_the_field() {
         let cases = [
             (
@@ -298,6 +397,14 @@ mod tests {
                 "unknown variant",
             ),
             (json!(["not", "an", "object"]), "JSON object"),
+            (
+                json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "VfioDeviceConfig", "iommu": {"backendPolicy": "IommuFDOnly"}}),
+                "iommu.backendPolicy: unknown IOMMU backend policy \"IommuFDOnly\"",
+            ),
+            (
+                json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "VfioDeviceConfig", "iommu": {"enableApiDevice": true}}),
+                "unknown field `enableApiDevice`",
+            ),
         ];
         for (input, needle) in cases {
             let e = decode(&input).expect_err("must be rejected").to_string();

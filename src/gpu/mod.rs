@@ -16,6 +16,7 @@ pub mod mig;
 pub mod model;
 pub mod nvml;
 mod nvml_raw;
+pub mod pci;
 pub mod sim;
 
 pub use model::*;
@@ -88,6 +89,9 @@ pub enum GpuError {
         operation: &'static str,
         reason: String,
     },
+    /// A GPU's PCI function could not be read or bound.
+    #[error(transparent)]
+    Pci(#[from] pci::PciError),
     /// A cgroup's GPU memory limits could not be read or set.
     #[error("GPU {minor}: memory limits of cgroup {cgroup}: {failure}")]
     MemoryLimit {
@@ -275,6 +279,23 @@ pub trait GpuControl: Send + Sync {
     fn sim_state_file(&self) -> Option<std::path::PathBuf> {
         None
     }
+    /// Whether these GPUs are simulated (no kernel behind them makes device nodes).
+    fn simulated(&self) -> bool {
+        false
+    }
+    /// Binds the GPU at PCI address `bus_id` to a kernel driver (`vfio-pci` for a virtual
+    /// machine, `nvidia` back). Returns once the kernel reports the binding.
+    fn bind_pci(&self, bus_id: &str, _driver: sim::PciDriver) -> Result<(), GpuError> {
+        Err(GpuError::Pci(pci::PciError::Bind {
+            bus_id: bus_id.to_string(),
+            reason: "this GPU backend cannot bind PCI functions".into(),
+        }))
+    }
+    /// The processes running on a full GPU (compute and graphics), by PID. The simulator runs
+    /// none but MPS daemons, which its binding refuses on its own.
+    fn processes(&self, _minor: u32) -> Result<Vec<u32>, GpuError> {
+        Ok(vec![])
+    }
     /// The liveness probe of one GPU.
     fn probe(&self, minor: u32) -> Result<events::GpuProbe, GpuError>;
     /// Registers for fault events on every GPU.
@@ -297,6 +318,9 @@ impl GpuControl for sim::SimNode {
 
     fn sim_state_file(&self) -> Option<std::path::PathBuf> {
         self.state_file().map(std::path::Path::to_path_buf)
+    }
+    fn simulated(&self) -> bool {
+        true
     }
     fn set_mig_mode(&self, minor: u32, enabled: bool) -> Result<MigMode, GpuError> {
         sim::SimNode::set_mig_mode(self, minor, enabled)
@@ -363,6 +387,9 @@ impl GpuControl for sim::SimNode {
     }
     fn probe(&self, minor: u32) -> Result<events::GpuProbe, GpuError> {
         sim::SimNode::probe(self, minor)
+    }
+    fn bind_pci(&self, bus_id: &str, driver: sim::PciDriver) -> Result<(), GpuError> {
+        sim::SimNode::bind_pci(self, bus_id, driver)
     }
     fn event_source(&self) -> Result<Box<dyn events::GpuEventSource>, GpuError> {
         Ok(Box::new(sim::SimNode::event_source(self)?))

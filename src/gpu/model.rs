@@ -13,6 +13,10 @@ pub struct NodeInventory {
     pub cuda_driver_version: Version2,
     /// Full GPUs, ordered by minor number.
     pub gpus: Vec<Gpu>,
+    /// The GPUs' PCI functions as sysfs shows them (passthrough), those NVML does not see
+    /// (bound to `vfio-pci`) included.
+    #[serde(default)]
+    pub pci: super::pci::PciView,
 }
 
 /// A `major.minor` pair (compute capability, CUDA driver version).

@@ -141,11 +141,12 @@ struct NodeFacts {
 }
 
 impl NodeFacts {
-    fn inventory(self, gpus: Vec<Gpu>) -> NodeInventory {
+    fn inventory(self, gpus: Vec<Gpu>, pci: crate::gpu::pci::PciView) -> NodeInventory {
         NodeInventory {
             driver_version: self.driver_version,
             cuda_driver_version: self.cuda_driver_version,
             gpus,
+            pci,
         }
     }
 }
@@ -579,7 +580,7 @@ impl NvmlBackend {
             };
             gpus.extend(view);
         }
-        Ok(facts.inventory(gpus))
+        Ok(facts.inventory(gpus, crate::gpu::pci::scan(&self.sysfs_root)?))
     }
 
     /// [`inventory`](Self::inventory) of the GPUs in `minors` only (others, and minors the node
@@ -592,7 +593,7 @@ impl NvmlBackend {
             .filter(|slot| minors.contains(&slot.minor))
             .filter_map(|slot| self.read_and_show(slot, &mut slot.lock()))
             .collect();
-        Ok(facts.inventory(gpus))
+        Ok(facts.inventory(gpus, crate::gpu::pci::scan(&self.sysfs_root)?))
     }
 
     /// Refreshes a GPU (held by the caller) if stale; what inventories show of it now.
@@ -611,6 +612,12 @@ impl NvmlBackend {
                 slot.mark_stale();
             }
         }
+    }
+
+    /// Forgets the whole node: a GPU left NVML or came back (a PCI driver binding), so its
+    /// handles and the GPUs' indexes are read again at the next inventory.
+    pub fn invalidate_all(&self) {
+        *self.cache.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
 
     /// Marks one GPU stale: a fault on it may have changed it. The others keep their view.
@@ -1224,6 +1231,35 @@ impl super::GpuControl for NvmlBackend {
 
     fn probe(&self, minor: u32) -> Result<GpuProbe, GpuError> {
         NvmlBackend::probe(self, minor)
+    }
+
+    fn bind_pci(&self, bus_id: &str, driver: super::sim::PciDriver) -> Result<(), GpuError> {
+        let result = super::pci::bind(&self.sysfs_root, bus_id, driver.sysfs_name());
+        // The GPU left NVML or came back: every cached view of it is stale.
+        self.invalidate_all();
+        Ok(result?)
+    }
+
+    fn processes(&self, minor: u32) -> Result<Vec<u32>, GpuError> {
+        const OP: &str = "list processes";
+        self.with_gpu(minor, OP, |_, gpu| {
+            // SAFETY: the handle belongs to `self.nvml`.
+            let device = unsafe { nvml_wrapper::Device::new(gpu.handle.0, &self.nvml) };
+            let mut pids = Vec::new();
+            for list in [
+                device.running_compute_processes(),
+                device.running_graphics_processes(),
+            ] {
+                match list {
+                    Ok(list) => pids.extend(list.into_iter().map(|p| p.pid)),
+                    Err(NvmlError::NotSupported | NvmlError::FunctionNotFound) => {}
+                    Err(e) => return Err(nvml_err(&format!("GPU {minor}: {OP}"), e)),
+                }
+            }
+            pids.sort_unstable();
+            pids.dedup();
+            Ok(pids)
+        })
     }
 
     fn event_source(&self) -> Result<Box<dyn GpuEventSource>, GpuError> {

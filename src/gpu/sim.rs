@@ -1111,7 +1111,58 @@ impl SimNode {
             driver_version: catalog::SIM_DRIVER_VERSION.to_string(),
             cuda_driver_version: cuda_version(catalog::SIM_CUDA_DRIVER_VERSION),
             gpus,
+            pci: self.pci_view(state),
         }
+    }
+
+    /// What [`crate::gpu::pci::scan`] finds in this node's sysfs ([`render_sysfs`]).
+    fn pci_view(&self, state: &SimState) -> crate::gpu::pci::PciView {
+        let gpus = self
+            .spec
+            .models()
+            .enumerate()
+            .map(|(index, model)| {
+                let index = index as u32;
+                let (bus_id, pcie_root, numa_node) = sim_pci_location(index);
+                let driver = state
+                    .gpus
+                    .iter()
+                    .find(|g| g.minor == index)
+                    .map_or(PciDriver::Nvidia, |g| g.driver);
+                crate::gpu::pci::PciGpu {
+                    index,
+                    bus_id,
+                    vendor_id: crate::gpu::pci::NVIDIA_VENDOR,
+                    device_id: (model.pci_device_id >> 16) as u16,
+                    driver: Some(driver.sysfs_name().to_string()),
+                    iommu_group: Some(sim_iommu_group(index)),
+                    group_peers: vec![],
+                    numa_node: Some(numa_node),
+                    pcie_root: Some(pcie_root),
+                    // render_sysfs's BARs: 128 GiB + 32 MiB.
+                    addressable_memory: 256 << 30,
+                    vfio_cdev: (driver == PciDriver::VfioPci).then(|| format!("vfio{index}")),
+                }
+            })
+            .collect();
+        crate::gpu::pci::PciView {
+            gpus,
+            iommu: true,
+            iommufd: false,
+        }
+    }
+
+    /// Binds the GPU at PCI address `bus_id` to `driver` (see [`bind_driver`](Self::bind_driver)).
+    pub fn bind_pci(&self, bus_id: &str, driver: PciDriver) -> Result<(), GpuError> {
+        let index = (0..self.spec.models().count() as u32)
+            .find(|&i| sim_pci_location(i).0 == bus_id)
+            .ok_or_else(|| {
+                GpuError::Pci(crate::gpu::pci::PciError::Bind {
+                    bus_id: bus_id.to_string(),
+                    reason: "no such simulated GPU".into(),
+                })
+            })?;
+        self.bind_driver(index, driver)
     }
 }
 
@@ -1178,11 +1229,15 @@ pub fn sim_pci_location(index: u32) -> (String, String, i64) {
     )
 }
 
-/// Lays out the sysfs of `gpu_count` simulated GPUs under `root`, every one bound to `nvidia`, so
+/// Lays out the sysfs of `spec`'s simulated GPUs under `root`, every one bound to `nvidia`, so
 /// NVML-backed discovery finds the same PCIe roots the simulator reports (see [`render_sysfs`]).
-pub fn write_fake_sysfs(root: &Path, gpu_count: u32) -> std::io::Result<()> {
-    let gpus: Vec<(u32, PciDriver)> = (0..gpu_count).map(|i| (i, PciDriver::Nvidia)).collect();
-    render_sysfs(root, &gpus, |_| None)
+pub fn write_fake_sysfs(root: &Path, spec: &SimSpec) -> std::io::Result<()> {
+    let gpus: Vec<(u32, PciDriver)> = (0..spec.gpu_count())
+        .map(|i| (i, PciDriver::Nvidia))
+        .collect();
+    render_sysfs(root, &gpus, |index| {
+        spec.models().nth(index as usize).map(|m| m.pci_device_id)
+    })
 }
 
 /// The IOMMU group of a simulated GPU: one group per GPU, as on servers with ACS.
@@ -1236,6 +1291,27 @@ pub fn render_sysfs(
             ("numa_node", numa_node.to_string()),
         ] {
             fs::write(folder.join(file), format!("{value}\n"))?;
+        }
+        // An H100's BARs: 16 MiB of registers (32-bit), 128 GiB and 32 MiB 64-bit windows.
+        let base = 0x2200_0000_0000_u64 + u64::from(index) * 0x40_0000_0000;
+        let bars = [
+            (0xe200_0000_u64, 16 << 20, 0x0004_0200_u64),
+            (base, 128 << 30, 0x0014_220c),
+            (0, 0, 0),
+            (base + (128 << 30), 32 << 20, 0x0014_220c),
+        ];
+        let resource: String = bars
+            .iter()
+            .map(|&(start, size, flags)| {
+                let end = if size == 0 { 0 } else { start + size - 1 };
+                format!("0x{start:016x} 0x{end:016x} 0x{flags:016x}\n")
+            })
+            .collect();
+        fs::write(folder.join("resource"), resource)?;
+        // The iommufd cdev of a function bound to vfio-pci.
+        let _ = fs::remove_dir_all(folder.join("vfio-dev"));
+        if driver == PciDriver::VfioPci {
+            fs::create_dir_all(folder.join(format!("vfio-dev/vfio{index}")))?;
         }
         let override_file = folder.join("driver_override");
         let wanted = match driver {

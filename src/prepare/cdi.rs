@@ -117,18 +117,26 @@ pub enum CdiDevice {
         compute_instance_id: u32,
         uuid: String,
     },
+    /// A GPU bound to vfio-pci for a virtual machine: its group node (`/dev/vfio/<group>`) or
+    /// iommufd cdev (`/dev/vfio/devices/vfioN`), and the IOMMU API device when asked for.
+    Vfio {
+        name: String,
+        node: String,
+        api_device: Option<String>,
+    },
 }
 
 impl CdiDevice {
     fn name(&self) -> &str {
         match self {
-            Self::Gpu { name, .. } | Self::Mig { name, .. } => name,
+            Self::Gpu { name, .. } | Self::Mig { name, .. } | Self::Vfio { name, .. } => name,
         }
     }
 
-    fn uuid(&self) -> &str {
+    fn uuid(&self) -> Option<&str> {
         match self {
-            Self::Gpu { uuid, .. } | Self::Mig { uuid, .. } => uuid,
+            Self::Gpu { uuid, .. } | Self::Mig { uuid, .. } => Some(uuid),
+            Self::Vfio { .. } => None,
         }
     }
 }
@@ -224,18 +232,28 @@ impl CdiStore {
         devices: &[CdiDevice],
         claim_edits: &ContainerEdits,
     ) -> Spec {
+        let devices_in = devices;
         // Every device of the claim sees all the claim's GPUs: a container that references any of
         // them gets the same, consistent NVIDIA_VISIBLE_DEVICES.
         let visible = devices
             .iter()
-            .map(CdiDevice::uuid)
+            .filter_map(CdiDevice::uuid)
             .collect::<Vec<_>>()
             .join(",");
+        // GPUs for a virtual machine: no driver files, no CUDA devices (the planner never mixes
+        // them with other devices in one claim).
+        let for_vm =
+            !devices.is_empty() && devices.iter().all(|d| matches!(d, CdiDevice::Vfio { .. }));
         let devices = devices
             .iter()
             .map(|device| {
                 let mut nodes = vec![];
+                let mut env = vec![format!("NVIDIA_VISIBLE_DEVICES={visible}")];
                 match device {
+                    CdiDevice::Vfio { node, .. } => {
+                        nodes.push(self.node(node.clone()));
+                        env.clear();
+                    }
                     CdiDevice::Gpu { minor, .. } => {
                         nodes.push(self.node(format!("/dev/nvidia{minor}")))
                     }
@@ -271,19 +289,40 @@ impl CdiStore {
                 SpecDevice {
                     name: format!("{claim_uid}-{}", device.name()),
                     container_edits: ContainerEdits {
-                        env: vec![format!("NVIDIA_VISIBLE_DEVICES={visible}")],
+                        env,
                         device_nodes: nodes,
                         ..ContainerEdits::default()
                     },
                 }
             })
             .collect();
-        let mut container_edits = ContainerEdits {
-            device_nodes: ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
-                .into_iter()
-                .map(|p| self.node(p.to_string()))
-                .collect(),
-            ..self.driver_edits()
+        let mut container_edits = if for_vm {
+            let mut api_devices: Vec<&String> = devices_in
+                .iter()
+                .filter_map(|d| match d {
+                    CdiDevice::Vfio { api_device, .. } => api_device.as_ref(),
+                    _ => None,
+                })
+                .collect();
+            api_devices.sort();
+            api_devices.dedup();
+            ContainerEdits {
+                // The toolkit's runtime hook, where one is installed, then injects nothing.
+                env: vec!["NVIDIA_VISIBLE_DEVICES=void".into()],
+                device_nodes: api_devices
+                    .into_iter()
+                    .map(|p| self.node(p.clone()))
+                    .collect(),
+                ..ContainerEdits::default()
+            }
+        } else {
+            ContainerEdits {
+                device_nodes: ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+                    .into_iter()
+                    .map(|p| self.node(p.to_string()))
+                    .collect(),
+                ..self.driver_edits()
+            }
         };
         container_edits.env.extend(claim_edits.env.iter().cloned());
         container_edits

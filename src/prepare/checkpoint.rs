@@ -98,8 +98,26 @@ pub struct DeviceRecord {
     /// unprepare (or recovery after a crash) puts them back.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sharing: Option<SharingRecord>,
+    /// A GPU handed to a virtual machine: recorded before it leaves `nvidia`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vfio: Option<VfioRecord>,
     #[serde(flatten)]
     pub unknown: serde_json::Map<String, serde_json::Value>,
+}
+
+/// A GPU bound to `vfio-pci` for a claim; unpreparing binds it back to `nvidia` (whatever
+/// happened in between: binding twice, or back, changes nothing).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VfioRecord {
+    pub bus_id: String,
+    /// The GPU's minor while NVML saw it (`None` when it was bound to vfio-pci already).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub minor: Option<u32>,
+    pub iommu_group: u32,
+    /// `vfioN` of the iommufd cdev, once bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cdev: Option<String>,
 }
 
 /// A full GPU's sharing settings before a claim changed them.

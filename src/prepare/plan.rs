@@ -9,7 +9,7 @@ use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClai
 
 use super::ClaimRef;
 use super::cdi::CdiStore;
-use super::checkpoint::{Checkpoint, DeviceRecord, MigRecord};
+use super::checkpoint::{Checkpoint, DeviceRecord, MigRecord, VfioRecord};
 use super::sharing;
 use super::state::{DriverConfig, PrepareError};
 use crate::config::{self, DeviceConfig};
@@ -36,6 +36,26 @@ pub enum Target {
         profile_id: u32,
         placement: Placement,
     },
+    /// A whole GPU for a virtual machine: bound to `vfio-pci` at prepare, back at unprepare.
+    Vfio {
+        bus_id: String,
+        /// `None` when it is bound to vfio-pci already (NVML does not see it).
+        minor: Option<u32>,
+        iommu_group: u32,
+    },
+}
+
+impl Target {
+    /// The GPU the device is on, by minor, when NVML knows it.
+    pub fn minor(&self) -> Option<u32> {
+        match self {
+            Self::Gpu { minor, .. } => Some(*minor),
+            Self::StaticMig { parent_minor, .. } | Self::Placement { parent_minor, .. } => {
+                Some(*parent_minor)
+            }
+            Self::Vfio { minor, .. } => *minor,
+        }
+    }
 }
 /// One allocation result planned: the result, the device it names, the config that applies.
 pub type PlannedDevice = (DeviceRequestAllocationResult, Target, Option<DeviceConfig>);
@@ -142,17 +162,18 @@ impl Planner<'_> {
                 .iter()
                 .rev()
                 .find(|(requests, _, _)| applies_to(requests, &result.request));
+            if matches!(target, Target::Vfio { .. }) && admin {
+                return Err(bad(format!(
+                    "{at}.adminAccess: device {:?} is a GPU for a virtual machine; it cannot be shared with an admin-access claim (binding it to vfio-pci takes it from every process)",
+                    result.device
+                )));
+            }
             if let Some((_, config, path)) = config {
-                let parent = match &target {
-                    Target::Gpu { minor, .. } => *minor,
-                    Target::StaticMig { parent_minor, .. }
-                    | Target::Placement { parent_minor, .. } => *parent_minor,
-                };
                 let capability = self
                     .inventory
                     .gpus
                     .iter()
-                    .find(|g| g.minor == parent)
+                    .find(|g| Some(g.minor) == target.minor())
                     .map_or(0, |g| g.cuda_compute_capability.major);
                 sharing::check(config, self.mps_available, capability).map_err(
                     |(field, reason)| {
@@ -254,9 +275,42 @@ impl Planner<'_> {
                         result.device
                     )));
                 }
+                (Target::Vfio { .. }, Some(DeviceConfig::GpuConfig(_))) => {
+                    return Err(bad(format!(
+                        "{at}: a GpuConfig cannot apply to device {:?}, a GPU for a virtual machine (use a VfioDeviceConfig)",
+                        result.device
+                    )));
+                }
+                (Target::Vfio { .. }, Some(DeviceConfig::MigDeviceConfig(_))) => {
+                    return Err(bad(format!(
+                        "{at}: a MigDeviceConfig cannot apply to device {:?}, a GPU for a virtual machine (use a VfioDeviceConfig)",
+                        result.device
+                    )));
+                }
+                (
+                    Target::Gpu { .. } | Target::StaticMig { .. } | Target::Placement { .. },
+                    Some(DeviceConfig::VfioDeviceConfig(_)),
+                ) => {
+                    return Err(bad(format!(
+                        "{at}: a VfioDeviceConfig applies only to GPUs for virtual machines (class vfio.gpu.nvidia.com), not to device {:?}",
+                        result.device
+                    )));
+                }
                 _ => {}
             }
             plan.push((result.clone(), target, config));
+        }
+        // A container either runs CUDA on the driver's devices or hands GPUs to a virtual
+        // machine (NVIDIA_VISIBLE_DEVICES=void, no driver files): never both in one claim.
+        let vfio = plan
+            .iter()
+            .filter(|(_, t, _)| matches!(t, Target::Vfio { .. }))
+            .count();
+        if vfio > 0 && vfio < plan.len() {
+            return Err(bad(format!(
+                "allocates {vfio} GPU(s) for a virtual machine (class vfio.gpu.nvidia.com) beside {} other device(s); a claim holds one kind or the other",
+                plan.len() - vfio
+            )));
         }
         // The MPS client limits of a shared GPU address it as the container's device 0.
         if plan.len() > 1
@@ -315,6 +369,9 @@ impl Planner<'_> {
     }
 
     fn resolve(&self, device: &str) -> Result<Target, String> {
+        if let Some(index) = crate::slices::passthrough::parse_vfio_device_name(device) {
+            return self.resolve_vfio(index);
+        }
         for gpu in &self.inventory.gpus {
             if gpu_device_name(gpu.minor) == device {
                 if gpu.mig.as_ref().is_some_and(|m| !m.instances.is_empty()) {
@@ -374,6 +431,40 @@ impl Planner<'_> {
         })
     }
 
+    /// `gpu-vfio-<index>`: published (`--passthrough`) and still eligible.
+    fn resolve_vfio(&self, index: u32) -> Result<Target, String> {
+        if !self.config.passthrough {
+            return Err(
+                "GPUs for virtual machines are not published on this node (--passthrough, chart value passthrough, is off)"
+                    .into(),
+            );
+        }
+        let (function, verdict) =
+            crate::slices::passthrough::eligibility(self.inventory, self.modes)
+                .into_iter()
+                .find(|(f, _)| f.index == index)
+                .ok_or_else(|| format!("no GPU with PCI index {index} on this node"))?;
+        verdict.map_err(|reason| {
+            format!(
+                "GPU {} cannot go to a virtual machine: {reason}",
+                function.bus_id
+            )
+        })?;
+        let iommu_group = function
+            .iommu_group
+            .ok_or_else(|| format!("GPU {} has no IOMMU group", function.bus_id))?;
+        Ok(Target::Vfio {
+            bus_id: function.bus_id.clone(),
+            minor: self
+                .inventory
+                .gpus
+                .iter()
+                .find(|g| g.pci_bus_id == function.bus_id)
+                .map(|g| g.minor),
+            iommu_group,
+        })
+    }
+
     pub fn record(
         &self,
         uid: &str,
@@ -383,6 +474,7 @@ impl Planner<'_> {
     ) -> DeviceRecord {
         let (uuid, mig) = match target {
             Target::Gpu { uuid, .. } => (uuid.clone(), None),
+            Target::Vfio { .. } => (String::new(), None),
             Target::StaticMig {
                 parent_minor,
                 gpu_instance_id,
@@ -445,6 +537,19 @@ impl Planner<'_> {
             mig,
             config: config.clone(),
             sharing: None,
+            vfio: match target {
+                Target::Vfio {
+                    bus_id,
+                    minor,
+                    iommu_group,
+                } => Some(VfioRecord {
+                    bus_id: bus_id.clone(),
+                    minor: *minor,
+                    iommu_group: *iommu_group,
+                    cdev: None,
+                }),
+                _ => None,
+            },
             unknown: Default::default(),
         }
     }
@@ -457,8 +562,27 @@ fn applies_to(requests: &[String], request: &str) -> bool {
 }
 
 /// Whether `held` (another claim's device) and `target` cannot both be in use: a whole GPU and any
-/// MIG device of that GPU.
+/// MIG device of that GPU; a GPU for a virtual machine and anything else on it.
 fn conflicts_on_gpu(target: &Target, held: &DeviceRecord) -> bool {
+    let held_gpu = held
+        .vfio
+        .as_ref()
+        .and_then(|v| v.minor)
+        .or_else(|| held.mig.as_ref().map(|m| m.parent_minor))
+        .or_else(|| {
+            crate::slices::passthrough::parse_vfio_device_name(&held.device)
+                .is_none()
+                .then(|| device_minor(&held.device))
+                .flatten()
+        });
+    match (target, &held.vfio) {
+        (Target::Vfio { bus_id, minor, .. }, _) => {
+            return held.vfio.as_ref().is_some_and(|v| &v.bus_id == bus_id)
+                || (minor.is_some() && held_gpu == *minor);
+        }
+        (other, Some(vfio)) => return vfio.minor.is_some() && vfio.minor == other.minor(),
+        _ => {}
+    }
     let held_mig_parent = held
         .mig
         .as_ref()
@@ -469,5 +593,14 @@ fn conflicts_on_gpu(target: &Target, held: &DeviceRecord) -> bool {
         Target::StaticMig { parent_minor, .. } | Target::Placement { parent_minor, .. } => {
             held_mig_parent.is_none() && held.device == gpu_device_name(*parent_minor)
         }
+        Target::Vfio { .. } => false,
     }
+}
+
+/// The GPU minor of a `gpu-<minor>` or MIG device name.
+fn device_minor(device: &str) -> Option<u32> {
+    if let Some(parsed) = parse_mig_device_name(device) {
+        return Some(parsed.parent_minor);
+    }
+    device.strip_prefix("gpu-")?.parse().ok()
 }

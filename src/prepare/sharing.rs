@@ -29,6 +29,8 @@ fn strategy(config: Option<&DeviceConfig>) -> Option<(SharingStrategy, Option<&M
         DeviceConfig::MigDeviceConfig(MigDeviceConfig { sharing }) => sharing
             .as_ref()
             .map(|s| (s.strategy, s.mps_config.as_ref())),
+        // A GPU in a virtual machine is the machine's alone.
+        DeviceConfig::VfioDeviceConfig(_) => None,
     }
 }
 
@@ -357,6 +359,7 @@ mod tests {
             mig: None,
             config: Some(mps_config(mps)),
             sharing: None,
+            vfio: None,
             unknown: Default::default(),
         }
     }

@@ -35,6 +35,7 @@ use super::effects::compute_mode::{self, ComputeMode};
 use super::effects::mig_carve::{self, MigCarve};
 use super::effects::mig_mode::WholeGpu;
 use super::effects::mps_daemon::{self, SharedMps};
+use super::effects::vfio_bind::VfioBind;
 use super::effects::{ClaimDevice, DeviceEffect, Host};
 use super::failpoint::failpoint;
 use super::memory_limits::MemoryLimits;
@@ -60,6 +61,10 @@ pub enum PrepareError {
     DriverFiles(#[from] DriverFilesError),
     #[error(transparent)]
     Mps(#[from] MpsError),
+    /// A device's hardware did not get where preparing it needs it (e.g. a GPU that does not
+    /// leave the nvidia driver).
+    #[error("device {device}: {reason}")]
+    Device { device: String, reason: String },
     /// The operation's own thread failed (a bug); nothing it changed is lost: the checkpoint
     /// says what to undo.
     #[error("internal error: {0}")]
@@ -83,6 +88,8 @@ pub struct DriverConfig {
     /// Whether devices are published for several claims at once (`--consumable-shares`): only
     /// then may claims with a `shareID` hold the same device.
     pub consumable: crate::slices::consumable::ConsumableShares,
+    /// Whether VFIO devices are published (`--passthrough`): only then are they prepared.
+    pub passthrough: bool,
 }
 
 /// What recovery at start did.
@@ -385,8 +392,32 @@ impl DeviceState {
     }
 
     /// The GPUs a claim's devices are on: those its allocation names on this node, and those
-    /// recorded for it (a half-done earlier attempt).
+    /// recorded for it (a half-done earlier attempt). A GPU for a virtual machine is also held
+    /// by its PCI index ([`VFIO_LOCK_BASE`] + index): NVML may not see it, so it has no minor.
     fn gpus_of(&self, uid: &str, claim: Option<&ResourceClaim>) -> BTreeSet<u32> {
+        let book = self.book();
+        let vfio_keys = |index: u32| {
+            let minor = book
+                .inventory
+                .pci
+                .gpus
+                .iter()
+                .find(|f| f.index == index)
+                .and_then(|f| {
+                    book.inventory
+                        .gpus
+                        .iter()
+                        .find(|g| g.pci_bus_id == f.bus_id)
+                })
+                .map(|g| g.minor);
+            [Some(VFIO_LOCK_BASE + index), minor]
+        };
+        let keys_of = |device: &str| -> Vec<u32> {
+            match crate::slices::passthrough::parse_vfio_device_name(device) {
+                Some(index) => vfio_keys(index).into_iter().flatten().collect(),
+                None => device_gpu(device).into_iter().collect(),
+            }
+        };
         let mut minors: BTreeSet<u32> = claim
             .and_then(|c| c.status.as_ref())
             .and_then(|s| s.allocation.as_ref())
@@ -395,16 +426,14 @@ impl DeviceState {
             .into_iter()
             .flatten()
             .filter(|r| r.driver == self.config.driver_name && r.pool == self.config.node_name)
-            .filter_map(|r| device_gpu(&r.device))
+            .flat_map(|r| keys_of(&r.device))
             .collect();
-        let book = self.book();
         if let Some(entry) = book.checkpoint.claims.get(uid) {
-            minors.extend(entry.devices.iter().filter_map(|d| {
-                d.mig
-                    .as_ref()
-                    .map(|m| m.parent_minor)
-                    .or_else(|| device_gpu(&d.device))
-            }));
+            for d in &entry.devices {
+                minors.extend(keys_of(&d.device));
+                minors.extend(d.mig.as_ref().map(|m| m.parent_minor));
+                minors.extend(d.vfio.as_ref().and_then(|v| v.minor));
+            }
         }
         minors
     }
@@ -482,7 +511,8 @@ impl DeviceState {
         }
         let creates_hardware_state = sharing.iter().any(Option::is_some)
             || plan.iter().any(|(_, t, config)| {
-                matches!(t, Target::Placement { .. }) || sharing::wants_mps(config.as_ref())
+                matches!(t, Target::Placement { .. } | Target::Vfio { .. })
+                    || sharing::wants_mps(config.as_ref())
             });
         let mut entry = {
             let book = self.book();
@@ -524,7 +554,7 @@ impl DeviceState {
             failpoint("prepare-started");
         }
         // Effect by effect, device by device; each records what it made as soon as it exists.
-        let effects: [&dyn DeviceEffect; 3] = [&MigCarve, &WholeGpu, &ComputeMode];
+        let effects: [&dyn DeviceEffect; 4] = [&MigCarve, &WholeGpu, &ComputeMode, &VfioBind];
         for effect in effects {
             for index in 0..entry.devices.len() {
                 let device = ClaimDevice {
@@ -653,7 +683,8 @@ impl DeviceState {
         }
         // The effects in reverse order, from what the checkpoint recorded.
         let shared_mps = SharedMps(self.mps.as_ref());
-        let effects: [&dyn DeviceEffect; 4] = [&shared_mps, &ComputeMode, &WholeGpu, &MigCarve];
+        let effects: [&dyn DeviceEffect; 5] =
+            [&VfioBind, &shared_mps, &ComputeMode, &WholeGpu, &MigCarve];
         for effect in effects {
             for (index, record) in entry.devices.iter().enumerate() {
                 if !left_to_sharers.contains(&index) {
@@ -827,6 +858,7 @@ impl DeviceState {
             inventory.driver_version = fresh.driver_version;
             inventory.cuda_driver_version = fresh.cuda_driver_version;
         }
+        inventory.pci = fresh.pci;
         Ok(book.inventory != before)
     }
 
@@ -839,7 +871,7 @@ impl DeviceState {
     /// Re-reads the GPUs in `minors` (held by the caller), leaving every other GPU as the
     /// operation holding it last saw it.
     fn refresh(&self, minors: &BTreeSet<u32>) -> Result<(), PrepareError> {
-        if minors.is_empty() {
+        if minors.is_empty() && !self.config.passthrough {
             return Ok(());
         }
         // Only these: waiting for another GPU's operation in flight would serialise them.
@@ -850,6 +882,8 @@ impl DeviceState {
             .gpus
             .extend(fresh.gpus.into_iter().filter(|g| minors.contains(&g.minor)));
         book.inventory.gpus.sort_by_key(|g| g.minor);
+        // The PCI view is read whole each time (a few sysfs files): bindings change with claims.
+        book.inventory.pci = fresh.pci;
         Ok(())
     }
 
@@ -902,6 +936,7 @@ impl DeviceState {
             .devices
             .iter()
             .filter_map(|d| match &d.mig {
+                _ if d.vfio.is_some() => vfio_cdi_device(book, d),
                 Some(mig) => Some(CdiDevice::Mig {
                     name: d.device.clone(),
                     parent_minor: mig.parent_minor,
@@ -944,6 +979,18 @@ impl Host for DeviceState {
         self.modes.get(&minor).copied()
     }
 
+    fn host_dev_path(&self, path: &str) -> Option<PathBuf> {
+        if self.gpus.simulated() {
+            return None;
+        }
+        let root = self
+            .config
+            .dev_root
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("/"));
+        Some(root.join(path.trim_start_matches('/')))
+    }
+
     fn mig_mode(&self, minor: u32) -> (bool, bool) {
         let book = self.book();
         let gpu = book.inventory.gpus.iter().find(|g| g.minor == minor);
@@ -972,6 +1019,36 @@ fn device_memory(book: &Book, uuid: &str) -> u64 {
 }
 
 /// The minor of the GPU a device name of ours is on (`gpu-<minor>` or a MIG device of it).
+/// A GPU for a virtual machine in a claim's spec: through iommufd when the config prefers it and
+/// the node has it (and the function its cdev), else through its legacy group node.
+fn vfio_cdi_device(book: &Book, device: &DeviceRecord) -> Option<CdiDevice> {
+    let vfio = device.vfio.as_ref()?;
+    let config = match &device.config {
+        Some(crate::config::DeviceConfig::VfioDeviceConfig(config)) => config.clone(),
+        _ => Default::default(),
+    };
+    let cdev = vfio.cdev.as_ref().filter(|_| {
+        config.backend() == crate::config::IommuBackend::PreferIommuFd && book.inventory.pci.iommufd
+    });
+    Some(CdiDevice::Vfio {
+        name: device.device.clone(),
+        node: match cdev {
+            Some(cdev) => format!("/dev/vfio/devices/{cdev}"),
+            None => format!("/dev/vfio/{}", vfio.iommu_group),
+        },
+        api_device: config.api_device().then(|| {
+            if cdev.is_some() {
+                "/dev/iommu".to_string()
+            } else {
+                "/dev/vfio/vfio".to_string()
+            }
+        }),
+    })
+}
+
+/// Lock keys of GPUs for virtual machines start here (GPU minors are below 256).
+const VFIO_LOCK_BASE: u32 = 1 << 16;
+
 fn device_gpu(device: &str) -> Option<u32> {
     if let Some(parsed) = parse_mig_device_name(device) {
         return Some(parsed.parent_minor);

@@ -37,6 +37,7 @@ impl Fixture {
             state_dir: dir.path().join("state"),
             dev_root: None,
             consumable: Default::default(),
+            passthrough: false,
             driver_root: None,
         };
         Self {
@@ -968,4 +969,116 @@ fn a_missing_checkpoint_with_this_boots_work_on_the_node_fails_closed() {
     f.config.mig_policy = crate::gpu::mig::MigPolicy::Auto;
     let (_state, report) = DeviceState::open(f.config.clone(), f.sim.clone()).expect("open");
     assert_eq!(report.specs_removed, ["running"]);
+}
+
+#[test]
+fn a_vfio_claim_binds_its_gpu_for_a_vm_and_unprepare_gives_it_back() {
+    let mut fixture = Fixture::new("sim:2xH100-SXM5-80GB");
+    // Published only with --passthrough: refused without it, naming the setting.
+    let vm = claim("vm", vec![result("gpu-vfio-1")], vec![]);
+    let error = fixture
+        .open()
+        .prepare(&claim_ref("vm"), &vm)
+        .expect_err("not published");
+    assert!(error.to_string().contains("--passthrough"), "{error}");
+    fixture.config.passthrough = true;
+    let state = fixture.open();
+    let config = json!({
+        "apiVersion": "resource.nvidia.com/v1beta1", "kind": "VfioDeviceConfig",
+        "iommu": {"backendPolicy": "LegacyOnly", "enableAPIDevice": true}
+    });
+    let vm = claim("vm", vec![result("gpu-vfio-1")], vec![config]);
+    state.prepare(&claim_ref("vm"), &vm).expect("prepare");
+    let drivers = fixture.sim.drivers().expect("drivers");
+    assert_eq!(drivers[1].1, crate::gpu::sim::PciDriver::VfioPci);
+    assert!(
+        !state.inventory().gpus.iter().any(|g| g.minor == 1),
+        "NVML no longer sees GPU 1"
+    );
+    let spec = fixture.spec("vm");
+    assert_eq!(spec.devices.len(), 1);
+    assert_eq!(spec.devices[0].name, "vm-gpu-vfio-1");
+    let nodes: Vec<&str> = spec.devices[0]
+        .container_edits
+        .device_nodes
+        .iter()
+        .map(|n| n.path.as_str())
+        .collect();
+    let group = crate::gpu::sim::sim_iommu_group(1);
+    assert_eq!(nodes, [format!("/dev/vfio/{group}")]);
+    assert_eq!(spec.container_edits.env, ["NVIDIA_VISIBLE_DEVICES=void"]);
+    let api: Vec<&str> = spec
+        .container_edits
+        .device_nodes
+        .iter()
+        .map(|n| n.path.as_str())
+        .collect();
+    assert_eq!(api, ["/dev/vfio/vfio"], "the API device, and no nvidiactl");
+    assert!(spec.container_edits.mounts.is_empty(), "no driver files");
+
+    // The same GPU whole, or one of its MIG devices, waits while the VM holds it.
+    for device in ["gpu-1", "gpu-vfio-1"] {
+        let other = claim("other", vec![result(device)], vec![]);
+        let error = state
+            .prepare(&claim_ref("other"), &other)
+            .expect_err("held by the VM");
+        assert!(
+            error.to_string().contains("claim-vm") || error.to_string().contains("no such"),
+            "{device}: {error}"
+        );
+    }
+    // A GPU config on a VM's GPU, and a VM's GPU beside a CUDA GPU, are refused.
+    let mixed = claim("mixed", vec![result("gpu-vfio-0"), result("gpu-0")], vec![]);
+    let error = state
+        .prepare(&claim_ref("mixed"), &mixed)
+        .expect_err("mixed");
+    assert!(
+        error.to_string().contains("one kind or the other"),
+        "{error}"
+    );
+    let timesliced = claim(
+        "ts",
+        vec![result("gpu-vfio-0")],
+        vec![
+            json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+            "sharing": {"strategy": "TimeSlicing"}}),
+        ],
+    );
+    let error = state
+        .prepare(&claim_ref("ts"), &timesliced)
+        .expect_err("gpu config");
+    assert!(error.to_string().contains("VfioDeviceConfig"), "{error}");
+
+    state.unprepare("vm").expect("unprepare");
+    assert_eq!(
+        fixture.sim.drivers().expect("drivers")[1].1,
+        crate::gpu::sim::PciDriver::Nvidia
+    );
+    assert!(state.inventory().gpus.iter().any(|g| g.minor == 1));
+    assert!(fixture.cdi_files().is_empty());
+    // Back on nvidia, the GPU serves a CUDA claim again.
+    let cuda = claim("cuda", vec![result("gpu-1")], vec![]);
+    state.prepare(&claim_ref("cuda"), &cuda).expect("cuda");
+}
+
+#[test]
+fn a_crash_with_the_gpu_bound_for_a_vm_is_undone_at_start() {
+    let mut fixture = Fixture::new("sim:1xH100-SXM5-80GB");
+    fixture.config.passthrough = true;
+    let state = fixture.open();
+    let vm = claim("vm", vec![result("gpu-vfio-0")], vec![]);
+    state.prepare(&claim_ref("vm"), &vm).expect("prepare");
+    drop(state);
+    // The checkpoint says prepare had started (a crash before completion, as after kill -9).
+    let path = fixture.config.state_dir.join("checkpoint.json");
+    let text = std::fs::read_to_string(&path).expect("checkpoint");
+    std::fs::write(&path, text.replace("PrepareCompleted", "PrepareStarted")).expect("write");
+    let (state, report) =
+        DeviceState::open(fixture.config.clone(), fixture.sim.clone()).expect("reopen");
+    assert_eq!(report.rolled_back, ["vm"]);
+    assert_eq!(
+        fixture.sim.drivers().expect("drivers")[0].1,
+        crate::gpu::sim::PciDriver::Nvidia
+    );
+    assert_eq!(state.inventory().gpus.len(), 1);
 }

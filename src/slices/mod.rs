@@ -22,6 +22,7 @@ use crate::gpu::{Gpu, MigInstance, NodeInventory};
 pub mod consumable;
 pub mod packing;
 pub mod partitions;
+pub mod passthrough;
 pub mod publish;
 pub mod validate;
 
@@ -70,6 +71,8 @@ pub struct SliceOptions {
     pub consumable: consumable::ConsumableShares,
     /// Device taints from GPU faults, by device name (see [`crate::health`]).
     pub taints: std::sync::Arc<BTreeMap<String, Vec<k8s_openapi::api::resource::v1::DeviceTaint>>>,
+    /// Whether eligible GPUs are also published for virtual machines (`--passthrough`).
+    pub passthrough: bool,
 }
 
 impl SliceOptions {
@@ -83,6 +86,7 @@ impl SliceOptions {
             order: DeviceOrder::Packed,
             consumable: consumable::ConsumableShares::Off,
             taints: Default::default(),
+            passthrough: false,
         }
     }
 
@@ -114,8 +118,24 @@ pub fn content(inventory: &NodeInventory, options: &SliceOptions) -> PoolContent
     let modes = options.modes(inventory);
     let mut pool = PoolContent::default();
     let mut candidates = Vec::new();
-    let shareable = |mut device: Device| {
+    // GPUs also offered to virtual machines, by PCI address.
+    let passthrough: BTreeMap<&str, &crate::gpu::pci::PciGpu> = if options.passthrough {
+        passthrough::eligibility(inventory, &modes)
+            .into_iter()
+            .filter(|(_, verdict)| verdict.is_ok())
+            .map(|(function, _)| (function.bus_id.as_str(), function))
+            .collect()
+    } else {
+        BTreeMap::new()
+    };
+    let shareable = |mut device: Device, gpu: &Gpu| {
         consumable::apply(&mut device, options.consumable);
+        if let Some(function) = passthrough.get(gpu.pci_bus_id.as_str()) {
+            device
+                .consumes_counters
+                .get_or_insert_with(Vec::new)
+                .push(passthrough::sibling_consumption(function));
+        }
         device
     };
     for gpu in &inventory.gpus {
@@ -125,24 +145,25 @@ pub fn content(inventory: &NodeInventory, options: &SliceOptions) -> PoolContent
             GpuMode::Whole => {
                 if !mig_on {
                     let device = full_gpu_device(inventory, gpu);
-                    pool.devices.push(shareable(device));
+                    pool.devices.push(shareable(device, gpu));
                 }
             }
             GpuMode::Static => {
                 // A GPU in MIG mode can only be used through its MIG devices.
                 if !mig_on {
                     let device = full_gpu_device(inventory, gpu);
-                    pool.devices.push(shareable(device));
+                    pool.devices.push(shareable(device, gpu));
                 }
-                pool.devices
-                    .extend(static_mig_devices(inventory, gpu).map(&shareable));
+                pool.devices.extend(
+                    static_mig_devices(inventory, gpu).map(|device| shareable(device, gpu)),
+                );
             }
             GpuMode::Dynamic => {
                 pool.counter_sets.push(partitions::counter_set(gpu));
                 // Ampere cannot leave MIG mode without a reset: no whole GPU while it is on.
                 if !mig_on || gpu.architecture.toggles_mig_without_reset() {
                     let device = partitions::whole_gpu(inventory, gpu);
-                    pool.devices.push(shareable(device));
+                    pool.devices.push(shareable(device, gpu));
                 }
                 candidates.extend(partitions::placements(gpu).into_iter().map(
                     |(profile, placement)| packing::Candidate {
@@ -157,8 +178,13 @@ pub fn content(inventory: &NodeInventory, options: &SliceOptions) -> PoolContent
     packing::order(&mut candidates, packing::Usage::of);
     pool.devices.extend(candidates.into_iter().map(|c| {
         let device = partitions::placement_device(inventory, c.gpu, c.profile, c.placement);
-        shareable(device)
+        shareable(device, c.gpu)
     }));
+    for function in passthrough.values() {
+        pool.counter_sets.push(passthrough::counter_set(function));
+        pool.devices
+            .push(passthrough::vfio_device(inventory, function));
+    }
     if options.order == DeviceOrder::Name {
         pool.devices.sort_by(|a, b| a.name.cmp(&b.name));
     }

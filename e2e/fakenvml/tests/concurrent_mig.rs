@@ -37,7 +37,7 @@ fn configure(node: &str, state: &Path) -> SimNode {
 
 fn open(dir: &Path) -> Arc<NvmlBackend> {
     let sysfs = dir.join("sys");
-    write_fake_sysfs(&sysfs, 2).expect("sysfs links");
+    write_fake_sysfs(&sysfs, &SPEC.parse().expect("spec")).expect("sysfs links");
     Arc::new(NvmlBackend::open(Some(&fake_library()), sysfs).expect("NVML init"))
 }
 

@@ -22,7 +22,7 @@ fn discover_both(
     let sim = SimNode::new(spec.parse().expect("spec"), node, Some(state.to_path_buf()));
     setup(&sim);
     let sysfs = tempfile::tempdir().expect("sysfs");
-    write_fake_sysfs(sysfs.path(), sim.spec().gpu_count()).expect("sysfs links");
+    sim.write_sysfs(sysfs.path()).expect("sysfs links");
     // SAFETY: the ENV lock serialises every reader and writer of these variables in this process.
     unsafe {
         std::env::set_var("FAKE_NVML_GPUS", spec);
@@ -432,7 +432,7 @@ fn memory_limits_through_nvml() {
     std::fs::create_dir_all(&cgroup).expect("cgroup dir");
     std::fs::write(cgroup.join("cgroup.procs"), "").expect("cgroup.procs");
     let sysfs = tempfile::tempdir().expect("sysfs");
-    write_fake_sysfs(sysfs.path(), 2).expect("sysfs links");
+    write_fake_sysfs(sysfs.path(), &spec.parse().expect("spec")).expect("sysfs links");
     // SAFETY: the ENV lock serialises every reader and writer of these variables in this process.
     unsafe {
         std::env::set_var("FAKE_NVML_GPUS", spec);

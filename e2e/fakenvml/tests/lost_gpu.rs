@@ -35,7 +35,7 @@ fn configure(node: &str, state: &Path) -> SimNode {
 /// The NVML backend on the fake, with the simulated node's sysfs (for PCIe roots) under `dir`.
 fn open(dir: &Path) -> Arc<NvmlBackend> {
     let sysfs = dir.join("sys");
-    write_fake_sysfs(&sysfs, 3).expect("sysfs links");
+    write_fake_sysfs(&sysfs, &SPEC.parse().expect("spec")).expect("sysfs links");
     Arc::new(NvmlBackend::open(Some(&fake_library()), sysfs).expect("NVML init"))
 }
 

@@ -62,6 +62,7 @@ impl Node {
             state_dir: dir.path().join("state"),
             dev_root: None,
             consumable,
+            passthrough: false,
             driver_root: Some(DriverRoot {
                 here: root.clone(),
                 host: root,

@@ -102,15 +102,7 @@ mod tests {
     fn release_keeps_mig_mode_while_an_instance_lives_or_the_gpu_is_not_dynamic() {
         let host = TestHost::new("sim:1xH100-SXM5-80GB", GpuMode::Dynamic);
         ensure(&host, 0).expect("on");
-        let profile = host.sim.inventory().expect("inventory").gpus[0]
-            .mig
-            .as_ref()
-            .expect("mig")
-            .profiles[0]
-            .clone();
-        host.sim
-            .create_gpu_instance(0, profile.id, profile.placements[0])
-            .expect("carve");
+        host.carve_first_profile(0);
         release(&host, 0).expect("release");
         host.refresh(&BTreeSet::from([0])).expect("refresh");
         assert!(host.mig_mode(0).0, "an instance keeps MIG mode on");

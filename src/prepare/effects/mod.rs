@@ -25,6 +25,7 @@ pub mod compute_mode;
 pub mod mig_carve;
 pub mod mig_mode;
 pub mod mps_daemon;
+pub mod vfio_bind;
 
 /// What an effect needs of the node state it changes: the GPUs, the checkpoint, the inventory.
 pub trait Host {
@@ -38,6 +39,10 @@ pub trait Host {
     /// Whether MIG mode is on for a GPU, and whether the GPU can switch it without a reset, as
     /// last read.
     fn mig_mode(&self, minor: u32) -> (bool, bool);
+    /// Where a device node the kernel creates (e.g. `/dev/vfio/<group>`) is seen from here, to
+    /// wait for it; `None` on simulated GPUs, whose "kernel" makes no device nodes (a test node
+    /// creates them in its dev root in advance, as it does `/dev/nvidia*`).
+    fn host_dev_path(&self, path: &str) -> Option<std::path::PathBuf>;
 }
 
 /// Device `index` of claim `uid`, as the checkpoint records it now.
@@ -108,6 +113,21 @@ pub(crate) mod test_host {
         pub fn checkpoint(&self) -> Checkpoint {
             self.checkpoint.lock().expect("lock").clone()
         }
+
+        /// Carves a GPU instance of the GPU's first profile at its first placement (MIG mode
+        /// on); returns its id.
+        pub fn carve_first_profile(&self, minor: u32) -> u32 {
+            let inventory = self.sim.inventory().expect("inventory");
+            let gpu = inventory
+                .gpus
+                .iter()
+                .find(|g| g.minor == minor)
+                .expect("gpu");
+            let profile = gpu.mig.as_ref().expect("mig").profiles[0].clone();
+            self.sim
+                .create_gpu_instance(minor, profile.id, profile.placements[0])
+                .expect("carve")
+        }
     }
 
     /// Device 0 of claim `uid`.
@@ -133,6 +153,7 @@ pub(crate) mod test_host {
             mig: None,
             config: None,
             sharing: None,
+            vfio: None,
             unknown: Default::default(),
         }
     }
@@ -152,6 +173,9 @@ pub(crate) mod test_host {
         }
         fn gpu_mode(&self, minor: u32) -> Option<GpuMode> {
             self.modes.get(&minor).copied()
+        }
+        fn host_dev_path(&self, _path: &str) -> Option<std::path::PathBuf> {
+            None
         }
         fn mig_mode(&self, minor: u32) -> (bool, bool) {
             let inventory = self.inventory.lock().expect("lock");

@@ -37,6 +37,7 @@ pub fn config(dir: &Path, node: &str) -> DriverConfig {
         state_dir: dir.join("state"),
         dev_root: None,
         consumable: Default::default(),
+        passthrough: false,
         driver_root: None,
     }
 }
