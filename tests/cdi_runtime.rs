@@ -1,7 +1,8 @@
 //! What a container gets from a prepared claim, as the container runtimes' own CDI library
 //! (`tags.cncf.io/container-device-interface`, through `e2e/cdi-inject`) reads our specs: the
 //! claim's device nodes and the driver's libraries, links, binaries, firmware and sockets from
-//! a driver root, for a whole GPU, a MIG device and a claim with two devices.
+//! a driver root, for a whole GPU, a MIG device and a claim with two devices; and for a GPU
+//! handed to a virtual machine, its VFIO nodes and device metadata only.
 //!
 //! Needs `CDI_INJECT` (the tool) and permission to make device nodes (root): plain `cargo test`
 //! lists the test as ignored; `cargo test -- --include-ignored` (e2e/run-tests) runs it, and
@@ -45,15 +46,46 @@ fn make_device_nodes(dev_root: &Path, gpus: u32) {
     ];
     nodes.extend((0..gpus).map(|m| (format!("nvidia{m}"), 195, m)));
     for (name, major, minor) in nodes {
-        let status = Command::new("mknod")
-            .arg(dev.join(&name))
-            .args(["c", &major.to_string(), &minor.to_string()])
-            .status()
-            .expect("run mknod");
-        assert!(
-            status.success(),
-            "mknod {name} failed: this test makes device nodes and must run as root"
-        );
+        mknod(&dev.join(&name), major, minor);
+    }
+}
+
+/// A character device node (this test must run as root).
+fn mknod(path: &Path, major: u32, minor: u32) {
+    let status = Command::new("mknod")
+        .arg(path)
+        .args(["c", &major.to_string(), &minor.to_string()])
+        .status()
+        .expect("run mknod");
+    assert!(
+        status.success(),
+        "mknod {} failed: this test makes device nodes and must run as root",
+        path.display()
+    );
+}
+
+/// The driver on simulated GPUs under `dir`, with the dev and driver roots given.
+fn driver_config(
+    dir: &Path,
+    dev_root: &Path,
+    driver_root: &Path,
+    passthrough: bool,
+) -> DriverConfig {
+    DriverConfig {
+        driver_name: "gpu.nvidia.com".into(),
+        mig_policy: gpu_dra::gpu::mig::MigPolicy::Auto,
+        node_name: "n1".into(),
+        cdi_root: dir.join("cdi"),
+        state_dir: dir.join("state"),
+        dev_root: Some(dev_root.to_path_buf()),
+        consumable: Default::default(),
+        passthrough,
+        driver_root: Some(DriverRoot {
+            here: driver_root.to_path_buf(),
+            // As on a GPU-operator node, the host may see the root elsewhere than this process.
+            host: driver_root.to_path_buf(),
+            hook: None,
+        }),
     }
 }
 
@@ -95,13 +127,11 @@ fn cap_paths(spec: &Path, device: usize) -> Vec<String> {
 /// Capability nodes exist only once an instance is carved: make them as the driver would.
 fn make_cap_nodes(dev_root: &Path, caps: &[String]) {
     for cap in caps {
-        let number = cap.trim_start_matches("/dev/nvidia-caps/nvidia-cap");
-        let status = Command::new("mknod")
-            .arg(dev_root.join(cap.trim_start_matches('/')))
-            .args(["c", "508", number])
-            .status()
-            .expect("run mknod");
-        assert!(status.success(), "mknod {cap}");
+        let number = cap
+            .trim_start_matches("/dev/nvidia-caps/nvidia-cap")
+            .parse()
+            .expect("capability number");
+        mknod(&dev_root.join(cap.trim_start_matches('/')), 508, number);
     }
 }
 
@@ -151,22 +181,7 @@ fn containers_get_device_nodes_and_the_drivers_files() {
         "n1",
         Some(dir.path().join("hw.json")),
     ));
-    let config = DriverConfig {
-        driver_name: "gpu.nvidia.com".into(),
-        mig_policy: gpu_dra::gpu::mig::MigPolicy::Auto,
-        node_name: "n1".into(),
-        cdi_root: dir.path().join("cdi"),
-        state_dir: dir.path().join("state"),
-        dev_root: Some(dev_root.clone()),
-        consumable: Default::default(),
-        passthrough: false,
-        driver_root: Some(DriverRoot {
-            here: driver_root.clone(),
-            // As on a GPU-operator node: the host sees the root elsewhere than this process.
-            host: driver_root.clone(),
-            hook: None,
-        }),
-    };
+    let config = driver_config(dir.path(), &dev_root, &driver_root, false);
     let (state, _) = DeviceState::open(config.clone(), sim.clone()).expect("open");
     let whole = state
         .prepare(&claim_ref("whole"), &claim("whole", &["gpu-0"]))
@@ -328,5 +343,76 @@ fn containers_get_device_nodes_and_the_drivers_files() {
             .iter()
             .any(|m| m["destination"] == format!("{LIBS}/libcuda.so.1")),
         "links are the hook's job"
+    );
+}
+
+/// A GPU for a virtual machine, as the runtimes' CDI library hands it to the container (what
+/// KubeVirt's virt-launcher gets): the VFIO group node and the IOMMU API device, the metadata
+/// file with the PCI address, `NVIDIA_VISIBLE_DEVICES=void`, and nothing of the NVIDIA driver.
+#[test]
+#[ignore = "needs CDI_INJECT, the container runtimes' CDI library (e2e/run-tests builds it and runs ignored tests)"]
+fn a_vm_gets_the_vfio_nodes_and_the_device_metadata_only() {
+    let tool = cdi_inject();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let driver_root = dir.path().join("driver-root");
+    write_fake_driver_root(&driver_root, VERSION).expect("fake driver root");
+    let dev_root = dir.path().join("devroot");
+    make_device_nodes(&dev_root, 2);
+    let group = gpu_dra::gpu::sim::sim_iommu_group(1);
+    // What the kernel makes: the VFIO container node and, once bound, the group's node.
+    std::fs::create_dir_all(dev_root.join("dev/vfio")).expect("vfio dir");
+    mknod(&dev_root.join("dev/vfio/vfio"), 10, 196);
+    mknod(&dev_root.join(format!("dev/vfio/{group}")), 243, 0);
+    let sim = Arc::new(SimNode::new(
+        "sim:2xH100-SXM5-80GB".parse().expect("spec"),
+        "n1",
+        Some(dir.path().join("hw.json")),
+    ));
+    let config = driver_config(dir.path(), &dev_root, &driver_root, true);
+    let (state, _) = DeviceState::open(config.clone(), sim).expect("open");
+    let mut vm = claim("vm", &["gpu-vfio-1"]);
+    let parameters = serde_json::json!({
+        "apiVersion": "resource.nvidia.com/v1beta1", "kind": "VfioDeviceConfig",
+        "iommu": {"backendPolicy": "LegacyOnly", "enableAPIDevice": true}
+    });
+    vm.status
+        .as_mut()
+        .and_then(|s| s.allocation.as_mut())
+        .and_then(|a| a.devices.as_mut())
+        .expect("allocation")
+        .config = Some(vec![
+        serde_json::from_value(serde_json::json!({
+            "source": "FromClaim",
+            "opaque": {"driver": "gpu.nvidia.com", "parameters": parameters}
+        }))
+        .expect("config"),
+    ]);
+    let prepared = state.prepare(&claim_ref("vm"), &vm).expect("prepare");
+    let got = inject(&tool, &config.cdi_root, &prepared[0].cdi_device_ids);
+    let errors = &got["specErrors"];
+    assert!(errors.as_object().is_none_or(|e| e.is_empty()), "{errors}");
+    let mut nodes = strings(&got, "linuxDevices", "path");
+    nodes.sort();
+    assert_eq!(
+        nodes,
+        [format!("/dev/vfio/{group}"), "/dev/vfio/vfio".to_string()]
+    );
+    let env = strings(&got, "env", "");
+    assert!(
+        env.contains(&"NVIDIA_VISIBLE_DEVICES=void".to_string()),
+        "{env:?}"
+    );
+    let mounts = got["mounts"].as_array().expect("mounts");
+    assert_eq!(mounts.len(), 1, "only the metadata file: {mounts:?}");
+    assert_eq!(
+        mounts[0]["destination"],
+        "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/vm/gpu/gpu.nvidia.com-metadata.json"
+    );
+    let source = mounts[0]["source"].as_str().expect("source");
+    let metadata: Value =
+        serde_json::from_slice(&std::fs::read(source).expect("metadata")).expect("json");
+    assert_eq!(
+        metadata["requests"][0]["devices"][0]["attributes"]["resource.kubernetes.io/pciBusID"]["string"],
+        gpu_dra::gpu::sim::sim_pci_location(1).0
     );
 }

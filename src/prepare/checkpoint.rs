@@ -60,6 +60,10 @@ pub struct ClaimEntry {
     pub state: ClaimState,
     #[serde(default)]
     pub devices: Vec<DeviceRecord>,
+    /// The pod's name for the claim (`resource.kubernetes.io/pod-claim-name`) when a template
+    /// made it: where containers find the claim's device metadata.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_claim_name: Option<String>,
     #[serde(flatten)]
     pub unknown: serde_json::Map<String, serde_json::Value>,
 }
@@ -371,6 +375,7 @@ mod tests {
                 uid: "u1".into(),
                 state: ClaimState::PrepareCompleted,
                 devices: vec![],
+                pod_claim_name: None,
                 unknown: Default::default(),
             },
         );

@@ -59,6 +59,7 @@ pub mod failpoint;
 pub mod ldcache;
 pub mod lock;
 pub mod memory_limits;
+pub mod metadata;
 pub mod mps;
 pub mod plan;
 pub mod sharing;

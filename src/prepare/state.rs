@@ -39,6 +39,7 @@ use super::effects::vfio_bind::VfioBind;
 use super::effects::{ClaimDevice, DeviceEffect, Host};
 use super::failpoint::failpoint;
 use super::memory_limits::MemoryLimits;
+use super::metadata::{MetadataDevice, MetadataError, MetadataStore};
 use super::mps::{MpsDaemons, MpsError};
 use super::plan::{PlannedDevice, Planner, Target};
 use super::sharing;
@@ -61,6 +62,8 @@ pub enum PrepareError {
     DriverFiles(#[from] DriverFilesError),
     #[error(transparent)]
     Mps(#[from] MpsError),
+    #[error(transparent)]
+    Metadata(#[from] MetadataError),
     /// A device's hardware did not get where preparing it needs it (e.g. a GPU that does not
     /// leave the nvidia driver).
     #[error("device {device}: {reason}")]
@@ -120,6 +123,8 @@ pub struct DeviceState {
     modes: BTreeMap<u32, GpuMode>,
     store: CheckpointStore,
     cdi: CdiStore,
+    /// Device metadata files (KEP-5304) of claims with GPUs for virtual machines.
+    metadata: MetadataStore,
     /// MPS control daemons; `None` where the driver root has no `nvidia-cuda-mps-control`.
     mps: Option<MpsDaemons>,
     book: Mutex<Book>,
@@ -199,12 +204,14 @@ impl DeviceState {
             .with_boot_id(&boot_id)
             .with_dev_root(config.dev_root.as_deref())
             .with_driver_files(driver_files);
+        let metadata = MetadataStore::new(&config.state_dir, &config.driver_name);
         let mut state = Self {
             config,
             gpus,
             modes: BTreeMap::new(),
             store,
             cdi,
+            metadata,
             mps,
             book: Mutex::new(Book {
                 checkpoint,
@@ -468,7 +475,15 @@ impl DeviceState {
             self.roll_back(&uid)?;
         }
         let plan = self.planner(&self.book()).plan(claim_ref, claim)?;
-        let result = self.apply_plan(claim_ref, plan);
+        // A claim made from a pod's template: its containers find device metadata under the
+        // pod's name for it.
+        let pod_claim_name = claim
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(POD_CLAIM_NAME_ANNOTATION))
+            .cloned();
+        let result = self.apply_plan(claim_ref, plan, pod_claim_name);
         if result.is_err() && self.book().checkpoint.claims.contains_key(&uid) {
             // Undo at once what was carved, rather than leaving it to a retry or a restart.
             if let Err(error) = self.roll_back(&uid) {
@@ -483,6 +498,7 @@ impl DeviceState {
         &self,
         claim_ref: &ClaimRef,
         plan: Vec<PlannedDevice>,
+        pod_claim_name: Option<String>,
     ) -> Result<Vec<PreparedDevice>, PrepareError> {
         let uid = claim_ref.uid.clone();
         // What time-slicing will change, read before the book is locked (a hardware call).
@@ -527,6 +543,7 @@ impl DeviceState {
                         self.planner(&book).record(&uid, result, target, config)
                     })
                     .collect(),
+                pod_claim_name,
                 unknown: Default::default(),
             }
         };
@@ -580,6 +597,11 @@ impl DeviceState {
             };
             SharedMps(self.mps.as_ref()).apply(self, &device)?;
         }
+        // KubeVirt finds a GPU's PCI address for its virtual machine only in the metadata.
+        let vm_devices = self.vm_metadata(&entry);
+        if !vm_devices.is_empty() {
+            self.metadata.write(&entry, &vm_devices)?;
+        }
         let (cdi_devices, claim_edits) = self.claim_spec(&self.book(), &entry);
         self.cdi.write(&uid, &cdi_devices, &claim_edits)?;
         failpoint("prepare-cdi-written");
@@ -624,6 +646,7 @@ impl DeviceState {
         let Some(entry) = self.book().checkpoint.claims.get(uid).cloned() else {
             return Ok(());
         };
+        self.metadata.remove(&entry)?;
         // Before the devices it serves are destroyed or given back their compute mode.
         if let Some(mps) = &self.mps {
             mps.stop(uid)?;
@@ -887,6 +910,31 @@ impl DeviceState {
         Ok(())
     }
 
+    /// The metadata of a claim's GPUs for virtual machines: their published attributes.
+    fn vm_metadata(&self, entry: &ClaimEntry) -> Vec<MetadataDevice> {
+        let book = self.book();
+        entry
+            .devices
+            .iter()
+            .filter_map(|d| {
+                let vfio = d.vfio.as_ref()?;
+                let function = book.inventory.pci.by_bus_id(&vfio.bus_id)?;
+                let device = crate::slices::passthrough::vfio_device(&book.inventory, function);
+                Some(MetadataDevice {
+                    request: d.request_names.first()?.clone(),
+                    pool: d.pool.clone(),
+                    device: d.device.clone(),
+                    attributes: device
+                        .attributes
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(|(name, value)| (name.to_string(), value))
+                        .collect(),
+                })
+            })
+            .collect()
+    }
+
     /// Plans claims against the book as it is now.
     fn planner<'a>(&'a self, book: &'a Book) -> Planner<'a> {
         Planner {
@@ -928,6 +976,15 @@ impl DeviceState {
         let (limits, _) = self.memory_limits.for_claim(&entry.devices);
         edits.env.extend(limits.env);
         edits.hooks.extend(limits.hooks);
+        let vm_requests: Vec<&str> = entry
+            .devices
+            .iter()
+            .filter(|d| d.vfio.is_some())
+            .flat_map(|d| d.request_names.iter().map(String::as_str))
+            .collect();
+        edits
+            .mounts
+            .extend(self.metadata.mounts(entry, &vm_requests));
         (self.cdi_devices(book, entry), edits)
     }
 
@@ -1045,6 +1102,9 @@ fn vfio_cdi_device(book: &Book, device: &DeviceRecord) -> Option<CdiDevice> {
         }),
     })
 }
+
+/// The claim annotation that names a template's claim in its pod (`resource.kubernetes.io/pod-claim-name`).
+const POD_CLAIM_NAME_ANNOTATION: &str = "resource.kubernetes.io/pod-claim-name";
 
 /// Lock keys of GPUs for virtual machines start here (GPU minors are below 256).
 const VFIO_LOCK_BASE: u32 = 1 << 16;

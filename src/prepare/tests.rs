@@ -987,7 +987,11 @@ fn a_vfio_claim_binds_its_gpu_for_a_vm_and_unprepare_gives_it_back() {
         "apiVersion": "resource.nvidia.com/v1beta1", "kind": "VfioDeviceConfig",
         "iommu": {"backendPolicy": "LegacyOnly", "enableAPIDevice": true}
     });
-    let vm = claim("vm", vec![result("gpu-vfio-1")], vec![config]);
+    let mut vm = claim("vm", vec![result("gpu-vfio-1")], vec![config]);
+    vm.metadata.annotations = Some(std::collections::BTreeMap::from([(
+        "resource.kubernetes.io/pod-claim-name".to_string(),
+        "gpu".to_string(),
+    )]));
     state.prepare(&claim_ref("vm"), &vm).expect("prepare");
     let drivers = fixture.sim.drivers().expect("drivers");
     assert_eq!(drivers[1].1, crate::gpu::sim::PciDriver::VfioPci);
@@ -1014,7 +1018,22 @@ fn a_vfio_claim_binds_its_gpu_for_a_vm_and_unprepare_gives_it_back() {
         .map(|n| n.path.as_str())
         .collect();
     assert_eq!(api, ["/dev/vfio/vfio"], "the API device, and no nvidiactl");
-    assert!(spec.container_edits.mounts.is_empty(), "no driver files");
+    // No driver files; the device metadata KubeVirt reads the PCI address from.
+    let mounts = &spec.container_edits.mounts;
+    assert_eq!(mounts.len(), 1, "{mounts:?}");
+    assert_eq!(
+        mounts[0].container_path,
+        "/var/run/kubernetes.io/dra-device-attributes/resourceclaimtemplates/gpu/gpu/gpu.nvidia.com-metadata.json"
+    );
+    let metadata: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&mounts[0].host_path).expect("metadata file"))
+            .expect("json");
+    let attributes = &metadata["requests"][0]["devices"][0]["attributes"];
+    assert_eq!(
+        attributes["resource.kubernetes.io/pciBusID"]["string"],
+        crate::gpu::sim::sim_pci_location(1).0
+    );
+    assert_eq!(attributes["type"]["string"], "vfio");
 
     // The same GPU whole, or one of its MIG devices, waits while the VM holds it.
     for device in ["gpu-1", "gpu-vfio-1"] {
@@ -1049,7 +1068,9 @@ fn a_vfio_claim_binds_its_gpu_for_a_vm_and_unprepare_gives_it_back() {
         .expect_err("gpu config");
     assert!(error.to_string().contains("VfioDeviceConfig"), "{error}");
 
+    let metadata_file = mounts[0].host_path.clone();
     state.unprepare("vm").expect("unprepare");
+    assert!(!std::path::Path::new(&metadata_file).exists());
     assert_eq!(
         fixture.sim.drivers().expect("drivers")[1].1,
         crate::gpu::sim::PciDriver::Nvidia

@@ -187,6 +187,7 @@ mod tests {
                     uid: "uid".into(),
                     state: ClaimState::PrepareStarted,
                     devices: vec![device.clone()],
+                    pod_claim_name: None,
                     unknown: Default::default(),
                 },
             );

@@ -153,6 +153,7 @@ mod tests {
             uid: uid.into(),
             state: ClaimState::PrepareCompleted,
             devices,
+            pod_claim_name: None,
             unknown: Default::default(),
         }
     }
