@@ -23,11 +23,15 @@
 # the first rounds: after every crash the claim's MPS daemon runs (one, told its limits) once
 # prepared; once unprepared no daemon, shm mount or folder is left and the compute mode is back.
 #
+# GPUs handed to a virtual machine (gpu-vfio-<index>, --passthrough) in the first rounds: after
+# every crash the GPU is bound to vfio-pci with its device metadata once prepared, and back on
+# nvidia (seen by NVML) with no metadata once unprepared.
+#
 # Every armed driver must die at its step; after each run the hardware has exactly the instances
 # the checkpoint records (compute instances included, MIG mode as before), and the spec of a
 # retried prepare names the instance that exists.
 #
-# Usage: e2e/faults.sh [ROUNDS]   (default 4 rounds: 109 runs, 65 of them carving MIG devices, 25 with MPS)
+# Usage: e2e/faults.sh [ROUNDS]   (default 4 rounds: 123 runs, 65 of them carving MIG devices, 25 with MPS, 14 for VMs)
 set -euo pipefail
 NAME=faults-e2e
 NODE=fault-node-1
@@ -40,12 +44,12 @@ source "$(dirname "${BASH_SOURCE[0]}")/mps-folder.sh"
 
 # Including the points where the hardware changed and the checkpoint does not know yet.
 PREPARE_STEPS=(prepare-started mig-mode-enabled prepare-gi-created-unrecorded prepare-gi-created
-    prepare-ci-created-unrecorded prepare-ci-created prepare-sharing-applied prepare-mps-shm-mounted
-    prepare-mps-started prepare-cdi-written prepare-completed)
-UNPREPARE_STEPS=(unprepare-started rollback-cdi-removed mig-mode-disabled rollback-mig-destroyed)
+    prepare-ci-created-unrecorded prepare-ci-created prepare-sharing-applied prepare-vfio-bound
+    prepare-mps-shm-mounted prepare-mps-started prepare-cdi-written prepare-completed)
+UNPREPARE_STEPS=(unprepare-started rollback-cdi-removed rollback-vfio-unbound mig-mode-disabled rollback-mig-destroyed)
 # Prepare steps after which the claim is still unfinished: recovery rolls it back, and in the
 # first round a second kill hits that rollback.
-UNFINISHED_STEPS=" prepare-started mig-mode-enabled prepare-gi-created-unrecorded prepare-gi-created prepare-ci-created-unrecorded prepare-ci-created prepare-mps-shm-mounted prepare-mps-started prepare-cdi-written "
+UNFINISHED_STEPS=" prepare-started prepare-vfio-bound mig-mode-enabled prepare-gi-created-unrecorded prepare-gi-created prepare-ci-created-unrecorded prepare-ci-created prepare-mps-shm-mounted prepare-mps-started prepare-cdi-written "
 # Steps a whole-GPU claim passes (it carves nothing).
 FULL_GPU_STEPS=" prepare-cdi-written prepare-completed unprepare-started rollback-cdi-removed "
 # Steps a time-sliced whole GPU passes (its settings are recorded first, then changed).
@@ -55,6 +59,9 @@ TIME_SLICED='{"apiVersion":"resource.nvidia.com/v1beta1","kind":"GpuConfig","sha
 # Steps an MPS whole GPU passes, and an MPS MIG device (which also carves).
 MPS_STEPS=" prepare-started prepare-sharing-applied prepare-mps-shm-mounted prepare-mps-started prepare-cdi-written prepare-completed unprepare-started rollback-cdi-removed "
 MPS_MIG_STEPS=" prepare-started prepare-ci-created prepare-mps-shm-mounted prepare-mps-started prepare-cdi-written prepare-completed unprepare-started rollback-cdi-removed rollback-mig-destroyed "
+# Steps a GPU handed to a virtual machine passes (bound to vfio-pci, and back).
+VFIO_STEPS=" prepare-started prepare-vfio-bound prepare-cdi-written prepare-completed unprepare-started rollback-cdi-removed rollback-vfio-unbound "
+VFIO_ROUNDS=2
 # Rounds with MPS runs: the first (each MPS step is killed 3 times: whole, carved and shared
 # GPUs; kept short for CI's time).
 MPS_ROUNDS=1
@@ -68,18 +75,19 @@ if [[ $DRIVER_BACKEND != nvml ]]; then
     "$GPU_DRA" sim --gpus "$GPUS" --node-name "$NODE" --sim-state "$WORK/hw.json" driver-root "$WORK/driver-root" >/dev/null
     DRIVER_ARGS="${DRIVER_ARGS:-} --nvidia-driver-root $WORK/driver-root"
 fi
-DRIVER_ARGS="${DRIVER_ARGS:-} --consumable-shares memory"
+DRIVER_ARGS="${DRIVER_ARGS:-} --consumable-shares memory --passthrough"
 MPS_CONTROL=${FAKE_MPS_CONTROL:-$ROOT/target/debug/nvidia-cuda-mps-control}
 [[ -x $MPS_CONTROL ]] || (cd "$ROOT" && cargo build -q -p fakenvml --bin nvidia-cuda-mps-control) >&2
 install -m 0755 "$MPS_CONTROL" "$WORK/driver-root/usr/bin/nvidia-cuda-mps-control"
 
 # FAULT_KINDS (for working on one kind; the totals below are then not checked).
-ALL_KINDS="mig full sliced mps mps-mig mps-shared pair"
+ALL_KINDS="mig full sliced mps mps-mig mps-shared pair vfio"
 KINDS=${FAULT_KINDS:-$ALL_KINDS}
 
 declare -A killed=()
 runs=0
 mig_runs=0
+vfio_runs=0
 
 allocate_claim() { # name device [opaque parameters [shared memory]] → prints the UID
     local config= share=
@@ -182,9 +190,17 @@ expect_mps() {
         || fail "claim $1: no shm mount for its MPS daemon"
 }
 
+# expect_vm_gpu MINOR: bound to vfio-pci (NVML no longer sees it), its metadata written
+expect_vm_gpu() {
+    [[ $(hw | jq -r --argjson g "$1" '.gpus[] | select(.minor == $g) | .driver') == vfio-pci ]] \
+        || fail "GPU $1 is not bound to vfio-pci: $(hw | jq -c --argjson g "$1" '.gpus[] | select(.minor == $g) | {minor, driver}')"
+    [[ -n $(find "$WORK/state/dra-device-metadata" -name metadata.json 2>/dev/null) ]] || fail "no device metadata for the VM's GPU"
+}
+
 expect_clean() {
     local state
     [[ -z $(cdi_files) ]] || fail "CDI files left: $(cdi_files)"
+    [[ -z $(ls "$WORK/state/dra-device-metadata" 2>/dev/null) ]] || fail "device metadata left: $(ls "$WORK/state/dra-device-metadata")"
     [[ -z $(mps_all_pids) ]] || fail "MPS processes left: $(mps_all_pids | tr '\n' ' ')"
     [[ -z $(mps_mounts) ]] || fail "mounts left: $(mps_mounts | tr '\n' ' ')"
     [[ -z $(ls "$WORK/state/mps" 2>/dev/null) ]] || fail "MPS folders left: $(ls "$WORK/state/mps")"
@@ -194,6 +210,8 @@ expect_clean() {
     # Every GPU was out of MIG mode before its claim; so it must be again.
     [[ $(jq '[.gpus[] | select(.mig_current or .mig_pending)] | length' <<<"$state") == 0 ]] \
         || fail "MIG mode left on: $(jq -c '[.gpus[] | {minor, mig_current, mig_pending}]' <<<"$state")"
+    [[ $(jq '[.gpus[] | select(.driver == "vfio-pci")] | length' <<<"$state") == 0 ]] \
+        || fail "GPUs left on vfio-pci: $(jq -c '[.gpus[] | select(.driver == "vfio-pci") | .minor]' <<<"$state")"
 }
 
 # expect_shared UID...: exactly these claims prepared, sharing one daemon on GPU $1's UUID
@@ -288,11 +306,14 @@ for round in $(seq "$ROUNDS"); do
             [[ $kind == mps && ($MPS_STEPS != *" $step "* || $round -gt $MPS_ROUNDS) ]] && continue
             [[ $kind == mps-mig && ($MPS_MIG_STEPS != *" $step "* || $round -gt $MPS_MORE_ROUNDS) ]] && continue
             [[ $kind == mps-shared && ($MPS_STEPS != *" $step "* || $round -gt $MPS_MORE_ROUNDS) ]] && continue
+            [[ $kind == vfio && ($VFIO_STEPS != *" $step "* || $round -gt $VFIO_ROUNDS) ]] && continue
+            [[ $kind != vfio && $step == *vfio* ]] && continue
             [[ $kind == pair && ($round -gt 1 || " ${PREPARE_STEPS[*]} " != *" $step "* || $step == prepare-sharing-applied || $step == prepare-mps-*) ]] && continue
             [[ $kind == mig && ($step == prepare-sharing-applied || $step == prepare-mps-*) ]] && continue
             [[ $kind == sliced || $kind == full ]] && [[ $step == *mig-mode* || $step == *unrecorded* || $step == prepare-mps-* ]] && continue
             runs=$((runs + 1))
             gpu=$((runs % 8))
+            [[ $kind == vfio ]] && vfio_runs=$((vfio_runs + 1))
             if [[ $kind == mps-mig ]]; then
                 device=gpu-$gpu-mig-2g20gb-14-$((2 * (runs % 3)))
                 instances=1
@@ -306,6 +327,10 @@ for round in $(seq "$ROUNDS"); do
                 esac
                 instances=1
                 mig_runs=$((mig_runs + 1))
+            elif [[ $kind == vfio ]]; then
+                # A simulated GPU's PCI index is its minor.
+                device=gpu-vfio-$gpu
+                instances=0
             else
                 device=gpu-$gpu
                 instances=0
@@ -333,7 +358,7 @@ for round in $(seq "$ROUNDS"); do
             ref=default/$claim/$uid
             if [[ " ${PREPARE_STEPS[*]} " == *" $step "* ]]; then
                 crash "$step" prepare "$ref"
-                if ((round == 1)) && [[ ($kind == mig || $kind == mps*) && $UNFINISHED_STEPS == *" $step "* ]]; then
+                if ((round == 1)) && [[ ($kind == mig || $kind == mps* || $kind == vfio) && $UNFINISHED_STEPS == *" $step "* ]]; then
                     crash_in_recovery
                 fi
                 start_driver
@@ -342,6 +367,7 @@ for round in $(seq "$ROUNDS"); do
                 [[ $kind == sliced ]] && expect_sharing "$gpu" Default/3 "prepared"
                 [[ $kind == mps ]] && expect_sharing "$gpu" ExclusiveProcess/2 "prepared"
                 [[ $kind == mps* ]] && expect_mps "$uid"
+                [[ $kind == vfio ]] && expect_vm_gpu "$gpu"
                 call unprepare "$ref"
                 expect_clean
             else
@@ -376,7 +402,7 @@ log "kills per step: $(for s in "${!killed[@]}"; do printf '%s=%s ' "$s" "${kill
 ((recovery_kills > 0)) || fail "no run was killed during recovery"
 ((runs >= 50)) || fail "only $runs runs"
 ((mig_runs >= 50)) || fail "only $mig_runs runs carved MIG devices"
-summary="kill -9: $runs armed runs ($mig_runs carving MIG), every one killed at its fail point and recovered cleanly; $recovery_kills second kills during recovery"
+summary="kill -9: $runs armed runs ($mig_runs carving MIG, $vfio_runs binding GPUs for VMs), every one killed at its fail point and recovered cleanly; $recovery_kills second kills during recovery"
 log "$summary"
 # e2e/run-tests ends with this line beside the differentials' counts.
 [[ -z ${GPU_DRA_TEST_REPORT:-} ]] || echo "$summary" >>"$GPU_DRA_TEST_REPORT"

@@ -14,6 +14,7 @@ pub const STEPS: &[&str] = &[
     "prepare-ci-created-unrecorded",
     "prepare-ci-created",
     "prepare-sharing-applied",
+    "prepare-vfio-bound",
     "prepare-mps-shm-mounted",
     "prepare-mps-started",
     "prepare-cdi-written",
@@ -22,6 +23,7 @@ pub const STEPS: &[&str] = &[
     "rollback-cdi-removed",
     "rollback-mig-destroyed",
     "mig-mode-disabled",
+    "rollback-vfio-unbound",
 ];
 
 pub fn failpoint(step: &'static str) {
