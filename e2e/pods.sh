@@ -19,7 +19,10 @@
 #  10. MPS: a whole GPU shared by two pods through one daemon (kept across a driver restart), and
 #      MPS on a carved 2g.20gb MIG device (deploy/examples/gpu-mps.yaml, mig-2g-mps.yaml);
 #  11. a GPU falls off the bus (XID 79) under a running pod: its device is tainted NoExecute and
-#      kube-controller-manager's device-taint eviction evicts the pod; a GPU reset untaints it.
+#      kube-controller-manager's device-taint eviction evicts the pod; a GPU reset untaints it;
+#  12. a GPU for a virtual machine (chart value passthrough): a pod standing in for KubeVirt's
+#      virt-launcher gets the VFIO nodes, the device metadata with the PCI address and no NVIDIA
+#      device, the GPU leaves nvidia; a CUDA pod for the same GPU waits until the VM's pod is gone.
 # After every workload is deleted: the driver unprepared (CDI spec removed, MIG instances
 # destroyed) and the controller deleted the generated claims. At the end: every claim was
 # prepared exactly once and unprepared exactly once (driver log).
@@ -109,7 +112,7 @@ wait_for() { # description, timeout seconds, command...
 chart_import_images
 # NoExecute taints for GPUs that reset or fall off the bus (scenario 11), as an admin sets them;
 # the intervals are shorter than the defaults so the run stays short.
-chart_install "$FIRST_REF" --set-json 'healthTaintEffects="reset=NoExecute,lost=NoExecute"' \
+chart_install "$FIRST_REF" --set passthrough=true --set-json 'healthTaintEffects="reset=NoExecute,lost=NoExecute"' \
     --set-json 'extraEnv=[{"name":"GPU_DRA_GC_INTERVAL","value":"2s"},{"name":"GPU_DRA_RESYNC_INTERVAL","value":"5s"},{"name":"GPU_DRA_HEALTH_PROBE_INTERVAL","value":"1s"}]'
 DRIVER_POD=$(driver_ready) || fail "no ready driver pod after helm install"
 # The chart's driver keeps its state in its plugin folder.
@@ -120,12 +123,14 @@ kubectl get resourceclaims -A --watch --output-watch-events -o json >"$WORK/clai
 WATCH_PID=$!
 
 # ---------------------------------------------------------------- helpers
-# apply FILE [POD_NAME [CLAIM]]: the manifest with the local image (and ${NAME}, ${CLAIM}) filled
-# in. FILE is under e2e/pods/, or a path (deploy/examples/ manifests, applied as users would).
+# apply FILE [POD_NAME [CLAIM [BUS_ID]]]: the manifest with the local image (and ${NAME},
+# ${CLAIM}, ${BUS_ID}) filled in. FILE is under e2e/pods/, or a path (deploy/examples/ manifests,
+# applied as users would).
 apply() {
     local file=$E2E/pods/$1
     [[ $1 == */* ]] && file=$1
-    sed -e "s|\${E2E_IMAGE}|$E2E_IMAGE|g" -e "s|\${NAME}|${2:-}|g" -e "s|\${CLAIM}|${3:-}|g" "$file" | kubectl apply -f - >&2
+    sed -e "s|\${E2E_IMAGE}|$E2E_IMAGE|g" -e "s|\${NAME}|${2:-}|g" -e "s|\${CLAIM}|${3:-}|g" \
+        -e "s|\${BUS_ID}|${4:-}|g" "$file" | kubectl apply -f - >&2
 }
 phase() { [[ $(kubectl get pod "$1" -o jsonpath='{.status.phase}') == "$2" ]]; }
 # device_info UID: the driver's gpu_dra_prepared_device_info series of one claim, scraped from the
@@ -609,6 +614,45 @@ wait_claims_gone "$c11"
 "$E2E_GPU_DRA" sim --gpus "$E2E_GPUS" --node-name "$E2E_NODE" --sim-state "$GPU_DRA_SIM_STATE" inject --gpu "${d11#gpu-}" --reset >/dev/null
 wait_for "$d11 untainted after the reset" 15 bash -c "[[ \$(kubectl get resourceslices -o json | jq -c '[.items[].spec.devices[]? | select(.name == \"$d11\") | .taints // [] | length] | add') == 0 ]]"
 ok "11. XID 79 on $d11 while a pod used it: tainted NoExecute, the pod evicted by the device-taint eviction controller, its claim unprepared and deleted; untainted after the GPU reset ($(device_taints "$d11"))"
+
+# ---------------------------------------------------------------- 12. a GPU for a virtual machine
+apply vm-launcher.yaml
+wait_running virt-launcher-vm
+c12=$(claim_of virt-launcher-vm dra-gpu-claim)
+u12=$(claim_uid "$c12")
+d12=$(allocated "$c12")
+[[ $d12 =~ ^gpu-vfio-([0-9]+)$ ]] || fail "virt-launcher-vm: claim $c12 allocated '$d12', not a GPU for a VM"
+i12=${BASH_REMATCH[1]}
+bus12=$(attr "$d12" resource.kubernetes.io/pciBusID)
+out12=$(ctr_out virt-launcher-vm compute)
+# The simulator's IOMMU groups are 40 + index; its GPUs' PCI index is their minor.
+for want in vfio=vfio "vfio=$((40 + i12))" NVIDIA_VISIBLE_DEVICES=void; do
+    grep -qx "$want" <<<"$out12" || fail "virt-launcher-vm: no $want in: $out12"
+done
+! grep -q '^dev=nvidia' <<<"$out12" || fail "virt-launcher-vm got NVIDIA devices: $(grep '^dev=' <<<"$out12" | tr '\n' ' ')"
+grep -q "\"resource.kubernetes.io/pciBusID\":{\"string\":\"$bus12\"}" <<<"$out12" ||
+    fail "virt-launcher-vm: the device metadata does not give $d12's PCI address $bus12: $(grep '^metadata=' <<<"$out12")"
+grep -q '"apiVersion":"metadata.resource.k8s.io/v1alpha1"' <<<"$out12" || fail "virt-launcher-vm: metadata not v1alpha1: $out12"
+[[ $(hw | jq -r --argjson g "$i12" '.gpus[] | select(.minor == $g) | .driver') == vfio-pci ]] ||
+    fail "GPU $i12 is not bound to vfio-pci while the VM's pod runs: $(hw | jq -c '[.gpus[] | {minor, driver}]')"
+ok "12. virt-launcher stand-in: $d12 ($bus12) bound to vfio-pci; the pod sees /dev/vfio/vfio and /dev/vfio/$((40 + i12)), the metadata with its PCI address, NVIDIA_VISIBLE_DEVICES=void and no NVIDIA device"
+# A CUDA claim for the same GPU (by PCI address) waits: the counters keep the scheduler off it.
+apply same-gpu-pod.yaml "" "" "$bus12"
+unschedulable() { kubectl get events -o json --field-selector involvedObject.name=cuda-same-gpu,reason=FailedScheduling | jq -e '.items | length > 0' >/dev/null; }
+wait_for "the CUDA pod for the VM's GPU refused by the scheduler" 30 unschedulable
+phase cuda-same-gpu Pending || fail "cuda-same-gpu is $(kubectl get pod cuda-same-gpu -o jsonpath='{.status.phase}') while the VM holds its GPU"
+[[ -z $(kubectl get resourceclaim same-gpu -o jsonpath='{.status.allocation}') ]] || fail "same-gpu allocated while the VM holds the GPU: $(allocated same-gpu)"
+ok "12. a CUDA pod for the same GPU ($bus12) stays Pending, its claim unallocated, while the VM's pod holds it"
+delete_pods virt-launcher-vm
+wait_unprepared "$u12"
+[[ $(hw | jq -r --argjson g "$i12" '.gpus[] | select(.minor == $g) | .driver') == null ]] ||
+    fail "GPU $i12 not back on nvidia after unprepare: $(hw | jq -c '[.gpus[] | {minor, driver}]')"
+wait_running cuda-same-gpu
+[[ $(check_gpu cuda-same-gpu ctr same-gpu) == "$i12" ]] || fail "cuda-same-gpu does not have GPU $i12"
+ok "12. VM pod deleted: GPU $i12 back on nvidia; the waiting CUDA pod runs on it"
+delete_pods cuda-same-gpu
+kubectl delete resourceclaim same-gpu --timeout=30s >&2
+wait_claims_gone "$c12" same-gpu
 
 # ---------------------------------------------------------------- every claim: once each way
 kill "$WATCH_PID" 2>/dev/null || true

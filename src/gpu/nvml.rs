@@ -580,7 +580,7 @@ impl NvmlBackend {
             };
             gpus.extend(view);
         }
-        Ok(facts.inventory(gpus, crate::gpu::pci::scan(&self.sysfs_root)?))
+        Ok(facts.inventory(gpus, self.pci_view()))
     }
 
     /// [`inventory`](Self::inventory) of the GPUs in `minors` only (others, and minors the node
@@ -593,7 +593,7 @@ impl NvmlBackend {
             .filter(|slot| minors.contains(&slot.minor))
             .filter_map(|slot| self.read_and_show(slot, &mut slot.lock()))
             .collect();
-        Ok(facts.inventory(gpus, crate::gpu::pci::scan(&self.sysfs_root)?))
+        Ok(facts.inventory(gpus, self.pci_view()))
     }
 
     /// Refreshes a GPU (held by the caller) if stale; what inventories show of it now.
@@ -612,6 +612,14 @@ impl NvmlBackend {
                 slot.mark_stale();
             }
         }
+    }
+
+    /// The GPUs' PCI functions; one that cannot be read fails passthrough only, not discovery.
+    fn pci_view(&self) -> crate::gpu::pci::PciView {
+        crate::gpu::pci::scan(&self.sysfs_root).unwrap_or_else(|error| {
+            tracing::warn!(%error, "cannot read the GPUs' PCI functions; none is offered to virtual machines");
+            Default::default()
+        })
     }
 
     /// Forgets the whole node: a GPU left NVML or came back (a PCI driver binding), so its

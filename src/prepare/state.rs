@@ -993,7 +993,7 @@ impl DeviceState {
             .devices
             .iter()
             .filter_map(|d| match &d.mig {
-                _ if d.vfio.is_some() => vfio_cdi_device(book, d),
+                _ if d.vfio.is_some() => vfio_cdi_device(book.inventory.pci.iommufd, d),
                 Some(mig) => Some(CdiDevice::Mig {
                     name: d.device.clone(),
                     parent_minor: mig.parent_minor,
@@ -1078,15 +1078,16 @@ fn device_memory(book: &Book, uuid: &str) -> u64 {
 /// The minor of the GPU a device name of ours is on (`gpu-<minor>` or a MIG device of it).
 /// A GPU for a virtual machine in a claim's spec: through iommufd when the config prefers it and
 /// the node has it (and the function its cdev), else through its legacy group node.
-fn vfio_cdi_device(book: &Book, device: &DeviceRecord) -> Option<CdiDevice> {
+pub(super) fn vfio_cdi_device(iommufd: bool, device: &DeviceRecord) -> Option<CdiDevice> {
     let vfio = device.vfio.as_ref()?;
     let config = match &device.config {
         Some(crate::config::DeviceConfig::VfioDeviceConfig(config)) => config.clone(),
         _ => Default::default(),
     };
-    let cdev = vfio.cdev.as_ref().filter(|_| {
-        config.backend() == crate::config::IommuBackend::PreferIommuFd && book.inventory.pci.iommufd
-    });
+    let cdev = vfio
+        .cdev
+        .as_ref()
+        .filter(|_| config.backend() == crate::config::IommuBackend::PreferIommuFd && iommufd);
     Some(CdiDevice::Vfio {
         name: device.device.clone(),
         node: match cdev {

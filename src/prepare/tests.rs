@@ -1103,3 +1103,68 @@ fn a_crash_with_the_gpu_bound_for_a_vm_is_undone_at_start() {
     );
     assert_eq!(state.inventory().gpus.len(), 1);
 }
+
+/// `VfioDeviceConfig` decides how the container reaches a GPU for a VM: the group node (legacy),
+/// or the iommufd cdev when preferred and the node has iommufd; the API device when asked for.
+#[test]
+fn vfio_configs_choose_the_legacy_group_or_the_iommufd_cdev() {
+    use super::cdi::CdiDevice;
+    use super::checkpoint::{DeviceRecord, VfioRecord};
+    use super::state::vfio_cdi_device;
+    let record = |parameters: Option<serde_json::Value>| {
+        let mut device: DeviceRecord = serde_json::from_value(json!({
+            "requestNames": ["gpu"], "pool": "n1", "device": "gpu-vfio-2",
+        }))
+        .expect("record");
+        device.vfio = Some(VfioRecord {
+            bus_id: "0000:3a:00.0".into(),
+            minor: Some(2),
+            iommu_group: 42,
+            cdev: Some("vfio2".into()),
+        });
+        device.config = parameters.map(|p| crate::config::decode(&p).expect("config"));
+        device
+    };
+    let vfio = |kind: &str, api: bool| {
+        json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "VfioDeviceConfig",
+            "iommu": {"backendPolicy": kind, "enableAPIDevice": api}})
+    };
+    let node = |d: Option<CdiDevice>| match d {
+        Some(CdiDevice::Vfio {
+            node, api_device, ..
+        }) => (node, api_device),
+        other => panic!("not a VFIO device: {other:?}"),
+    };
+    assert_eq!(
+        node(vfio_cdi_device(true, &record(None))),
+        ("/dev/vfio/42".to_string(), None)
+    );
+    assert_eq!(
+        node(vfio_cdi_device(
+            true,
+            &record(Some(vfio("LegacyOnly", true)))
+        )),
+        (
+            "/dev/vfio/42".to_string(),
+            Some("/dev/vfio/vfio".to_string())
+        )
+    );
+    assert_eq!(
+        node(vfio_cdi_device(
+            true,
+            &record(Some(vfio("PreferIommuFD", true)))
+        )),
+        (
+            "/dev/vfio/devices/vfio2".to_string(),
+            Some("/dev/iommu".to_string())
+        )
+    );
+    // Preferred, but the node has no iommufd: the legacy group.
+    assert_eq!(
+        node(vfio_cdi_device(
+            false,
+            &record(Some(vfio("PreferIommuFD", false)))
+        )),
+        ("/dev/vfio/42".to_string(), None)
+    );
+}

@@ -35,6 +35,23 @@ impl DeviceEffect for VfioBind {
             return Ok(());
         };
         if let Some(minor) = vfio.minor {
+            // MIG devices someone made since the GPU was published stay theirs.
+            let inventory = host.gpus().inventory_of(&BTreeSet::from([minor]))?;
+            let instances = inventory
+                .gpus
+                .iter()
+                .filter(|g| g.pci_bus_id == vfio.bus_id)
+                .flat_map(|g| g.mig.iter().flat_map(|m| m.instances.iter()))
+                .count();
+            if instances > 0 {
+                return Err(failed(
+                    device,
+                    format!(
+                        "GPU {} has {instances} MIG device(s); it cannot go to a virtual machine while they exist",
+                        vfio.bus_id
+                    ),
+                ));
+            }
             wait_idle(host, device, minor)?;
         }
         host.gpus().bind_pci(&vfio.bus_id, PciDriver::VfioPci)?;
@@ -216,7 +233,8 @@ mod tests {
         let device = vfio_record(&host, 0);
         claim(&host, &device);
         let error = VfioBind.apply(&host, &first(&device)).expect_err("refused");
-        assert!(error.to_string().contains("MIG devices exist"), "{error}");
+        // A GPU instance without compute instances: the kernel side (simulator) refuses.
+        assert!(error.to_string().contains("MIG device"), "{error}");
         assert_eq!(host.sim.drivers().expect("drivers")[0].1, PciDriver::Nvidia);
     }
 }
