@@ -8,7 +8,9 @@
 #   3. a pod asking for a MIG device while whole-GPU claims hold the counters: the counters;
 #   4. a scheduled pod: which devices it got;
 #   5. the same explanation as the offline form fed the same objects (kubectl get … -o yaml);
-#   6. a missing permission: an error naming it; and `kubectl gpu-dra explain` as a kubectl plugin.
+#   6. a missing permission: an error naming it; and `kubectl gpu-dra explain` as a kubectl plugin;
+#   7. a DeviceTaintRule: `gpu-dra match`'s offline prediction equals the scheduler's allocation
+#      for pods with and without the toleration, and explain names the rule's taint.
 #
 # Usage: e2e/explain.sh   (GPU_DRA=path/to/gpu-dra, default target/debug/gpu-dra)
 set -euo pipefail
@@ -87,4 +89,62 @@ ln -s "$GPU_DRA" "$WORK/bin/kubectl-gpu_dra"
 plugin=$(PATH="$WORK/bin:$PATH" kubectl gpu-dra explain pod/whole-a -n default --kubeconfig "$KUBECONFIG") || fail "kubectl gpu-dra: $plugin"
 [[ $plugin == "$(explain pod/whole-a)" ]] || fail "kubectl gpu-dra explain differs: $plugin"
 ok "kubectl gpu-dra explain (kubectl-gpu_dra on PATH) gives the same answer"
+
+# ---------------------------------------------------------------- 7. DeviceTaintRule, as the scheduler applies it
+# An admin takes gpu-0 out with a DeviceTaintRule (NoSchedule). Before each pod is created,
+# `gpu-dra match` predicts its device offline from the cluster's objects (slices, classes, the
+# rule, allocated claims); the real scheduler must allocate exactly that: a pod without the
+# toleration gets gpu-1, one with it gets gpu-0, a third without it stays Pending and explain
+# names the taint.
+# No kubelet runs these pods and no controller-manager frees their claims: the pods go at
+# once, the claims once their protection finalizer is dropped.
+kubectl delete pod --all --grace-period=0 --force >&2 2>/dev/null
+kubectl delete resourceclaim --all --wait=false >&2
+for c in $(kubectl get resourceclaims -o name); do
+    kubectl patch "$c" --type=merge -p '{"metadata":{"finalizers":null}}' >&2
+done
+wait_for "the earlier claims deleted" 60 bash -c '[[ -z $(kubectl get resourceclaims -o name) ]]'
+
+kubectl apply -f - >&2 <<EOF
+apiVersion: resource.k8s.io/v1
+kind: DeviceTaintRule
+metadata: {name: gpu-0-maintenance}
+spec:
+  deviceSelector: {driver: gpu.nvidia.com, pool: $NODE, device: gpu-0}
+  taint: {key: example.com/maintenance, value: planned, effect: NoSchedule}
+EOF
+# predict CLAIM_FILE: the device `gpu-dra match` allocates offline on the cluster's objects now.
+predict() {
+    kubectl get resourceslices -o yaml >"$WORK/t-slices.yaml"
+    kubectl get devicetaintrules -o yaml >"$WORK/t-rules.yaml"
+    kubectl get resourceclaims -o json | jq '{apiVersion: "v1", kind: "List", items: [.items[] | select(.status.allocation != null)]}' >"$WORK/t-held.json"
+    local out
+    # Exit 1 and no output: nothing fits.
+    out=$("$GPU_DRA" match --slices "$WORK/t-slices.yaml" --classes "$ROOT/deviceclasses/" --allocated "$WORK/t-held.json" \
+        --allocated "$WORK/t-rules.yaml" --node "$NODE" --feature-gates "$GATES" -o json "$1" 2>/dev/null) || true
+    [[ -n $out ]] || out='{}'
+    jq -r '.status.allocation.devices.results[0].device // "none"' <<<"$out"
+}
+for pod in plain: tolerating:example.com/maintenance; do
+    name=${pod%%:*}
+    claim_yaml "$name" gpu.nvidia.com "" "${pod#*:}" >"$WORK/$name.yaml"
+    want=$(predict "$WORK/$name.yaml")
+    { cat "$WORK/$name.yaml"; echo ---; pod_using_claim "$name" "$name"; } | kubectl apply -f - >&2
+    wait_for "$name scheduled" 60 bound "$name"
+    got=$(kubectl get resourceclaim "$name" -o jsonpath='{.status.allocation.devices.results[0].device}')
+    [[ $got == "$want" ]] || fail "$name: the scheduler allocated $got, gpu-dra match predicted $want"
+    case $name in
+        plain) [[ $got == gpu-1 ]] || fail "the pod without the toleration got $got, not gpu-1" ;;
+        tolerating) [[ $got == gpu-0 ]] || fail "the pod with the toleration got $got, not the tainted gpu-0" ;;
+    esac
+    ok "DeviceTaintRule on gpu-0: pod $name got $got from the scheduler, as gpu-dra match predicted offline"
+done
+claim_yaml plain-2 gpu.nvidia.com >"$WORK/plain-2.yaml"
+[[ $(predict "$WORK/plain-2.yaml") == none ]] || fail "gpu-dra match predicts a device for plain-2"
+{ cat "$WORK/plain-2.yaml"; echo ---; pod_using_claim plain-2 plain-2; } | kubectl apply -f - >&2
+wait_for "plain-2 Pending" 60 pending plain-2
+out=$(explain pod/plain-2 2>&1) && fail "explain says plain-2 fits: $out"
+grep -q 'DeviceTaintRule gpu-0-maintenance taints' <<<"$out" && grep -q 'taint example.com/maintenance=planned:NoSchedule is not tolerated' <<<"$out" ||
+    fail "explain does not name the rule and its taint: $out"
+ok "a third pod without the toleration: Pending on the scheduler and in gpu-dra match; explain names the rule's taint"
 echo "$passed passed, 0 failed"

@@ -147,10 +147,18 @@ token_kubeconfig() {
     } >/dev/null
 }
 
-# claim_and_pod NAME CLASS CEL: a ResourceClaim for one device of CLASS matching CEL, and a pod
-# using it.
-claim_and_pod() { # name class cel-expression
-    kubectl apply -f - >&2 <<EOF
+# claim_yaml NAME CLASS [CEL [TOLERATED]]: a ResourceClaim for one device of CLASS (matching
+# CEL; tolerating NoSchedule taints with key TOLERATED).
+claim_yaml() {
+    local extra=
+    [[ -z ${3:-} ]] || extra+="
+        selectors:
+        - cel:
+            expression: '$3'"
+    [[ -z ${4:-} ]] || extra+="
+        tolerations:
+        - {key: $4, operator: Exists, effect: NoSchedule}"
+    cat <<EOF
 apiVersion: resource.k8s.io/v1
 kind: ResourceClaim
 metadata: {name: $1, namespace: default}
@@ -159,11 +167,12 @@ spec:
     requests:
     - name: gpu
       exactly:
-        deviceClassName: $2
-        selectors:
-        - cel:
-            expression: '$3'
----
-$(pod_using_claim "$1" "$1")
+        deviceClassName: $2$extra
 EOF
+}
+
+# claim_and_pod NAME CLASS CEL: a ResourceClaim for one device of CLASS matching CEL, and a pod
+# using it.
+claim_and_pod() { # name class cel-expression
+    { claim_yaml "$1" "$2" "$3"; echo ---; pod_using_claim "$1" "$1"; } | kubectl apply -f - >&2
 }

@@ -906,3 +906,52 @@ fn as_list(value: Value) -> Value {
         serde_json::json!({"kind": "List", "items": [value]})
     }
 }
+
+/// A DeviceTaintRule in the same file takes gpu-0 out: the pod that tolerates its taint gets it,
+/// the other one does not fit (exit 3: partly), and both say which rule tainted what.
+#[test]
+fn device_taint_rules_apply_with_the_requests_tolerations() {
+    let file = repo("tests/fixtures/manifests/taints/maintenance.yaml");
+    let out = run("match", "1xT4", &["-f", &file, "-o", "json"]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    let allocated = allocations(&as_list(serde_json::from_slice(&out.stdout).expect("json")));
+    assert_eq!(allocated.len(), 1, "{allocated:?}");
+    assert!(
+        allocated[0].0.starts_with("diagnostics-gpu-"),
+        "{allocated:?}"
+    );
+    assert_eq!(allocated[0].1, ["gpu=gpu-0"]);
+    let notes = text(&out.stderr);
+    assert!(
+        notes.contains("note: DeviceTaintRule gpu-0-maintenance taints sim-node/gpu-0 with example.com/maintenance=planned:NoSchedule"),
+        "{notes}"
+    );
+    assert!(notes.contains("Pod default/training:"), "{notes}");
+
+    let explained = run("explain", "1xT4", &["-f", &file]);
+    let explanation = text(&explained.stdout);
+    assert!(
+        explanation.contains("taint example.com/maintenance=planned:NoSchedule is not tolerated"),
+        "{explanation}"
+    );
+
+    // The same rule beside --allocated claims (a dump of the cluster) applies too.
+    let dir = tempfile::tempdir().expect("tmp");
+    let content = std::fs::read_to_string(&file).expect("read");
+    let (rule, rest) = content.split_once("---\n").expect("documents");
+    let rules = dir.path().join("rules.yaml");
+    let pods = dir.path().join("pods.yaml");
+    std::fs::write(&rules, rule).expect("write");
+    std::fs::write(&pods, rest).expect("write");
+    let out = run(
+        "match",
+        "1xT4",
+        &[
+            "-f",
+            pods.to_str().expect("utf-8"),
+            "--allocated",
+            rules.to_str().expect("utf-8"),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+}

@@ -40,7 +40,8 @@ pub struct ClaimInputs {
     /// repeat for more): multi-document YAML or JSON, `kind: List`, with Pods, Deployments,
     /// ReplicaSets, StatefulSets, DaemonSets, Jobs, CronJobs, ResourceClaimTemplates,
     /// ResourceClaims and DeviceClasses (the last two kinds in resource.k8s.io v1, v1beta2 or
-    /// v1beta1). Pods get their claims as kube-controller-manager makes them; claims no pod
+    /// v1beta1), and DeviceTaintRules (v1, v1beta2 or v1alpha3; their taints apply to the devices
+    /// they select, as the scheduler applies them). Pods get their claims as kube-controller-manager makes them; claims no pod
     /// uses are allocated too; DeviceClasses join --classes; other kinds are skipped.
     #[arg(short = 'f', long = "filename", value_name = "FILE|DIR|-")]
     pub filenames: Vec<String>,
@@ -61,6 +62,8 @@ pub struct ClaimInputs {
     #[arg(long, value_name = "GATE=BOOL,...", default_value = "")]
     pub feature_gates: String,
     /// Claims that are already allocated (status.allocation set): their devices are in use.
+    /// DeviceTaintRules may come with them (e.g. `kubectl get resourceclaims,devicetaintrules -A
+    /// -o yaml`).
     #[arg(long = "allocated", value_name = "FILE|DIR")]
     pub allocated: Vec<PathBuf>,
     /// Driver name of `sim:` slices.
@@ -230,12 +233,21 @@ fn load(inputs: &ClaimInputs) -> Result<Loaded, CliError> {
         }
     }
     check_classes(&plan, &classes)?;
-    let features = Features::from_feature_gates(&inputs.feature_gates)
-        .map_err(|e| usage(format!("--feature-gates: {e}")))?;
-    let mut state = AllocatedState::new();
     let mut held = Manifests::default();
     held.add_typed(&inputs.allocated, Kind::ResourceClaim, &cel)
         .map_err(usage)?;
+    let rules: Vec<_> = m
+        .taint_rules
+        .iter()
+        .chain(&held.taint_rules)
+        .map(|e| e.object.clone())
+        .collect();
+    for note in manifests::taint_rules::apply(&rules, &mut all_slices) {
+        eprintln!("note: {note}");
+    }
+    let features = Features::from_feature_gates(&inputs.feature_gates)
+        .map_err(|e| usage(format!("--feature-gates: {e}")))?;
+    let mut state = AllocatedState::new();
     for entry in &held.claims {
         let claim = &entry.object;
         let name = dra_allocator::claim_name(claim);

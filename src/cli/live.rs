@@ -43,7 +43,7 @@ impl LiveTarget {
 }
 
 /// What the command needs to read; named in the error when one is refused.
-const NEEDS: &str = "get/list on pods, resourceclaims, resourceclaimtemplates, deviceclasses, resourceslices and nodes";
+const NEEDS: &str = "get/list on pods, resourceclaims, resourceclaimtemplates, deviceclasses, resourceslices, devicetaintrules and nodes";
 
 fn api_error(what: &str, error: kube::Error) -> CliError {
     match &error {
@@ -62,6 +62,7 @@ fn api_error(what: &str, error: kube::Error) -> CliError {
 struct ClusterView {
     classes: Vec<DeviceClass>,
     slices: Vec<ResourceSlice>,
+    taint_rules: Vec<k8s_openapi::api::resource::v1::DeviceTaintRule>,
     claims: Vec<ResourceClaim>,
     nodes: Vec<Node>,
 }
@@ -81,6 +82,12 @@ async fn view(client: &kube::Client) -> Result<ClusterView, CliError> {
     Ok(ClusterView {
         classes: list(Api::all(client.clone()), "deviceclasses").await?,
         slices: list(Api::all(client.clone()), "resourceslices").await?,
+        // Not served where the DRADeviceTaintRules gate is off: then no rule applies.
+        taint_rules: match Api::all(client.clone()).list(&ListParams::default()).await {
+            Ok(list) => list.items,
+            Err(kube::Error::Api(status)) if status.code == 404 => vec![],
+            Err(e) => return Err(api_error("list devicetaintrules", e)),
+        },
         claims: list(Api::all(client.clone()), "resourceclaims (all namespaces)").await?,
         nodes: list(Api::all(client.clone()), "nodes").await?,
     })
@@ -300,7 +307,11 @@ async fn run_async(
         })
         .cloned()
         .collect();
-    let allocator = Allocator::new(features, view.slices, view.classes);
+    let mut slices = view.slices;
+    for note in crate::cli::manifests::taint_rules::apply(&view.taint_rules, &mut slices) {
+        eprintln!("note: {note}");
+    }
+    let allocator = Allocator::new(features, slices, view.classes);
     let mut nodes: Vec<NodeInfo> = view
         .nodes
         .iter()

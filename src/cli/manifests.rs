@@ -11,6 +11,7 @@
 //! `<pod>-<pod claim>-<5 characters>`. Generated names are derived from the inputs (the API
 //! server's are random), so the same manifests always give the same names.
 pub mod convert;
+pub mod taint_rules;
 pub mod validate;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -262,6 +263,7 @@ pub struct Manifests {
     pub templates: Vec<Entry<ResourceClaimTemplate>>,
     pub classes: Vec<Entry<DeviceClass>>,
     pub slices: Vec<Entry<ResourceSlice>>,
+    pub taint_rules: Vec<Entry<k8s_openapi::api::resource::v1::DeviceTaintRule>>,
     pub workloads: Vec<Entry<Workload>>,
     /// One line per skipped object.
     pub notes: Vec<String>,
@@ -396,6 +398,21 @@ impl Manifests {
             .to_string();
         let seq = self.next_seq;
         self.next_seq += 1;
+        // Rules come with the objects they taint: in -f inputs and beside --allocated claims
+        // (a dump of the cluster's state).
+        if kind == "DeviceTaintRule" && only.is_none_or(|k| k == Kind::ResourceClaim) {
+            let object = format!("DeviceTaintRule {}", raw_identity(&value, false));
+            let mut rule = taint_rules::to_v1(&api_version, &value)
+                .map_err(|e| field_error(&object, &origin, e))?;
+            name_object(&mut rule.metadata, false, &origin)
+                .map_err(|e| field_error(&object, &origin, e))?;
+            self.taint_rules.push(Entry {
+                object: rule,
+                origin,
+                seq,
+            });
+            return Ok(());
+        }
         if let Some(expected) = only
             && kind != expected.name()
         {
