@@ -10,7 +10,9 @@
 #   5. the same explanation as the offline form fed the same objects (kubectl get … -o yaml);
 #   6. a missing permission: an error naming it; and `kubectl gpu-dra explain` as a kubectl plugin;
 #   7. a DeviceTaintRule: `gpu-dra match`'s offline prediction equals the scheduler's allocation
-#      for pods with and without the toleration, and explain names the rule's taint.
+#      for pods with and without the toleration, and explain names the rule's taint;
+#   8. extended resources (nvidia.com/gpu, the class's implicit name) in pods without claims: the
+#      prediction equals the device in the claim the scheduler makes, and explain explains it.
 #
 # Usage: e2e/explain.sh   (GPU_DRA=path/to/gpu-dra, default target/debug/gpu-dra)
 set -euo pipefail
@@ -147,4 +149,40 @@ out=$(explain pod/plain-2 2>&1) && fail "explain says plain-2 fits: $out"
 grep -q 'DeviceTaintRule gpu-0-maintenance taints' <<<"$out" && grep -q 'taint example.com/maintenance=planned:NoSchedule is not tolerated' <<<"$out" ||
     fail "explain does not name the rule and its taint: $out"
 ok "a third pod without the toleration: Pending on the scheduler and in gpu-dra match; explain names the rule's taint"
+
+# ---------------------------------------------------------------- 8. extended resources, as the scheduler allocates them
+# Pods that ask for `nvidia.com/gpu` (the class's extendedResourceName) or the class's implicit
+# name in their limits, with no claim: the scheduler makes a claim for them (KEP-5004). Before
+# each pod is created `gpu-dra match` predicts the claim's device offline; the scheduler's claim
+# (named in the pod's status.extendedResourceClaimStatus) must have exactly that.
+kubectl delete pod --all --grace-period=0 --force >&2 2>/dev/null
+kubectl delete resourceclaim --all --wait=false >&2
+for c in $(kubectl get resourceclaims -o name); do
+    kubectl patch "$c" --type=merge -p '{"metadata":{"finalizers":null}}' >&2
+done
+kubectl delete devicetaintrule --all >&2
+wait_for "the earlier claims deleted" 60 bash -c '[[ -z $(kubectl get resourceclaims -o name) ]]'
+extended_claim() { kubectl get pod "$1" -o jsonpath='{.status.extendedResourceClaimStatus.resourceClaimName}'; }
+for pod in ext-a:nvidia.com/gpu ext-b:deviceclass.resource.kubernetes.io/gpu.nvidia.com; do
+    name=${pod%%:*}
+    # RESOURCE: 1 in the limits, no claim.
+    pause_pod "$name" "{requests: {cpu: 10m}, limits: {\"${pod#*:}\": 1}}" >"$WORK/$name.yaml"
+    want=$(predict "$WORK/$name.yaml")
+    kubectl apply -f "$WORK/$name.yaml" >&2
+    wait_for "$name scheduled with its extended-resource claim" 60 bash -c "[[ -n \$(kubectl get pod $name -o jsonpath='{.spec.nodeName}') && -n \$(kubectl get pod $name -o jsonpath='{.status.extendedResourceClaimStatus.resourceClaimName}') ]]"
+    claim=$(extended_claim "$name")
+    got=$(kubectl get resourceclaim "$claim" -o jsonpath='{.status.allocation.devices.results[0].device}')
+    request=$(kubectl get resourceclaim "$claim" -o jsonpath='{.spec.devices.requests[0].name}')
+    [[ $got == "$want" && -n $got ]] || fail "$name (${pod#*:}: 1): the scheduler's claim $claim has $got, gpu-dra match predicted $want"
+    [[ $request == container-0-request-1 ]] || fail "$name: the scheduler named the request $request (gpu-dra names it container-0-request-1)"
+    ok "extended resource ${pod#*:}: pod $name got $got through the scheduler's claim $claim, as gpu-dra match predicted offline"
+done
+pause_pod ext-c "{requests: {cpu: 10m}, limits: {nvidia.com/gpu: 1}}" >"$WORK/ext-c.yaml"
+[[ $(predict "$WORK/ext-c.yaml") == none ]] || fail "gpu-dra match predicts a device for ext-c with both GPUs taken"
+kubectl apply -f "$WORK/ext-c.yaml" >&2
+wait_for "ext-c Pending" 60 pending ext-c
+out=$(explain pod/ext-c 2>&1) && fail "explain says ext-c fits: $out"
+grep -q 'ext-c-extended-resources' <<<"$out" && grep -q 'container-0-request-1' <<<"$out" ||
+    fail "explain does not explain the extended-resource claim: $out"
+ok "a third nvidia.com/gpu pod: Pending on the scheduler and in gpu-dra match; live explain explains its extended-resource claim"
 echo "$passed passed, 0 failed"

@@ -116,8 +116,9 @@ gpu_instances() {
         | jq '[.gpus[].gpu_instances[]] | length'
 }
 
-# pod_using_claim POD CLAIM: a pause pod whose one container uses ResourceClaim CLAIM (YAML).
-pod_using_claim() {
+# pause_pod NAME RESOURCES [MORE]: a pause pod (YAML) whose one container has RESOURCES (a flow
+# map), with MORE lines of pod spec.
+pause_pod() {
     cat <<EOF
 apiVersion: v1
 kind: Pod
@@ -126,12 +127,15 @@ spec:
   containers:
   - name: c
     image: registry.k8s.io/pause:3.10
-    resources:
-      claims: [{name: gpu}]
-  resourceClaims:
-  - name: gpu
-    resourceClaimName: $2
+    resources: $2
+${3:-}
 EOF
+}
+
+# pod_using_claim POD CLAIM: a pause pod whose one container uses ResourceClaim CLAIM (YAML).
+pod_using_claim() {
+    pause_pod "$1" "{claims: [{name: gpu}]}" "  resourceClaims:
+  - {name: gpu, resourceClaimName: $2}"
 }
 
 # token_kubeconfig FILE TOKEN: a kubeconfig for this cluster that authenticates with TOKEN only.

@@ -955,3 +955,66 @@ fn device_taint_rules_apply_with_the_requests_tolerations() {
     );
     assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
 }
+
+/// Pods that ask for `nvidia.com/gpu` (the class's `extendedResourceName`) or a class's implicit
+/// name, with no claim, get the claim kube-scheduler makes for them, allocated with their own
+/// claims (e2e/explain.sh checks the prediction against the real scheduler).
+#[test]
+fn extended_resources_get_the_schedulers_claim() {
+    let file = repo("e2e/pods/extended-resource.yaml");
+    let out = run("match", "2xH100-SXM5-80GB", &["-f", &file, "-o", "json"]);
+    let claim = json(&out);
+    assert_eq!(
+        claim["metadata"]["annotations"]["resource.kubernetes.io/extended-resource-claim"],
+        "true"
+    );
+    assert_eq!(
+        claim["metadata"]["generateName"],
+        "ext-gpu-extended-resources-"
+    );
+    assert_eq!(claim["metadata"]["ownerReferences"][0]["name"], "ext-gpu");
+    let request = &claim["spec"]["devices"]["requests"][0];
+    assert_eq!(request["name"], "container-0-request-0");
+    assert_eq!(request["exactly"]["deviceClassName"], "gpu.nvidia.com");
+    assert_eq!(
+        claim["status"]["allocation"]["devices"]["results"][0]["device"],
+        "gpu-0"
+    );
+
+    // Mixed with a claim of its own, a MIG device by the class's implicit name, two GPUs.
+    let dir = tempfile::tempdir().expect("tmp");
+    let mixed = dir.path().join("mixed.yaml");
+    std::fs::write(
+        &mixed,
+        "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: own}\nspec:\n  devices:\n    requests:\n    - name: gpu\n      exactly: {deviceClassName: gpu.nvidia.com}\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: mixed}\nspec:\n  resourceClaims:\n  - {name: own, resourceClaimName: own}\n  containers:\n  - name: a\n    resources:\n      claims: [{name: own}]\n      limits: {nvidia.com/gpu: 2, memory: 1Gi}\n  - name: b\n    resources:\n      limits: {deviceclass.resource.kubernetes.io/mig.nvidia.com: 1}\n",
+    )
+    .expect("write");
+    let out = run(
+        "match",
+        "4xH100-SXM5-80GB",
+        &["-f", mixed.to_str().expect("utf-8"), "-o", "json"],
+    );
+    let allocated = allocations(&json(&out));
+    assert_eq!(allocated.len(), 2, "{allocated:?}");
+    assert_eq!(allocated[0].0, "own");
+    assert!(
+        allocated[1].0.starts_with("mixed-extended-resources-"),
+        "{allocated:?}"
+    );
+    let extended = &allocated[1].1;
+    assert_eq!(extended.len(), 3, "{extended:?}");
+    // memory sorts before nvidia.com/gpu: index 1 in container 0; container 1's only request.
+    assert!(
+        extended[0].starts_with("container-0-request-1=gpu-"),
+        "{extended:?}"
+    );
+    assert!(
+        extended[1].starts_with("container-0-request-1=gpu-"),
+        "{extended:?}"
+    );
+    assert!(
+        extended[2].starts_with("container-1-request-0=gpu-"),
+        "{extended:?}"
+    );
+    assert!(extended[2].contains("-mig-"), "{extended:?}");
+}

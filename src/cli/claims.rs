@@ -158,7 +158,11 @@ fn simulated_slices(
 
 /// Reads the positional claim file and the `-f` sources, and plans the pods' claims. Notes
 /// (skipped kinds, replica counts) go to stderr.
-fn read_inputs(inputs: &ClaimInputs, cel: &SelectorCache) -> Result<(Manifests, Plan), CliError> {
+fn read_inputs(
+    inputs: &ClaimInputs,
+    cel: &SelectorCache,
+    classes: &[DeviceClass],
+) -> Result<(Manifests, Plan), CliError> {
     if inputs.claim.is_none() && inputs.filenames.is_empty() {
         return Err(usage(
             "nothing to allocate: give -f FILE|DIR|- (Pods, workloads, ResourceClaims, ...) or CLAIM.yaml",
@@ -174,7 +178,7 @@ fn read_inputs(inputs: &ClaimInputs, cel: &SelectorCache) -> Result<(Manifests, 
         .map_err(usage)?;
     }
     m.add_sources(&inputs.filenames, None, cel).map_err(usage)?;
-    let plan = manifests::plan(&m, inputs.replicas).map_err(usage)?;
+    let plan = manifests::plan(&m, inputs.replicas, classes).map_err(usage)?;
     for note in m.notes.iter().chain(&plan.notes) {
         eprintln!("note: {note}");
     }
@@ -204,10 +208,11 @@ fn load(inputs: &ClaimInputs) -> Result<Loaded, CliError> {
     stock
         .add_typed(&inputs.classes, Kind::DeviceClass, &cel)
         .map_err(usage)?;
-    let (m, plan) = read_inputs(inputs, &cel)?;
+    let stock_classes: Vec<DeviceClass> = stock.classes.iter().map(|e| e.object.clone()).collect();
+    let (m, plan) = read_inputs(inputs, &cel, &stock_classes)?;
     if plan.units.is_empty() {
         return Err(usage(
-            "nothing to allocate: no ResourceClaim, and no pod asks for one (spec.resourceClaims)",
+            "nothing to allocate: no ResourceClaim, no pod asks for one (spec.resourceClaims), and no container asks for an extended resource a DeviceClass backs",
         ));
     }
     all_slices.extend(m.slices.into_iter().map(|e| e.object));
@@ -432,7 +437,12 @@ fn pending(unit: &Unit, done: &HashSet<String>) -> Vec<ResourceClaim> {
 
 fn print_v1(args: &MatchArgs) -> Result<ExitCode, CliError> {
     let cel = SelectorCache::new();
-    let (m, plan) = read_inputs(&args.inputs, &cel)?;
+    let mut stock = Manifests::default();
+    stock
+        .add_typed(&args.inputs.classes, Kind::DeviceClass, &cel)
+        .map_err(usage)?;
+    let stock_classes: Vec<DeviceClass> = stock.classes.into_iter().map(|e| e.object).collect();
+    let (m, plan) = read_inputs(&args.inputs, &cel, &stock_classes)?;
     let encode = |e: serde_json::Error| CliError::Encode(e.to_string());
     let mut items: Vec<serde_json::Value> = m
         .v1_objects()

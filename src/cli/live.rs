@@ -119,10 +119,21 @@ async fn claims_of_pod(
         .and_then(|s| s.resource_claims.as_ref())
         .cloned()
         .unwrap_or_default();
-    if entries.is_empty() {
-        return Err(CliError::Usage(format!(
-            "pod {namespace}/{pod_name}: spec.resourceClaims is empty; it asks for no devices"
-        )));
+    // The claim the scheduler made for the pod's extended resources, once it made it.
+    if let Some(name) = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.extended_resource_claim_status.as_ref())
+        .map(|s| s.resource_claim_name.clone())
+    {
+        out.push(claims.get(&name).await.map_err(|e| {
+            api_error(
+                &format!(
+                    "get resourceclaim {namespace}/{name} (status.extendedResourceClaimStatus)"
+                ),
+                e,
+            )
+        })?);
     }
     for (index, entry) in entries.iter().enumerate() {
         let field = format!("pod {namespace}/{pod_name}: spec.resourceClaims[{index}]");
@@ -251,6 +262,8 @@ async fn run_async(
         .await
         .map_err(|e| CliError::Node(Box::new(e)))?;
     let mut notes = Vec::new();
+    let mut extended_containers = Vec::new();
+    let mut extended_pod: Option<(String, String)> = None;
     let (claims, scheduled_on, title) = match target {
         LiveTarget::Pod(name) => {
             let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
@@ -260,6 +273,25 @@ async fn run_async(
                 .map_err(|e| api_error(&format!("get pod {namespace}/{name}"), e))?;
             let claims = claims_of_pod(&client, namespace, &pod, &mut notes).await?;
             let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+            // Not made yet: the scheduler makes it per node, in the search (see below).
+            let made = pod
+                .status
+                .as_ref()
+                .is_some_and(|s| s.extended_resource_claim_status.is_some());
+            if !made {
+                let spec =
+                    serde_json::to_value(&pod.spec).map_err(|e| CliError::Encode(e.to_string()))?;
+                extended_containers =
+                    crate::cli::manifests::extended::containers(Some(&spec), "spec").map_err(
+                        |e| {
+                            CliError::Usage(format!(
+                                "pod {namespace}/{name}: {}: {}",
+                                e.field, e.message
+                            ))
+                        },
+                    )?;
+                extended_pod = Some((name.clone(), pod.metadata.uid.clone().unwrap_or_default()));
+            }
             (claims, node, format!("Pod {namespace}/{name}"))
         }
         LiveTarget::Claim(name) => {
@@ -278,11 +310,22 @@ async fn run_async(
     for note in &notes {
         eprintln!("note: {note}");
     }
-    if let Some(report) = report_allocated(&claims, scheduled_on.as_deref()) {
+    let view = view(&client).await?;
+    let extended_classes = crate::cli::manifests::extended::class_mapping(view.classes.iter());
+    let asks_extended =
+        !crate::cli::manifests::extended::requests(&extended_containers, &extended_classes, |_| {
+            false
+        })
+        .is_empty();
+    if claims.is_empty() && !asks_extended {
+        return Err(CliError::Usage(format!(
+            "{title}: no claims (spec.resourceClaims) and no extended resource a DeviceClass backs; it asks for no devices"
+        )));
+    }
+    if !asks_extended && let Some(report) = report_allocated(&claims, scheduled_on.as_deref()) {
         print!("{title}: allocated.\n{report}");
         return Ok(ExitCode::SUCCESS);
     }
-    let view = view(&client).await?;
     let own: BTreeSet<String> = claims.iter().map(claim_key).collect();
     let mut state = AllocatedState::new();
     for claim in &view.claims {
@@ -327,6 +370,37 @@ async fn run_async(
     }
     let mut explanations = Vec::new();
     for node in &nodes {
+        // The scheduler's claim for the extended resources this node's device plugins do not
+        // serve (its allocatable has none of them), allocated with the pod's own.
+        let mut pending = pending.clone();
+        if let Some((pod, pod_uid)) = &extended_pod {
+            let allocatable = view
+                .nodes
+                .iter()
+                .find(|n| n.metadata.name.as_deref() == Some(node.name.as_str()))
+                .and_then(|n| n.status.as_ref())
+                .and_then(|s| s.allocatable.clone())
+                .unwrap_or_default();
+            let requests = crate::cli::manifests::extended::requests(
+                &extended_containers,
+                &extended_classes,
+                |resource| {
+                    allocatable.get(resource).is_some_and(|q| {
+                        k8s_quantity::Quantity::parse(&q.0)
+                            .is_ok_and(|v| v.as_approximate_float() > 0.0)
+                    })
+                },
+            );
+            if !requests.is_empty() {
+                pending.push(crate::cli::manifests::extended::claim(
+                    pod,
+                    pod_uid,
+                    namespace,
+                    format!("{pod}-extended-resources"),
+                    requests,
+                ));
+            }
+        }
         explanations.push(explain::explain(&allocator, node, &pending, &state));
     }
     println!(

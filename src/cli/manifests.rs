@@ -11,6 +11,7 @@
 //! `<pod>-<pod claim>-<5 characters>`. Generated names are derived from the inputs (the API
 //! server's are random), so the same manifests always give the same names.
 pub mod convert;
+pub mod extended;
 pub mod taint_rules;
 pub mod validate;
 
@@ -214,6 +215,8 @@ pub struct Workload {
     /// Field path of the pod spec (`spec`, `spec.template.spec`, ...).
     pub spec_path: &'static str,
     pub claims: Vec<PodClaim>,
+    /// Init containers then containers, with their resource requests (extended resources).
+    pub containers: Vec<extended::ContainerResources>,
     pub replicas: Replicas,
 }
 
@@ -702,12 +705,14 @@ fn parse_workload(
         "CronJob" => job(&["spec", "jobTemplate", "spec"])?,
         _ => Replicas::Replicas(count_field(value, &["spec", "replicas"], 1)?),
     };
+    let containers = extended::containers(at_path(value, pk.spec_path), pk.spec_field)?;
     Ok(Workload {
         kind: pk.kind,
         namespace,
         name,
         spec_path: pk.spec_field,
         claims,
+        containers,
         replicas,
     })
 }
@@ -912,6 +917,22 @@ fn index<'a, T>(
     Ok(out)
 }
 
+/// The controller reference to pod `pod` a claim made for it carries.
+pub(crate) fn pod_owner(
+    pod: &str,
+    pod_uid: &str,
+    block_owner_deletion: Option<bool>,
+) -> OwnerReference {
+    OwnerReference {
+        api_version: "v1".into(),
+        kind: "Pod".into(),
+        name: pod.to_string(),
+        uid: pod_uid.to_string(),
+        controller: Some(true),
+        block_owner_deletion,
+    }
+}
+
 /// A claim made from `template` for pod claim `pod_claim` of pod `pod`, as the resourceclaim
 /// controller makes it (`handleClaim`) and the API server names it.
 pub(crate) fn claim_from_template(
@@ -946,14 +967,7 @@ pub(crate) fn claim_from_template(
             uid: Some(uid(&format!("ResourceClaim/{namespace}/{name}"))),
             annotations: Some(annotations),
             labels: template_meta.and_then(|m| m.labels.clone()),
-            owner_references: Some(vec![OwnerReference {
-                api_version: "v1".into(),
-                kind: "Pod".into(),
-                name: pod.to_string(),
-                uid: pod_uid.to_string(),
-                controller: Some(true),
-                ..Default::default()
-            }]),
+            owner_references: Some(vec![pod_owner(pod, pod_uid, None)]),
             ..Default::default()
         },
         spec: template.spec.as_ref().and_then(|s| s.spec.clone()),
@@ -1022,7 +1036,25 @@ fn replica_note(w: &Workload, all: bool) -> Option<String> {
 
 /// Builds the pods' claims and orders everything to allocate. With `all_replicas`, every
 /// replica of a workload is a pod of its own; otherwise one pod stands for the workload.
-pub fn plan(m: &Manifests, all_replicas: bool) -> Result<Plan, ManifestError> {
+/// `classes`: DeviceClasses besides the inputs' own (`--classes`; an input's class of the same
+/// name replaces one), for the extended resources they back.
+pub fn plan(
+    m: &Manifests,
+    all_replicas: bool,
+    classes: &[DeviceClass],
+) -> Result<Plan, ManifestError> {
+    let own: HashSet<&str> = m
+        .classes
+        .iter()
+        .filter_map(|e| e.object.metadata.name.as_deref())
+        .collect();
+    let extended_classes = extended::class_mapping(
+        m.classes.iter().map(|e| &e.object).chain(
+            classes
+                .iter()
+                .filter(|c| !own.contains(c.metadata.name.as_deref().unwrap_or(""))),
+        ),
+    );
     let claims = index(&m.claims, "ResourceClaim", |c| &c.metadata)?;
     let templates = index(&m.templates, "ResourceClaimTemplate", |t| &t.metadata)?;
     let mut plan = Plan::default();
@@ -1045,9 +1077,11 @@ pub fn plan(m: &Manifests, all_replicas: bool) -> Result<Plan, ManifestError> {
             field,
             message,
         };
-        if w.claims.is_empty() {
+        // No node serves the extended resources itself offline (no device plugin).
+        let extended_requests = extended::requests(&w.containers, &extended_classes, |_| false);
+        if w.claims.is_empty() && extended_requests.is_empty() {
             plan.notes.push(format!(
-                "{}: no {}.resourceClaims; nothing to allocate",
+                "{}: no {}.resourceClaims and no extended resource a DeviceClass backs; nothing to allocate",
                 w.describe(),
                 w.spec_path
             ));
@@ -1107,6 +1141,30 @@ pub fn plan(m: &Manifests, all_replicas: bool) -> Result<Plan, ManifestError> {
                         pod_claims.push(claim);
                     }
                 }
+            }
+            // The scheduler's claim for the pod's extended resources, last.
+            if !extended_requests.is_empty() {
+                let base = format!("{pod}-extended-resources-");
+                let name = generated_name(&base, &format!("{}/{pod}/extended", w.namespace));
+                let claim = extended::claim(
+                    &pod,
+                    &pod_uid,
+                    &w.namespace,
+                    name,
+                    extended_requests.clone(),
+                );
+                plan.provenance.insert(
+                    claim_key(&claim),
+                    Provenance {
+                        object: format!(
+                            "the extended resources of pod {pod} ({}, containers' resources)",
+                            entry.origin
+                        ),
+                        spec_path: "spec",
+                    },
+                );
+                plan.generated.push(claim.clone());
+                pod_claims.push(claim);
             }
             let title = match (w.kind, all_replicas) {
                 ("Pod", _) => format!("Pod {}/{pod}", w.namespace),
@@ -1212,11 +1270,11 @@ spec:
         let m = read(MANIFESTS).unwrap();
         assert_eq!(m.notes.len(), 1, "{:?}", m.notes);
         assert!(m.notes[0].starts_with("skipped Namespace ml (t.yaml, document 1): not a Pod"));
-        let one = plan(&m, false).unwrap();
+        let one = plan(&m, false, &[]).unwrap();
         assert_eq!(one.units.len(), 1);
         assert_eq!(one.units[0].claims.len(), 2);
         assert!(one.notes[0].contains("2 replicas, allocating one pod's claims"));
-        let all = plan(&m, true).unwrap();
+        let all = plan(&m, true, &[]).unwrap();
         assert_eq!(all.units.len(), 2);
         let generated: Vec<String> = all.generated.iter().map(claim_key).collect();
         assert_eq!(generated.len(), 2);
@@ -1253,7 +1311,9 @@ spec:
             "resourceClaimTemplateName: one-gpu",
             "resourceClaimTemplateName: two-gpus",
         );
-        let err = plan(&read(&text).unwrap(), false).unwrap_err().to_string();
+        let err = plan(&read(&text).unwrap(), false, &[])
+            .unwrap_err()
+            .to_string();
         assert_eq!(
             err,
             "Deployment ml/trainer (t.yaml, document 3): spec.template.spec.resourceClaims[0].resourceClaimTemplateName: ResourceClaimTemplate ml/two-gpus is not in the inputs (give it with -f)"
