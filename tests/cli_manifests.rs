@@ -1018,3 +1018,182 @@ fn extended_resources_get_the_schedulers_claim() {
     );
     assert!(extended[2].contains("-mig-"), "{extended:?}");
 }
+
+/// `capacity`: copies of a pod placed one after another on each node alone until one does not
+/// fit; per node, the count and what stopped it; claims already allocated count.
+#[test]
+fn capacity_counts_more_copies_per_node_and_says_what_runs_out() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let pod = temp_manifest(
+        &dir,
+        "mig-pod.yaml",
+        "apiVersion: resource.k8s.io/v1\nkind: ResourceClaimTemplate\nmetadata: {name: mig-3g}\nspec:\n  spec:\n    devices:\n      requests:\n      - name: mig\n        exactly:\n          deviceClassName: mig.nvidia.com\n          selectors:\n          - cel: {expression: \"device.attributes['gpu.nvidia.com'].profile == '3g.40gb'\"}\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: trainer}\nspec:\n  containers:\n  - name: c\n    resources: {claims: [{name: mig}]}\n  resourceClaims:\n  - {name: mig, resourceClaimTemplateName: mig-3g}\n",
+    );
+    let pod = pod.as_str();
+    let classes = repo("deviceclasses");
+    let out = gpu_dra(&[
+        "capacity",
+        "--slices",
+        "node-a=sim:2xH100-SXM5-80GB",
+        "--slices",
+        "node-b=sim:1xT4",
+        "--classes",
+        &classes,
+        "-f",
+        pod,
+        "-o",
+        "json",
+    ]);
+    let report = json(&out);
+    assert_eq!(report["total"], 4, "{report}");
+    let nodes = report["nodes"].as_array().expect("nodes");
+    assert_eq!(nodes[0]["node"], "node-a");
+    assert_eq!(nodes[0]["fits"], 4, "two 3g.40gb placements per H100");
+    assert!(
+        nodes[0]["stops"]
+            .as_str()
+            .expect("stops")
+            .contains("devices in use"),
+        "{report}"
+    );
+    assert_eq!(nodes[1]["fits"], 0);
+    assert!(
+        nodes[1]["stops"]
+            .as_str()
+            .expect("stops")
+            .contains("ruled out by selectors"),
+        "{report}"
+    );
+
+    // One copy already allocated (as `match` allocates it): one fewer fits.
+    let placed = gpu_dra(&[
+        "match",
+        "--slices",
+        "node-a=sim:2xH100-SXM5-80GB",
+        "--node",
+        "node-a",
+        "--classes",
+        &classes,
+        "-f",
+        pod,
+        "-o",
+        "json",
+    ]);
+    let allocated = dir.path().join("allocated.json");
+    std::fs::write(&allocated, &placed.stdout).expect("write");
+    let out = gpu_dra(&[
+        "capacity",
+        "--slices",
+        "node-a=sim:2xH100-SXM5-80GB",
+        "--slices",
+        "node-b=sim:1xT4",
+        "--classes",
+        &classes,
+        "-f",
+        pod,
+        "--allocated",
+        allocated.to_str().expect("utf-8"),
+    ]);
+    let text = text(&out.stdout);
+    assert!(
+        text.starts_with("Pod default/trainer: 3 more copies fit on 2 node(s)."),
+        "{text}"
+    );
+    assert!(
+        text.contains("  node node-a: 3; then: request mig: devices in use"),
+        "{text}"
+    );
+
+    // Extended resources: one T4 per copy.
+    let file = repo("e2e/pods/extended-resource.yaml");
+    let out = gpu_dra(&[
+        "capacity",
+        "--slices",
+        "sim:3xT4",
+        "--classes",
+        &classes,
+        "-f",
+        &file,
+        "-o",
+        "json",
+    ]);
+    assert_eq!(json(&out)["total"], 3);
+}
+
+/// Slices of several nodes are a fleet: each pod goes to the first node, by name, where it fits;
+/// with `--replicas` a Job is told whether all its pods start at once.
+#[test]
+fn a_fleet_places_pods_across_nodes_and_says_whether_a_job_starts_at_once() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let job = temp_manifest(
+        &dir,
+        "job.yaml",
+        "apiVersion: resource.k8s.io/v1\nkind: ResourceClaimTemplate\nmetadata: {name: one-gpu}\nspec:\n  spec:\n    devices:\n      requests:\n      - name: gpu\n        exactly: {deviceClassName: gpu.nvidia.com}\n---\napiVersion: batch/v1\nkind: Job\nmetadata: {name: train}\nspec:\n  parallelism: 3\n  completions: 3\n  template:\n    spec:\n      restartPolicy: Never\n      containers:\n      - name: c\n        resources: {claims: [{name: gpu}]}\n      resourceClaims:\n      - {name: gpu, resourceClaimTemplateName: one-gpu}\n",
+    );
+    let job = job.as_str();
+    let classes = repo("deviceclasses");
+    let two = gpu_dra(&[
+        "match",
+        "--slices",
+        "node-a=sim:1xT4",
+        "--slices",
+        "node-b=sim:1xT4",
+        "--classes",
+        &classes,
+        "-f",
+        job,
+        "--replicas",
+        "-o",
+        "json",
+    ]);
+    assert_eq!(two.status.code(), Some(3), "{}", text(&two.stderr));
+    let list: Value = serde_json::from_slice(&two.stdout).expect("json");
+    let nodes: Vec<&str> = list["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .map(|c| {
+            c["status"]["allocation"]["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0]
+                ["values"][0]
+                .as_str()
+                .expect("node")
+        })
+        .collect();
+    assert_eq!(nodes, ["node-a", "node-b"]);
+    let notes = text(&two.stderr);
+    assert!(notes.contains("note: a fleet of 2 nodes"), "{notes}");
+    assert!(
+        notes.contains("note: Job default/train: 2 of 3 pods placed, 1 would wait: it does not start all at once"),
+        "{notes}"
+    );
+    let three = gpu_dra(&[
+        "match",
+        "--slices",
+        "node-a=sim:1xT4",
+        "--slices",
+        "node-b=sim:1xT4",
+        "--slices",
+        "node-c=sim:1xT4",
+        "--classes",
+        &classes,
+        "-f",
+        job,
+        "--replicas",
+        "-o",
+        "json",
+    ]);
+    assert!(three.status.success(), "{}", text(&three.stderr));
+    assert!(
+        text(&three.stderr)
+            .contains("note: Job default/train: all 3 pods placed: it starts all at once"),
+        "{}",
+        text(&three.stderr)
+    );
+}
+
+/// Writes a manifest into `dir`; returns its path.
+fn temp_manifest(dir: &tempfile::TempDir, name: &str, text: &str) -> String {
+    let path = dir.path().join(name);
+    std::fs::write(&path, text).expect("write");
+    path.to_str().expect("utf-8").to_string()
+}

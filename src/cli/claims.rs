@@ -26,7 +26,8 @@ use crate::slices::{self, SliceOptions};
 #[derive(Debug, Args)]
 pub struct ClaimInputs {
     /// ResourceSlices (resource.k8s.io v1, v1beta2 or v1beta1): a YAML/JSON file or directory,
-    /// or `sim:<N>x<MODEL>[,...]` for the slices a simulated node publishes. Repeat for more.
+    /// or `sim:<N>x<MODEL>[,...]` for the slices a simulated node publishes (`NODE=sim:...` for a
+    /// node of that name). Repeat for more.
     #[arg(long = "slices", value_name = "FILE|DIR|sim:SPEC")]
     pub slices: Vec<String>,
     /// `sim:` slices also offer each GPU to virtual machines (`gpu-vfio-<index>`), as a driver
@@ -50,7 +51,9 @@ pub struct ClaimInputs {
     /// for each workload.
     #[arg(long)]
     pub replicas: bool,
-    /// Node to allocate on (also the node name of `sim:` slices).
+    /// Node to allocate on when the slices name no node or only it (also the node name of
+    /// `sim:` slices). Slices that name several nodes (`--slices NODE=sim:...`, a cluster's
+    /// slices) are a fleet: each pod goes to the first node, by name, where it fits.
     #[arg(long, default_value = "sim-node")]
     pub node: String,
     /// Extra node labels `k=v,...` for slices that select nodes by label.
@@ -121,15 +124,15 @@ pub struct ExplainArgs {
 }
 
 /// Everything loaded and ready to allocate.
-struct Loaded {
-    allocator: Allocator,
-    node: NodeInfo,
-    plan: Plan,
-    state: AllocatedState,
-    features: Features,
+pub(super) struct Loaded {
+    pub allocator: Allocator,
+    pub node: NodeInfo,
+    pub plan: Plan,
+    pub state: AllocatedState,
+    pub features: Features,
 }
 
-fn usage(e: impl std::fmt::Display) -> CliError {
+pub(super) fn usage(e: impl std::fmt::Display) -> CliError {
     CliError::Usage(e.to_string())
 }
 
@@ -185,14 +188,19 @@ fn read_inputs(
     Ok((m, plan))
 }
 
-fn load(inputs: &ClaimInputs) -> Result<Loaded, CliError> {
+pub(super) fn load(inputs: &ClaimInputs) -> Result<Loaded, CliError> {
     let cel = Arc::new(SelectorCache::new());
     let mut all_slices = Vec::new();
     for source in &inputs.slices {
-        if source.starts_with("sim:") {
+        // `NODE=sim:SPEC`: a simulated node of its own (a fleet is several).
+        let (node, spec) = match source.split_once("=sim:") {
+            Some((node, spec)) if !node.is_empty() => (node, format!("sim:{spec}")),
+            _ => (inputs.node.as_str(), source.clone()),
+        };
+        if spec.starts_with("sim:") {
             all_slices.extend(simulated_slices(
-                source,
-                &inputs.node,
+                &spec,
+                node,
                 &inputs.driver_name,
                 inputs.passthrough,
             )?);
@@ -468,14 +476,36 @@ pub fn run_match(args: MatchArgs) -> Result<ExitCode, CliError> {
     let mut done = HashSet::new();
     let mut out = Vec::new();
     let mut failed = false;
+    let nodes = fleet(&loaded);
+    if nodes.len() > 1 {
+        eprintln!(
+            "note: a fleet of {} nodes: each pod goes to the first node, by name, where all its claims fit",
+            nodes.len()
+        );
+    }
+    // Per workload: pods placed, and pods it has.
+    let mut placed: Vec<(String, u64, u64)> = Vec::new();
     // Pod by pod, as the scheduler would place them: each allocation uses up its devices.
     for unit in &loaded.plan.units {
         let claims = pending(unit, &done);
         if claims.is_empty() {
             continue;
         }
-        match loaded.allocator.allocate(&loaded.node, &claims, &state) {
-            Ok(Outcome::Allocated(results)) => {
+        let outcome =
+            nodes.iter().find_map(
+                |node| match loaded.allocator.allocate(node, &claims, &state) {
+                    Ok(Outcome::Allocated(results)) => Some(results),
+                    _ => None,
+                },
+            );
+        if let Some((workload, total)) = &unit.workload {
+            match placed.iter_mut().find(|(w, _, _)| w == workload) {
+                Some(entry) => entry.1 += u64::from(outcome.is_some()),
+                None => placed.push((workload.clone(), u64::from(outcome.is_some()), *total)),
+            }
+        }
+        match outcome {
+            Some(results) => {
                 for (mut claim, allocation) in claims.into_iter().zip(results) {
                     let key = claim_key(&claim);
                     state
@@ -492,17 +522,36 @@ pub fn run_match(args: MatchArgs) -> Result<ExitCode, CliError> {
                     out.push(value);
                 }
             }
-            Ok(Outcome::Unsatisfiable { .. }) | Err(_) => {
+            None => {
                 failed = true;
-                let explanation =
-                    explain::explain(&loaded.allocator, &loaded.node, &claims, &state);
+                let explanation = explain::explain(&loaded.allocator, &nodes[0], &claims, &state);
                 if let Some(title) = &unit.title {
                     eprintln!("{title}:");
+                }
+                if nodes.len() > 1 {
+                    eprintln!(
+                        "no node of the {} fits; explained on node {}:",
+                        nodes.len(),
+                        nodes[0].name
+                    );
                 }
                 for line in never_fits(&loaded.plan, &explanation, &claims) {
                     eprintln!("{line}");
                 }
                 eprint!("{}", short_explanation(&explanation));
+            }
+        }
+    }
+    // With every replica placed in turn: does the whole workload start at once?
+    if args.inputs.replicas {
+        for (workload, count, total) in &placed {
+            if count == total {
+                eprintln!("note: {workload}: all {total} pods placed: it starts all at once");
+            } else {
+                eprintln!(
+                    "note: {workload}: {count} of {total} pods placed, {} would wait: it does not start all at once (all-or-nothing scheduling, e.g. Kueue or Volcano, would hold it back)",
+                    total - count
+                );
             }
         }
     }
@@ -520,6 +569,30 @@ pub fn run_match(args: MatchArgs) -> Result<ExitCode, CliError> {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// The nodes pods go to: every node the slices name (a fleet), in name order; `--node` when the
+/// slices name no node or only it.
+pub(super) fn fleet(loaded: &Loaded) -> Vec<NodeInfo> {
+    let named: BTreeSet<String> = loaded
+        .allocator
+        .slices()
+        .iter()
+        .filter_map(|s| s.spec.node_name.clone())
+        .collect();
+    if named.is_empty() || (named.len() == 1 && named.contains(&loaded.node.name)) {
+        return vec![loaded.node.clone()];
+    }
+    named
+        .into_iter()
+        .map(|name| {
+            let mut node = loaded.node.clone();
+            node.labels
+                .insert("kubernetes.io/hostname".to_string(), name.clone());
+            node.name = name;
+            node
+        })
+        .collect()
 }
 
 /// Exit status of `match` and `explain` when some pods fit and others do not.

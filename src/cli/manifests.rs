@@ -867,6 +867,8 @@ pub struct Provenance {
 pub struct Unit {
     /// `Pod default/p`, ...; `None` for the claims no pod uses.
     pub title: Option<String>,
+    /// The workload the pod is a replica of (`Job default/j`), and how many replicas it has.
+    pub workload: Option<(String, u64)>,
     pub claims: Vec<ResourceClaim>,
 }
 
@@ -1187,6 +1189,7 @@ pub fn plan(
                 entry.seq,
                 Unit {
                     title: Some(title),
+                    workload: Some((w.describe(), total)),
                     claims: pod_claims,
                 },
             ));
@@ -1203,6 +1206,7 @@ pub fn plan(
             first.seq,
             Unit {
                 title: None,
+                workload: None,
                 claims: unused.iter().map(|e| e.object.clone()).collect(),
             },
         ));

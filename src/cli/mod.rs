@@ -8,6 +8,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+#[cfg(feature = "tools")]
+pub mod capacity;
 pub mod cdi;
 #[cfg(feature = "tools")]
 pub mod cel;
@@ -118,6 +120,9 @@ pub enum Command {
     /// for a pod or claim of a live cluster (`explain pod/NAME -n NS`).
     #[cfg(feature = "tools")]
     Explain(claims::ExplainArgs),
+    /// How many more copies of a pod fit right now, per node, and what runs out first.
+    #[cfg(feature = "tools")]
+    Capacity(capacity::CapacityArgs),
 }
 
 /// Errors a subcommand reports; `main` prints them with their causes.
@@ -155,5 +160,7 @@ pub fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Match(args) => claims::run_match(args),
         #[cfg(feature = "tools")]
         Command::Explain(args) => claims::run_explain(args),
+        #[cfg(feature = "tools")]
+        Command::Capacity(args) => capacity::run(args),
     }
 }

@@ -1,0 +1,278 @@
+//! `gpu-dra capacity`: how many more copies of a pod fit right now, per node, and what runs out
+//! first. Copies are allocated one after the other as kube-scheduler would place them (each with
+//! claims of its own from the pod's templates, and its extended-resource claim; claims the pod
+//! names are shared by every copy), on each node alone, until one does not fit; the explanation
+//! of that one says what ran out: devices in use, shared counters (MIG memory slices, engines),
+//! consumable capacity, taints, or devices no selector admits.
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write as _;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::Args;
+use dra_allocator::Outcome;
+use dra_allocator::explain::{self, Problem};
+use k8s_openapi::api::resource::v1::ResourceClaim;
+
+use super::CliError;
+use super::claims::{ClaimInputs, load, usage};
+use super::manifests::claim_key;
+
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Examples:\n  gpu-dra capacity --slices sim:8xH100-SXM5-80GB \
+    --classes deviceclasses/ -f mig-pod.yaml\n  gpu-dra capacity --slices node-a=sim:8xH100-SXM5-80GB \
+    --slices node-b=sim:4xL40S --classes deviceclasses/ --allocated running-claims.yaml -f pod.yaml -o json\n\n\
+    Exit status: 0 at least one more copy fits somewhere; 1 none does; 2 bad input."
+)]
+pub struct CapacityArgs {
+    #[command(flatten)]
+    pub inputs: ClaimInputs,
+    /// Stop counting a node at this many copies.
+    #[arg(long, default_value_t = 256)]
+    pub max: usize,
+    /// `text` or `json`.
+    #[arg(short = 'o', long, default_value = "text")]
+    pub output: String,
+}
+
+/// One node's answer.
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeCapacity {
+    pub node: String,
+    /// More copies that fit on this node alone.
+    pub fits: usize,
+    /// Whether counting stopped at `--max` (more may fit).
+    pub at_max: bool,
+    /// What stops the next copy, one line.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stops: Option<String>,
+}
+
+/// Copy `k` of a pod's claims: generated claims (from templates, extended resources) get a name
+/// and UID of their own; the claims the pod names are the same object in every copy.
+fn copy(claims: &[ResourceClaim], generated: &BTreeSet<String>, k: usize) -> Vec<ResourceClaim> {
+    claims
+        .iter()
+        .map(|claim| {
+            let mut claim = claim.clone();
+            if k > 0 && generated.contains(&claim_key(&claim)) {
+                let name = claim.metadata.name.clone().unwrap_or_default();
+                claim.metadata.name = Some(format!("{name}-{k}"));
+                claim.metadata.uid = claim.metadata.uid.as_ref().map(|u| format!("{u}-{k}"));
+            }
+            claim
+        })
+        .collect()
+}
+
+/// What stops a copy, from the explanation of its failed allocation: the most common reason
+/// among the devices its first blocked request looked at.
+fn stopper(explanation: &explain::Explanation) -> String {
+    let mut counts: BTreeMap<&'static str, usize> = BTreeMap::new();
+    let mut request = None;
+    for claim in &explanation.claims {
+        for r in &claim.requests {
+            if r.devices.iter().any(|d| d.chosen) {
+                continue;
+            }
+            if let Some(error) = &r.error {
+                return format!("request {}: {error}", r.name);
+            }
+            request.get_or_insert(r.name.clone());
+            for device in &r.devices {
+                for problem in &device.problems {
+                    let kind = match problem {
+                        Problem::InUse { .. } => "devices in use",
+                        Problem::Counters { .. } => "shared counters used up (MIG slices, engines)",
+                        Problem::Capacity(_) => "consumable capacity used up",
+                        Problem::Taint(_) => "taints not tolerated",
+                        Problem::Selector { .. } => "ruled out by selectors",
+                        Problem::NotOnNode => "not on this node",
+                        Problem::NodeOperations(_) => "node operations",
+                        Problem::Compatibility { .. } => "compatibility groups",
+                    };
+                    *counts.entry(kind).or_default() += 1;
+                }
+            }
+            break;
+        }
+    }
+    let Some(request) = request else {
+        return explanation
+            .render()
+            .lines()
+            .next()
+            .unwrap_or("does not fit")
+            .trim()
+            .to_string();
+    };
+    let mut reasons: Vec<(&str, usize)> = counts.into_iter().collect();
+    reasons.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    if reasons.is_empty() {
+        return format!("request {request}: no device matches");
+    }
+    let listed: Vec<String> = reasons
+        .iter()
+        .filter(|(kind, _)| *kind != "ruled out by selectors" || reasons.len() == 1)
+        .map(|(kind, n)| format!("{kind} ({n} devices)"))
+        .collect();
+    format!("request {request}: {}", listed.join(", "))
+}
+
+pub fn run(args: CapacityArgs) -> Result<ExitCode, CliError> {
+    if !matches!(args.output.as_str(), "text" | "json") {
+        return Err(usage(format!("-o {:?}: use text or json", args.output)));
+    }
+    let started = Instant::now();
+    let loaded = load(&args.inputs)?;
+    let Some(unit) = loaded
+        .plan
+        .units
+        .iter()
+        .find(|u| u.title.is_some())
+        .or_else(|| loaded.plan.units.first())
+    else {
+        return Err(usage("nothing to count: give one pod or workload with -f"));
+    };
+    if loaded.plan.units.len() > 1 {
+        eprintln!(
+            "note: counting copies of {} only (the first of {} pods in the inputs)",
+            unit.title.as_deref().unwrap_or("the claims"),
+            loaded.plan.units.len()
+        );
+    }
+    let generated: BTreeSet<String> = loaded.plan.generated.iter().map(claim_key).collect();
+    // Every node the slices name; slices for all nodes (or by selector) count on each.
+    let nodes = super::claims::fleet(&loaded);
+    // Pools anything is allocated from: a node using one is counted on its own.
+    let busy_pools: BTreeSet<&str> = loaded
+        .state
+        .holders
+        .keys()
+        .chain(loaded.state.shares.keys())
+        .map(|id| id.pool.as_str())
+        .collect();
+    // Nodes with the same devices and nothing allocated give the same answer: counted once.
+    let mut by_layout: BTreeMap<String, (usize, Option<String>)> = BTreeMap::new();
+    let mut answers = Vec::new();
+    for node in &nodes {
+        let name = &node.name;
+        let own: Vec<&k8s_openapi::api::resource::v1::ResourceSlice> = loaded
+            .allocator
+            .slices()
+            .iter()
+            .filter(|s| s.spec.node_name.as_deref() == Some(name.as_str()))
+            .collect();
+        let idle = !own
+            .iter()
+            .any(|s| busy_pools.contains(s.spec.pool.name.as_str()));
+        let layout = idle
+            .then(|| {
+                let mut parts: Vec<String> = own
+                    .iter()
+                    .map(|s| {
+                        serde_json::json!([s.spec.driver, s.spec.devices, s.spec.shared_counters])
+                            .to_string()
+                    })
+                    .collect();
+                parts.sort();
+                parts.join("\n")
+            })
+            .filter(|_| !own.is_empty());
+        if let Some((fits, stops)) = layout.as_ref().and_then(|l| by_layout.get(l)) {
+            answers.push(NodeCapacity {
+                node: name.clone(),
+                fits: *fits,
+                at_max: *fits >= args.max,
+                stops: stops.clone(),
+            });
+            continue;
+        }
+        let mut state = loaded.state.clone();
+        let mut fits = 0;
+        let mut stops = None;
+        let mut shared_done = false;
+        while fits < args.max {
+            // After the first copy, the named claims it allocated are every copy's.
+            let wanted: Vec<ResourceClaim> = unit
+                .claims
+                .iter()
+                .filter(|c| !shared_done || generated.contains(&claim_key(c)))
+                .cloned()
+                .collect();
+            let claims = copy(&wanted, &generated, fits);
+            if shared_done && claims.is_empty() {
+                stops = Some(
+                    "every copy shares the pod's named claims: no copy needs more devices"
+                        .to_string(),
+                );
+                fits = args.max;
+                break;
+            }
+            match loaded.allocator.allocate(node, &claims, &state) {
+                Ok(Outcome::Allocated(results)) => {
+                    for (claim, allocation) in claims.iter().zip(results) {
+                        state
+                            .mark(&claim_key(claim), &allocation, &loaded.features)
+                            .map_err(usage)?;
+                    }
+                    shared_done = true;
+                    fits += 1;
+                }
+                Ok(Outcome::Unsatisfiable { .. }) | Err(_) => {
+                    let explanation = explain::explain(&loaded.allocator, node, &claims, &state);
+                    stops = Some(stopper(&explanation));
+                    break;
+                }
+            }
+        }
+        if let Some(layout) = layout {
+            by_layout.insert(layout, (fits, stops.clone()));
+        }
+        answers.push(NodeCapacity {
+            node: name.clone(),
+            fits,
+            at_max: fits >= args.max,
+            stops,
+        });
+    }
+    let total: usize = answers.iter().map(|a| a.fits).sum();
+    let elapsed = started.elapsed();
+    let title = unit.title.clone().unwrap_or_else(|| "the claims".into());
+    let mut out = std::io::stdout().lock();
+    if args.output == "json" {
+        let document = serde_json::json!({
+            "pod": title,
+            "total": total,
+            "nodes": answers,
+            "seconds": elapsed.as_secs_f64(),
+        });
+        let text =
+            serde_json::to_string_pretty(&document).map_err(|e| CliError::Encode(e.to_string()))?;
+        writeln!(out, "{text}")?;
+    } else {
+        writeln!(
+            out,
+            "{title}: {total} more cop{} fit on {} node(s).",
+            if total == 1 { "y" } else { "ies" },
+            answers.len()
+        )?;
+        for a in &answers {
+            let more = if a.at_max { "+ (--max)" } else { "" };
+            match &a.stops {
+                Some(stops) if !a.at_max => {
+                    writeln!(out, "  node {}: {}{more}; then: {stops}", a.node, a.fits)?
+                }
+                _ => writeln!(out, "  node {}: {}{more}", a.node, a.fits)?,
+            }
+        }
+        eprintln!("note: counted in {:.2}s", elapsed.as_secs_f64());
+    }
+    Ok(if total > 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
