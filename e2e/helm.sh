@@ -43,7 +43,7 @@ sa_kubectl() { kubectl --kubeconfig "$WORK/driver.kubeconfig" "$@"; }
 render --set metrics.service.enabled=true >"$WORK/chart.yaml" || fail "helm template"
 as_json "$WORK/chart.yaml" >"$WORK/chart.json" || fail "the rendered chart is not valid YAML for kubectl"
 kinds=$(jq -c '[.items[].kind] | sort' "$WORK/chart.json")
-want='["ClusterRole","ClusterRoleBinding","DaemonSet","DeviceClass","DeviceClass","Service","ServiceAccount","ValidatingAdmissionPolicy","ValidatingAdmissionPolicyBinding"]'
+want='["ClusterRole","ClusterRoleBinding","DaemonSet","DeviceClass","DeviceClass","DeviceClass","Service","ServiceAccount","ValidatingAdmissionPolicy","ValidatingAdmissionPolicyBinding"]'
 [[ $kinds == "$want" ]] || fail "rendered kinds: $kinds"
 kubectl create namespace "$NAMESPACE" >&2
 out=$(kubectl apply --dry-run=server -f "$WORK/chart.yaml" 2>&1) || fail "server dry run rejected the chart: $out"
@@ -56,7 +56,7 @@ diff -u "$WORK/classes.repo.json" "$WORK/classes.chart.json" >&2 || fail "the ch
 render --set extendedResources.enabled=false --set driverName=gpu.example.com --set healthTaintEffects=lost=NoExecute \
     >"$WORK/variant.yaml" || fail "helm template with options"
 as_json "$WORK/variant.yaml" | jq -e '
-    ([.items[] | select(.kind == "DeviceClass") | .spec.extendedResourceName] == [null, null])
+    ([.items[] | select(.kind == "DeviceClass") | .spec.extendedResourceName] == [null, null, null])
     and ([.items[] | select(.kind == "DeviceClass") | .spec.selectors[0].cel.expression
           | contains("device.driver == '"'gpu.example.com'"'")] | all)
     and (.items[] | select(.kind == "ClusterRole") | .rules[] | select(.resources == ["resourceclaims/driver"])
