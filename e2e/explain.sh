@@ -14,6 +14,10 @@
 #   8. extended resources (nvidia.com/gpu, the class's implicit name) in pods without claims: the
 #      prediction equals the device in the claim the scheduler makes, and explain explains it.
 #
+# Mode: the driver runs as a host process publishing slices (no kubelet, no container): what is
+# under test is `match`/`explain` against the real kube-scheduler, not the node path, which
+# e2e/pods.sh runs with the image through the chart.
+#
 # Usage: e2e/explain.sh   (GPU_DRA=path/to/gpu-dra, default target/debug/gpu-dra)
 set -euo pipefail
 NAME=explain-e2e
