@@ -27,15 +27,10 @@ fn root() -> PathBuf {
 }
 
 fn node_slices() -> Vec<ResourceSlice> {
-    let inventory = gpu::discover(&DiscoveryConfig {
-        source: "sim:8xH100-SXM5-80GB".parse().expect("spec"),
-        node_name: NODE.into(),
-        sim_state: None,
-        nvml_library: None,
-        sysfs_root: PathBuf::from("/sys"),
-        nvidia_smi: None,
-        sim_mig_delay: std::time::Duration::ZERO,
-    })
+    let inventory = gpu::discover(&DiscoveryConfig::new(
+        "sim:8xH100-SXM5-80GB".parse().expect("spec"),
+        NODE,
+    ))
     .expect("inventory");
     slices::build(
         &inventory,

@@ -96,20 +96,24 @@ plugin=$(PATH="$WORK/bin:$PATH" kubectl gpu-dra explain pod/whole-a -n default -
 [[ $plugin == "$(explain pod/whole-a)" ]] || fail "kubectl gpu-dra explain differs: $plugin"
 ok "kubectl gpu-dra explain (kubectl-gpu_dra on PATH) gives the same answer"
 
+# No kubelet runs these pods and no controller-manager frees their claims: the pods go at
+# once, the claims once their protection finalizer is dropped.
+clear_pods_and_claims() {
+    kubectl delete pod --all --grace-period=0 --force >&2 2>/dev/null
+    kubectl delete resourceclaim --all --wait=false >&2
+    for c in $(kubectl get resourceclaims -o name); do
+        kubectl patch "$c" --type=merge -p '{"metadata":{"finalizers":null}}' >&2
+    done
+    wait_for "the earlier claims deleted" 60 bash -c '[[ -z $(kubectl get resourceclaims -o name) ]]'
+}
+
 # ---------------------------------------------------------------- 7. DeviceTaintRule, as the scheduler applies it
 # An admin takes gpu-0 out with a DeviceTaintRule (NoSchedule). Before each pod is created,
 # `gpu-dra match` predicts its device offline from the cluster's objects (slices, classes, the
 # rule, allocated claims); the real scheduler must allocate exactly that: a pod without the
 # toleration gets gpu-1, one with it gets gpu-0, a third without it stays Pending and explain
 # names the taint.
-# No kubelet runs these pods and no controller-manager frees their claims: the pods go at
-# once, the claims once their protection finalizer is dropped.
-kubectl delete pod --all --grace-period=0 --force >&2 2>/dev/null
-kubectl delete resourceclaim --all --wait=false >&2
-for c in $(kubectl get resourceclaims -o name); do
-    kubectl patch "$c" --type=merge -p '{"metadata":{"finalizers":null}}' >&2
-done
-wait_for "the earlier claims deleted" 60 bash -c '[[ -z $(kubectl get resourceclaims -o name) ]]'
+clear_pods_and_claims
 
 kubectl apply -f - >&2 <<EOF
 apiVersion: resource.k8s.io/v1
@@ -159,13 +163,8 @@ ok "a third pod without the toleration: Pending on the scheduler and in gpu-dra 
 # name in their limits, with no claim: the scheduler makes a claim for them (KEP-5004). Before
 # each pod is created `gpu-dra match` predicts the claim's device offline; the scheduler's claim
 # (named in the pod's status.extendedResourceClaimStatus) must have exactly that.
-kubectl delete pod --all --grace-period=0 --force >&2 2>/dev/null
-kubectl delete resourceclaim --all --wait=false >&2
-for c in $(kubectl get resourceclaims -o name); do
-    kubectl patch "$c" --type=merge -p '{"metadata":{"finalizers":null}}' >&2
-done
+clear_pods_and_claims
 kubectl delete devicetaintrule --all >&2
-wait_for "the earlier claims deleted" 60 bash -c '[[ -z $(kubectl get resourceclaims -o name) ]]'
 extended_claim() { kubectl get pod "$1" -o jsonpath='{.status.extendedResourceClaimStatus.resourceClaimName}'; }
 for pod in ext-a:nvidia.com/gpu ext-b:deviceclass.resource.kubernetes.io/gpu.nvidia.com; do
     name=${pod%%:*}

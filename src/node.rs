@@ -866,15 +866,10 @@ mod tests {
     #[test]
     fn taint_and_inventory_changes_at_once_never_hang() {
         use k8s_openapi::api::resource::v1::DeviceTaint;
-        let inventory = crate::gpu::discover(&crate::gpu::DiscoveryConfig {
-            source: "sim:2xH100-SXM5-80GB".parse().expect("spec"),
-            node_name: "n1".into(),
-            sim_state: None,
-            nvml_library: None,
-            sysfs_root: "/sys".into(),
-            nvidia_smi: None,
-            sim_mig_delay: Duration::ZERO,
-        })
+        let inventory = crate::gpu::discover(&crate::gpu::DiscoveryConfig::new(
+            "sim:2xH100-SXM5-80GB".parse().expect("spec"),
+            "n1",
+        ))
         .expect("inventory");
         let mut second = inventory.clone();
         second.gpus.pop();

@@ -93,16 +93,8 @@ fn sim_slices(rng: &mut Rng) -> Vec<Value> {
         .map(|_| format!("{}x{}", 1 + rng.below(3), rng.pick(&models)))
         .collect();
     let spec = format!("sim:{}", spec.join(","));
-    let inventory = gpu::discover(&DiscoveryConfig {
-        source: spec.parse().expect("sim spec"),
-        node_name: NODE.into(),
-        sim_state: None,
-        nvml_library: None,
-        sysfs_root: PathBuf::from("/sys"),
-        nvidia_smi: None,
-        sim_mig_delay: std::time::Duration::ZERO,
-    })
-    .expect("simulated inventory");
+    let inventory = gpu::discover(&DiscoveryConfig::new(spec.parse().expect("sim spec"), NODE))
+        .expect("simulated inventory");
     // GPUs also published for virtual machines: their VFIO devices and the GPUs' own devices
     // exclude each other through per-function counters, which "any.nvidia.com" requests mix.
     let options = SliceOptions {

@@ -143,15 +143,7 @@ fn simulated_slices(
     passthrough: bool,
 ) -> Result<Vec<ResourceSlice>, CliError> {
     let source: GpuSource = spec.parse()?;
-    let inventory = gpu::discover(&DiscoveryConfig {
-        source,
-        node_name: node.to_string(),
-        sim_state: None,
-        nvml_library: None,
-        sysfs_root: PathBuf::from("/sys"),
-        nvidia_smi: None,
-        sim_mig_delay: std::time::Duration::ZERO,
-    })?;
+    let inventory = gpu::discover(&DiscoveryConfig::new(source, node))?;
     let options = SliceOptions {
         passthrough,
         ..SliceOptions::new(driver, node)

@@ -50,13 +50,11 @@ pub struct GpuArgs {
 impl GpuArgs {
     pub fn discovery(&self, node_name: &str) -> DiscoveryConfig {
         DiscoveryConfig {
-            source: self.gpus.clone(),
-            node_name: node_name.to_string(),
             sim_state: self.sim_state.clone(),
             nvml_library: self.nvml_lib.clone(),
             sysfs_root: self.sysfs_root.clone(),
-            nvidia_smi: None,
-            sim_mig_delay: std::time::Duration::ZERO,
+            scan_pci: self.passthrough,
+            ..DiscoveryConfig::new(self.gpus.clone(), node_name)
         }
     }
 }

@@ -157,6 +157,26 @@ pub struct DiscoveryConfig {
     pub nvidia_smi: Option<driver_tools::NvidiaSmi>,
     /// Simulated GPUs only: how long a GPU instance create or destroy takes.
     pub sim_mig_delay: std::time::Duration,
+    /// Read the GPUs' PCI functions from sysfs (for `--passthrough`); off, no GPU is offered to
+    /// virtual machines and discovery does not walk `bus/pci/devices`.
+    pub scan_pci: bool,
+}
+
+impl DiscoveryConfig {
+    /// `source` on `node_name`, with the host's `/sys`, no simulator state, NVML's default library
+    /// and no PCI scan.
+    pub fn new(source: GpuSource, node_name: &str) -> Self {
+        Self {
+            source,
+            node_name: node_name.to_string(),
+            sim_state: None,
+            nvml_library: None,
+            sysfs_root: PathBuf::from("/sys"),
+            nvidia_smi: None,
+            sim_mig_delay: std::time::Duration::ZERO,
+            scan_pci: false,
+        }
+    }
 }
 
 /// Discovers the node's GPUs with the configured backend.
@@ -164,6 +184,7 @@ pub fn discover(config: &DiscoveryConfig) -> Result<NodeInventory, GpuError> {
     match &config.source {
         GpuSource::Nvml => {
             nvml::NvmlBackend::open(config.nvml_library.as_deref(), config.sysfs_root.clone())?
+                .with_pci_scan(config.scan_pci)
                 .inventory()
         }
         GpuSource::Sim(spec) => {
@@ -406,6 +427,7 @@ pub fn open_control(config: &DiscoveryConfig) -> Result<std::sync::Arc<dyn GpuCo
         )),
         GpuSource::Nvml => Ok(std::sync::Arc::new(
             nvml::NvmlBackend::open(config.nvml_library.as_deref(), config.sysfs_root.clone())?
+                .with_pci_scan(config.scan_pci)
                 .with_nvidia_smi(config.nvidia_smi.clone()),
         )),
     }

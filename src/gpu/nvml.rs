@@ -31,6 +31,8 @@ pub struct NvmlBackend {
     /// Shared with event sources, which outlive the call that registers them.
     nvml: Arc<Nvml>,
     sysfs_root: PathBuf,
+    /// Whether inventories read the GPUs' PCI functions (only `--passthrough` needs them).
+    scan_pci: bool,
     /// The node as last read; `None` until first needed (or after a panic while it was held).
     /// Guards only the list of GPUs and the node-wide facts: each GPU has its own lock (see
     /// [`GpuSlot`]), and this one is never held across NVML calls on a GPU (but for the first read
@@ -329,6 +331,7 @@ impl NvmlBackend {
         Ok(Self {
             nvml: Arc::new(nvml),
             sysfs_root,
+            scan_pci: false,
             cache: Mutex::new(None),
             handles: Mutex::new(None),
             nvidia_smi: None,
@@ -369,6 +372,12 @@ impl NvmlBackend {
                 })
             })
         })
+    }
+
+    /// Inventories also read the GPUs' PCI functions from sysfs (for `--passthrough`).
+    pub fn with_pci_scan(mut self, scan_pci: bool) -> Self {
+        self.scan_pci = scan_pci;
+        self
     }
 
     /// The driver's `nvidia-smi` (in the driver root), for time-slicing.
@@ -616,6 +625,9 @@ impl NvmlBackend {
 
     /// The GPUs' PCI functions; one that cannot be read fails passthrough only, not discovery.
     fn pci_view(&self) -> crate::gpu::pci::PciView {
+        if !self.scan_pci {
+            return Default::default();
+        }
         crate::gpu::pci::scan(&self.sysfs_root).unwrap_or_else(|error| {
             tracing::warn!(%error, "cannot read the GPUs' PCI functions; none is offered to virtual machines");
             Default::default()
@@ -626,6 +638,8 @@ impl NvmlBackend {
     /// handles and the GPUs' indexes are read again at the next inventory.
     pub fn invalidate_all(&self) {
         *self.cache.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        // Handles of a GPU that left NVML are dangling; one that came back has a new one.
+        *self.handles.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
 
     /// Marks one GPU stale: a fault on it may have changed it. The others keep their view.

@@ -480,13 +480,8 @@ mod tests {
     fn inventory(spec: &str) -> NodeInventory {
         let source: GpuSource = spec.parse().expect("spec");
         crate::gpu::discover(&DiscoveryConfig {
-            source,
-            node_name: "n1".into(),
-            sim_state: None,
-            nvml_library: None,
             sysfs_root: "/nonexistent".into(),
-            nvidia_smi: None,
-            sim_mig_delay: std::time::Duration::ZERO,
+            ..DiscoveryConfig::new(source, "n1")
         })
         .expect("discover")
     }
