@@ -12,7 +12,9 @@
 #   7. a DeviceTaintRule: `gpu-dra match`'s offline prediction equals the scheduler's allocation
 #      for pods with and without the toleration, and explain names the rule's taint;
 #   8. extended resources (nvidia.com/gpu, the class's implicit name) in pods without claims: the
-#      prediction equals the device in the claim the scheduler makes, and explain explains it.
+#      prediction equals the device in the claim the scheduler makes, and explain explains it;
+#   9. `gpu-dra capacity` on the live cluster: how many more copies of a pod fit; one fewer after
+#      one more binds (for a pod from a file, and for the bound pod itself: `capacity pod/NAME`).
 #
 # Mode: the driver runs as a host process publishing slices (no kubelet, no container): what is
 # under test is `match`/`explain` against the real kube-scheduler, not the node path, which
@@ -188,4 +190,20 @@ out=$(explain pod/ext-c 2>&1) && fail "explain says ext-c fits: $out"
 grep -q 'ext-c-extended-resources' <<<"$out" && grep -q 'container-0-request-1' <<<"$out" ||
     fail "explain does not explain the extended-resource claim: $out"
 ok "a third nvidia.com/gpu pod: Pending on the scheduler and in gpu-dra match; live explain explains its extended-resource claim"
+
+# ---------------------------------------------------------------- 9. how many more fit, live
+clear_pods_and_claims
+capacity() { "$GPU_DRA" capacity --kubeconfig "$KUBECONFIG" --feature-gates "$GATES" -o json "$@"; }
+fits_on_node() { jq -r --arg node "$NODE" '.nodes[] | select(.node == $node) | .fits'; }
+pause_pod cap-a "{requests: {cpu: 10m}, limits: {nvidia.com/gpu: 1}}" >"$WORK/cap-a.yaml"
+before=$(capacity --cluster -f "$WORK/cap-a.yaml") || fail "gpu-dra capacity --cluster: $before"
+[[ $(fits_on_node <<<"$before") == 2 ]] || fail "two idle H100s: capacity says $before"
+kubectl apply -f "$WORK/cap-a.yaml" >&2
+wait_for "cap-a scheduled" 60 bound cap-a
+after=$(capacity --cluster -f "$WORK/cap-a.yaml") || fail "gpu-dra capacity --cluster after one pod: $after"
+[[ $(fits_on_node <<<"$after") == 1 ]] || fail "one pod bound: capacity should go from 2 to 1: $after"
+grep -q "devices in use" <<<"$(jq -r '.nodes[].stops' <<<"$after")" || fail "what stops the next copy is not named: $after"
+copies=$(capacity pod/cap-a -n default) || fail "gpu-dra capacity pod/cap-a: $copies"
+[[ $(fits_on_node <<<"$copies") == 1 ]] || fail "capacity pod/cap-a (copies of the bound pod): $copies"
+ok "gpu-dra capacity on the cluster: 2 more nvidia.com/gpu pods fit, 1 after one binds (from a file and as pod/cap-a)"
 echo "$passed passed, 0 failed"

@@ -1197,3 +1197,93 @@ fn temp_manifest(dir: &tempfile::TempDir, name: &str, text: &str) -> String {
     std::fs::write(&path, text).expect("write");
     path.to_str().expect("utf-8").to_string()
 }
+
+/// `--slices NODE=sim:SPEC` for each node, and the stock DeviceClasses.
+fn fleet_args(nodes: &[(&str, &str)]) -> Vec<String> {
+    let mut args = Vec::new();
+    for (node, spec) in nodes {
+        args.push("--slices".to_string());
+        args.push(format!("{node}={spec}"));
+    }
+    args.push("--classes".to_string());
+    args.push(repo("deviceclasses"));
+    args
+}
+
+/// Node objects given with the pods filter where each pod may go, as the scheduler's node
+/// filters do: a taint the pod does not tolerate, a cordon, a nodeSelector.
+#[test]
+fn node_objects_filter_where_pods_go() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let nodes = "apiVersion: v1\nkind: Node\nmetadata: {name: node-a}\nspec:\n  taints: [{key: nvidia.com/gpu, value: present, effect: NoSchedule}]\n---\napiVersion: v1\nkind: Node\nmetadata: {name: node-b, labels: {pool: t4}}\n---\napiVersion: v1\nkind: Node\nmetadata: {name: node-c}\nspec: {unschedulable: true}\n";
+    let template = "apiVersion: resource.k8s.io/v1\nkind: ResourceClaimTemplate\nmetadata: {name: one-gpu}\nspec:\n  spec:\n    devices:\n      requests:\n      - name: gpu\n        exactly: {deviceClassName: gpu.nvidia.com}\n";
+    let job = |name: &str, extra: &str| {
+        format!(
+            "{template}---\napiVersion: batch/v1\nkind: Job\nmetadata: {{name: {name}}}\nspec:\n  parallelism: 3\n  template:\n    spec:\n      restartPolicy: Never\n{extra}      containers:\n      - name: c\n        resources: {{claims: [{{name: gpu}}]}}\n      resourceClaims:\n      - {{name: gpu, resourceClaimTemplateName: one-gpu}}\n---\n{nodes}"
+        )
+    };
+    let fleet = fleet_args(&[
+        ("node-a", "sim:1xT4"),
+        ("node-b", "sim:1xT4"),
+        ("node-c", "sim:1xT4"),
+    ]);
+    let run_with = |command: &str, file: &str, more: &[&str]| {
+        let mut args: Vec<&str> = vec![command];
+        args.extend(fleet.iter().map(String::as_str));
+        args.extend(["-f", file]);
+        args.extend(more);
+        gpu_dra(&args)
+    };
+
+    let plain = temp_manifest(&dir, "plain.yaml", &job("plain", ""));
+    let out = run_with("match", &plain, &["--replicas", "-o", "json"]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("Job default/plain: 1 of 3 pods placed, 2 would wait"),
+        "{}",
+        text(&out.stderr)
+    );
+    let capacity = run_with("capacity", &plain, &["-o", "json"]);
+    let report = json(&capacity);
+    assert_eq!(report["total"], 1, "{report}");
+    let stops: Vec<&str> = report["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .map(|n| n["stops"].as_str().unwrap_or(""))
+        .collect();
+    assert!(
+        stops[0].contains("taint nvidia.com/gpu=present:NoSchedule"),
+        "{report}"
+    );
+    assert!(stops[2].contains("cordoned"), "{report}");
+
+    let tolerant = temp_manifest(
+        &dir,
+        "tolerant.yaml",
+        &job(
+            "tolerant",
+            "      tolerations: [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]\n",
+        ),
+    );
+    let out = run_with("match", &tolerant, &["--replicas", "-o", "json"]);
+    assert!(
+        text(&out.stderr).contains("Job default/tolerant: 2 of 3 pods placed"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    let elsewhere = temp_manifest(
+        &dir,
+        "elsewhere.yaml",
+        &job("elsewhere", "      nodeSelector: {pool: a100}\n"),
+    );
+    let out = run_with("match", &elsewhere, &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let why = text(&out.stderr);
+    assert!(why.contains("no node admits the pod"), "{why}");
+    assert!(
+        why.contains("node node-b: nodeSelector pool=a100: the node has pool=t4"),
+        "{why}"
+    );
+}

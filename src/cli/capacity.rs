@@ -15,19 +15,34 @@ use dra_allocator::explain::{self, Problem};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 
 use super::CliError;
-use super::claims::{ClaimInputs, load, usage};
+use super::claims::{ClaimInputs, load, load_with, usage};
 use super::manifests::claim_key;
 
 #[derive(Debug, Args)]
 #[command(
     after_help = "Examples:\n  gpu-dra capacity --slices sim:8xH100-SXM5-80GB \
     --classes deviceclasses/ -f mig-pod.yaml\n  gpu-dra capacity --slices node-a=sim:8xH100-SXM5-80GB \
-    --slices node-b=sim:4xL40S --classes deviceclasses/ --allocated running-claims.yaml -f pod.yaml -o json\n\n\
+    --slices node-b=sim:4xL40S --classes deviceclasses/ --allocated running-claims.yaml -f pod.yaml -o json\n  \
+    gpu-dra capacity --cluster -f pod.yaml   (the live cluster's slices, classes, rules, nodes and \
+    allocated claims)\n  gpu-dra capacity pod/trainer -n ml   (more copies of a pod of the cluster)\n\n\
+    Nodes: every node the slices name and every Node object given (its labels and taints filter \
+    the pod as the scheduler's node filters do). Nodes where a device plugin serves an extended \
+    resource the pod asks for are counted as if DRA served it.\n\n\
     Exit status: 0 at least one more copy fits somewhere; 1 none does; 2 bad input."
 )]
 pub struct CapacityArgs {
     #[command(flatten)]
     pub inputs: ClaimInputs,
+    /// Count on the live cluster: its ResourceSlices, DeviceClasses, DeviceTaintRules, Nodes and
+    /// allocated claims (besides any given). Implied by a `pod/NAME` argument.
+    #[arg(long)]
+    pub cluster: bool,
+    /// Live cluster: the namespace of `pod/NAME`.
+    #[arg(short = 'n', long, default_value = "default")]
+    pub namespace: String,
+    /// Live cluster: kubeconfig (default: KUBECONFIG, ~/.kube/config, in-cluster).
+    #[arg(long, env = "KUBECONFIG_PATH")]
+    pub kubeconfig: Option<std::path::PathBuf>,
     /// Stop counting a node at this many copies.
     #[arg(long, default_value_t = 256)]
     pub max: usize,
@@ -126,7 +141,33 @@ pub fn run(args: CapacityArgs) -> Result<ExitCode, CliError> {
         return Err(usage(format!("-o {:?}: use text or json", args.output)));
     }
     let started = Instant::now();
-    let loaded = load(&args.inputs)?;
+    // `pod/NAME`: a pod of the cluster, counted on the cluster.
+    let live_pod = args
+        .inputs
+        .claim
+        .as_ref()
+        .filter(|path| !path.exists())
+        .and_then(|path| super::live::LiveTarget::parse(&path.to_string_lossy()));
+    let loaded = match live_pod {
+        Some(super::live::LiveTarget::Claim(_)) => {
+            return Err(usage(
+                "gpu-dra capacity counts copies of a pod: give pod/NAME or -f POD.yaml",
+            ));
+        }
+        Some(super::live::LiveTarget::Pod(name)) => {
+            let mut inputs = args.inputs.clone();
+            inputs.claim = None;
+            let snapshot =
+                super::live::snapshot(args.kubeconfig.as_deref(), &args.namespace, Some(&name))?;
+            load_with(&inputs, Some(snapshot))?
+        }
+        None if args.cluster => {
+            let snapshot =
+                super::live::snapshot(args.kubeconfig.as_deref(), &args.namespace, None)?;
+            load_with(&args.inputs, Some(snapshot))?
+        }
+        None => load(&args.inputs)?,
+    };
     let Some(unit) = loaded
         .plan
         .units
@@ -158,7 +199,16 @@ pub fn run(args: CapacityArgs) -> Result<ExitCode, CliError> {
     let mut by_layout: BTreeMap<String, (usize, Option<String>)> = BTreeMap::new();
     let mut answers = Vec::new();
     for node in &nodes {
-        let name = &node.name;
+        let name = &node.info.name;
+        if let Err(why) = unit.placement.admits(node) {
+            answers.push(NodeCapacity {
+                node: name.clone(),
+                fits: 0,
+                at_max: false,
+                stops: Some(format!("the pod may not go there: {why}")),
+            });
+            continue;
+        }
         let own: Vec<&k8s_openapi::api::resource::v1::ResourceSlice> = loaded
             .allocator
             .slices()
@@ -199,6 +249,13 @@ pub fn run(args: CapacityArgs) -> Result<ExitCode, CliError> {
             let wanted: Vec<ResourceClaim> = unit
                 .claims
                 .iter()
+                // An allocated claim (a live pod's named one) holds its devices already.
+                .filter(|c| {
+                    c.status
+                        .as_ref()
+                        .and_then(|s| s.allocation.as_ref())
+                        .is_none()
+                })
                 .filter(|c| !shared_done || generated.contains(&claim_key(c)))
                 .cloned()
                 .collect();
@@ -211,7 +268,7 @@ pub fn run(args: CapacityArgs) -> Result<ExitCode, CliError> {
                 fits = args.max;
                 break;
             }
-            match loaded.allocator.allocate(node, &claims, &state) {
+            match loaded.allocator.allocate(&node.info, &claims, &state) {
                 Ok(Outcome::Allocated(results)) => {
                     for (claim, allocation) in claims.iter().zip(results) {
                         state
@@ -222,7 +279,8 @@ pub fn run(args: CapacityArgs) -> Result<ExitCode, CliError> {
                     fits += 1;
                 }
                 Ok(Outcome::Unsatisfiable { .. }) | Err(_) => {
-                    let explanation = explain::explain(&loaded.allocator, node, &claims, &state);
+                    let explanation =
+                        explain::explain(&loaded.allocator, &node.info, &claims, &state);
                     stops = Some(stopper(&explanation));
                     break;
                 }

@@ -17,13 +17,14 @@ use k8s_openapi::api::resource::v1::{
 
 use super::CliError;
 use super::manifests::convert::{self, Kind};
+use super::manifests::placement::FleetNode;
 use super::manifests::{self, Manifests, Plan, Unit, claim_key};
 use super::slices::{OutputFormat, write_document};
 use crate::gpu::{self, DiscoveryConfig, GpuSource};
 use crate::slices::{self, SliceOptions};
 
 /// Inputs shared by `match` and `explain`.
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct ClaimInputs {
     /// ResourceSlices (resource.k8s.io v1, v1beta2 or v1beta1): a YAML/JSON file or directory,
     /// or `sim:<N>x<MODEL>[,...]` for the slices a simulated node publishes (`NODE=sim:...` for a
@@ -127,6 +128,8 @@ pub struct ExplainArgs {
 pub(super) struct Loaded {
     pub allocator: Allocator,
     pub node: NodeInfo,
+    /// Node objects given (-f, --allocated): their labels and taints filter pods.
+    pub node_objects: Vec<k8s_openapi::api::core::v1::Node>,
     pub plan: Plan,
     pub state: AllocatedState,
     pub features: Features,
@@ -157,8 +160,9 @@ fn read_inputs(
     inputs: &ClaimInputs,
     cel: &SelectorCache,
     classes: &[DeviceClass],
+    docs: Vec<manifests::Doc>,
 ) -> Result<(Manifests, Plan), CliError> {
-    if inputs.claim.is_none() && inputs.filenames.is_empty() {
+    if inputs.claim.is_none() && inputs.filenames.is_empty() && docs.is_empty() {
         return Err(usage(
             "nothing to allocate: give -f FILE|DIR|- (Pods, workloads, ResourceClaims, ...) or CLAIM.yaml",
         ));
@@ -173,6 +177,7 @@ fn read_inputs(
         .map_err(usage)?;
     }
     m.add_sources(&inputs.filenames, None, cel).map_err(usage)?;
+    m.add_documents(docs, cel).map_err(usage)?;
     let plan = manifests::plan(&m, inputs.replicas, classes).map_err(usage)?;
     for note in m.notes.iter().chain(&plan.notes) {
         eprintln!("note: {note}");
@@ -181,8 +186,25 @@ fn read_inputs(
 }
 
 pub(super) fn load(inputs: &ClaimInputs) -> Result<Loaded, CliError> {
+    load_with(inputs, None)
+}
+
+/// [`load`], on a live cluster's objects too: its slices, classes, rules, nodes and allocated
+/// claims join the inputs', and its documents (a live pod) join `-f`.
+pub(super) fn load_with(
+    inputs: &ClaimInputs,
+    cluster: Option<super::live::Snapshot>,
+) -> Result<Loaded, CliError> {
     let cel = Arc::new(SelectorCache::new());
-    let mut all_slices = Vec::new();
+    let mut cluster = cluster.unwrap_or_else(|| super::live::Snapshot {
+        classes: vec![],
+        slices: vec![],
+        taint_rules: vec![],
+        allocated: vec![],
+        nodes: vec![],
+        docs: vec![],
+    });
+    let mut all_slices = std::mem::take(&mut cluster.slices);
     for source in &inputs.slices {
         // `NODE=sim:SPEC`: a simulated node of its own (a fleet is several).
         let (node, spec) = match source.split_once("=sim:") {
@@ -208,8 +230,15 @@ pub(super) fn load(inputs: &ClaimInputs) -> Result<Loaded, CliError> {
     stock
         .add_typed(&inputs.classes, Kind::DeviceClass, &cel)
         .map_err(usage)?;
-    let stock_classes: Vec<DeviceClass> = stock.classes.iter().map(|e| e.object.clone()).collect();
-    let (m, plan) = read_inputs(inputs, &cel, &stock_classes)?;
+    let mut stock_classes: Vec<DeviceClass> =
+        stock.classes.iter().map(|e| e.object.clone()).collect();
+    stock_classes.extend(cluster.classes.iter().cloned());
+    let (m, plan) = read_inputs(
+        inputs,
+        &cel,
+        &stock_classes,
+        std::mem::take(&mut cluster.docs),
+    )?;
     if plan.units.is_empty() {
         return Err(usage(
             "nothing to allocate: no ResourceClaim, no pod asks for one (spec.resourceClaims), and no container asks for an extended resource a DeviceClass backs",
@@ -237,6 +266,14 @@ pub(super) fn load(inputs: &ClaimInputs) -> Result<Loaded, CliError> {
             _ => classes.push(entry.object),
         }
     }
+    for class in cluster.classes {
+        match &class.metadata.name {
+            Some(name) if own.contains(name) => {
+                eprintln!("note: DeviceClass {name} from -f replaces the cluster's");
+            }
+            _ => classes.push(class),
+        }
+    }
     check_classes(&plan, &classes)?;
     let mut held = Manifests::default();
     held.add_typed(&inputs.allocated, Kind::ResourceClaim, &cel)
@@ -246,6 +283,7 @@ pub(super) fn load(inputs: &ClaimInputs) -> Result<Loaded, CliError> {
         .iter()
         .chain(&held.taint_rules)
         .map(|e| e.object.clone())
+        .chain(cluster.taint_rules)
         .collect();
     for note in manifests::taint_rules::apply(&rules, &mut all_slices) {
         eprintln!("note: {note}");
@@ -264,6 +302,13 @@ pub(super) fn load(inputs: &ClaimInputs) -> Result<Loaded, CliError> {
         };
         state.mark(&name, allocation, &features).map_err(usage)?;
     }
+    for claim in &cluster.allocated {
+        if let Some(allocation) = claim.status.as_ref().and_then(|s| s.allocation.as_ref()) {
+            state
+                .mark(&claim_key(claim), allocation, &features)
+                .map_err(|e| usage(format!("claim {} in the cluster: {e}", claim_key(claim))))?;
+        }
+    }
     let mut node = NodeInfo::named(&inputs.node);
     // A kubelet with DRAOptionalNodeOperations declares it (nodedeclaredfeatures).
     if features.optional_node_operations {
@@ -281,10 +326,18 @@ pub(super) fn load(inputs: &ClaimInputs) -> Result<Loaded, CliError> {
             .ok_or_else(|| usage(format!("--node-labels: {pair:?} is not k=v")))?;
         node.labels.insert(k.to_string(), v.to_string());
     }
+    let node_objects = m
+        .nodes
+        .iter()
+        .chain(&held.nodes)
+        .map(|e| e.object.clone())
+        .chain(cluster.nodes)
+        .collect();
     Ok(Loaded {
         allocator: Allocator::shared(features, Arc::new(all_slices), Arc::new(classes), cel)
             .with_filter_timeout(Some(inputs.filter_timeout)),
         node,
+        node_objects,
         plan,
         state,
         features,
@@ -442,7 +495,7 @@ fn print_v1(args: &MatchArgs) -> Result<ExitCode, CliError> {
         .add_typed(&args.inputs.classes, Kind::DeviceClass, &cel)
         .map_err(usage)?;
     let stock_classes: Vec<DeviceClass> = stock.classes.into_iter().map(|e| e.object).collect();
-    let (m, plan) = read_inputs(&args.inputs, &cel, &stock_classes)?;
+    let (m, plan) = read_inputs(&args.inputs, &cel, &stock_classes, vec![])?;
     let encode = |e: serde_json::Error| CliError::Encode(e.to_string());
     let mut items: Vec<serde_json::Value> = m
         .v1_objects()
@@ -471,7 +524,7 @@ pub fn run_match(args: MatchArgs) -> Result<ExitCode, CliError> {
     let nodes = fleet(&loaded);
     if nodes.len() > 1 {
         eprintln!(
-            "note: a fleet of {} nodes: each pod goes to the first node, by name, where all its claims fit",
+            "note: a fleet of {} nodes: each pod goes to the first node, by name, that the scheduler's node filters admit it on (nodeName, nodeSelector, required node affinity, taints, cordon) and where all its claims fit",
             nodes.len()
         );
     }
@@ -483,13 +536,16 @@ pub fn run_match(args: MatchArgs) -> Result<ExitCode, CliError> {
         if claims.is_empty() {
             continue;
         }
-        let outcome =
-            nodes.iter().find_map(
-                |node| match loaded.allocator.allocate(node, &claims, &state) {
-                    Ok(Outcome::Allocated(results)) => Some(results),
-                    _ => None,
-                },
-            );
+        let admitted: Vec<&FleetNode> = nodes
+            .iter()
+            .filter(|n| unit.placement.admits(n).is_ok())
+            .collect();
+        let outcome = admitted.iter().find_map(|node| {
+            match loaded.allocator.allocate(&node.info, &claims, &state) {
+                Ok(Outcome::Allocated(results)) => Some(results),
+                _ => None,
+            }
+        });
         if let Some((workload, total)) = &unit.workload {
             match placed.iter_mut().find(|(w, _, _)| w == workload) {
                 Some(entry) => entry.1 += u64::from(outcome.is_some()),
@@ -516,15 +572,25 @@ pub fn run_match(args: MatchArgs) -> Result<ExitCode, CliError> {
             }
             None => {
                 failed = true;
-                let explanation = explain::explain(&loaded.allocator, &nodes[0], &claims, &state);
                 if let Some(title) = &unit.title {
                     eprintln!("{title}:");
                 }
+                let Some(first) = admitted.first() else {
+                    eprintln!("no node admits the pod, before any device is looked at:");
+                    for node in &nodes {
+                        if let Err(why) = unit.placement.admits(node) {
+                            eprintln!("  node {}: {why}", node.info.name);
+                        }
+                    }
+                    continue;
+                };
+                let explanation = explain::explain(&loaded.allocator, &first.info, &claims, &state);
                 if nodes.len() > 1 {
                     eprintln!(
-                        "no node of the {} fits; explained on node {}:",
+                        "no node of the {} fits ({} admit the pod); explained on node {}:",
                         nodes.len(),
-                        nodes[0].name
+                        admitted.len(),
+                        first.info.name
                     );
                 }
                 for line in never_fits(&loaded.plan, &explanation, &claims) {
@@ -563,26 +629,50 @@ pub fn run_match(args: MatchArgs) -> Result<ExitCode, CliError> {
     })
 }
 
-/// The nodes pods go to: every node the slices name (a fleet), in name order; `--node` when the
-/// slices name no node or only it.
-pub(super) fn fleet(loaded: &Loaded) -> Vec<NodeInfo> {
-    let named: BTreeSet<String> = loaded
+/// The nodes pods go to, in name order: every node the slices name and every Node object given
+/// (a fleet); `--node` alone when the slices name no node or only it and no Node is given. A
+/// Node object's labels and taints are the node's; a node only slices name has `--node-labels`.
+pub(super) fn fleet(loaded: &Loaded) -> Vec<FleetNode> {
+    let mut named: BTreeSet<String> = loaded
         .allocator
         .slices()
         .iter()
         .filter_map(|s| s.spec.node_name.clone())
         .collect();
-    if named.is_empty() || (named.len() == 1 && named.contains(&loaded.node.name)) {
-        return vec![loaded.node.clone()];
+    named.extend(
+        loaded
+            .node_objects
+            .iter()
+            .filter_map(|n| n.metadata.name.clone()),
+    );
+    if named.is_empty() {
+        return vec![FleetNode::named(loaded.node.clone())];
     }
     named
         .into_iter()
         .map(|name| {
-            let mut node = loaded.node.clone();
-            node.labels
-                .insert("kubernetes.io/hostname".to_string(), name.clone());
-            node.name = name;
-            node
+            match loaded
+                .node_objects
+                .iter()
+                .find(|n| n.metadata.name.as_deref() == Some(name.as_str()))
+            {
+                Some(object) => {
+                    let mut node = FleetNode::from_node(object);
+                    for feature in &loaded.node.declared_features {
+                        if !node.info.declared_features.contains(feature) {
+                            node.info.declared_features.push(feature.clone());
+                        }
+                    }
+                    node
+                }
+                None => {
+                    let mut info = loaded.node.clone();
+                    info.labels
+                        .insert("kubernetes.io/hostname".to_string(), name.clone());
+                    info.name = name;
+                    FleetNode::named(info)
+                }
+            }
         })
         .collect()
 }

@@ -93,6 +93,133 @@ async fn view(client: &kube::Client) -> Result<ClusterView, CliError> {
     })
 }
 
+/// The cluster's objects for the offline tools run on it (`gpu-dra capacity --cluster`,
+/// `capacity pod/NAME`): everything the scheduler reads, and the pod to count as documents.
+pub struct Snapshot {
+    pub classes: Vec<DeviceClass>,
+    pub slices: Vec<ResourceSlice>,
+    pub taint_rules: Vec<k8s_openapi::api::resource::v1::DeviceTaintRule>,
+    /// Claims with an allocation: their devices are in use.
+    pub allocated: Vec<ResourceClaim>,
+    pub nodes: Vec<Node>,
+    /// `pod/NAME`: the pod as a new one (no status, no node), its templates and named claims.
+    pub docs: Vec<super::manifests::Doc>,
+}
+
+/// Reads the cluster (and the pod `pod` in `namespace`, when given).
+pub fn snapshot(
+    kubeconfig: Option<&Path>,
+    namespace: &str,
+    pod: Option<&str>,
+) -> Result<Snapshot, CliError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let client = crate::node::kube_client(kubeconfig, &crate::kubeapi::ApiTimeouts::default())
+            .await
+            .map_err(|e| CliError::Node(Box::new(e)))?;
+        let mut docs = Vec::new();
+        if let Some(name) = pod {
+            docs = pod_documents(&client, namespace, name).await?;
+        }
+        let view = view(&client).await?;
+        Ok(Snapshot {
+            classes: view.classes,
+            slices: view.slices,
+            taint_rules: view.taint_rules,
+            allocated: view
+                .claims
+                .into_iter()
+                .filter(|c| {
+                    c.status
+                        .as_ref()
+                        .and_then(|s| s.allocation.as_ref())
+                        .is_some()
+                })
+                .collect(),
+            nodes: view.nodes,
+            docs,
+        })
+    })
+}
+
+/// A live pod as a manifest of a new copy of it: no status, not bound to a node; with the
+/// templates and claims it names.
+async fn pod_documents(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+) -> Result<Vec<super::manifests::Doc>, CliError> {
+    let encode = |e: serde_json::Error| CliError::Encode(e.to_string());
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let pod = pods
+        .get(name)
+        .await
+        .map_err(|e| api_error(&format!("get pod {namespace}/{name}"), e))?;
+    let mut values = Vec::new();
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), namespace);
+    let templates: Api<ResourceClaimTemplate> = Api::namespaced(client.clone(), namespace);
+    let entries = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.resource_claims.clone())
+        .unwrap_or_default();
+    for (index, entry) in entries.iter().enumerate() {
+        let field = format!("pod {namespace}/{name}: spec.resourceClaims[{index}]");
+        let mut value = if let Some(claim) = &entry.resource_claim_name {
+            let object = claims.get(claim).await.map_err(|e| {
+                api_error(
+                    &format!("get resourceclaim {namespace}/{claim} ({field})"),
+                    e,
+                )
+            })?;
+            serde_json::to_value(object).map_err(encode)?
+        } else if let Some(template) = &entry.resource_claim_template_name {
+            let object = templates.get(template).await.map_err(|e| {
+                api_error(
+                    &format!("get resourceclaimtemplate {namespace}/{template} ({field})"),
+                    e,
+                )
+            })?;
+            serde_json::to_value(object).map_err(encode)?
+        } else {
+            continue;
+        };
+        // The v1 the client read; the manifests reader wants the kind and version written.
+        value["apiVersion"] = "resource.k8s.io/v1".into();
+        value["kind"] = if entry.resource_claim_name.is_some() {
+            "ResourceClaim"
+        } else {
+            "ResourceClaimTemplate"
+        }
+        .into();
+        values.push(value);
+    }
+    let mut value = serde_json::to_value(&pod).map_err(encode)?;
+    value["apiVersion"] = "v1".into();
+    value["kind"] = "Pod".into();
+    if let Some(object) = value.as_object_mut() {
+        object.remove("status");
+    }
+    if let Some(spec) = value.get_mut("spec").and_then(|s| s.as_object_mut()) {
+        spec.remove("nodeName");
+    }
+    values.push(value);
+    Ok(values
+        .into_iter()
+        .enumerate()
+        .map(|(document, value)| super::manifests::Doc {
+            value,
+            origin: super::manifests::Origin {
+                file: format!("pod {namespace}/{name} in the cluster").into(),
+                document,
+                item: None,
+            },
+        })
+        .collect())
+}
+
 /// The pod's claims: by name, or generated from a template (looked up through the pod's status;
 /// when kube-controller-manager has not made it yet, built from the template as it would be).
 async fn claims_of_pod(
@@ -188,23 +315,6 @@ async fn claims_of_pod(
         }
     }
     Ok(out)
-}
-
-/// Who a node is, for slices that select nodes by label.
-fn node_info(node: &Node) -> NodeInfo {
-    let name = node.metadata.name.clone().unwrap_or_default();
-    let mut info = NodeInfo::named(&name);
-    if let Some(labels) = &node.metadata.labels {
-        info.labels.extend(labels.clone());
-    }
-    if let Some(declared) = node
-        .status
-        .as_ref()
-        .and_then(|s| s.declared_features.as_ref())
-    {
-        info.declared_features = declared.clone();
-    }
-    info
 }
 
 /// Prints where the claims' devices are, when every claim is allocated.
@@ -358,7 +468,7 @@ async fn run_async(
     let mut nodes: Vec<NodeInfo> = view
         .nodes
         .iter()
-        .map(node_info)
+        .map(|n| super::manifests::placement::FleetNode::from_node(n).info)
         .filter(|n| only_node.is_none_or(|only| n.name == only))
         .collect();
     nodes.sort_by(|a, b| a.name.cmp(&b.name));

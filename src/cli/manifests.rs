@@ -12,6 +12,7 @@
 //! server's are random), so the same manifests always give the same names.
 pub mod convert;
 pub mod extended;
+pub mod placement;
 pub mod taint_rules;
 pub mod validate;
 
@@ -218,6 +219,8 @@ pub struct Workload {
     /// Init containers then containers, with their resource requests (extended resources).
     pub containers: Vec<extended::ContainerResources>,
     pub replicas: Replicas,
+    /// Node selection, tolerations, `nodeName`: which nodes the scheduler may put it on.
+    pub placement: placement::PodPlacement,
 }
 
 impl Workload {
@@ -267,6 +270,8 @@ pub struct Manifests {
     pub classes: Vec<Entry<DeviceClass>>,
     pub slices: Vec<Entry<ResourceSlice>>,
     pub taint_rules: Vec<Entry<k8s_openapi::api::resource::v1::DeviceTaintRule>>,
+    /// Nodes (core/v1): their labels and taints decide where pods may go.
+    pub nodes: Vec<Entry<k8s_openapi::api::core::v1::Node>>,
     pub workloads: Vec<Entry<Workload>>,
     /// One line per skipped object.
     pub notes: Vec<String>,
@@ -365,6 +370,18 @@ impl Manifests {
         Ok(())
     }
 
+    /// Documents read elsewhere (a live cluster's objects), as `-f` takes them.
+    pub fn add_documents(
+        &mut self,
+        docs: Vec<Doc>,
+        cel: &SelectorCache,
+    ) -> Result<(), ManifestError> {
+        for doc in docs {
+            self.add_document(doc, None, None, cel)?;
+        }
+        Ok(())
+    }
+
     fn add_document(
         &mut self,
         doc: Doc,
@@ -411,6 +428,30 @@ impl Manifests {
                 .map_err(|e| field_error(&object, &origin, e))?;
             self.taint_rules.push(Entry {
                 object: rule,
+                origin,
+                seq,
+            });
+            return Ok(());
+        }
+        // Nodes, like rules, come with the pods (a fleet to place them on) or the cluster's state.
+        if kind == "Node" && only.is_none_or(|k| k == Kind::ResourceClaim) {
+            let object = format!("Node {}", raw_identity(&value, false));
+            if api_version != "v1" {
+                return Err(field_error(
+                    &object,
+                    &origin,
+                    FieldError::new(
+                        "apiVersion",
+                        format!("{api_version:?} does not serve Node; use v1"),
+                    ),
+                ));
+            }
+            let mut node: k8s_openapi::api::core::v1::Node = serde_json::from_value(value)
+                .map_err(|e| field_error(&object, &origin, FieldError::new("", e.to_string())))?;
+            name_object(&mut node.metadata, false, &origin)
+                .map_err(|e| field_error(&object, &origin, e))?;
+            self.nodes.push(Entry {
+                object: node,
                 origin,
                 seq,
             });
@@ -706,6 +747,8 @@ fn parse_workload(
         _ => Replicas::Replicas(count_field(value, &["spec", "replicas"], 1)?),
     };
     let containers = extended::containers(at_path(value, pk.spec_path), pk.spec_field)?;
+    let placement =
+        placement::PodPlacement::from_spec(at_path(value, pk.spec_path), pk.spec_field)?;
     Ok(Workload {
         kind: pk.kind,
         namespace,
@@ -714,6 +757,7 @@ fn parse_workload(
         claims,
         containers,
         replicas,
+        placement,
     })
 }
 
@@ -870,6 +914,8 @@ pub struct Unit {
     /// The workload the pod is a replica of (`Job default/j`), and how many replicas it has.
     pub workload: Option<(String, u64)>,
     pub claims: Vec<ResourceClaim>,
+    /// Where the pod may go (none for claims no pod uses: any node).
+    pub placement: placement::PodPlacement,
 }
 
 /// What to allocate, in input order.
@@ -1191,6 +1237,7 @@ pub fn plan(
                     title: Some(title),
                     workload: Some((w.describe(), total)),
                     claims: pod_claims,
+                    placement: w.placement.clone(),
                 },
             ));
         }
@@ -1208,6 +1255,7 @@ pub fn plan(
                 title: None,
                 workload: None,
                 claims: unused.iter().map(|e| e.object.clone()).collect(),
+                placement: placement::PodPlacement::default(),
             },
         ));
     }

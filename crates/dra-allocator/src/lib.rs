@@ -35,6 +35,7 @@ use dra_cel::{CelError, DeviceView, Selector, SelectorCache};
 use k8s_openapi::api::resource::v1::{AllocationResult, DeviceClass, ResourceClaim, ResourceSlice};
 use k8s_quantity::Quantity;
 
+pub use nodesel::selector_matches as node_selector_matches;
 pub use search::{OPTIONAL_NODE_OPERATIONS, Outcome};
 
 /// Allocator switches; each mirrors a `structured.Features` field (and so a feature gate),

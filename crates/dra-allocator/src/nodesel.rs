@@ -24,7 +24,7 @@ pub(crate) fn node_matches(
 }
 
 /// Parses every term first (any parse error fails the whole selector), then matches.
-pub(crate) fn selector_matches(node: &NodeInfo, selector: &NodeSelector) -> Result<bool, String> {
+pub fn selector_matches(node: &NodeInfo, selector: &NodeSelector) -> Result<bool, String> {
     let terms: Vec<_> = selector
         .node_selector_terms
         .iter()
