@@ -11,7 +11,10 @@
 #      it may not do what the driver never does; the policy rejects its ResourceSlice writes for
 #      another node and another driver;
 #   4. `gpu-dra run --log-format json --metrics-addr ...` with that token alone publishes the
-#      slices; /healthz and /readyz answer;
+#      slices; /healthz and /readyz answer; with featureGates.DRAListTypeAttributes the API
+#      server (gate on, e2e/versions.env) keeps numaNode as a list: the driver's dry-run check
+#      passes under the chart's permissions and policy (e2e/gates.sh: the overhead table, and
+#      the refusals when the API server's gates are off);
 #   5. a pod asking only for `nvidia.com/gpu: 1` is scheduled by kube-scheduler through the
 #      DeviceClass's extendedResourceName; kubelet-sim prepares the claim the scheduler made, the
 #      driver reports status.devices with the token; unprepare cleans up;
@@ -66,6 +69,22 @@ as_json "$WORK/variant.yaml" | jq -e '
     || fail "extendedResources.enabled=false / driverName / healthTaintEffects did not render as expected"
 ok "the chart's DeviceClasses equal deviceclasses/; extendedResources, driverName and healthTaintEffects switch as documented"
 
+# The gated slice fields: featureGates as NVIDIA's chart takes them, the overhead table as a
+# ConfigMap the driver reads (section 4 runs the driver with exactly these).
+render --set featureGates.DRAListTypeAttributes=true --set featureGates.DRANodeAllocatableResources=true \
+    --set-json 'nodeAllocatableOverhead={"NVIDIA H100 80GB HBM3": {"memory": {"perPod": "2Gi", "perContainer": "512Mi"}}, "NVIDIA H100 80GB HBM3/1g.10gb": {"memory": {"perPod": "256Mi"}}}' \
+    >"$WORK/gated.yaml" || fail "helm template with featureGates and nodeAllocatableOverhead"
+as_json "$WORK/gated.yaml" >"$WORK/gated.json"
+GATED_ARGS=$(jq -r '.items[] | select(.kind == "DaemonSet") | .spec.template.spec.containers[0].args[] | select(startswith("--feature-gates="))' "$WORK/gated.json")
+[[ $GATED_ARGS == --feature-gates=DRAListTypeAttributes=true,DRANodeAllocatableResources=true, ]] || fail "featureGates rendered as: $GATED_ARGS"
+jq -r '.items[] | select(.kind == "ConfigMap") | .data["node-allocatable-overhead.yaml"]' "$WORK/gated.json" >"$WORK/overhead.yaml"
+grep -q 'perPod: 2Gi' "$WORK/overhead.yaml" || fail "the overhead ConfigMap: $(cat "$WORK/overhead.yaml")"
+jq -e '.items[] | select(.kind == "DaemonSet") | .spec.template.spec.containers[0].args
+    | index("--node-allocatable-overhead=/etc/gpu-dra/node-allocatable-overhead.yaml") != null' "$WORK/gated.json" >/dev/null \
+    || fail "--node-allocatable-overhead is not passed"
+out=$(kubectl apply --dry-run=server -f "$WORK/gated.yaml" 2>&1) || fail "server dry run rejected the gated chart: $out"
+ok "featureGates render as --feature-gates, nodeAllocatableOverhead as a ConfigMap the driver reads; the API server accepts them (dry run)"
+
 # ---------------------------------------------------------------- 2. apply RBAC, policy, classes
 jq '{apiVersion: "v1", kind: "List", items: [.items[] | select(.kind != "DaemonSet" and .kind != "Service")]}' \
     "$WORK/chart.json" | kubectl apply -f - >&2 || fail "applying the chart's RBAC, policy and DeviceClasses"
@@ -116,8 +135,10 @@ kubectl delete -f "$WORK/foreign.yaml" >&2
 ok "the policy rejects the driver's ResourceSlice writes for another node and another driver (other users unaffected)"
 
 # ---------------------------------------------------------------- 4. the driver on the token alone
+# With the chart's DRAListTypeAttributes gate (the per-device overhead runs in e2e/gates.sh:
+# kube-scheduler 1.37.2 cannot bind the nvidia.com/gpu pod of section 5 to a device with it).
 # shellcheck disable=SC2119 # start_driver's arguments are optional environment settings
-KUBECONFIG=$WORK/driver.kubeconfig DRIVER_ARGS="--log-format json --metrics-addr 127.0.0.1:0" start_driver
+KUBECONFIG=$WORK/driver.kubeconfig DRIVER_ARGS="--log-format json --metrics-addr 127.0.0.1:0 --feature-gates=DRAListTypeAttributes=true" start_driver
 # Port 0: the kernel picks a free port; the driver logs the one it got.
 wait_for "metrics endpoint logged" 20 grep -q '"serving /metrics, /healthz and /readyz"' "$WORK/driver.log"
 jq -e . "$WORK/driver.log" >/dev/null || fail "--log-format json wrote a line that is not JSON"
@@ -130,6 +151,11 @@ wait_for "$DEVICES devices published" 30 bash -c "[[ \$(kubectl get resourceslic
 [[ $(curl -s -o /dev/null -w '%{http_code}' "$METRICS/healthz") == 200 ]] || fail "/healthz"
 wait_for "/readyz 200" 20 bash -c "[[ \$(curl -s -o /dev/null -w '%{http_code}' $METRICS/readyz) == 200 ]]"
 ok "gpu-dra run with only the chart's permissions published $DEVICES devices; JSON logs; /healthz and /readyz are 200 at $METRICS"
+gated=$(slices_json | jq -c '[.items[].spec.devices[]? | select(.name == "gpu-0" or .name == "gpu-0-mig-1g10gb-19-0")
+    | .attributes["resource.kubernetes.io/numaNode"]] | unique')
+[[ $gated == '[{"ints":[0]}]' ]] || fail "the API server did not keep numaNode as a list: $gated"
+grep -q 'the API server keeps' "$WORK/driver.log" || fail "the driver did not check the gated field with the API server"
+ok "with featureGates.DRAListTypeAttributes the stored slices carry numaNode as [0] (the driver's dry-run check passes with the chart's permissions and policy)"
 
 # ---------------------------------------------------------------- 5. nvidia.com/gpu: 1, no claim
 kubectl apply -f - >&2 <<'EOF'

@@ -42,6 +42,8 @@ pub enum NodeError {
     Metrics(#[from] MetricsError),
     #[error(transparent)]
     Health(#[from] HealthError),
+    #[error(transparent)]
+    GateOff(#[from] crate::slices::gates::GateOff),
     #[error("Kubernetes client: {0}")]
     Kube(String),
     #[error("node lock {path}: {source}")]
@@ -111,6 +113,10 @@ pub struct NodeOptions {
     pub mps_across_namespaces: bool,
     /// GPUs are also offered to virtual machines (`--passthrough`).
     pub passthrough: bool,
+    /// Gated slice fields (`--feature-gates`): numaNode as a list.
+    pub numa_node_list: bool,
+    /// Gated slice fields: per-device node-allocatable overhead (empty: none).
+    pub node_allocatable: Arc<crate::slices::node_allocatable::OverheadTable>,
     /// Device order within the pool (`--device-order`).
     pub device_order: crate::slices::DeviceOrder,
     /// Set during a rolling update: this instance's id (pod UID).
@@ -318,6 +324,15 @@ impl NodeAgent {
         slice_options.consumable = options.consumable;
         slice_options.passthrough = options.passthrough;
         slice_options.order = options.device_order;
+        slice_options.numa_node_list = options.numa_node_list;
+        slice_options.node_allocatable = options.node_allocatable.clone();
+        if !options.node_allocatable.is_empty() {
+            // Seen on the e2e control plane (e2e/gates.sh, e2e/helm.sh): the scheduler's PreBind
+            // writes `<extended-resources>` as the claim name, which pod validation refuses.
+            tracing::warn!(
+                "--node-allocatable-overhead: kube-scheduler 1.37 cannot bind a pod that gets these devices through an extended resource (nvidia.com/gpu, deviceclass.resource.kubernetes.io/...): status.nodeAllocatableResourceClaimStatuses is refused for its claim; such pods stay Pending with a SchedulerError. Pods with ResourceClaims are not affected"
+            );
+        }
         let control = gpu::open_control(&options.discovery)?;
         let monitor_control = control.clone();
         // In a rolling update the other instance may be preparing right now: recover under the
@@ -430,6 +445,9 @@ impl NodeAgent {
         let (desired_tx, desired_rx) = watch::channel(Arc::new(desired_slices));
 
         let client = kube_client(options.kubeconfig.as_deref(), &options.api_timeouts).await?;
+        // Gated fields the API server would drop: refused before anything is published.
+        let first_slices = desired_rx.borrow().clone();
+        slices::gates::check(&client, &first_slices, options.api_timeouts.request).await?;
         let claims: Arc<dyn ClaimSource> = Arc::new(
             KubeClaims::on_node(client.clone(), &options.driver_name, Some(&node_name))
                 .with_timeout(options.api_timeouts.request),

@@ -26,6 +26,8 @@ pub struct RunArgs {
     pub driver_name: String,
     #[command(flatten)]
     pub gpu: GpuArgs,
+    #[command(flatten)]
+    pub gated: super::slices::GatedArgs,
     /// Kubeconfig file (default: in-cluster config, then KUBECONFIG).
     #[arg(long, env = "KUBECONFIG_PATH")]
     pub kubeconfig: Option<PathBuf>,
@@ -259,12 +261,16 @@ pub fn run(args: RunArgs) -> Result<ExitCode, CliError> {
         )));
     }
     discovery.sim_mig_delay = args.sim_mig_delay;
+    let mut gated = crate::slices::SliceOptions::new(&args.driver_name, &args.node_name);
+    args.gated.apply(&mut gated)?;
     let options = NodeOptions {
         discovery,
         driver_name: args.driver_name.clone(),
         mig_policy: args.gpu.mig,
         consumable: args.gpu.consumable_shares,
         passthrough: args.gpu.passthrough,
+        numa_node_list: gated.numa_node_list,
+        node_allocatable: gated.node_allocatable,
         mps_across_namespaces: args.mps_share_across_namespaces,
         device_order: args.device_order,
         kubeconfig: args.kubeconfig.clone(),

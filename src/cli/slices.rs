@@ -69,6 +69,68 @@ pub enum OutputFormat {
     Json,
 }
 
+/// Slice fields behind Kubernetes alpha gates (see [`crate::slices::gates`]).
+#[derive(Debug, Args)]
+pub struct GatedArgs {
+    /// Driver feature gates `NAME=true|false,...` (chart `featureGates`, as NVIDIA's driver names
+    /// them): `DRAListTypeAttributes` publishes `resource.kubernetes.io/numaNode` as a one-element
+    /// list; `DRANodeAllocatableResources` publishes --node-allocatable-overhead. Each needs the
+    /// gate of the same name on kube-apiserver and kube-scheduler: `run` refuses to start when
+    /// the API server drops the field. NVIDIA's TimeSlicingSettings, MPSSupport and
+    /// NVMLDeviceHealthCheck are always on (=true accepted).
+    #[arg(long, env = "GPU_DRA_FEATURE_GATES", default_value = "")]
+    pub feature_gates: String,
+    /// YAML table of per-device node-allocatable overhead (KEP-5517): `PRODUCT[/PROFILE]|"*"` →
+    /// `cpu|memory|hugepages-<size>` → `{perPod, perContainer}`; needs
+    /// `--feature-gates DRANodeAllocatableResources=true`.
+    #[arg(long, env = "GPU_DRA_NODE_ALLOCATABLE_OVERHEAD", value_name = "FILE")]
+    pub node_allocatable_overhead: Option<PathBuf>,
+}
+
+impl GatedArgs {
+    /// Sets the gated fields of `options`; a bad gate, a table without its gate (or the gate
+    /// without a table) or a bad table is an error naming the flag and field.
+    pub fn apply(&self, options: &mut SliceOptions) -> Result<(), CliError> {
+        let gates = slices::gates::DriverGates::parse(&self.feature_gates)
+            .map_err(|e| CliError::Usage(format!("--feature-gates: {e}")))?;
+        options.numa_node_list = gates.list_type_attributes;
+        match (
+            &self.node_allocatable_overhead,
+            gates.node_allocatable_resources,
+        ) {
+            (None, false) => {}
+            (Some(path), false) => {
+                return Err(CliError::Usage(format!(
+                    "--node-allocatable-overhead {}: needs --feature-gates {}=true (and that gate on in kube-apiserver and kube-scheduler)",
+                    path.display(),
+                    slices::gates::NODE_ALLOCATABLE_RESOURCES
+                )));
+            }
+            (None, true) => {
+                return Err(CliError::Usage(format!(
+                    "--feature-gates {}=true: give the overhead table with --node-allocatable-overhead FILE (chart nodeAllocatableOverhead)",
+                    slices::gates::NODE_ALLOCATABLE_RESOURCES
+                )));
+            }
+            (Some(path), true) => {
+                let at = |e: String| {
+                    CliError::Usage(format!(
+                        "--node-allocatable-overhead {}: {e}",
+                        path.display()
+                    ))
+                };
+                let text = std::fs::read_to_string(path).map_err(|e| at(e.to_string()))?;
+                let table = slices::node_allocatable::OverheadTable::parse(&text).map_err(at)?;
+                if table.is_empty() {
+                    return Err(at("the table is empty".into()));
+                }
+                options.node_allocatable = std::sync::Arc::new(table);
+            }
+        }
+        Ok(())
+    }
+}
+
 #[derive(Debug, Args)]
 #[command(
     after_help = "Example:\n  gpu-dra slices --gpus sim:8xH100-SXM5-80GB --node-name n1 -o yaml"
@@ -76,6 +138,8 @@ pub enum OutputFormat {
 pub struct SlicesArgs {
     #[command(flatten)]
     pub gpu: GpuArgs,
+    #[command(flatten)]
+    pub gated: GatedArgs,
     /// Node whose pool the slices describe.
     #[arg(long, env = "NODE_NAME")]
     pub node_name: String,
@@ -89,12 +153,13 @@ pub struct SlicesArgs {
 
 pub fn run(args: SlicesArgs) -> Result<ExitCode, CliError> {
     let inventory = gpu::discover(&args.gpu.discovery(&args.node_name))?;
-    let options = SliceOptions {
+    let mut options = SliceOptions {
         mig_policy: args.gpu.mig,
         consumable: args.gpu.consumable_shares,
         passthrough: args.gpu.passthrough,
         ..SliceOptions::new(&args.driver_name, &args.node_name)
     };
+    args.gated.apply(&mut options)?;
     let slices = slices::build(&inventory, &options)?;
     let items: Vec<serde_json::Value> = slices
         .iter()

@@ -20,6 +20,8 @@ use crate::gpu::mig::{GpuMode, MigPolicy, choose_modes, gpu_device_name, mig_dev
 use crate::gpu::{Gpu, MigInstance, NodeInventory};
 
 pub mod consumable;
+pub mod gates;
+pub mod node_allocatable;
 pub mod packing;
 pub mod partitions;
 pub mod passthrough;
@@ -73,6 +75,11 @@ pub struct SliceOptions {
     pub taints: std::sync::Arc<BTreeMap<String, Vec<k8s_openapi::api::resource::v1::DeviceTaint>>>,
     /// Whether eligible GPUs are also published for virtual machines (`--passthrough`).
     pub passthrough: bool,
+    /// `resource.kubernetes.io/numaNode` as a one-element list (`ints`), as the
+    /// `DRAListTypeAttributes` gate (KEP-6072) prefers it.
+    pub numa_node_list: bool,
+    /// Per-device node-allocatable overhead (`DRANodeAllocatableResources`, KEP-5517).
+    pub node_allocatable: std::sync::Arc<node_allocatable::OverheadTable>,
 }
 
 impl SliceOptions {
@@ -87,6 +94,8 @@ impl SliceOptions {
             consumable: consumable::ConsumableShares::Off,
             taints: Default::default(),
             passthrough: false,
+            numa_node_list: false,
+            node_allocatable: Default::default(),
         }
     }
 
@@ -188,6 +197,19 @@ pub fn content(inventory: &NodeInventory, options: &SliceOptions) -> PoolContent
     if options.order == DeviceOrder::Name {
         pool.devices.sort_by(|a, b| a.name.cmp(&b.name));
     }
+    if options.numa_node_list {
+        for attribute in pool
+            .devices
+            .iter_mut()
+            .filter_map(|d| d.attributes.as_mut())
+            .filter_map(|a| a.get_mut(NUMA_NODE))
+        {
+            if let Some(node) = attribute.int.take() {
+                attribute.ints = Some(vec![node]);
+            }
+        }
+    }
+    options.node_allocatable.apply(&mut pool.devices);
     if !options.taints.is_empty() {
         for device in &mut pool.devices {
             if let Some(taints) = options.taints.get(&device.name) {
@@ -222,11 +244,22 @@ fn chunk_devices(devices: Vec<Device>) -> Vec<Vec<Device>> {
     let mut current: Vec<Device> = Vec::new();
     let mut strict = false;
     for device in devices {
+        // The API server's "advanced features": counters, taints, list-valued attributes.
         let uses_counters = device
             .consumes_counters
             .as_ref()
             .is_some_and(|c| !c.is_empty())
-            || device.taints.as_ref().is_some_and(|t| !t.is_empty());
+            || device.taints.as_ref().is_some_and(|t| !t.is_empty())
+            || device
+                .attributes
+                .iter()
+                .flat_map(BTreeMap::values)
+                .any(|a| {
+                    a.ints.is_some()
+                        || a.bools.is_some()
+                        || a.strings.is_some()
+                        || a.versions.is_some()
+                });
         let limit = if strict || uses_counters {
             MAX_DEVICES_PER_SLICE_WITH_COUNTERS
         } else {
@@ -324,6 +357,9 @@ fn version(value: impl Into<String>) -> DeviceAttribute {
     }
 }
 
+/// The standard NUMA node attribute (an int; a one-element list with `numa_node_list`).
+pub const NUMA_NODE: &str = "resource.kubernetes.io/numaNode";
+
 fn int(value: i64) -> DeviceAttribute {
     DeviceAttribute {
         int: Some(value),
@@ -374,7 +410,7 @@ fn parent_attributes(inventory: &NodeInventory, gpu: &Gpu) -> BTreeMap<String, D
         attributes.insert("resource.kubernetes.io/pcieRoot".to_string(), string(root));
     }
     if let Some(node) = gpu.numa_node {
-        attributes.insert("resource.kubernetes.io/numaNode".to_string(), int(node));
+        attributes.insert(NUMA_NODE.to_string(), int(node));
     }
     attributes
 }

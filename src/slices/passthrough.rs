@@ -153,7 +153,7 @@ pub fn vfio_device(inventory: &NodeInventory, function: &PciGpu) -> Device {
         attributes.insert("resource.kubernetes.io/pcieRoot".into(), string(root));
     }
     if let Some(node) = function.numa_node {
-        attributes.insert("resource.kubernetes.io/numaNode".into(), int(node));
+        attributes.insert(super::NUMA_NODE.into(), int(node));
     }
     Device {
         name: vfio_device_name(function.index),

@@ -226,6 +226,24 @@ fn device(ctx: &Ctx, field: &str, device: &Device) -> Result<(), SliceError> {
             return Err(ctx.err(format!("{at}.value"), "required"));
         }
     }
+    for (name, resource) in device.node_allocatable_resources.iter().flatten() {
+        let at = format!("{field}.nodeAllocatableResources[{name:?}]");
+        if !super::node_allocatable::is_node_allocatable_name(name) {
+            return Err(ctx.err(&at, "must be a node allocatable resource name"));
+        }
+        if resource.mapping.is_none() && resource.overhead.is_none() {
+            return Err(ctx.err(&at, "at least one of mapping or overhead must be set"));
+        }
+        if let Some(overhead) = &resource.overhead
+            && overhead.per_pod.is_none()
+            && overhead.per_container.is_none()
+        {
+            return Err(ctx.err(
+                format!("{at}.overhead"),
+                "at least one of perPod or perContainer must be set",
+            ));
+        }
+    }
     if let Some(consumption) = &device.consumes_counters {
         if consumption.len() > MAX_CONSUMED_COUNTER_SETS {
             return Err(ctx.err(
