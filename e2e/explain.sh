@@ -14,7 +14,8 @@
 #   8. extended resources (nvidia.com/gpu, the class's implicit name) in pods without claims: the
 #      prediction equals the device in the claim the scheduler makes, and explain explains it;
 #   9. `gpu-dra capacity` on the live cluster: how many more copies of a pod fit; one fewer after
-#      one more binds (for a pod from a file, and for the bound pod itself: `capacity pod/NAME`).
+#      one more binds (for a pod from a file, and for the bound pod itself: `capacity pod/NAME`);
+#      a pod no node admits (nodeSelector): explain and capacity name the node filter.
 #
 # Mode: the driver runs as a host process publishing slices (no kubelet, no container): what is
 # under test is `match`/`explain` against the real kube-scheduler, not the node path, which
@@ -206,4 +207,12 @@ grep -q "devices in use" <<<"$(jq -r '.nodes[].stops' <<<"$after")" || fail "wha
 copies=$(capacity pod/cap-a -n default) || fail "gpu-dra capacity pod/cap-a: $copies"
 [[ $(fits_on_node <<<"$copies") == 1 ]] || fail "capacity pod/cap-a (copies of the bound pod): $copies"
 ok "gpu-dra capacity on the cluster: 2 more nvidia.com/gpu pods fit, 1 after one binds (from a file and as pod/cap-a)"
+# A pod whose nodeSelector no node has: the scheduler's node filter, before any device.
+pause_pod elsewhere "{requests: {cpu: 10m}, limits: {nvidia.com/gpu: 1}}" "  nodeSelector: {pool: a100}" | kubectl apply -f - >&2
+wait_for "elsewhere Pending" 60 pending elsewhere
+out=$(explain pod/elsewhere) && fail "explain says elsewhere fits: $out"
+grep -q "node $NODE: the pod may not go there: nodeSelector pool=a100: the node has no label pool" <<<"$out" ||
+    fail "explain does not name the node filter: $out"
+[[ $(capacity pod/elsewhere -n default | jq '.total') == 0 ]] || fail "capacity counts copies of a pod no node admits"
+ok "a pod whose nodeSelector no node matches: explain and capacity name the node filter"
 echo "$passed passed, 0 failed"

@@ -374,6 +374,8 @@ async fn run_async(
     let mut notes = Vec::new();
     let mut extended_containers = Vec::new();
     let mut extended_pod: Option<(String, String)> = None;
+    // The scheduler's node filters (node selection, taints, cordons) for a pod's nodes.
+    let mut placement = super::manifests::placement::PodPlacement::default();
     let (claims, scheduled_on, title) = match target {
         LiveTarget::Pod(name) => {
             let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
@@ -383,6 +385,16 @@ async fn run_async(
                 .map_err(|e| api_error(&format!("get pod {namespace}/{name}"), e))?;
             let claims = claims_of_pod(&client, namespace, &pod, &mut notes).await?;
             let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+            let spec_value =
+                serde_json::to_value(&pod.spec).map_err(|e| CliError::Encode(e.to_string()))?;
+            placement =
+                super::manifests::placement::PodPlacement::from_spec(Some(&spec_value), "spec")
+                    .map_err(|e| {
+                        CliError::Usage(format!(
+                            "pod {namespace}/{name}: {}: {}",
+                            e.field, e.message
+                        ))
+                    })?;
             // Not made yet: the scheduler makes it per node, in the search (see below).
             let made = pod
                 .status
@@ -465,14 +477,23 @@ async fn run_async(
         eprintln!("note: {note}");
     }
     let allocator = Allocator::new(features, slices, view.classes);
-    let mut nodes: Vec<NodeInfo> = view
+    let mut fleet: Vec<super::manifests::placement::FleetNode> = view
         .nodes
         .iter()
-        .map(|n| super::manifests::placement::FleetNode::from_node(n).info)
-        .filter(|n| only_node.is_none_or(|only| n.name == only))
+        .map(super::manifests::placement::FleetNode::from_node)
+        .filter(|n| only_node.is_none_or(|only| n.info.name == only))
         .collect();
-    nodes.sort_by(|a, b| a.name.cmp(&b.name));
-    if nodes.is_empty() {
+    fleet.sort_by(|a, b| a.info.name.cmp(&b.info.name));
+    // Nodes the pod may not go to, whatever their devices: one line each.
+    let mut refused = Vec::new();
+    let mut nodes: Vec<NodeInfo> = Vec::new();
+    for node in fleet {
+        match placement.admits(&node) {
+            Ok(()) => nodes.push(node.info),
+            Err(why) => refused.push((node.info.name, why)),
+        }
+    }
+    if nodes.is_empty() && refused.is_empty() {
         return Err(CliError::Usage(match only_node {
             Some(node) => format!("--node {node}: no such node"),
             None => "the cluster has no nodes".into(),
@@ -516,8 +537,11 @@ async fn run_async(
     println!(
         "{title}: {} claim(s) to allocate, {} node(s) looked at.",
         pending.len(),
-        nodes.len()
+        nodes.len() + refused.len()
     );
+    for (node, why) in &refused {
+        println!("  node {node}: the pod may not go there: {why}");
+    }
     for explanation in &explanations {
         let verdict = explanation.render();
         let first = verdict.lines().next().unwrap_or("");
