@@ -29,8 +29,9 @@ fn discover_both(
         std::env::set_var("FAKE_NVML_NODE", node);
         std::env::set_var("FAKE_NVML_STATE", state);
     }
-    let backend =
-        NvmlBackend::open(Some(&fake_library()), sysfs.path().to_path_buf()).expect("NVML init");
+    let backend = NvmlBackend::open(Some(&fake_library()), sysfs.path().to_path_buf())
+        .expect("NVML init")
+        .with_pci_scan(true);
     let through_nvml = backend.inventory().expect("NVML discovery");
     drop(backend);
     (sim.inventory().expect("sim discovery"), through_nvml)
@@ -439,8 +440,9 @@ fn memory_limits_through_nvml() {
         std::env::set_var("FAKE_NVML_NODE", "n1");
         std::env::set_var("FAKE_NVML_STATE", &state);
     }
-    let nvml =
-        NvmlBackend::open(Some(&fake_library()), sysfs.path().to_path_buf()).expect("NVML init");
+    let nvml = NvmlBackend::open(Some(&fake_library()), sysfs.path().to_path_buf())
+        .expect("NVML init")
+        .with_pci_scan(true);
     assert_eq!(nvml.memory_limits_supported(), Ok(()));
     assert_eq!(nvml.memory_limit(0, &cgroup).expect("read"), None);
 

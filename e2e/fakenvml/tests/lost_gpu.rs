@@ -36,7 +36,11 @@ fn configure(node: &str, state: &Path) -> SimNode {
 fn open(dir: &Path) -> Arc<NvmlBackend> {
     let sysfs = dir.join("sys");
     write_fake_sysfs(&sysfs, &SPEC.parse().expect("spec")).expect("sysfs links");
-    Arc::new(NvmlBackend::open(Some(&fake_library()), sysfs).expect("NVML init"))
+    Arc::new(
+        NvmlBackend::open(Some(&fake_library()), sysfs)
+            .expect("NVML init")
+            .with_pci_scan(true),
+    )
 }
 
 /// 1g.10gb at placement 0 of an H100.
