@@ -18,7 +18,6 @@ GPUS=sim:2xH100-SXM5-80GB
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-metrics_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 PORT=$(metrics_port)
 DRIVER_ARGS="--metrics-addr 127.0.0.1:$PORT"
 
@@ -78,6 +77,7 @@ refuses() {
     [[ $(gpu_instances) == 1 ]] || fail "the MIG instance was destroyed"
     curl -sf "http://127.0.0.1:$PORT/metrics" | grep -q '^gpu_dra_checkpoint_unusable 1' \
         || fail "checkpoint_unusable metric not 1"
+    save_metrics_sample checkpoint-unusable "http://127.0.0.1:$PORT/metrics"
     ! curl -sf "http://127.0.0.1:$PORT/readyz" >/dev/null || fail "a refusing driver reports ready"
     wait_for "a CheckpointUnusable event on the Node" 20 bash -c \
         "kubectl get events.events.k8s.io -A -o json | jq -e '[.items[] | select(.reason == \"CheckpointUnusable\" and .regarding.name == \"$NODE\")] | length > 0'"

@@ -32,13 +32,16 @@ stream_health() { jq -r --arg d "$1" '.devices[] | select(.device == $d) | .heal
 # admin makes one.
 sim mig-mode --gpu 2 --enabled true >/dev/null
 kubectl apply -f "$ROOT/deviceclasses/" >&2
-DRIVER_ARGS="--mig static --health-probe-interval 500ms --rescan-interval 1s --health-taint-effects reset=NoExecute" start_driver
+PORT=$(metrics_port)
+METRICS=http://127.0.0.1:$PORT/metrics
+DRIVER_ARGS="--mig static --health-probe-interval 500ms --rescan-interval 1s --health-taint-effects reset=NoExecute --metrics-addr 127.0.0.1:$PORT" start_driver
 wait_for "gpu-0 and gpu-1 published" 30 bash -c "[[ \$(kubectl get resourceslices -o json | jq -r '[.items[].spec.devices[]?.name] | sort | join(\" \")') == 'gpu-0 gpu-1' ]]"
 kubelet watch --duration 120s >"$WORK/watch.jsonl" 2>"$WORK/watch.log" &
 WATCH_PID=$!
 wait_for "the health stream reports gpu-0 Healthy" 10 bash -c "[[ \$(jq -r '.devices[] | select(.device == \"gpu-0\") | .health' '$WORK/watch.jsonl' | tail -n 1) == Healthy ]]"
 
 # ---------------------------------------------------------------- 1. XID 79
+save_metrics_sample healthy "$METRICS"
 started=$(date +%s%N)
 sim inject --gpu 0 --xid 79 >/dev/null
 until [[ $(taints gpu-0) != "[]" ]]; do
@@ -55,7 +58,9 @@ wait_for "the health stream reports gpu-0 Unhealthy" 10 bash -c "[[ \$(jq -r '.d
 message=$(jq -r '.devices[] | select(.device == "gpu-0") | .message' "$WORK/watch.jsonl" | tail -n 1)
 [[ $message == *"XID 79"* ]] || fail "health message for gpu-0: '$message'"
 wait_for "the GPU loss seen by the probe" 10 bash -c "[[ \$(kubectl get resourceslices -o json | jq -c '[.items[].spec.devices[]? | select(.name == \"gpu-0\") | .taints[]?.key]') == *gpu-lost* ]]"
-ok "XID 79 on gpu-0: tainted xid=79 in ${elapsed_ms} ms, then gpu-lost; the health stream says Unhealthy ($message)"
+curl -sf "$METRICS" | grep -q '^gpu_dra_device_taint{.*key="gpu.nvidia.com/gpu-lost"' || fail "no gpu_dra_device_taint series for gpu-lost"
+save_metrics_sample xid-79 "$METRICS"
+ok "XID 79 on gpu-0: tainted xid=79 in ${elapsed_ms} ms, then gpu-lost; the health stream says Unhealthy ($message); gpu_dra_device_taint says so"
 
 # ---------------------------------------------------------------- 2. schedule around it
 H100='device.attributes["gpu.nvidia.com"].productName == "NVIDIA H100 80GB HBM3"'

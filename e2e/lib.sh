@@ -99,6 +99,9 @@ launch_driver() {
     DRIVER_PID=$!
 }
 
+# shellcheck source=metrics-sample.sh
+source "$(dirname "${BASH_SOURCE[0]}")/metrics-sample.sh"
+
 wait_for() { # description, timeout seconds, command...
     local what=$1 timeout=$2
     shift 2

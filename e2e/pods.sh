@@ -36,6 +36,8 @@ NAME=pods-e2e
 WORK=$(mktemp -d /tmp/gpu-dra-pods.XXXXXX)
 # shellcheck source=chart.sh
 source "$E2E/chart.sh"
+# shellcheck source=metrics-sample.sh
+source "$E2E/metrics-sample.sh"
 export GPU_DRA_CLUSTER_DIR=$WORK/cluster
 passed=0
 T0=$SECONDS
@@ -443,6 +445,8 @@ info4=$(device_info "$u4")
     || fail "the MIG claim's info series: $info4"
 for m in "${migs[@]}"; do grep -q "mig_uuid=\"$m\"" <<<"$info4" || fail "no info series with mig_uuid $m: $info4"; done
 ok "4. /metrics: 4 series, one per carved MIG device, with the parent's UUID, each GPU_I_ID and the MIG UUIDs"
+# The README's picture of "which pod holds which GPU slice" (e2e/alerts.sh prints it).
+save_metrics_sample real-node "http://$(kubectl get pod -n "$CHART_NAMESPACE" "$DRIVER_POD" -o jsonpath='{.status.podIP}'):9400/metrics"
 kubectl delete deployment mig-deployment --timeout=60s >&2
 wait_for "deployment pod gone" 60 gone pod "$dp"
 wait_unprepared "$u4"

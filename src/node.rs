@@ -260,6 +260,7 @@ impl HealthSink for NodeHealth {
             Vec<k8s_openapi::api::resource::v1::DeviceTaint>,
         >,
     ) {
+        self.metrics.observe_device_taints(&taints);
         self.updater.set_taints(taints);
     }
 
@@ -430,6 +431,8 @@ impl NodeAgent {
                     .map(|d| d.name.as_str()),
             ),
         );
+        metrics.observe_device_taints(&slice_options.taints);
+        metrics.observe_mps_restarts(recovery.mps_restarted.len());
         if !health_book.faults.is_empty() {
             tracing::warn!(
                 faults = health_book.faults.len(),
@@ -542,6 +545,7 @@ impl NodeAgent {
             }));
         }
         let gc_driver = driver.clone();
+        let gc_metrics = metrics.clone();
         let health_shutdown = shutdown_rx.clone();
         let mut gc_shutdown = shutdown_rx;
         let gc_interval = options.gc_interval;
@@ -554,6 +558,7 @@ impl NodeAgent {
                 let restarted = gc_driver.repair_sharing().await;
                 if !restarted.is_empty() {
                     tracing::warn!(daemons = ?restarted, "MPS daemons started again");
+                    gc_metrics.observe_mps_restarts(restarted.len());
                 }
                 tokio::select! {
                     _ = tokio::time::sleep(gc_interval) => {}

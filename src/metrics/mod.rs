@@ -53,6 +53,13 @@ struct DeviceStateLabel {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TaintLabel {
+    device: String,
+    key: String,
+    effect: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct XidLabel {
     gpu: String,
     xid: String,
@@ -170,6 +177,9 @@ pub struct Metrics {
     claim_pods: std::sync::Mutex<ClaimPods>,
     xid_errors: Family<XidLabel, Counter>,
     ecc_errors: Family<GpuLabel, Counter>,
+    device_taints: Family<TaintLabel, Gauge>,
+    mps_daemon_restarts: Counter,
+    registered_gauge: Gauge,
     registered: AtomicBool,
     slices_synced: AtomicBool,
     publisher_standby: AtomicBool,
@@ -252,8 +262,28 @@ impl Metrics {
             "Double-bit ECC error events by GPU",
             ecc_errors.clone(),
         );
+        let device_taints = Family::<TaintLabel, Gauge>::default();
+        registry.register(
+            "device_taint",
+            "1 for each taint the driver puts on a published device for a GPU fault (key: gpu.nvidia.com/xid, gpu-lost, ecc-dbe, reset-required; effect)",
+            device_taints.clone(),
+        );
+        let mps_daemon_restarts = Counter::default();
+        registry.register(
+            "mps_daemon_restarts",
+            "MPS control daemons of prepared claims found dead and started again",
+            mps_daemon_restarts.clone(),
+        );
+        let registered_gauge = gauge(
+            &mut registry,
+            "registered",
+            "1 while kubelet accepts the plugin registration, 0 otherwise (kubelet cannot prepare claims then)",
+        );
         Self {
             registry,
+            device_taints,
+            mps_daemon_restarts,
+            registered_gauge,
             device_health,
             prepared_device_info,
             claim_pods: std::sync::Mutex::new(ClaimPods::default()),
@@ -289,6 +319,33 @@ impl Metrics {
                     .set(i64::from(value));
             }
         }
+    }
+
+    /// The fault taints on the published devices now; devices no longer tainted are dropped.
+    pub fn observe_device_taints(
+        &self,
+        taints: &std::collections::BTreeMap<
+            String,
+            Vec<k8s_openapi::api::resource::v1::DeviceTaint>,
+        >,
+    ) {
+        self.device_taints.clear();
+        for (device, taints) in taints {
+            for taint in taints {
+                self.device_taints
+                    .get_or_create(&TaintLabel {
+                        device: device.clone(),
+                        key: taint.key.clone(),
+                        effect: taint.effect.clone(),
+                    })
+                    .set(1);
+            }
+        }
+    }
+
+    /// MPS control daemons found dead and started again.
+    pub fn observe_mps_restarts(&self, count: usize) {
+        self.mps_daemon_restarts.inc_by(count as u64);
     }
 
     /// Counts one NVML event.
@@ -469,10 +526,9 @@ impl Metrics {
 
     /// Records kubelet's latest verdict on the plugin registration.
     pub fn observe_registration(&self, registration: &KubeletRegistration) {
-        self.registered.store(
-            *registration == KubeletRegistration::Registered,
-            Ordering::Relaxed,
-        );
+        let registered = *registration == KubeletRegistration::Registered;
+        self.registered.store(registered, Ordering::Relaxed);
+        self.registered_gauge.set(i64::from(registered));
     }
 
     pub fn readiness(&self) -> Readiness {

@@ -428,3 +428,52 @@ fn prepared_devices_are_info_series_that_join_with_dcgm() {
         1
     );
 }
+
+/// Fault taints, kubelet's registration and MPS daemon restarts, as the alert rules read them.
+#[test]
+fn taints_registration_and_mps_restarts_are_exported_for_alerts() {
+    use k8s_openapi::api::resource::v1::DeviceTaint;
+    let metrics = Metrics::new();
+    let text = metrics.encode().expect("encodes");
+    assert_samples(
+        &text,
+        &[
+            ("gpu_dra_registered", 0.0),
+            ("gpu_dra_mps_daemon_restarts_total", 0.0),
+        ],
+    );
+    let taint = |key: &str, effect: &str| DeviceTaint {
+        key: key.into(),
+        effect: effect.into(),
+        ..DeviceTaint::default()
+    };
+    metrics.observe_device_taints(&std::collections::BTreeMap::from([(
+        "gpu-0".to_string(),
+        vec![
+            taint("gpu.nvidia.com/xid", "NoSchedule"),
+            taint("gpu.nvidia.com/gpu-lost", "NoExecute"),
+        ],
+    )]));
+    metrics.observe_registration(&KubeletRegistration::Registered);
+    metrics.observe_mps_restarts(2);
+    let text = metrics.encode().expect("encodes");
+    assert_samples(
+        &text,
+        &[
+            (
+                r#"gpu_dra_device_taint{device="gpu-0",key="gpu.nvidia.com/xid",effect="NoSchedule"}"#,
+                1.0,
+            ),
+            (
+                r#"gpu_dra_device_taint{device="gpu-0",key="gpu.nvidia.com/gpu-lost",effect="NoExecute"}"#,
+                1.0,
+            ),
+            ("gpu_dra_registered", 1.0),
+            ("gpu_dra_mps_daemon_restarts_total", 2.0),
+        ],
+    );
+    // Healed: the series go.
+    metrics.observe_device_taints(&Default::default());
+    let text = metrics.encode().expect("encodes");
+    assert!(!text.contains("gpu_dra_device_taint{"), "{text}");
+}

@@ -902,7 +902,19 @@ fn a_control_binary_the_driver_root_cannot_load_stops_the_start() {
         .join("driver-root/usr/bin/nvidia-cuda-mps-control");
     // The fake tools load only with the fake driver root's loader: with this machine's (the
     // image's, in production) they do not run at all.
-    let outside = std::process::Command::new(&control).output();
+    // A file just written may be held open for writing by a child another test thread forked
+    // before exec (ETXTBSY): try again, as such a race resolves at that child's exec.
+    let mut outside = std::process::Command::new(&control).output();
+    for _ in 0..50 {
+        if !outside
+            .as_ref()
+            .is_err_and(|e| e.kind() == std::io::ErrorKind::ExecutableFileBusy)
+        {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        outside = std::process::Command::new(&control).output();
+    }
     assert!(
         outside
             .as_ref()
