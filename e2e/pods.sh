@@ -114,7 +114,7 @@ wait_for() { # description, timeout seconds, command...
 chart_import_images
 # NoExecute taints for GPUs that reset or fall off the bus (scenario 11), as an admin sets them;
 # the intervals are shorter than the defaults so the run stays short.
-chart_install "$FIRST_REF" --set passthrough=true --set-json 'healthTaintEffects="reset=NoExecute,lost=NoExecute"' \
+chart_install "$FIRST_REF" --set usageInterval=2s --set passthrough=true --set-json 'healthTaintEffects="reset=NoExecute,lost=NoExecute"' \
     --set-json 'extraEnv=[{"name":"GPU_DRA_GC_INTERVAL","value":"2s"},{"name":"GPU_DRA_RESYNC_INTERVAL","value":"5s"},{"name":"GPU_DRA_HEALTH_PROBE_INTERVAL","value":"1s"}]'
 DRIVER_POD=$(driver_ready) || fail "no ready driver pod after helm install"
 # The chart's driver keeps its state in its plugin folder.
@@ -445,6 +445,22 @@ info4=$(device_info "$u4")
     || fail "the MIG claim's info series: $info4"
 for m in "${migs[@]}"; do grep -q "mig_uuid=\"$m\"" <<<"$info4" || fail "no info series with mig_uuid $m: $info4"; done
 ok "4. /metrics: 4 series, one per carved MIG device, with the parent's UUID, each GPU_I_ID and the MIG UUIDs"
+# A compute process on one of the MIG devices (the simulated hardware's): its memory is the
+# claim's device's use within --usage-interval (2s here), gone again when it ends.
+gi4=$(grep -o 'GPU_I_ID="[0-9]*"' <<<"$info4" | head -n 1 | grep -o '[0-9]*')
+sim_process() { "$E2E_GPU_DRA" sim --gpus "$E2E_GPUS" --node-name "$E2E_NODE" --sim-state "$GPU_DRA_SIM_STATE" process --gpu "$minor" --pid 4242 "$@" >/dev/null; }
+metric_of() { # NAME: the sample of the claim's series on GPU instance $gi4
+    local ip
+    ip=$(kubectl get pod -n "$CHART_NAMESPACE" "$DRIVER_POD" -o jsonpath='{.status.podIP}')
+    curl -sf "http://$ip:9400/metrics" | grep "^$1{.*claim_uid=\"$u4\".*GPU_I_ID=\"$gi4\"" | awk '{print $NF}'
+}
+memory_is() { [[ $(metric_of gpu_dra_claim_device_memory_used_bytes) == "$1" ]]; }
+sim_process --gpu-instance "$gi4" --memory-mib 2048 --sm-percent 60
+wait_for "the MIG device's memory in use" 20 memory_is 2147483648
+[[ $(metric_of gpu_dra_claim_device_processes) == 1 ]] || fail "the MIG device's process count: $(metric_of gpu_dra_claim_device_processes)"
+sim_process --end
+wait_for "the ended process's memory gone" 20 memory_is 0
+ok "4. /metrics: a process on MIG device GPU_I_ID=$gi4 shows as the claim's 2 GiB in use (then 0 when it ends)"
 # The README's picture of "which pod holds which GPU slice" (e2e/alerts.sh prints it).
 save_metrics_sample real-node "http://$(kubectl get pod -n "$CHART_NAMESPACE" "$DRIVER_POD" -o jsonpath='{.status.podIP}'):9400/metrics"
 kubectl delete deployment mig-deployment --timeout=60s >&2

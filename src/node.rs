@@ -123,6 +123,8 @@ pub struct NodeOptions {
     pub rolling_update_uid: Option<String>,
     /// How often prepared claims are checked against the API server.
     pub gc_interval: Duration,
+    /// How often the prepared claims' GPUs are asked for their use (metrics); off when `None`.
+    pub usage_interval: Option<Duration>,
     /// How long a claim must stay gone before garbage collection unprepares it.
     pub gc_grace: Duration,
     /// How often the pool is compared with the server even without events.
@@ -240,6 +242,45 @@ impl DriverObserver for SliceUpdater {
         // Read before taking our lock: the state has locks of its own.
         self.set_inventory(state.inventory());
     }
+}
+
+/// Reads, every `interval`, how much of each prepared claim's GPU is in use (off the kubelet's
+/// path; a GPU that does not answer is skipped this round).
+fn spawn_usage_sampler(
+    control: Arc<dyn crate::gpu::GpuControl>,
+    metrics: Arc<Metrics>,
+    interval: Duration,
+    mut shutdown: watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(interval) => {}
+                _ = shutdown.changed() => break,
+            }
+            let minors = metrics.usage_targets();
+            let control = control.clone();
+            let read = tokio::task::spawn_blocking(move || {
+                let mut usage = std::collections::BTreeMap::new();
+                for minor in minors {
+                    match control.usage(minor) {
+                        Ok(u) => {
+                            usage.insert(minor, u);
+                        }
+                        Err(error) => {
+                            tracing::debug!(gpu = minor, %error, "cannot read the GPU's use")
+                        }
+                    }
+                }
+                usage
+            })
+            .await;
+            match read {
+                Ok(usage) => metrics.observe_usage(&usage),
+                Err(error) => tracing::warn!(%error, "the GPU use reader stopped"),
+            }
+        }
+    })
 }
 
 /// The health monitor's conclusions: taints into the slices, Node events, metrics.
@@ -546,6 +587,8 @@ impl NodeAgent {
         }
         let gc_driver = driver.clone();
         let gc_metrics = metrics.clone();
+        let usage_control = monitor_control.clone();
+        let usage_shutdown = shutdown_rx.clone();
         let health_shutdown = shutdown_rx.clone();
         let mut gc_shutdown = shutdown_rx;
         let gc_interval = options.gc_interval;
@@ -567,6 +610,14 @@ impl NodeAgent {
             }
         });
         tasks.push(gc_task);
+        if let Some(interval) = options.usage_interval {
+            tasks.push(spawn_usage_sampler(
+                usage_control,
+                metrics.clone(),
+                interval,
+                usage_shutdown,
+            ));
+        }
         let monitor = HealthMonitor {
             config: options.health.clone(),
             control: monitor_control,

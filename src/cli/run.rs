@@ -96,6 +96,11 @@ pub struct RunArgs {
     #[arg(long, env = "GPU_DRA_GC_GRACE", default_value = "30s", value_parser = duration::parse,
         alias = "gc-grace-seconds")]
     pub gc_grace: Duration,
+    /// How often the GPUs of prepared claims are asked how much of them is in use (memory,
+    /// utilization, compute processes) for the per-claim use metrics; `0` turns it off. Never
+    /// on the prepare path.
+    #[arg(long, env = "GPU_DRA_USAGE_INTERVAL", default_value = "15s", value_parser = duration::parse)]
+    pub usage_interval: Duration,
     /// Let claims of different namespaces share a GPU's one MPS daemon (`--consumable-shares`
     /// with MPS). Off by default: they would share its pipe, shm and control commands, and the
     /// per-claim limits are only asked for in each client's environment (cooperative).
@@ -282,6 +287,8 @@ pub fn run(args: RunArgs) -> Result<ExitCode, CliError> {
         driver_root: args.driver_root()?,
         rolling_update_uid: args.rolling_update_uid.clone(),
         gc_interval: at_least(args.gc_interval, Duration::from_secs(1)),
+        usage_interval: (!args.usage_interval.is_zero())
+            .then(|| at_least(args.usage_interval, Duration::from_secs(1))),
         gc_grace: args.gc_grace,
         resync_interval: at_least(args.resync_interval, Duration::from_secs(1)),
         metrics_addr: args.metrics_addr,

@@ -81,6 +81,29 @@ pub enum SimCommand {
         #[arg(long, requires = "gpu_instance")]
         compute_instance: Option<u32>,
     },
+    /// Start (or, with --end, end) a simulated compute process on a GPU or one of its MIG
+    /// devices: NVML then reports its memory and the GPU's utilization (the driver's per-claim
+    /// use metrics read them).
+    Process {
+        #[arg(long)]
+        gpu: u32,
+        #[arg(long)]
+        pid: u32,
+        /// The GPU instance (MIG device) it runs on; required in MIG mode.
+        #[arg(long)]
+        gpu_instance: Option<u32>,
+        #[arg(long, requires = "gpu_instance", default_value_t = 0)]
+        compute_instance: u32,
+        /// Device memory it uses, MiB.
+        #[arg(long, default_value_t = 0)]
+        memory_mib: u64,
+        /// Percent of the GPU's time it keeps a kernel running.
+        #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=100))]
+        sm_percent: u32,
+        /// End the process instead.
+        #[arg(long)]
+        end: bool,
+    },
     /// Write a driver root holding the simulated driver's files (an R580 set of libraries named
     /// for its version, minimal ELF files with their SONAMEs, their links and ld cache, binaries,
     /// GSP firmware, ICD files), for
@@ -133,6 +156,26 @@ pub fn run(args: SimArgs) -> Result<ExitCode, CliError> {
             );
         }
         SimCommand::Reset { gpu } => node.reset_gpu(gpu)?,
+        SimCommand::Process {
+            gpu,
+            pid,
+            gpu_instance,
+            compute_instance,
+            memory_mib,
+            sm_percent,
+            end,
+        } => {
+            let process = (!end).then(|| crate::gpu::sim::SimProcess {
+                usage: crate::gpu::usage::ProcessUsage {
+                    pid,
+                    memory_used_bytes: Some(memory_mib << 20),
+                    gpu_instance_id: gpu_instance,
+                    compute_instance_id: gpu_instance.map(|_| compute_instance),
+                },
+                sm_percent,
+            });
+            node.set_process(gpu, pid, process)?;
+        }
         SimCommand::Inject {
             gpu,
             xid,

@@ -18,6 +18,7 @@ pub mod nvml;
 mod nvml_raw;
 pub mod pci;
 pub mod sim;
+pub mod usage;
 
 pub use model::*;
 
@@ -317,6 +318,14 @@ pub trait GpuControl: Send + Sync {
     fn processes(&self, _minor: u32) -> Result<Vec<u32>, GpuError> {
         Ok(vec![])
     }
+    /// How much of a GPU is in use and by which compute processes (read on an interval, for
+    /// the per-claim use metrics).
+    fn usage(&self, minor: u32) -> Result<usage::GpuUsage, GpuError> {
+        Err(GpuError::Nvml {
+            operation: format!("GPU {minor}: usage"),
+            reason: "this GPU backend does not report use".into(),
+        })
+    }
     /// The liveness probe of one GPU.
     fn probe(&self, minor: u32) -> Result<events::GpuProbe, GpuError>;
     /// Registers for fault events on every GPU.
@@ -408,6 +417,9 @@ impl GpuControl for sim::SimNode {
     }
     fn probe(&self, minor: u32) -> Result<events::GpuProbe, GpuError> {
         sim::SimNode::probe(self, minor)
+    }
+    fn usage(&self, minor: u32) -> Result<usage::GpuUsage, GpuError> {
+        sim::SimNode::usage(self, minor)
     }
     fn bind_pci(&self, bus_id: &str, driver: sim::PciDriver) -> Result<(), GpuError> {
         sim::SimNode::bind_pci(self, bus_id, driver)

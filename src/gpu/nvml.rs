@@ -1262,6 +1262,43 @@ impl super::GpuControl for NvmlBackend {
         Ok(result?)
     }
 
+    fn usage(&self, minor: u32) -> Result<super::usage::GpuUsage, GpuError> {
+        const OP: &str = "read use";
+        self.with_gpu(minor, OP, |_, gpu| {
+            // SAFETY: the handle belongs to `self.nvml`.
+            let device = unsafe { nvml_wrapper::Device::new(gpu.handle.0, &self.nvml) };
+            let fail = |e| nvml_err(&format!("GPU {minor}: {OP}"), e);
+            let memory_used_bytes = device.memory_info().map_err(fail)?.used;
+            // Not in MIG mode (NVML has no per-GPU-instance utilization).
+            let utilization_percent = match device.utilization_rates() {
+                Ok(u) => Some(u.gpu),
+                Err(NvmlError::NotSupported | NvmlError::FunctionNotFound) => None,
+                Err(e) => return Err(fail(e)),
+            };
+            let processes = match device.running_compute_processes() {
+                Ok(list) => list
+                    .into_iter()
+                    .map(|p| super::usage::ProcessUsage {
+                        pid: p.pid,
+                        memory_used_bytes: match p.used_gpu_memory {
+                            nvml_wrapper::enums::device::UsedGpuMemory::Used(bytes) => Some(bytes),
+                            nvml_wrapper::enums::device::UsedGpuMemory::Unavailable => None,
+                        },
+                        gpu_instance_id: p.gpu_instance_id,
+                        compute_instance_id: p.compute_instance_id,
+                    })
+                    .collect(),
+                Err(NvmlError::NotSupported | NvmlError::FunctionNotFound) => vec![],
+                Err(e) => return Err(fail(e)),
+            };
+            Ok(super::usage::GpuUsage {
+                memory_used_bytes,
+                utilization_percent,
+                processes,
+            })
+        })
+    }
+
     fn processes(&self, minor: u32) -> Result<Vec<u32>, GpuError> {
         const OP: &str = "list processes";
         self.with_gpu(minor, OP, |_, gpu| {

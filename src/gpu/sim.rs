@@ -204,6 +204,21 @@ pub struct SimGpuState {
     /// `vfio-pci` it is invisible to NVML; a runtime binding does not survive a reboot.
     #[serde(default, skip_serializing_if = "PciDriver::is_nvidia")]
     pub driver: PciDriver,
+    /// Compute processes running on it (`gpu-dra sim process`), for the use NVML reports; gone
+    /// at reset and boot.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub processes: Vec<SimProcess>,
+}
+
+/// A compute process on a simulated GPU (or on one of its MIG devices).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SimProcess {
+    #[serde(flatten)]
+    pub usage: super::usage::ProcessUsage,
+    /// Percent of the GPU's time it keeps a kernel running (the GPU's utilization is the sum,
+    /// at most 100).
+    #[serde(default)]
+    pub sm_percent: u32,
 }
 
 /// The kernel driver a simulated GPU is bound to.
@@ -643,6 +658,7 @@ impl SimNode {
                 gpu.volatile_dbe = 0;
                 gpu.recovery_action = 0;
                 gpu.memory_limits.clear();
+                gpu.processes.clear();
             }
             gpu.driver = driver;
             Ok(())
@@ -715,6 +731,7 @@ impl SimNode {
                     gpu.volatile_dbe = 0;
                     gpu.recovery_action = 0;
                     gpu.gpu_instances.clear();
+                    gpu.processes.clear();
                     gpu.mig_current = gpu.mig_pending;
                     None
                 }
@@ -729,6 +746,64 @@ impl SimNode {
                 state.events.drain(..excess);
             }
             Ok(())
+        })
+    }
+
+    /// Starts (`Some`) or ends (`None`) a simulated compute process `pid` on a GPU; a process on
+    /// a MIG device names its GPU instance, which must exist.
+    pub fn set_process(
+        &self,
+        minor: u32,
+        pid: u32,
+        process: Option<SimProcess>,
+    ) -> Result<(), GpuError> {
+        const OP: &str = "process";
+        self.model(minor, OP)?;
+        self.write(|state| {
+            let gpu = gpu_even_if_lost(state, minor)
+                .ok_or_else(|| mig_err(minor, OP, MigFailure::NotFound, "no such GPU"))?;
+            gpu.processes.retain(|p| p.usage.pid != pid);
+            if let Some(mut process) = process {
+                process.usage.pid = pid;
+                match process.usage.gpu_instance_id {
+                    Some(gi) if !gpu.gpu_instances.iter().any(|g| g.id == gi) => {
+                        return Err(mig_err(minor, OP, MigFailure::NotFound, &format!("no GPU instance {gi}")));
+                    }
+                    None if gpu.mig_current => {
+                        return Err(mig_err(minor, OP, MigFailure::InvalidArgument, "the GPU is in MIG mode: a process runs on a GPU instance (--gpu-instance)"));
+                    }
+                    _ => {}
+                }
+                gpu.processes.push(process);
+            }
+            Ok(())
+        })
+    }
+
+    /// The GPU's use as NVML reports it: the processes' memory and, outside MIG mode, their
+    /// summed utilization.
+    pub fn usage(&self, minor: u32) -> Result<super::usage::GpuUsage, GpuError> {
+        self.read(|state| {
+            let gpu = state
+                .gpus
+                .iter()
+                .find(|g| g.minor == minor && !g.lost && g.driver == PciDriver::Nvidia)
+                .ok_or_else(|| mig_err(minor, "usage", MigFailure::NotFound, "no such GPU"))?;
+            Ok(super::usage::GpuUsage {
+                memory_used_bytes: gpu
+                    .processes
+                    .iter()
+                    .filter_map(|p| p.usage.memory_used_bytes)
+                    .sum(),
+                utilization_percent: (!gpu.mig_current).then(|| {
+                    gpu.processes
+                        .iter()
+                        .map(|p| p.sm_percent)
+                        .sum::<u32>()
+                        .min(100)
+                }),
+                processes: gpu.processes.iter().map(|p| p.usage.clone()).collect(),
+            })
         })
     }
 
@@ -994,6 +1069,7 @@ impl SimNode {
                     recovery_action: 0,
                     memory_limits: vec![],
                     driver: PciDriver::Nvidia,
+                    processes: vec![],
                 })
                 .collect(),
             mps_daemons: vec![],
@@ -1031,6 +1107,7 @@ impl SimNode {
                 gpu.volatile_dbe = 0;
                 gpu.recovery_action = 0;
                 gpu.memory_limits.clear();
+                gpu.processes.clear();
                 // A binding made at run time (sysfs) is not made again at boot.
                 gpu.driver = PciDriver::Nvidia;
             }

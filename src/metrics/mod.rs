@@ -74,7 +74,13 @@ struct GpuLabel {
 struct ClaimPods {
     pods: std::collections::HashMap<String, Vec<String>>,
     last: Option<(Checkpoint, NodeInventory)>,
+    /// The GPUs' use as last read (by minor), so a claim's use series go with its unprepare.
+    usage: std::collections::BTreeMap<u32, crate::gpu::usage::GpuUsage>,
 }
+
+/// Labels of the per-claim use series: the claim and its device as `prepared_device_info` names
+/// them (join on `claim_uid` and `dra_device`, or with DCGM on `UUID` and `GPU_I_ID`).
+type UsageLabels = Vec<(&'static str, String)>;
 
 /// Labels of `prepared_device_info`, in order. `UUID`, `GPU_I_ID`, `GPU_I_PROFILE` and
 /// `Hostname` are DCGM exporter's names, so PromQL joins its series with ours on them.
@@ -178,6 +184,9 @@ pub struct Metrics {
     xid_errors: Family<XidLabel, Counter>,
     ecc_errors: Family<GpuLabel, Counter>,
     device_taints: Family<TaintLabel, Gauge>,
+    claim_memory_used: Family<UsageLabels, Gauge>,
+    claim_utilization: Family<UsageLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    claim_processes: Family<UsageLabels, Gauge>,
     mps_daemon_restarts: Counter,
     registered_gauge: Gauge,
     registered: AtomicBool,
@@ -274,6 +283,26 @@ impl Metrics {
             "MPS control daemons of prepared claims found dead and started again",
             mps_daemon_restarts.clone(),
         );
+        let claim_memory_used = Family::<UsageLabels, Gauge>::default();
+        registry.register_with_unit(
+            "claim_device_memory_used",
+            "GPU memory in use on each prepared claim's device, from NVML every --usage-interval: the whole GPU's for a full GPU (every process on it, shared or not), its compute processes' for a MIG device",
+            Unit::Bytes,
+            claim_memory_used.clone(),
+        );
+        let claim_utilization =
+            Family::<UsageLabels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+        registry.register(
+            "claim_device_utilization_ratio",
+            "Fraction of time a kernel ran on each prepared claim's full GPU over NVML's last sample period (none for MIG devices: NVML has no per-instance figure)",
+            claim_utilization.clone(),
+        );
+        let claim_processes = Family::<UsageLabels, Gauge>::default();
+        registry.register(
+            "claim_device_processes",
+            "Compute processes NVML sees on each prepared claim's device",
+            claim_processes.clone(),
+        );
         let registered_gauge = gauge(
             &mut registry,
             "registered",
@@ -282,6 +311,9 @@ impl Metrics {
         Self {
             registry,
             device_taints,
+            claim_memory_used,
+            claim_utilization,
+            claim_processes,
             mps_daemon_restarts,
             registered_gauge,
             device_health,
@@ -339,6 +371,85 @@ impl Metrics {
                         effect: taint.effect.clone(),
                     })
                     .set(1);
+            }
+        }
+    }
+
+    /// The GPUs (minors) of the prepared claims' devices: what the use reader asks.
+    pub fn usage_targets(&self) -> std::collections::BTreeSet<u32> {
+        let claim_pods = self.claim_pods.lock().unwrap_or_else(|p| p.into_inner());
+        let Some((checkpoint, inventory)) = &claim_pods.last else {
+            return Default::default();
+        };
+        checkpoint
+            .claims
+            .values()
+            .filter(|c| c.is_completed())
+            .flat_map(|c| &c.devices)
+            .filter_map(|d| device_gpu(d, inventory).map(|(minor, _, _)| minor))
+            .collect()
+    }
+
+    /// One round of GPU use (by minor): each prepared claim's device gets its memory in use,
+    /// process count and, for a full GPU, its utilization. Devices of GPUs not read this round
+    /// have no series until the next.
+    pub fn observe_usage(
+        &self,
+        usage: &std::collections::BTreeMap<u32, crate::gpu::usage::GpuUsage>,
+    ) {
+        let mut claim_pods = self.claim_pods.lock().unwrap_or_else(|p| p.into_inner());
+        claim_pods.usage = usage.clone();
+        self.render_usage(&claim_pods);
+    }
+
+    /// The use series of the prepared claims' devices, from the use last read.
+    fn render_usage(&self, claim_pods: &ClaimPods) {
+        self.claim_memory_used.clear();
+        self.claim_utilization.clear();
+        self.claim_processes.clear();
+        let usage = &claim_pods.usage;
+        let Some((checkpoint, inventory)) = &claim_pods.last else {
+            return;
+        };
+        for claim in checkpoint.claims.values().filter(|c| c.is_completed()) {
+            for device in &claim.devices {
+                let Some((minor, uuid, gi)) = device_gpu(device, inventory) else {
+                    continue;
+                };
+                let Some(gpu_usage) = usage.get(&minor) else {
+                    continue;
+                };
+                let labels: UsageLabels = vec![
+                    ("namespace", claim.namespace.clone()),
+                    ("claim", claim.name.clone()),
+                    ("claim_uid", claim.uid.clone()),
+                    ("dra_device", device.device.clone()),
+                    ("UUID", uuid),
+                    ("GPU_I_ID", gi.map(|g| g.to_string()).unwrap_or_default()),
+                    ("Hostname", device.pool.clone()),
+                ];
+                let (memory, processes) = match gi {
+                    Some(gi) => (
+                        gpu_usage.gpu_instance_memory(gi),
+                        gpu_usage
+                            .processes
+                            .iter()
+                            .filter(|p| p.gpu_instance_id == Some(gi))
+                            .count(),
+                    ),
+                    None => (gpu_usage.memory_used_bytes, gpu_usage.processes.len()),
+                };
+                self.claim_memory_used
+                    .get_or_create(&labels)
+                    .set(i64::try_from(memory).unwrap_or(i64::MAX));
+                self.claim_processes
+                    .get_or_create(&labels)
+                    .set(to_gauge(processes));
+                if let (None, Some(percent)) = (gi, gpu_usage.utilization_percent) {
+                    self.claim_utilization
+                        .get_or_create(&labels)
+                        .set(f64::from(percent) / 100.0);
+                }
             }
         }
     }
@@ -416,6 +527,7 @@ impl Metrics {
             .retain(|uid, _| checkpoint.claims.contains_key(uid));
         self.render_prepared_devices(checkpoint, inventory, &claim_pods.pods);
         claim_pods.last = Some((checkpoint.clone(), inventory.clone()));
+        self.render_usage(&claim_pods);
     }
 
     /// The pods a claim is reserved for changed: its info series say so from now on.
@@ -608,6 +720,26 @@ impl DriverObserver for ObserverList {
     fn claim_users(&self, claim_uid: &str, pods: &[String]) {
         for observer in &self.0 {
             observer.claim_users(claim_uid, pods);
+        }
+    }
+}
+
+/// The GPU (minor, UUID) a prepared device is on, and its GPU instance for a MIG device.
+fn device_gpu(
+    device: &crate::prepare::checkpoint::DeviceRecord,
+    inventory: &NodeInventory,
+) -> Option<(u32, String, Option<u32>)> {
+    match &device.mig {
+        Some(mig) => {
+            let gpu = inventory
+                .gpus
+                .iter()
+                .find(|g| g.minor == mig.parent_minor)?;
+            Some((gpu.minor, gpu.uuid.clone(), mig.gpu_instance_id))
+        }
+        None => {
+            let gpu = inventory.gpus.iter().find(|g| g.uuid == device.uuid)?;
+            Some((gpu.minor, gpu.uuid.clone(), None))
         }
     }
 }

@@ -406,6 +406,75 @@ fn prepared_devices_are_info_series_that_join_with_dcgm() {
         assert!(mig.contains(&label), "{label} in {mig}");
     }
 
+    // Use, as the reader sees it every --usage-interval: a process on the whole GPU, one on the
+    // MIG device and one on another GPU instance (not the claim's).
+    let process = |pid, gi: Option<u32>, mib: u64, sm| crate::gpu::sim::SimProcess {
+        usage: crate::gpu::usage::ProcessUsage {
+            pid,
+            memory_used_bytes: Some(mib << 20),
+            gpu_instance_id: gi,
+            compute_instance_id: gi.map(|_| 0),
+        },
+        sm_percent: sm,
+    };
+    sim.set_process(0, 100, Some(process(100, None, 4096, 40)))
+        .expect("process on gpu-0");
+    sim.set_process(1, 200, Some(process(200, Some(gi), 2048, 0)))
+        .expect("process on the MIG device");
+    let other = sim
+        .create_gpu_instance(1, profile.id, profile.placements[1])
+        .expect("another GPU instance");
+    sim.set_process(1, 201, Some(process(201, Some(other), 1024, 0)))
+        .expect("process on another MIG device");
+    assert_eq!(
+        metrics.usage_targets(),
+        std::collections::BTreeSet::from([0, 1])
+    );
+    let usage = metrics
+        .usage_targets()
+        .into_iter()
+        .map(|minor| (minor, sim.usage(minor).expect("usage")))
+        .collect();
+    metrics.observe_usage(&usage);
+    let text = metrics.encode().expect("encodes");
+    let whole_labels = format!(
+        r#"{{namespace="ml",claim="whole",claim_uid="u1",dra_device="gpu-0",UUID="{gpu0}",GPU_I_ID="",Hostname="n1"}}"#
+    );
+    let mig_labels = format!(
+        r#"{{namespace="ml",claim="mig",claim_uid="u2",dra_device="gpu-1-mig-{}-{}-0",UUID="{gpu1}",GPU_I_ID="{gi}",Hostname="n1"}}"#,
+        profile.name.replace('.', ""),
+        profile.id
+    );
+    assert_samples(
+        &text,
+        &[
+            (
+                &format!("gpu_dra_claim_device_memory_used_bytes{whole_labels}"),
+                (4096u64 << 20) as f64,
+            ),
+            (
+                &format!("gpu_dra_claim_device_utilization_ratio{whole_labels}"),
+                0.4,
+            ),
+            (
+                &format!("gpu_dra_claim_device_processes{whole_labels}"),
+                1.0,
+            ),
+            (
+                &format!("gpu_dra_claim_device_memory_used_bytes{mig_labels}"),
+                (2048u64 << 20) as f64,
+            ),
+            (&format!("gpu_dra_claim_device_processes{mig_labels}"), 1.0),
+        ],
+    );
+    // NVML has no utilization per MIG device: no series rather than a made-up one.
+    assert!(
+        !text.contains(&format!(
+            "gpu_dra_claim_device_utilization_ratio{mig_labels}"
+        )),
+        "{text}"
+    );
+
     // The pods a claim is reserved for show as soon as the driver reads them.
     metrics.observe_claim_pods("u2", &["ml/trainer-0".into(), "ml/trainer-1".into()]);
     let text = metrics.encode().expect("encodes");

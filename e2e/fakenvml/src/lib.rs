@@ -43,8 +43,8 @@ use nvml_wrapper_sys::bindings::{
     nvmlComputeInstanceProfileInfo_t, nvmlDevice_t, nvmlEventData_t, nvmlEventSet_t,
     nvmlEventTypeDoubleBitEccError, nvmlEventTypeSingleBitEccError, nvmlEventTypeXidCriticalError,
     nvmlFieldValue_t, nvmlGpuInstance_t, nvmlGpuInstanceInfo_t, nvmlGpuInstancePlacement_t,
-    nvmlGpuInstanceProfileInfo_t, nvmlMemory_t, nvmlMemory_v2_t, nvmlPciInfo_t, nvmlReturn_t,
-    nvmlValue_t,
+    nvmlGpuInstanceProfileInfo_t, nvmlMemory_t, nvmlMemory_v2_t, nvmlPciInfo_t, nvmlProcessInfo_t,
+    nvmlReturn_t, nvmlUtilization_t, nvmlValue_t,
 };
 
 type Ret = nvmlReturn_t;
@@ -213,6 +213,20 @@ impl Fake {
     }
 
     /// `GPU_IS_LOST` for a GPU off the bus now.
+    /// The simulated processes on a GPU (`gpu-dra sim process`), as they are now.
+    fn processes(&mut self, minor: u32) -> Vec<gpu_dra::gpu::sim::SimProcess> {
+        self.current_gpu(minor)
+            .map(|g| g.processes.clone())
+            .unwrap_or_default()
+    }
+
+    fn processes_memory(&mut self, minor: u32) -> u64 {
+        self.processes(minor)
+            .iter()
+            .filter_map(|p| p.usage.memory_used_bytes)
+            .sum()
+    }
+
     fn answering(&mut self, minor: u32) -> Result<(), Ret> {
         if self.current_gpu(minor)?.lost {
             Err(GPU_IS_LOST)
@@ -697,6 +711,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
         device,
         false,
         |fake, _, minor| {
+            let used = fake.processes_memory(minor);
             let Some(gpu) = fake.gpu(minor) else {
                 return NOT_FOUND;
             };
@@ -711,8 +726,92 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
             let reserved = 512 << 20;
             info.total = gpu.memory_bytes;
             info.reserved = reserved;
-            info.used = 0;
-            info.free = gpu.memory_bytes - reserved;
+            info.used = used;
+            info.free = gpu.memory_bytes.saturating_sub(reserved + used);
+            SUCCESS
+        },
+    )
+}
+
+/// The compute processes of a GPU (on a MIG device's handle, those in its GPU instance), with
+/// NVML's two-call protocol: too small a buffer gets `INSUFFICIENT_SIZE` and the count.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_t,
+) -> Ret {
+    const NO_VALUE: c_uint = 0xFFFF_FFFF;
+    on_live_gpu(
+        "nvmlDeviceGetComputeRunningProcesses_v3",
+        device,
+        true,
+        |fake, key, minor| {
+            if count.is_null() {
+                return INVALID_ARGUMENT;
+            }
+            let processes: Vec<_> = fake
+                .processes(minor)
+                .into_iter()
+                .filter(|p| match key {
+                    DeviceKey::Mig { gi, .. } => p.usage.gpu_instance_id == Some(gi),
+                    DeviceKey::Gpu(_) => true,
+                })
+                .collect();
+            // SAFETY: non-null, caller-owned.
+            let room = unsafe { *count } as usize;
+            // SAFETY: as above.
+            unsafe { *count = processes.len() as c_uint };
+            if processes.is_empty() {
+                return SUCCESS;
+            }
+            if infos.is_null() || room < processes.len() {
+                return INSUFFICIENT_SIZE;
+            }
+            for (i, p) in processes.iter().enumerate() {
+                // SAFETY: the caller's buffer holds `room` >= len entries.
+                unsafe {
+                    *infos.add(i) = nvmlProcessInfo_t {
+                        pid: p.usage.pid,
+                        usedGpuMemory: p.usage.memory_used_bytes.unwrap_or(u64::MAX),
+                        gpuInstanceId: p.usage.gpu_instance_id.unwrap_or(NO_VALUE),
+                        computeInstanceId: p.usage.compute_instance_id.unwrap_or(NO_VALUE),
+                    };
+                }
+            }
+            SUCCESS
+        },
+    )
+}
+
+/// The GPU's utilization: the simulated processes' SM share, at most 100; not in MIG mode, as
+/// NVML answers.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
+    device: nvmlDevice_t,
+    utilization: *mut nvmlUtilization_t,
+) -> Ret {
+    on_live_gpu(
+        "nvmlDeviceGetUtilizationRates",
+        device,
+        false,
+        |fake, _, minor| {
+            let mig = fake
+                .current_gpu(minor)
+                .map(|g| g.mig_current)
+                .unwrap_or(false);
+            if mig {
+                return NOT_SUPPORTED;
+            }
+            let processes = fake.processes(minor);
+            let gpu: u32 = processes.iter().map(|p| p.sm_percent).sum::<u32>().min(100);
+            out!(
+                utilization,
+                nvmlUtilization_t {
+                    gpu,
+                    memory: gpu / 2
+                }
+            );
             SUCCESS
         },
     )
@@ -728,6 +827,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
         device,
         false,
         |fake, _, minor| {
+            let used = fake.processes_memory(minor);
             let Some(gpu) = fake.gpu(minor) else {
                 return NOT_FOUND;
             };
@@ -735,8 +835,8 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
                 memory,
                 nvmlMemory_t {
                     total: gpu.memory_bytes,
-                    free: gpu.memory_bytes,
-                    used: 0
+                    free: gpu.memory_bytes.saturating_sub(used),
+                    used
                 }
             );
             SUCCESS

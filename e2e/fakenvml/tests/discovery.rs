@@ -535,3 +535,76 @@ fn a_gpu_bound_to_vfio_pci_is_not_discovered() {
     assert_eq!(seen, vec![(0, 0), (2, 1)]);
     assert_eq!(nvml.gpus[1].pcie_root.as_deref(), Some("pci0000:37"));
 }
+
+/// The use the per-claim metrics read, through NVML's memory, utilization and process calls on
+/// the fake: the simulator's processes, on a whole GPU and on a MIG device, as its own backend
+/// reports them.
+#[test]
+fn gpu_use_through_nvml_is_the_simulators() {
+    use gpu_dra::gpu::GpuControl;
+    use gpu_dra::gpu::sim::SimProcess;
+    use gpu_dra::gpu::usage::ProcessUsage;
+    const SPEC: &str = "sim:2xH100-SXM5-80GB";
+    let _guard = ENV.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("s.json");
+    let sim = SimNode::new(SPEC.parse().expect("spec"), "u1", Some(state.clone()));
+    sim.set_mig_mode(1, true).expect("MIG on");
+    let profile = sim.inventory().expect("inventory").gpus[1]
+        .mig
+        .clone()
+        .expect("MIG")
+        .profiles[0]
+        .clone();
+    let gi = sim
+        .create_gpu_instance(1, profile.id, profile.placements[0])
+        .expect("GPU instance");
+    sim.create_compute_instance(1, gi)
+        .expect("compute instance");
+    let process = |pid, gi: Option<u32>, mib: u64, sm| SimProcess {
+        usage: ProcessUsage {
+            pid,
+            memory_used_bytes: Some(mib << 20),
+            gpu_instance_id: gi,
+            compute_instance_id: gi.map(|_| 0),
+        },
+        sm_percent: sm,
+    };
+    sim.set_process(0, 11, Some(process(11, None, 3000, 35)))
+        .expect("process");
+    sim.set_process(0, 12, Some(process(12, None, 1000, 80)))
+        .expect("process");
+    sim.set_process(1, 21, Some(process(21, Some(gi), 500, 50)))
+        .expect("process on the MIG device");
+    assert!(
+        sim.set_process(1, 22, Some(process(22, None, 1, 1)))
+            .is_err(),
+        "a GPU in MIG mode runs processes on GPU instances only"
+    );
+    // SAFETY: the ENV lock serialises every reader and writer of these variables in this process.
+    unsafe {
+        std::env::set_var("FAKE_NVML_GPUS", SPEC);
+        std::env::set_var("FAKE_NVML_NODE", "u1");
+        std::env::set_var("FAKE_NVML_STATE", &state);
+    }
+    let nvml = NvmlBackend::open(Some(&fake_library()), "/nonexistent".into()).expect("NVML init");
+    for minor in [0, 1] {
+        assert_eq!(
+            GpuControl::usage(&nvml, minor).expect("usage through NVML"),
+            GpuControl::usage(&sim, minor).expect("usage in the simulator"),
+            "GPU {minor}"
+        );
+    }
+    let whole = GpuControl::usage(&nvml, 0).expect("usage");
+    assert_eq!(whole.memory_used_bytes, 4000 << 20);
+    assert_eq!(whole.utilization_percent, Some(100), "35 + 80, at most 100");
+    let mig = GpuControl::usage(&nvml, 1).expect("usage");
+    assert_eq!(mig.utilization_percent, None, "NVML has none in MIG mode");
+    assert_eq!(mig.gpu_instance_memory(gi), 500 << 20);
+    // Ended: gone from NVML's list.
+    sim.set_process(0, 12, None).expect("end");
+    assert_eq!(
+        GpuControl::usage(&nvml, 0).expect("usage").processes.len(),
+        1
+    );
+}
