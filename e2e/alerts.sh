@@ -33,6 +33,7 @@ WORK=$(mktemp -d "/tmp/gpu-dra-$NAME.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 
 # ---------------------------------------------------------------- 1. rules and dashboard queries
+python3 "$ROOT/deploy/dashboard.py" --check || fail "the dashboard JSON is not deploy/dashboard.py's output"
 "$HELM" template gpu-dra "$ROOT/deploy/helm/gpu-dra" --namespace gpu-dra \
     --set metrics.prometheusRule.enabled=true --set metrics.dashboard.enabled=true >"$WORK/chart.yaml" \
     || fail "helm template with the monitoring values"

@@ -445,10 +445,14 @@ info4=$(device_info "$u4")
     || fail "the MIG claim's info series: $info4"
 for m in "${migs[@]}"; do grep -q "mig_uuid=\"$m\"" <<<"$info4" || fail "no info series with mig_uuid $m: $info4"; done
 ok "4. /metrics: 4 series, one per carved MIG device, with the parent's UUID, each GPU_I_ID and the MIG UUIDs"
-# A compute process on one of the MIG devices (the simulated hardware's): its memory is the
-# claim's device's use within --usage-interval (2s here), gone again when it ends.
+# The pod's container process as a compute process on one of its MIG devices (the simulated
+# hardware's): its memory is the claim's device's use within --usage-interval (2s here), and
+# the pod's (the driver finds the pod from the process's cgroup), gone again when it ends.
 gi4=$(grep -o 'GPU_I_ID="[0-9]*"' <<<"$info4" | head -n 1 | grep -o '[0-9]*')
-sim_process() { "$E2E_GPU_DRA" sim --gpus "$E2E_GPUS" --node-name "$E2E_NODE" --sim-state "$GPU_DRA_SIM_STATE" process --gpu "$minor" --pid 4242 "$@" >/dev/null; }
+dp_uid=$(kubectl get pod "$dp" -o jsonpath='{.metadata.uid}')
+dp_pid=$(grep -l -e "pod$dp_uid" -e "pod${dp_uid//-/_}" /proc/[0-9]*/cgroup 2>/dev/null | head -n 1 | cut -d/ -f3)
+[[ -n $dp_pid ]] || fail "no process of pod $dp ($dp_uid) on the node"
+sim_process() { "$E2E_GPU_DRA" sim --gpus "$E2E_GPUS" --node-name "$E2E_NODE" --sim-state "$GPU_DRA_SIM_STATE" process --gpu "$minor" --pid "$dp_pid" "$@" >/dev/null; }
 metric_of() { # NAME: the sample of the claim's series on GPU instance $gi4
     local ip
     ip=$(kubectl get pod -n "$CHART_NAMESPACE" "$DRIVER_POD" -o jsonpath='{.status.podIP}')
@@ -458,9 +462,10 @@ memory_is() { [[ $(metric_of gpu_dra_claim_device_memory_used_bytes) == "$1" ]];
 sim_process --gpu-instance "$gi4" --memory-mib 2048 --sm-percent 60
 wait_for "the MIG device's memory in use" 20 memory_is 2147483648
 [[ $(metric_of gpu_dra_claim_device_processes) == 1 ]] || fail "the MIG device's process count: $(metric_of gpu_dra_claim_device_processes)"
+wait_for "the pod's memory on the MIG device" 20 bash -c "[[ \$(curl -sf http://$(kubectl get pod -n "$CHART_NAMESPACE" "$DRIVER_POD" -o jsonpath='{.status.podIP}'):9400/metrics | grep '^gpu_dra_pod_device_memory_used_bytes{namespace=\"default\",pod=\"$dp\",.*GPU_I_ID=\"$gi4\"' | awk '{print \$NF}') == 2147483648 ]]"
 sim_process --end
 wait_for "the ended process's memory gone" 20 memory_is 0
-ok "4. /metrics: a process on MIG device GPU_I_ID=$gi4 shows as the claim's 2 GiB in use (then 0 when it ends)"
+ok "4. /metrics: the pod's process on MIG device GPU_I_ID=$gi4 shows as the claim's and pod $dp's 2 GiB in use (then 0 when it ends)"
 # The README's picture of "which pod holds which GPU slice" (e2e/alerts.sh prints it).
 save_metrics_sample real-node "http://$(kubectl get pod -n "$CHART_NAMESPACE" "$DRIVER_POD" -o jsonpath='{.status.podIP}'):9400/metrics"
 kubectl delete deployment mig-deployment --timeout=60s >&2

@@ -272,11 +272,22 @@ fn spawn_usage_sampler(
                         }
                     }
                 }
-                usage
+                // Each process's pod, from its cgroup in the host's /proc (hostPID); a
+                // process that ended since, or of no pod, has none.
+                let pods: std::collections::BTreeMap<u32, String> = usage
+                    .values()
+                    .flat_map(|u: &crate::gpu::usage::GpuUsage| &u.processes)
+                    .filter_map(|p| {
+                        let cgroup =
+                            std::fs::read_to_string(format!("/proc/{}/cgroup", p.pid)).ok()?;
+                        Some((p.pid, crate::metrics::pod_uid_of_cgroup(&cgroup)?))
+                    })
+                    .collect();
+                (usage, pods)
             })
             .await;
             match read {
-                Ok(usage) => metrics.observe_usage(&usage),
+                Ok((usage, pods)) => metrics.observe_usage(&usage, &pods),
                 Err(error) => tracing::warn!(%error, "the GPU use reader stopped"),
             }
         }

@@ -19,7 +19,7 @@ use crate::gpu::NodeInventory;
 use crate::plugin::KubeletRegistration;
 use crate::prepare::ClaimRef;
 use crate::prepare::checkpoint::Checkpoint;
-use crate::prepare::driver::DriverObserver;
+use crate::prepare::driver::{ClaimUser, DriverObserver};
 use crate::prepare::state::DeviceState;
 use crate::slices::publish::{PublishError, SyncReport};
 
@@ -72,10 +72,12 @@ struct GpuLabel {
 
 #[derive(Default)]
 struct ClaimPods {
-    pods: std::collections::HashMap<String, Vec<String>>,
+    pods: std::collections::HashMap<String, Vec<ClaimUser>>,
     last: Option<(Checkpoint, NodeInventory)>,
     /// The GPUs' use as last read (by minor), so a claim's use series go with its unprepare.
     usage: std::collections::BTreeMap<u32, crate::gpu::usage::GpuUsage>,
+    /// The pod (UID) each of those processes runs in, from its cgroup.
+    process_pods: std::collections::BTreeMap<u32, String>,
 }
 
 /// Labels of the per-claim use series: the claim and its device as `prepared_device_info` names
@@ -187,6 +189,7 @@ pub struct Metrics {
     claim_memory_used: Family<UsageLabels, Gauge>,
     claim_utilization: Family<UsageLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     claim_processes: Family<UsageLabels, Gauge>,
+    pod_memory_used: Family<UsageLabels, Gauge>,
     mps_daemon_restarts: Counter,
     registered_gauge: Gauge,
     registered: AtomicBool,
@@ -303,6 +306,13 @@ impl Metrics {
             "Compute processes NVML sees on each prepared claim's device",
             claim_processes.clone(),
         );
+        let pod_memory_used = Family::<UsageLabels, Gauge>::default();
+        registry.register_with_unit(
+            "pod_device_memory_used",
+            "GPU memory the compute processes of each pod a prepared claim is reserved for use on the claim's device (processes mapped to pods through their cgroups, read in the host's /proc: the chart's hostPID)",
+            Unit::Bytes,
+            pod_memory_used.clone(),
+        );
         let registered_gauge = gauge(
             &mut registry,
             "registered",
@@ -314,6 +324,7 @@ impl Metrics {
             claim_memory_used,
             claim_utilization,
             claim_processes,
+            pod_memory_used,
             mps_daemon_restarts,
             registered_gauge,
             device_health,
@@ -396,9 +407,11 @@ impl Metrics {
     pub fn observe_usage(
         &self,
         usage: &std::collections::BTreeMap<u32, crate::gpu::usage::GpuUsage>,
+        process_pods: &std::collections::BTreeMap<u32, String>,
     ) {
         let mut claim_pods = self.claim_pods.lock().unwrap_or_else(|p| p.into_inner());
         claim_pods.usage = usage.clone();
+        claim_pods.process_pods = process_pods.clone();
         self.render_usage(&claim_pods);
     }
 
@@ -407,6 +420,7 @@ impl Metrics {
         self.claim_memory_used.clear();
         self.claim_utilization.clear();
         self.claim_processes.clear();
+        self.pod_memory_used.clear();
         let usage = &claim_pods.usage;
         let Some((checkpoint, inventory)) = &claim_pods.last else {
             return;
@@ -428,17 +442,40 @@ impl Metrics {
                     ("GPU_I_ID", gi.map(|g| g.to_string()).unwrap_or_default()),
                     ("Hostname", device.pool.clone()),
                 ];
+                let on_device: Vec<&crate::gpu::usage::ProcessUsage> = gpu_usage
+                    .processes
+                    .iter()
+                    .filter(|p| gi.is_none() || p.gpu_instance_id == gi)
+                    .collect();
                 let (memory, processes) = match gi {
-                    Some(gi) => (
-                        gpu_usage.gpu_instance_memory(gi),
-                        gpu_usage
-                            .processes
-                            .iter()
-                            .filter(|p| p.gpu_instance_id == Some(gi))
-                            .count(),
-                    ),
-                    None => (gpu_usage.memory_used_bytes, gpu_usage.processes.len()),
+                    Some(gi) => (gpu_usage.gpu_instance_memory(gi), on_device.len()),
+                    None => (gpu_usage.memory_used_bytes, on_device.len()),
                 };
+                // Per pod: the device's processes in the cgroups of the pods the claim is
+                // reserved for (another claim's pods on a shared GPU count under that claim).
+                let mut by_pod: std::collections::BTreeMap<&str, u64> = Default::default();
+                for process in &on_device {
+                    let Some(pod_uid) = claim_pods.process_pods.get(&process.pid) else {
+                        continue;
+                    };
+                    let user = claim_pods
+                        .pods
+                        .get(&claim.uid)
+                        .and_then(|users| users.iter().find(|u| &u.uid == pod_uid));
+                    if let Some(user) = user {
+                        *by_pod.entry(user.pod.as_str()).or_default() +=
+                            process.memory_used_bytes.unwrap_or(0);
+                    }
+                }
+                for (pod, bytes) in by_pod {
+                    let (namespace, name) = pod.split_once('/').unwrap_or(("", pod));
+                    let mut pod_labels = labels.clone();
+                    pod_labels[0] = ("namespace", namespace.to_string());
+                    pod_labels.insert(1, ("pod", name.to_string()));
+                    self.pod_memory_used
+                        .get_or_create(&pod_labels)
+                        .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+                }
                 self.claim_memory_used
                     .get_or_create(&labels)
                     .set(i64::try_from(memory).unwrap_or(i64::MAX));
@@ -531,7 +568,7 @@ impl Metrics {
     }
 
     /// The pods a claim is reserved for changed: its info series say so from now on.
-    pub fn observe_claim_pods(&self, claim_uid: &str, pods: &[String]) {
+    pub fn observe_claim_pods(&self, claim_uid: &str, pods: &[ClaimUser]) {
         let mut claim_pods = self.claim_pods.lock().unwrap_or_else(|p| p.into_inner());
         if claim_pods.pods.get(claim_uid).map(Vec::as_slice) == Some(pods) {
             return;
@@ -546,7 +583,7 @@ impl Metrics {
         &self,
         checkpoint: &Checkpoint,
         inventory: &NodeInventory,
-        pods: &std::collections::HashMap<String, Vec<String>>,
+        pods: &std::collections::HashMap<String, Vec<ClaimUser>>,
     ) {
         self.prepared_device_info.clear();
         for claim in checkpoint.claims.values().filter(|c| c.is_completed()) {
@@ -583,7 +620,12 @@ impl Metrics {
                     (
                         "pods",
                         pods.get(&claim.uid)
-                            .map(|p| p.join(","))
+                            .map(|p| {
+                                p.iter()
+                                    .map(|u| u.pod.as_str())
+                                    .collect::<Vec<_>>()
+                                    .join(",")
+                            })
                             .unwrap_or_default(),
                     ),
                     ("dra_device", device.device.clone()),
@@ -678,7 +720,7 @@ impl DriverObserver for Metrics {
         self.unprepare.record(ok, seconds);
     }
 
-    fn claim_users(&self, claim_uid: &str, pods: &[String]) {
+    fn claim_users(&self, claim_uid: &str, pods: &[ClaimUser]) {
         self.observe_claim_pods(claim_uid, pods);
     }
 
@@ -717,11 +759,31 @@ impl DriverObserver for ObserverList {
         }
     }
 
-    fn claim_users(&self, claim_uid: &str, pods: &[String]) {
+    fn claim_users(&self, claim_uid: &str, pods: &[ClaimUser]) {
         for observer in &self.0 {
             observer.claim_users(claim_uid, pods);
         }
     }
+}
+
+/// The UID of the pod whose cgroup a process's `/proc/<pid>/cgroup` names: kubelet's
+/// `…/pod<uid>/…` (cgroupfs) or `…-pod<uid with _>.slice/…` (systemd).
+pub fn pod_uid_of_cgroup(cgroup: &str) -> Option<String> {
+    for line in cgroup.lines() {
+        let path = line.rsplit(':').next().unwrap_or("");
+        // `kubepods` holds "pod" too: every occurrence is tried.
+        for (at, _) in path.match_indices("pod") {
+            let uid: String = path[at + 3..]
+                .chars()
+                .take_while(|c| c.is_ascii_hexdigit() || *c == '-' || *c == '_')
+                .map(|c| if c == '_' { '-' } else { c })
+                .collect();
+            if uid.len() == 36 && uid.matches('-').count() == 4 {
+                return Some(uid);
+            }
+        }
+    }
+    None
 }
 
 /// The GPU (minor, UUID) a prepared device is on, and its GPU instance for a MIG device.

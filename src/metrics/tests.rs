@@ -435,7 +435,7 @@ fn prepared_devices_are_info_series_that_join_with_dcgm() {
         .into_iter()
         .map(|minor| (minor, sim.usage(minor).expect("usage")))
         .collect();
-    metrics.observe_usage(&usage);
+    metrics.observe_usage(&usage, &Default::default());
     let text = metrics.encode().expect("encodes");
     let whole_labels = format!(
         r#"{{namespace="ml",claim="whole",claim_uid="u1",dra_device="gpu-0",UUID="{gpu0}",GPU_I_ID="",Hostname="n1"}}"#
@@ -476,7 +476,38 @@ fn prepared_devices_are_info_series_that_join_with_dcgm() {
     );
 
     // The pods a claim is reserved for show as soon as the driver reads them.
-    metrics.observe_claim_pods("u2", &["ml/trainer-0".into(), "ml/trainer-1".into()]);
+    let user = |pod: &str, uid: &str| crate::prepare::driver::ClaimUser {
+        pod: pod.into(),
+        uid: uid.into(),
+    };
+    metrics.observe_claim_pods(
+        "u2",
+        &[
+            user("ml/trainer-0", "0b7e2f4c-1a2b-4c3d-8e9f-000000000000"),
+            user("ml/trainer-1", "0b7e2f4c-1a2b-4c3d-8e9f-000000000001"),
+        ],
+    );
+    // The MIG device's process runs in trainer-1's cgroup: that pod's series.
+    metrics.observe_usage(
+        &usage,
+        &std::collections::BTreeMap::from([(
+            200,
+            "0b7e2f4c-1a2b-4c3d-8e9f-000000000001".to_string(),
+        )]),
+    );
+    let text = metrics.encode().expect("encodes");
+    assert_samples(
+        &text,
+        &[(
+            &format!(
+                r#"gpu_dra_pod_device_memory_used_bytes{{namespace="ml",pod="trainer-1",claim="mig",claim_uid="u2",dra_device="gpu-1-mig-{}-{}-0",UUID="{gpu1}",GPU_I_ID="{gi}",Hostname="n1"}}"#,
+                profile.name.replace('.', ""),
+                profile.id
+            ),
+            (2048u64 << 20) as f64,
+        )],
+    );
+    assert!(!text.contains(r#"pod="trainer-0""#), "{text}");
     let text = metrics.encode().expect("encodes");
     assert!(
         text.lines()
@@ -545,4 +576,22 @@ fn taints_registration_and_mps_restarts_are_exported_for_alerts() {
     metrics.observe_device_taints(&Default::default());
     let text = metrics.encode().expect("encodes");
     assert!(!text.contains("gpu_dra_device_taint{"), "{text}");
+}
+
+#[test]
+fn a_process_pod_comes_from_its_cgroup() {
+    use super::pod_uid_of_cgroup;
+    let uid = "3f1e2d4c-5b6a-4978-8a9b-0c1d2e3f4a5b";
+    // cgroup v2, systemd driver.
+    let systemd = format!(
+        "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-abc.scope\n",
+        uid.replace('-', "_")
+    );
+    assert_eq!(pod_uid_of_cgroup(&systemd).as_deref(), Some(uid));
+    // cgroup v1, cgroupfs driver.
+    let cgroupfs = format!(
+        "12:memory:/kubepods/besteffort/pod{uid}/0123abcd\n11:pids:/kubepods/besteffort/pod{uid}/0123abcd\n"
+    );
+    assert_eq!(pod_uid_of_cgroup(&cgroupfs).as_deref(), Some(uid));
+    assert_eq!(pod_uid_of_cgroup("0::/system.slice/sshd.service\n"), None);
 }

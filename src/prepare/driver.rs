@@ -24,11 +24,19 @@ pub trait DriverObserver: Send + Sync + 'static {
     fn state_changed(&self, _state: &DeviceState) {}
     /// The pods a claim of this node is reserved for (`status.reservedFor`), as last read: at
     /// each prepare call and each garbage collection round.
-    fn claim_users(&self, _claim_uid: &str, _pods: &[String]) {}
+    fn claim_users(&self, _claim_uid: &str, _pods: &[ClaimUser]) {}
 }
 
-/// `namespace/name` of the pods a claim is reserved for.
-fn reserved_pods(claim: &k8s_openapi::api::resource::v1::ResourceClaim) -> Vec<String> {
+/// A pod a claim is reserved for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimUser {
+    /// `namespace/name`.
+    pub pod: String,
+    pub uid: String,
+}
+
+/// The pods a claim is reserved for.
+fn reserved_pods(claim: &k8s_openapi::api::resource::v1::ResourceClaim) -> Vec<ClaimUser> {
     let namespace = claim.metadata.namespace.as_deref().unwrap_or_default();
     claim
         .status
@@ -37,7 +45,10 @@ fn reserved_pods(claim: &k8s_openapi::api::resource::v1::ResourceClaim) -> Vec<S
         .into_iter()
         .flatten()
         .filter(|r| r.resource == "pods" && r.api_group.as_deref().unwrap_or("").is_empty())
-        .map(|r| format!("{namespace}/{}", r.name))
+        .map(|r| ClaimUser {
+            pod: format!("{namespace}/{}", r.name),
+            uid: r.uid.clone(),
+        })
         .collect()
 }
 
