@@ -11,8 +11,10 @@
 #   5. a double-bit ECC error taints with the effect configured for its class (NoExecute), and
 #      the taint survives a driver restart until the GPU is reset;
 #   6. a MIG device an admin makes in static mode is published without restarting the driver;
-#   7. when the admin destroys it under a prepared claim, the stream reports it Unhealthy and the
-#      claim stays in the checkpoint until kubelet unprepares it.
+#   7. a compute process on that MIG device under a prepared claim is the claim's use in
+#      /metrics (with DRIVER_BACKEND=nvml read through the fake libnvidia-ml's memory and process
+#      calls); when the admin destroys the device, the stream reports it Unhealthy and the claim
+#      stays in the checkpoint until kubelet unprepares it.
 #
 # Usage: e2e/health.sh   (GPU_DRA=path/to/gpu-dra, default target/debug/gpu-dra)
 set -euo pipefail
@@ -34,7 +36,8 @@ sim mig-mode --gpu 2 --enabled true >/dev/null
 kubectl apply -f "$ROOT/deviceclasses/" >&2
 PORT=$(metrics_port)
 METRICS=http://127.0.0.1:$PORT/metrics
-DRIVER_ARGS="--mig static --health-probe-interval 500ms --rescan-interval 1s --health-taint-effects reset=NoExecute --metrics-addr 127.0.0.1:$PORT" start_driver
+ARGS="--mig static --health-probe-interval 500ms --rescan-interval 1s --health-taint-effects reset=NoExecute --metrics-addr 127.0.0.1:$PORT --usage-interval 1s"
+DRIVER_ARGS=$ARGS start_driver
 wait_for "gpu-0 and gpu-1 published" 30 bash -c "[[ \$(kubectl get resourceslices -o json | jq -r '[.items[].spec.devices[]?.name] | sort | join(\" \")') == 'gpu-0 gpu-1' ]]"
 kubelet watch --duration 120s >"$WORK/watch.jsonl" 2>"$WORK/watch.log" &
 WATCH_PID=$!
@@ -97,7 +100,7 @@ sim inject --gpu 0 --ecc-dbe >/dev/null
 wait_for "gpu-0 tainted for the ECC error" 10 bash -c "[[ \$(kubectl get resourceslices -o json | jq -c '[.items[].spec.devices[]? | select(.name == \"gpu-0\") | .taints[]? | {key, effect}]') == *ecc-dbe*NoExecute* ]]"
 before=$(taints gpu-0)
 stop_driver
-DRIVER_ARGS="--mig static --health-probe-interval 500ms --rescan-interval 1s --health-taint-effects reset=NoExecute" start_driver
+DRIVER_ARGS=$ARGS start_driver
 sleep 3
 [[ $(taints gpu-0) == "$before" ]] || fail "the restart changed gpu-0's taints: $(taints gpu-0) (was $before)"
 grep -q "devices still unhealthy from before the restart" "$WORK/driver.log" || fail "the restarted driver did not take the faults over"
@@ -130,6 +133,18 @@ uid=$(kubectl get resourceclaim mig-a -o jsonpath='{.metadata.uid}')
 out=$(kubelet prepare --claim "default/mig-a/$uid") || fail "prepare mig-a: $out"
 [[ $(jq -r '.claims[0].error' <<<"$out") == "" ]] || fail "prepare mig-a: $out"
 gi=$(sim show | jq '.gpus[2].gpu_instances[0].id')
+sim process --gpu 2 --gpu-instance "$gi" --pid 4343 --memory-mib 1024 >/dev/null
+mig_a_memory() { curl -sf "$METRICS" | grep "^gpu_dra_claim_device_memory_used_bytes{.*claim=\"mig-a\".*GPU_I_ID=\"$gi\"" | awk '{print $NF}'; }
+mig_a_uses() { [[ $(mig_a_memory) == "$1" ]]; }
+wait_for "mig-a's memory in use in /metrics" 15 mig_a_uses 1073741824
+# The admin's (static) MIG device is labelled as DCGM labels it: the parent's UUID, its GPU_I_ID.
+parent=$(slices_json | jq -r --arg d "$mig" '.items[].spec.devices[]? | select(.name == $d) | .attributes.parentUUID.string')
+curl -sf "$METRICS" | grep -q "^gpu_dra_prepared_device_info{.*claim=\"mig-a\".*UUID=\"$parent\",GPU_I_ID=\"$gi\"" ||
+    fail "mig-a's info series lacks the parent's UUID $parent and GPU_I_ID $gi: $(curl -sf "$METRICS" | grep 'claim="mig-a"')"
+ok "a process on $mig (GPU instance $gi) under the prepared claim mig-a: /metrics says the claim's device uses 1 GiB ($(mig_a_memory) bytes); its info series has the parent's UUID and GPU_I_ID"
+
+# NVML refuses to destroy a GPU instance processes run in: the process ends first.
+sim process --gpu 2 --pid 4343 --end >/dev/null
 sim destroy --gpu 2 --gpu-instance "$gi" >/dev/null
 kubelet watch --until "$mig=Unhealthy" --duration 20s >"$WORK/watch2.jsonl" 2>"$WORK/watch2.log" ||
     fail "the health stream did not report the vanished $mig Unhealthy: $(tail -n 2 "$WORK/watch2.log")"

@@ -991,6 +991,13 @@ impl SimNode {
         const OP: &str = "destroy compute instance";
         self.write(|state| {
             let gpu = gpu_state(state, minor, OP)?;
+            // NVML answers IN_USE while processes run in it.
+            if gpu.processes.iter().any(|p| {
+                p.usage.gpu_instance_id == Some(gpu_instance_id)
+                    && p.usage.compute_instance_id == Some(compute_instance_id)
+            }) {
+                return Err(mig_err(minor, OP, MigFailure::InUse, "compute processes run in it"));
+            }
             let gi = gpu
                 .gpu_instances
                 .iter_mut()

@@ -588,23 +588,37 @@ impl Metrics {
         self.prepared_device_info.clear();
         for claim in checkpoint.claims.values().filter(|c| c.is_completed()) {
             for device in &claim.devices {
-                let gpu = match &device.mig {
-                    Some(mig) => inventory.gpus.iter().find(|g| g.minor == mig.parent_minor),
-                    None => inventory.gpus.iter().find(|g| g.uuid == device.uuid),
-                };
-                let (gi, ci, profile, mig_uuid) = match &device.mig {
-                    Some(mig) => (
-                        mig.gpu_instance_id.map(|id| id.to_string()),
-                        mig.compute_instance_id.map(|id| id.to_string()),
-                        gpu.and_then(|g| g.mig.as_ref())
-                            .and_then(|m| m.profile_by_id(mig.profile_id))
-                            .map(|p| p.name.clone()),
-                        Some(device.uuid.clone()),
+                let located = device_gpu(device, inventory);
+                let gpu = located
+                    .as_ref()
+                    .and_then(|(minor, ..)| inventory.gpus.iter().find(|g| g.minor == *minor));
+                // A static MIG device (an admin's) has no carve record: its instance says.
+                let static_instance = gpu
+                    .and_then(|g| g.mig.as_ref())
+                    .and_then(|m| m.instances.iter().find(|i| i.uuid == device.uuid));
+                let (gi, ci, profile_id) = match (&device.mig, static_instance) {
+                    (Some(mig), _) => (
+                        mig.gpu_instance_id,
+                        mig.compute_instance_id,
+                        Some(mig.profile_id),
                     ),
-                    None => (None, None, None, None),
+                    (None, Some(i)) => (
+                        Some(i.gpu_instance_id),
+                        Some(i.compute_instance_id),
+                        Some(i.profile_id),
+                    ),
+                    (None, None) => (None, None, None),
                 };
-                let gpu_uuid = match &device.mig {
-                    Some(_) => gpu.map(|g| g.uuid.clone()),
+                let is_mig = device.mig.is_some() || static_instance.is_some();
+                let profile = profile_id.and_then(|id| {
+                    gpu.and_then(|g| g.mig.as_ref())
+                        .and_then(|m| m.profile_by_id(id))
+                        .map(|p| p.name.clone())
+                });
+                let (gi, ci) = (gi.map(|id| id.to_string()), ci.map(|id| id.to_string()));
+                let mig_uuid = is_mig.then(|| device.uuid.clone());
+                let gpu_uuid = match located {
+                    Some((_, uuid, _)) => Some(uuid),
                     None => Some(device.uuid.clone()),
                 };
                 let consumed: Vec<String> = device
@@ -800,8 +814,19 @@ fn device_gpu(
             Some((gpu.minor, gpu.uuid.clone(), mig.gpu_instance_id))
         }
         None => {
-            let gpu = inventory.gpus.iter().find(|g| g.uuid == device.uuid)?;
-            Some((gpu.minor, gpu.uuid.clone(), None))
+            if let Some(gpu) = inventory.gpus.iter().find(|g| g.uuid == device.uuid) {
+                return Some((gpu.minor, gpu.uuid.clone(), None));
+            }
+            // A static MIG device (made by an admin): found by its MIG UUID.
+            inventory.gpus.iter().find_map(|gpu| {
+                let instance = gpu
+                    .mig
+                    .as_ref()?
+                    .instances
+                    .iter()
+                    .find(|i| i.uuid == device.uuid)?;
+                Some((gpu.minor, gpu.uuid.clone(), Some(instance.gpu_instance_id)))
+            })
         }
     }
 }
