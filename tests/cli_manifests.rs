@@ -1031,19 +1031,11 @@ fn capacity_counts_more_copies_per_node_and_says_what_runs_out() {
     );
     let pod = pod.as_str();
     let classes = repo("deviceclasses");
-    let out = gpu_dra(&[
+    let out = on_fleet(
         "capacity",
-        "--slices",
-        "node-a=sim:2xH100-SXM5-80GB",
-        "--slices",
-        "node-b=sim:1xT4",
-        "--classes",
-        &classes,
-        "-f",
-        pod,
-        "-o",
-        "json",
-    ]);
+        &[("node-a", "sim:2xH100-SXM5-80GB"), ("node-b", "sim:1xT4")],
+        &["-f", pod, "-o", "json"],
+    );
     let report = json(&out);
     assert_eq!(report["total"], 4, "{report}");
     let nodes = report["nodes"].as_array().expect("nodes");
@@ -1081,19 +1073,11 @@ fn capacity_counts_more_copies_per_node_and_says_what_runs_out() {
     ]);
     let allocated = dir.path().join("allocated.json");
     std::fs::write(&allocated, &placed.stdout).expect("write");
-    let out = gpu_dra(&[
+    let out = on_fleet(
         "capacity",
-        "--slices",
-        "node-a=sim:2xH100-SXM5-80GB",
-        "--slices",
-        "node-b=sim:1xT4",
-        "--classes",
-        &classes,
-        "-f",
-        pod,
-        "--allocated",
-        allocated.to_str().expect("utf-8"),
-    ]);
+        &[("node-a", "sim:2xH100-SXM5-80GB"), ("node-b", "sim:1xT4")],
+        &["-f", pod, "--allocated", allocated.to_str().expect("utf-8")],
+    );
     let text = text(&out.stdout);
     assert!(
         text.starts_with("Pod default/trainer: 3 more copies fit on 2 node(s)."),
@@ -1103,6 +1087,16 @@ fn capacity_counts_more_copies_per_node_and_says_what_runs_out() {
         text.contains("  node node-a: 3; then: request mig: devices in use"),
         "{text}"
     );
+
+    // -n names a live pod's namespace: offline it would be ignored, so it is refused.
+    let refused = on_fleet(
+        "capacity",
+        &[("node-a", "sim:1xT4")],
+        &["-n", "ml", "-f", pod],
+    );
+    assert_eq!(refused.status.code(), Some(2));
+    let why = String::from_utf8_lossy(&refused.stderr);
+    assert!(why.contains("-n/--namespace"), "{why}");
 
     // Extended resources: one T4 per copy.
     let file = repo("e2e/pods/extended-resource.yaml");
@@ -1131,21 +1125,11 @@ fn a_fleet_places_pods_across_nodes_and_says_whether_a_job_starts_at_once() {
         "apiVersion: resource.k8s.io/v1\nkind: ResourceClaimTemplate\nmetadata: {name: one-gpu}\nspec:\n  spec:\n    devices:\n      requests:\n      - name: gpu\n        exactly: {deviceClassName: gpu.nvidia.com}\n---\napiVersion: batch/v1\nkind: Job\nmetadata: {name: train}\nspec:\n  parallelism: 3\n  completions: 3\n  template:\n    spec:\n      restartPolicy: Never\n      containers:\n      - name: c\n        resources: {claims: [{name: gpu}]}\n      resourceClaims:\n      - {name: gpu, resourceClaimTemplateName: one-gpu}\n",
     );
     let job = job.as_str();
-    let classes = repo("deviceclasses");
-    let two = gpu_dra(&[
+    let two = on_fleet(
         "match",
-        "--slices",
-        "node-a=sim:1xT4",
-        "--slices",
-        "node-b=sim:1xT4",
-        "--classes",
-        &classes,
-        "-f",
-        job,
-        "--replicas",
-        "-o",
-        "json",
-    ]);
+        &[("node-a", "sim:1xT4"), ("node-b", "sim:1xT4")],
+        &["-f", job, "--replicas", "-o", "json"],
+    );
     assert_eq!(two.status.code(), Some(3), "{}", text(&two.stderr));
     let list: Value = serde_json::from_slice(&two.stdout).expect("json");
     let nodes: Vec<&str> = list["items"]
@@ -1166,22 +1150,15 @@ fn a_fleet_places_pods_across_nodes_and_says_whether_a_job_starts_at_once() {
         notes.contains("note: Job default/train: 2 of 3 pods placed, 1 would wait: it does not start all at once"),
         "{notes}"
     );
-    let three = gpu_dra(&[
+    let three = on_fleet(
         "match",
-        "--slices",
-        "node-a=sim:1xT4",
-        "--slices",
-        "node-b=sim:1xT4",
-        "--slices",
-        "node-c=sim:1xT4",
-        "--classes",
-        &classes,
-        "-f",
-        job,
-        "--replicas",
-        "-o",
-        "json",
-    ]);
+        &[
+            ("node-a", "sim:1xT4"),
+            ("node-b", "sim:1xT4"),
+            ("node-c", "sim:1xT4"),
+        ],
+        &["-f", job, "--replicas", "-o", "json"],
+    );
     assert!(three.status.success(), "{}", text(&three.stderr));
     assert!(
         text(&three.stderr)
@@ -1198,16 +1175,18 @@ fn temp_manifest(dir: &tempfile::TempDir, name: &str, text: &str) -> String {
     path.to_str().expect("utf-8").to_string()
 }
 
-/// `--slices NODE=sim:SPEC` for each node, and the stock DeviceClasses.
-fn fleet_args(nodes: &[(&str, &str)]) -> Vec<String> {
-    let mut args = Vec::new();
+/// `gpu-dra COMMAND` on a fleet (`--slices NODE=SPEC` for each node) with the stock
+/// DeviceClasses, then `more`.
+fn on_fleet(command: &str, nodes: &[(&str, &str)], more: &[&str]) -> Output {
+    let mut args = vec![command.to_string()];
     for (node, spec) in nodes {
         args.push("--slices".to_string());
         args.push(format!("{node}={spec}"));
     }
     args.push("--classes".to_string());
     args.push(repo("deviceclasses"));
-    args
+    args.extend(more.iter().map(|a| a.to_string()));
+    gpu_dra(&args.iter().map(String::as_str).collect::<Vec<_>>())
 }
 
 /// Node objects given with the pods filter where each pod may go, as the scheduler's node
@@ -1222,17 +1201,18 @@ fn node_objects_filter_where_pods_go() {
             "{template}---\napiVersion: batch/v1\nkind: Job\nmetadata: {{name: {name}}}\nspec:\n  parallelism: 3\n  template:\n    spec:\n      restartPolicy: Never\n{extra}      containers:\n      - name: c\n        resources: {{claims: [{{name: gpu}}]}}\n      resourceClaims:\n      - {{name: gpu, resourceClaimTemplateName: one-gpu}}\n---\n{nodes}"
         )
     };
-    let fleet = fleet_args(&[
-        ("node-a", "sim:1xT4"),
-        ("node-b", "sim:1xT4"),
-        ("node-c", "sim:1xT4"),
-    ]);
     let run_with = |command: &str, file: &str, more: &[&str]| {
-        let mut args: Vec<&str> = vec![command];
-        args.extend(fleet.iter().map(String::as_str));
-        args.extend(["-f", file]);
+        let mut args = vec!["-f", file];
         args.extend(more);
-        gpu_dra(&args)
+        on_fleet(
+            command,
+            &[
+                ("node-a", "sim:1xT4"),
+                ("node-b", "sim:1xT4"),
+                ("node-c", "sim:1xT4"),
+            ],
+            &args,
+        )
     };
 
     let plain = temp_manifest(&dir, "plain.yaml", &job("plain", ""));

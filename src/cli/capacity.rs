@@ -37,9 +37,9 @@ pub struct CapacityArgs {
     /// allocated claims (besides any given). Implied by a `pod/NAME` argument.
     #[arg(long)]
     pub cluster: bool,
-    /// Live cluster: the namespace of `pod/NAME`.
-    #[arg(short = 'n', long, default_value = "default")]
-    pub namespace: String,
+    /// Live cluster: the namespace of `pod/NAME` (default `default`).
+    #[arg(short = 'n', long)]
+    pub namespace: Option<String>,
     /// Live cluster: kubeconfig (default: KUBECONFIG, ~/.kube/config, in-cluster).
     #[arg(long, env = "KUBECONFIG_PATH")]
     pub kubeconfig: Option<std::path::PathBuf>,
@@ -157,13 +157,18 @@ pub fn run(args: CapacityArgs) -> Result<ExitCode, CliError> {
         Some(super::live::LiveTarget::Pod(name)) => {
             let mut inputs = args.inputs.clone();
             inputs.claim = None;
+            let namespace = args.namespace.as_deref().unwrap_or("default");
             let snapshot =
-                super::live::snapshot(args.kubeconfig.as_deref(), &args.namespace, Some(&name))?;
+                super::live::snapshot(args.kubeconfig.as_deref(), namespace, Some(&name))?;
             load_with(&inputs, Some(snapshot))?
         }
+        None if args.namespace.is_some() => {
+            return Err(usage(
+                "-n/--namespace: the namespace of a pod/NAME argument; the pods of -f name their own",
+            ));
+        }
         None if args.cluster => {
-            let snapshot =
-                super::live::snapshot(args.kubeconfig.as_deref(), &args.namespace, None)?;
+            let snapshot = super::live::snapshot(args.kubeconfig.as_deref(), "default", None)?;
             load_with(&args.inputs, Some(snapshot))?
         }
         None => load(&args.inputs)?,
@@ -250,12 +255,7 @@ pub fn run(args: CapacityArgs) -> Result<ExitCode, CliError> {
                 .claims
                 .iter()
                 // An allocated claim (a live pod's named one) holds its devices already.
-                .filter(|c| {
-                    c.status
-                        .as_ref()
-                        .and_then(|s| s.allocation.as_ref())
-                        .is_none()
-                })
+                .filter(|c| super::manifests::allocation_of(c).is_none())
                 .filter(|c| !shared_done || generated.contains(&claim_key(c)))
                 .cloned()
                 .collect();

@@ -294,7 +294,7 @@ pub(super) fn load_with(
     for entry in &held.claims {
         let claim = &entry.object;
         let name = dra_allocator::claim_name(claim);
-        let Some(allocation) = claim.status.as_ref().and_then(|s| s.allocation.as_ref()) else {
+        let Some(allocation) = manifests::allocation_of(claim) else {
             return Err(usage(format!(
                 "--allocated claim {name} ({}) has no status.allocation",
                 entry.origin
@@ -303,7 +303,7 @@ pub(super) fn load_with(
         state.mark(&name, allocation, &features).map_err(usage)?;
     }
     for claim in &cluster.allocated {
-        if let Some(allocation) = claim.status.as_ref().and_then(|s| s.allocation.as_ref()) {
+        if let Some(allocation) = manifests::allocation_of(claim) {
             state
                 .mark(&claim_key(claim), allocation, &features)
                 .map_err(|e| usage(format!("claim {} in the cluster: {e}", claim_key(claim))))?;

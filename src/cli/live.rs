@@ -131,12 +131,7 @@ pub fn snapshot(
             allocated: view
                 .claims
                 .into_iter()
-                .filter(|c| {
-                    c.status
-                        .as_ref()
-                        .and_then(|s| s.allocation.as_ref())
-                        .is_some()
-                })
+                .filter(|c| super::manifests::allocation_of(c).is_some())
                 .collect(),
             nodes: view.nodes,
             docs,
@@ -454,7 +449,7 @@ async fn run_async(
         if own.contains(&claim_key(claim)) {
             continue;
         }
-        if let Some(allocation) = claim.status.as_ref().and_then(|s| s.allocation.as_ref()) {
+        if let Some(allocation) = super::manifests::allocation_of(claim) {
             state
                 .mark(&claim_key(claim), allocation, &features)
                 .map_err(|e| CliError::Usage(format!("claim {}: {e}", claim_key(claim))))?;
@@ -464,12 +459,7 @@ async fn run_async(
     // scheduler would (it allocates a pod's claims together, so this is rare).
     let pending: Vec<ResourceClaim> = claims
         .iter()
-        .filter(|c| {
-            c.status
-                .as_ref()
-                .and_then(|s| s.allocation.as_ref())
-                .is_none()
-        })
+        .filter(|c| super::manifests::allocation_of(c).is_none())
         .cloned()
         .collect();
     let mut slices = view.slices;

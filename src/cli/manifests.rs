@@ -930,6 +930,13 @@ pub struct Plan {
     pub provenance: HashMap<String, Provenance>,
 }
 
+/// The claim's `status.allocation`, if it is allocated.
+pub fn allocation_of(
+    claim: &ResourceClaim,
+) -> Option<&k8s_openapi::api::resource::v1::AllocationResult> {
+    claim.status.as_ref()?.allocation.as_ref()
+}
+
 pub fn claim_key(claim: &ResourceClaim) -> String {
     format!(
         "{}/{}",

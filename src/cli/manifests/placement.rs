@@ -31,8 +31,6 @@ pub struct FleetNode {
     pub taints: Vec<Taint>,
     /// `spec.unschedulable` (cordoned).
     pub unschedulable: bool,
-    /// From a Node object (labels and taints are the node's own), not only named by slices.
-    pub from_object: bool,
 }
 
 impl FleetNode {
@@ -42,7 +40,6 @@ impl FleetNode {
             info,
             taints: vec![],
             unschedulable: false,
-            from_object: false,
         }
     }
 
@@ -64,7 +61,6 @@ impl FleetNode {
             info,
             taints: spec.and_then(|s| s.taints.clone()).unwrap_or_default(),
             unschedulable: spec.and_then(|s| s.unschedulable).unwrap_or(false),
-            from_object: true,
         }
     }
 }
