@@ -13,7 +13,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, Command, Output};
 use std::sync::Arc;
 
 /// Where this process sees the host's file systems: through the outermost ancestor process it
@@ -212,11 +212,11 @@ impl DriverRootTools {
             )));
         }
         // glibc's loader lists the libraries and exits without running the program (`ldd`).
-        let output = self
+        let mut output = self
             .command(tool)
             .env("LD_TRACE_LOADED_OBJECTS", "1")
-            .build()?
-            .output()
+            .build()?;
+        let output = tool_output(&mut output)
             .map_err(|e| unusable(format!("cannot run it chrooted into the driver root: {e}")))?;
         let said = format!(
             "{}{}",
@@ -241,6 +241,33 @@ impl DriverRootTools {
         }
         Ok(())
     }
+}
+
+/// Starts a driver tool. `exec` fails with ETXTBSY while any process still holds the file open
+/// for writing: a package upgrade on the host replacing it, or a process forked by another thread
+/// of ours in the instant between its fork and its own `exec`. Both pass within milliseconds, so
+/// the start is tried again for a short while instead of failing the claim.
+pub fn spawn_tool(command: &mut Command) -> std::io::Result<Child> {
+    const TEXT_BUSY_RETRIES: u32 = 50;
+    let mut tries = 0;
+    loop {
+        match command.spawn() {
+            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && tries < TEXT_BUSY_RETRIES => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            other => return other,
+        }
+    }
+}
+
+/// [`spawn_tool`], then its whole output, as `Command::output` gives it (stdin null).
+pub fn tool_output(command: &mut Command) -> std::io::Result<Output> {
+    command
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    spawn_tool(command)?.wait_with_output()
 }
 
 impl ToolCommand {
@@ -457,16 +484,13 @@ impl NvidiaSmi {
             .tools
             .host
             .join(self.path.strip_prefix("/").unwrap_or(&self.path));
-        let output = command
-            .build()
-            .map_err(|e| e.to_string())?
-            .output()
-            .map_err(|e| {
-                format!(
-                    "cannot run {} chrooted into the driver root: {e}",
-                    shown.display()
-                )
-            })?;
+        let mut command = command.build().map_err(|e| e.to_string())?;
+        let output = tool_output(&mut command).map_err(|e| {
+            format!(
+                "cannot run {} chrooted into the driver root: {e}",
+                shown.display()
+            )
+        })?;
         if output.status.success() {
             return Ok(());
         }

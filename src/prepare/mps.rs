@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use super::cdi::{ContainerEdits, Mount};
 use super::cgroup::HostCgroups;
-use crate::gpu::driver_tools::{DriverRootTools, SimStateFile, ToolCommand};
+use crate::gpu::driver_tools::{DriverRootTools, SimStateFile, ToolCommand, spawn_tool};
 
 /// Where a claim's containers, and its daemon in the driver root, find the daemon's pipes
 /// (`CUDA_MPS_PIPE_DIRECTORY`).
@@ -409,7 +409,7 @@ impl MpsDaemons {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        let mut child = command.spawn().map_err(|e| {
+        let mut child = spawn_tool(&mut command).map_err(|e| {
             format!(
                 "cannot run {} chrooted into {}: {e}",
                 self.control.display(),
@@ -465,7 +465,7 @@ impl Pause {
 
 /// Runs a command that must finish on its own (it daemonizes), killing it after `timeout`.
 fn wait_for(command: &mut Command, timeout: Duration) -> Result<std::process::ExitStatus, String> {
-    let mut child = command.spawn().map_err(|e| format!("cannot run: {e}"))?;
+    let mut child = spawn_tool(command).map_err(|e| format!("cannot run: {e}"))?;
     let deadline = Instant::now() + timeout;
     let mut pause = Pause::new();
     loop {
