@@ -24,6 +24,24 @@ chart_build_images() {
     REPOSITORY=${FIRST_REF%:*}
 }
 
+# chart_cluster_up [e2e/cluster up args...]: the control plane and the real node without a
+# driver (the chart installs it), its pods reaching the API server through the Service. Only one
+# real node per machine: waits (a while) for another cluster's node to go away.
+chart_cluster_up() {
+    local up_log=$WORK/up.log attempt
+    for attempt in 1 2 3 4 5 6; do
+        if "$E2E/cluster" up --real-node --no-driver --service-network "$@" >"$up_log" 2>&1; then return 0; fi
+        if ((attempt < 6)) && grep -q 'gpu-dra-real-node.lock' "$up_log" && ! grep -q "$GPU_DRA_CLUSTER_DIR" "$up_log"; then
+            log "another real node is running; retrying in 30s"
+            "$E2E/cluster" down >/dev/null 2>&1 || true
+            sleep 30
+            continue
+        fi
+        sed 's/^/    /' "$up_log" >&2
+        fail "the cluster with a real node did not start"
+    done
+}
+
 # chart_import_images: both tags into the real node's containerd (after `e2e/cluster up`).
 chart_import_images() {
     local archive
@@ -62,7 +80,8 @@ chart_upgrade() {
         --wait --timeout 180s >&2 || fail "helm upgrade did not reach a ready release"
 }
 
-driver_pods() { kubectl -n "$CHART_NAMESPACE" get pods -l "app.kubernetes.io/instance=$CHART_RELEASE" -o json; }
+# The DaemonSet's pods (not the ComputeDomain controller's).
+driver_pods() { kubectl -n "$CHART_NAMESPACE" get pods -l "app.kubernetes.io/instance=$CHART_RELEASE,app.kubernetes.io/component!=compute-domain-controller" -o json; }
 
 # driver_ready: the name of the DaemonSet's one pod that is not going away, once it is Ready.
 driver_ready() {

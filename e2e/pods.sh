@@ -87,19 +87,7 @@ export GPU_DRA_K8S_BIN=$BIN PATH="$BIN:$PATH"
 
 chart_build_images
 
-# Only one real node per machine: wait (a while) for another cluster's node to go away.
-up_log=$WORK/up.log
-for attempt in 1 2 3 4 5 6; do
-    if "$E2E/cluster" up --real-node --no-driver --service-network >"$up_log" 2>&1; then break; fi
-    if ((attempt < 6)) && grep -q 'gpu-dra-real-node.lock' "$up_log" && ! grep -q "$GPU_DRA_CLUSTER_DIR" "$up_log"; then
-        log "another real node is running; retrying in 30s"
-        "$E2E/cluster" down >/dev/null 2>&1 || true
-        sleep 30
-        continue
-    fi
-    sed 's/^/    /' "$up_log" >&2
-    fail "the cluster with a real node did not start"
-done
+chart_cluster_up
 eval "$("$E2E/cluster" env)"
 LOGS=$GPU_DRA_CLUSTER_DIR/logs
 log "cluster up ($((SECONDS - T0))s)"

@@ -7,6 +7,7 @@
 //! workspace crates used only by the offline commands (cargo feature `tools`), so the node agent
 //! links neither. [`health`] turns GPU faults into device taints and kubelet health updates.
 pub mod cli;
+pub mod compute_domain;
 pub mod config;
 pub mod fsutil;
 pub mod gpu;

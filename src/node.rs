@@ -135,6 +135,24 @@ pub struct NodeOptions {
     pub api_timeouts: ApiTimeouts,
     /// GPU fault handling and hardware rescans.
     pub health: HealthConfig,
+    /// The `compute-domain.nvidia.com` plugin beside this one (`--compute-domains`).
+    pub compute_domains: Option<ComputeDomainOptions>,
+}
+
+/// How the ComputeDomain plugin runs on this node.
+#[derive(Debug, Clone)]
+pub struct ComputeDomainOptions {
+    /// Its own folder under kubelet's plugins folder (its DRA socket).
+    pub plugin_dir: PathBuf,
+    /// Its book and the IMEX daemons' folders.
+    pub state_dir: PathBuf,
+    /// The address other nodes' IMEX daemons reach this node at; `None`: the Node's InternalIP.
+    pub node_ip: Option<String>,
+    /// How long one prepare waits for the domain before kubelet has to retry.
+    pub ready_timeout: Duration,
+    /// The driver root's tools (`nvidia-imex`, `nvidia-imex-ctl`).
+    pub tools: crate::gpu::driver_tools::DriverRootTools,
+    pub cdi_root: PathBuf,
 }
 
 /// Builds a client from `--kubeconfig`, else in-cluster, else `KUBECONFIG`/`~/.kube/config`,
@@ -354,6 +372,8 @@ impl HealthSink for NodeHealth {
 /// A running node agent.
 pub struct NodeAgent {
     pub plugin: PluginServer,
+    /// The ComputeDomain plugin, when it runs.
+    pub compute_domain_plugin: Option<PluginServer>,
     /// `None` while the agent refuses to act on the node (an unusable checkpoint).
     pub driver: Option<Arc<Driver>>,
     pub metrics: Arc<Metrics>,
@@ -596,6 +616,21 @@ impl NodeAgent {
                 }
             }));
         }
+        let compute_domain_plugin = match &options.compute_domains {
+            Some(cd) => {
+                let (server, cd_tasks) = start_compute_domains(
+                    cd,
+                    &options,
+                    health_client.clone(),
+                    monitor_control.clone(),
+                    shutdown_rx.clone(),
+                )
+                .await?;
+                tasks.extend(cd_tasks);
+                Some(server)
+            }
+            None => None,
+        };
         let gc_driver = driver.clone();
         let gc_metrics = metrics.clone();
         let usage_control = monitor_control.clone();
@@ -651,6 +686,7 @@ impl NodeAgent {
         tasks.push(tokio::spawn(monitor.run(health_shutdown)));
         Ok(Self {
             plugin,
+            compute_domain_plugin,
             driver: Some(driver),
             metrics,
             shutdown,
@@ -703,6 +739,7 @@ impl NodeAgent {
             }));
         }
         Ok(Self {
+            compute_domain_plugin: None,
             plugin,
             driver: None,
             metrics,
@@ -720,8 +757,113 @@ impl NodeAgent {
             let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
         }
         self.plugin.shutdown().await?;
+        if let Some(plugin) = self.compute_domain_plugin {
+            plugin.shutdown().await?;
+        }
         Ok(())
     }
+}
+
+/// The node's address for IMEX peers: the Node's first InternalIP.
+async fn node_internal_ip(
+    client: &kube::Client,
+    node: &str,
+    timeout: Duration,
+) -> Result<String, NodeError> {
+    let api: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client.clone());
+    let object = crate::kubeapi::bounded(timeout, api.get(node))
+        .await
+        .map_err(|e| NodeError::Kube(format!("get Node {node}: {e}")))?;
+    object
+        .status
+        .and_then(|s| s.addresses)
+        .into_iter()
+        .flatten()
+        .find(|a| a.type_ == "InternalIP")
+        .map(|a| a.address)
+        .ok_or_else(|| {
+            NodeError::Kube(format!(
+                "Node {node} has no InternalIP address for IMEX peers; give --node-ip"
+            ))
+        })
+}
+
+/// Starts the `compute-domain.nvidia.com` plugin: its sockets, its pool (channel 0) and the
+/// loop that keeps its IMEX daemons and this node's entries in the domains current.
+async fn start_compute_domains(
+    cd: &ComputeDomainOptions,
+    options: &NodeOptions,
+    client: kube::Client,
+    control: Arc<dyn crate::gpu::GpuControl>,
+    shutdown: watch::Receiver<bool>,
+) -> Result<(PluginServer, Vec<tokio::task::JoinHandle<()>>), NodeError> {
+    use crate::compute_domain::{self, imex::ImexDaemons, node::ChannelPlugin};
+    let node_name = options.discovery.node_name.clone();
+    let node_ip = match &cd.node_ip {
+        Some(ip) => ip.clone(),
+        None => node_internal_ip(&client, &node_name, options.api_timeouts.request).await?,
+    };
+    let clique = compute_domain::node::node_clique(control.as_ref())
+        .map_err(|e| NodeError::Kube(format!("--compute-domains: {e}")))?;
+    let daemons = ImexDaemons::new(cd.tools.clone(), cd.state_dir.join("domains"));
+    if !clique.is_empty() {
+        daemons
+            .check()
+            .map_err(|e| NodeError::Kube(format!("--compute-domains: {e}")))?;
+    }
+    let claims: Arc<dyn ClaimSource> = Arc::new(
+        KubeClaims::on_node(
+            client.clone(),
+            compute_domain::DRIVER_NAME,
+            Some(&node_name),
+        )
+        .with_timeout(options.api_timeouts.request),
+    );
+    let plugin = ChannelPlugin::new(
+        client.clone(),
+        claims,
+        compute_domain::node::ChannelPluginOptions {
+            node_name: node_name.clone(),
+            node_ip: node_ip.clone(),
+            clique: clique.clone(),
+            state_dir: cd.state_dir.clone(),
+            cdi_root: cd.cdi_root.clone(),
+            dev_root: options.dev_root.clone(),
+            ready_timeout: cd.ready_timeout,
+            simulated: control.simulated(),
+        },
+        daemons,
+    )
+    .map_err(|e| NodeError::Kube(format!("--compute-domains: {e}")))?;
+    let plugin = Arc::new(plugin);
+    let (_, slices_rx) = watch::channel(Arc::new(plugin.slices()));
+    let server = PluginServer::start(PluginConfig::new(
+        compute_domain::DRIVER_NAME,
+        options.registrar_dir.clone(),
+        cd.plugin_dir.clone(),
+        plugin.clone(),
+    ))
+    .await?;
+    tracing::info!(node_ip, clique, registration = %server.registration_socket_path().display(), "ComputeDomain plugin started");
+    let publisher = Publisher::new(
+        client,
+        SliceOptions::new(compute_domain::DRIVER_NAME, &node_name),
+        options.api_timeouts.request,
+    );
+    let publish =
+        tokio::spawn(publisher.run(slices_rx, options.resync_interval, shutdown.clone(), |_| {}));
+    let interval = options.gc_interval;
+    let mut stop = shutdown;
+    let maintain = tokio::spawn(async move {
+        loop {
+            plugin.reconcile().await;
+            tokio::select! {
+                _ = tokio::time::sleep(interval) => {}
+                _ = stop.changed() => break,
+            }
+        }
+    });
+    Ok((server, vec![publish, maintain]))
 }
 
 fn device_count(slices: &[ResourceSlice]) -> usize {

@@ -1267,3 +1267,128 @@ fn node_objects_filter_where_pods_go() {
         "{why}"
     );
 }
+
+/// NVIDIA's nvbandwidth job: its ComputeDomain becomes the channel template the controller
+/// makes, its MPIJob the operator's launcher and workers; with `--replicas` every worker gets
+/// channel 0 of a node of its own (one channel per node) and its two GPUs there.
+#[test]
+fn nvidias_compute_domain_job_places_one_worker_per_node() {
+    let job = repo("e2e/pods/nvidia/nvbandwidth-test-job.yaml");
+    let four = [
+        ("n1", "sim:4xGB200-186GB"),
+        ("n2", "sim:4xGB200-186GB"),
+        ("n3", "sim:4xGB200-186GB"),
+        ("n4", "sim:4xGB200-186GB"),
+    ];
+    let out = on_fleet(
+        "match",
+        &four,
+        &["-f", &job, "--compute-domains", "--replicas", "-o", "json"],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let list = json(&out);
+    let mut nodes: Vec<String> = list["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .filter(|c| {
+            c["metadata"]["name"]
+                .as_str()
+                .is_some_and(|n| n.contains("compute-domain-channel"))
+        })
+        .flat_map(|c| {
+            c["status"]["allocation"]["devices"]["results"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .map(|r| {
+            format!(
+                "{}/{}",
+                r["pool"].as_str().unwrap_or(""),
+                r["device"].as_str().unwrap_or("")
+            )
+        })
+        .collect();
+    nodes.sort();
+    assert_eq!(
+        nodes,
+        [
+            "n1/channel-0",
+            "n2/channel-0",
+            "n3/channel-0",
+            "n4/channel-0"
+        ],
+        "{list}"
+    );
+    let claim = list["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .find(|c| {
+            c["metadata"]["name"]
+                .as_str()
+                .is_some_and(|n| n.contains("compute-domain-channel"))
+        })
+        .expect("a channel claim");
+    let config = &claim["spec"]["devices"]["config"][0]["opaque"];
+    assert_eq!(config["driver"], "compute-domain.nvidia.com", "{claim}");
+    assert_eq!(
+        config["parameters"]["kind"], "ComputeDomainChannelConfig",
+        "{claim}"
+    );
+    assert!(
+        text(&out.stderr).contains("MPIJob default/nvbandwidth-test-worker: all 4 pods placed"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // Two nodes hold two workers: channel 0 is one per node.
+    let out = on_fleet(
+        "match",
+        &four[..2],
+        &["-f", &job, "--compute-domains", "--replicas", "-o", "json"],
+    );
+    assert!(
+        text(&out.stderr).contains("2 of 4 pods placed, 2 would wait"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+/// A ComputeDomain the CRD would refuse is refused naming the field.
+#[test]
+fn bad_compute_domains_name_the_field() {
+    let dir = tempfile::tempdir().expect("tmp");
+    for (spec, field) in [
+        ("numNodes: 2", "spec.channel"),
+        (
+            "channel: {resourceClaimTemplate: {name: t}, allocationMode: Some}",
+            "spec.channel.allocationMode",
+        ),
+        (
+            "numNodes: -1\n  channel: {resourceClaimTemplate: {name: t}}",
+            "spec.numNodes",
+        ),
+        ("channel: {resourceClaimTemplate: {}}", "spec"),
+    ] {
+        let file = temp_manifest(
+            &dir,
+            "cd.yaml",
+            &format!(
+                "apiVersion: resource.nvidia.com/v1beta1\nkind: ComputeDomain\nmetadata: {{name: cd}}\nspec:\n  {spec}\n"
+            ),
+        );
+        let out = on_fleet(
+            "match",
+            &[("n1", "sim:1xGB200-186GB")],
+            &["-f", &file, "--compute-domains"],
+        );
+        assert_eq!(out.status.code(), Some(2), "{spec}: {}", text(&out.stderr));
+        let said = text(&out.stderr);
+        assert!(
+            said.contains("ComputeDomain default/cd") && said.contains(field),
+            "{spec}: {said}"
+        );
+    }
+}

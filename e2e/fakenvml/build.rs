@@ -4,7 +4,7 @@ fn main() {
     // The fake driver root's tools load with the fake driver root's own loader and C library
     // (gpu_dra::prepare::driver_files::FAKE_LOADER and FAKE_LIBC_DIR), which only a fake driver
     // root has: they run chrooted into it, as the driver runs NVIDIA's tools, or not at all.
-    for bin in ["nvidia-cuda-mps-control", "nvidia-smi"] {
+    for bin in ["nvidia-cuda-mps-control", "nvidia-smi", "nvidia-imex"] {
         println!(
             "cargo:rustc-link-arg-bin={bin}=-Wl,--dynamic-linker=/lib/ld-gpu-dra-driver-root.so"
         );

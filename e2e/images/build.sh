@@ -4,7 +4,8 @@
 #
 #   busybox  gpu-dra.local/e2e/busybox:e2e  Debian's /bin/busybox (busybox-static) with its
 #            applet symlinks (sh, env, ls, cat, sleep, ...) and the machine's static
-#            /sbin/ldconfig (NVIDIA's update-ldcache hook runs it); the image pods run.
+#            /sbin/ldconfig (NVIDIA's update-ldcache hook runs it), and bin/bash: busybox's
+#            sh under bash's name (bash.c), for NVIDIA's specs' `bash -c`; the image pods run.
 #   pause    gpu-dra.local/e2e/pause:e2e    our pause.c, gcc -static; the pod sandbox image.
 #
 # Each archive is an oci-layout directory tarred up (oci-layout, index.json, blobs/sha256/...),
@@ -35,7 +36,7 @@ for tool in gcc tar jq sha256sum; do
 done
 
 CACHE=${GPU_DRA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-dra}
-key=$(cat "${BASH_SOURCE[0]}" "$HERE/oci.sh" "$HERE/pause.c" "$BUSYBOX" "${LDCONFIG:-/sbin/ldconfig}" | sha256sum | cut -c1-16)
+key=$(cat "${BASH_SOURCE[0]}" "$HERE/oci.sh" "$HERE/pause.c" "$HERE/bash.c" "$BUSYBOX" "${LDCONFIG:-/sbin/ldconfig}" | sha256sum | cut -c1-16)
 OUT=$CACHE/images/$key
 
 emit() {
@@ -76,6 +77,9 @@ LDCONFIG=${LDCONFIG:-/sbin/ldconfig}
 [[ -x $LDCONFIG ]] && ! LC_ALL=C readelf -l "$LDCONFIG" 2>/dev/null | grep -c INTERP >/dev/null ||
     die "$LDCONFIG is missing or dynamically linked: the image needs a static ldconfig (Debian's libc-bin has one)"
 cp "$LDCONFIG" "$rootfs/sbin/ldconfig"
+# NVIDIA's specs run `bash -c` with POSIX commands: busybox's sh under that name (bash.c).
+gcc -static -Os -o "$rootfs/bin/bash" "$HERE/bash.c"
+strip "$rootfs/bin/bash" 2>/dev/null || true
 printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n' >"$rootfs/etc/passwd"
 printf 'root:x:0:\nnogroup:x:65534:\n' >"$rootfs/etc/group"
 image_archive busybox "$BUSYBOX_IMAGE" "$rootfs" \

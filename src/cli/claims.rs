@@ -35,6 +35,10 @@ pub struct ClaimInputs {
     /// run with `--passthrough` publishes them.
     #[arg(long)]
     pub passthrough: bool,
+    /// `sim:` nodes also publish their IMEX channel (`compute-domain.nvidia.com` channel-0), as
+    /// a driver run with `--compute-domains` does: for ComputeDomains' channel claims.
+    #[arg(long)]
+    pub compute_domains: bool,
     /// DeviceClasses (v1, v1beta2 or v1beta1): YAML/JSON files or directories. Repeat for more.
     #[arg(long = "classes", value_name = "FILE|DIR")]
     pub classes: Vec<PathBuf>,
@@ -218,6 +222,9 @@ pub(super) fn load_with(
                 &inputs.driver_name,
                 inputs.passthrough,
             )?);
+            if inputs.compute_domains {
+                all_slices.extend(crate::compute_domain::node::channel_slices(node));
+            }
         } else {
             let mut files = Manifests::default();
             files

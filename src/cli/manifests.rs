@@ -312,6 +312,14 @@ struct PodKind {
 fn pod_kind(kind: &str) -> Option<PodKind> {
     const POD: (&[&str], &str) = (&["spec"], "spec");
     const TEMPLATE: (&[&str], &str) = (&["spec", "template", "spec"], "spec.template.spec");
+    const MPI_LAUNCHER: (&[&str], &str) = (
+        &["spec", "mpiReplicaSpecs", "Launcher", "template", "spec"],
+        "spec.mpiReplicaSpecs.Launcher.template.spec",
+    );
+    const MPI_WORKER: (&[&str], &str) = (
+        &["spec", "mpiReplicaSpecs", "Worker", "template", "spec"],
+        "spec.mpiReplicaSpecs.Worker.template.spec",
+    );
     const CRON: (&[&str], &str) = (
         &["spec", "jobTemplate", "spec", "template", "spec"],
         "spec.jobTemplate.spec.template.spec",
@@ -327,6 +335,9 @@ fn pod_kind(kind: &str) -> Option<PodKind> {
         // KubeVirt: the VMI's spec holds `resourceClaims` as a pod spec does.
         "VirtualMachineInstance" => ("VirtualMachineInstance", "kubevirt.io/v1", POD),
         "VirtualMachine" => ("VirtualMachine", "kubevirt.io/v1", TEMPLATE),
+        // Kubeflow's MPI operator: one workload per role (see `mpi_roles`).
+        "MPIJob/Launcher" => ("MPIJob", "kubeflow.org/v2beta1", MPI_LAUNCHER),
+        "MPIJob/Worker" => ("MPIJob", "kubeflow.org/v2beta1", MPI_WORKER),
         _ => return None,
     };
     Some(PodKind {
@@ -489,6 +500,77 @@ impl Manifests {
                 only.is_none(),
                 cel,
             );
+        }
+        if kind == crate::compute_domain::api::KIND && only.is_none() {
+            // NVIDIA's controller makes the domain's channel template: match gets it the same.
+            let object = format!("{kind} {}", raw_identity(&value, true));
+            let template = crate::compute_domain::api::template_of_manifest(&api_version, &value)
+                .map_err(|e| field_error(&object, &origin, FieldError::new(e.0, e.1)))?;
+            self.notes.push(format!(
+                "{object} ({origin}): its channel ResourceClaimTemplate, as the ComputeDomain controller makes it"
+            ));
+            return self.add_document(
+                Doc {
+                    value: template,
+                    origin,
+                },
+                None,
+                None,
+                cel,
+            );
+        }
+        if kind == "MPIJob" && only.is_none() {
+            // One workload per role: the launcher and the workers the MPI operator makes.
+            let object = format!("{kind} {}", raw_identity(&value, true));
+            if api_version != "kubeflow.org/v2beta1" {
+                return Err(field_error(
+                    &object,
+                    &origin,
+                    FieldError::new(
+                        "apiVersion",
+                        format!("{api_version:?} does not serve MPIJob; use kubeflow.org/v2beta1"),
+                    ),
+                ));
+            }
+            let roles = value
+                .pointer("/spec/mpiReplicaSpecs")
+                .and_then(Value::as_object)
+                .ok_or_else(|| {
+                    field_error(
+                        &object,
+                        &origin,
+                        FieldError::new("spec.mpiReplicaSpecs", "Required value"),
+                    )
+                })?;
+            for role in roles.keys() {
+                let pk = pod_kind(&format!("MPIJob/{role}")).ok_or_else(|| {
+                    field_error(
+                        &object,
+                        &origin,
+                        FieldError::new(
+                            format!("spec.mpiReplicaSpecs.{role}"),
+                            "not a role of MPIJob v2beta1 (Launcher, Worker)",
+                        ),
+                    )
+                })?;
+                let mut workload = parse_workload(&pk, &value, &origin, seq)
+                    .map_err(|e| field_error(&object, &origin, e))?;
+                workload.name = format!("{}-{}", workload.name, role.to_lowercase());
+                workload.replicas = Replicas::Replicas(
+                    count_field(
+                        &value,
+                        &["spec", "mpiReplicaSpecs", role.as_str(), "replicas"],
+                        1,
+                    )
+                    .map_err(|e| field_error(&object, &origin, e))?,
+                );
+                self.workloads.push(Entry {
+                    object: workload,
+                    origin: origin.clone(),
+                    seq,
+                });
+            }
+            return Ok(());
         }
         if let Some(pk) = pod_kind(&kind) {
             let object = format!("{kind} {}", raw_identity(&value, true));
@@ -1037,6 +1119,10 @@ fn pod_name(w: &Workload, replica: u64) -> String {
     match w.kind {
         "Pod" => w.name.clone(),
         "StatefulSet" => format!("{}-{replica}", w.name),
+        // The MPI operator's `<job>-launcher` and `<job>-worker-<i>` (the workload is named
+        // `<job>-<role>`).
+        "MPIJob" if w.name.ends_with("-launcher") => w.name.clone(),
+        "MPIJob" => format!("{}-{replica}", w.name),
         // KubeVirt's launcher pod of the VMI (a VM's VMI has the VM's name).
         "VirtualMachineInstance" | "VirtualMachine" => format!("virt-launcher-{}-{suffix}", w.name),
         // Pods of the Deployment's ReplicaSet `<name>-<pod-template-hash>`.

@@ -15,6 +15,7 @@ pub mod cdi;
 pub mod cel;
 #[cfg(feature = "tools")]
 pub mod claims;
+pub mod compute_domain_controller;
 #[cfg(feature = "tools")]
 pub mod demo;
 pub mod duration;
@@ -95,6 +96,9 @@ pub enum Command {
     Demo(demo::DemoArgs),
     /// Run the node driver: publish slices and serve kubelet's prepare/unprepare calls.
     Run(run::RunArgs),
+    /// Run the ComputeDomain controller: channel ResourceClaimTemplates, finalizers and status
+    /// of `resource.nvidia.com/v1beta1` ComputeDomains.
+    ComputeDomainController(compute_domain_controller::ControllerArgs),
     /// Print the ResourceSlices this node would publish, as a v1 List.
     Slices(slices::SlicesArgs),
     /// Print the CDI spec a claim holding some of this node's devices gets (device nodes, driver
@@ -146,6 +150,7 @@ pub enum CliError {
 pub fn run(cli: Cli) -> Result<ExitCode, CliError> {
     match cli.command {
         Command::Run(args) => run::run(args),
+        Command::ComputeDomainController(args) => compute_domain_controller::run(args),
         Command::Slices(args) => slices::run(args),
         Command::Cdi(args) => cdi::run(args),
         Command::Health(args) => health::run(args),

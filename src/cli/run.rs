@@ -101,6 +101,20 @@ pub struct RunArgs {
     /// on the prepare path.
     #[arg(long, env = "GPU_DRA_USAGE_INTERVAL", default_value = "15s", value_parser = duration::parse)]
     pub usage_interval: Duration,
+    /// Also run the `compute-domain.nvidia.com` plugin (ComputeDomains, IMEX channels): its own
+    /// registration and DRA sockets, channel 0 in its own pool, and one IMEX daemon per domain
+    /// this node serves.
+    #[arg(long, env = "GPU_DRA_COMPUTE_DOMAINS")]
+    pub compute_domains: bool,
+    /// The address other nodes' IMEX daemons reach this node at (default: the Node's
+    /// InternalIP). Only with --compute-domains.
+    #[arg(long, env = "GPU_DRA_NODE_IP", requires = "compute_domains")]
+    pub node_ip: Option<std::net::IpAddr>,
+    /// How long one prepare of a channel waits for its ComputeDomain's nodes before it fails
+    /// and kubelet retries (kubelet gives a prepare call 45 s).
+    #[arg(long, env = "GPU_DRA_COMPUTE_DOMAIN_READY_TIMEOUT", default_value = "30s",
+        value_parser = duration::parse)]
+    pub compute_domain_ready_timeout: Duration,
     /// Let claims of different namespaces share a GPU's one MPS daemon (`--consumable-shares`
     /// with MPS). Off by default: they would share its pipe, shm and control commands, and the
     /// per-claim limits are only asked for in each client's environment (cooperative).
@@ -268,7 +282,30 @@ pub fn run(args: RunArgs) -> Result<ExitCode, CliError> {
     discovery.sim_mig_delay = args.sim_mig_delay;
     let mut gated = crate::slices::SliceOptions::new(&args.driver_name, &args.node_name);
     args.gated.apply(&mut gated)?;
+    let compute_domains = args.compute_domains.then(|| {
+        let plugin_dir = args
+            .kubelet_plugins_directory_path
+            .join(crate::compute_domain::DRIVER_NAME);
+        crate::node::ComputeDomainOptions {
+            state_dir: args
+                .state_dir
+                .as_ref()
+                .map(|d| d.join("compute-domains"))
+                .unwrap_or_else(|| plugin_dir.clone()),
+            plugin_dir,
+            node_ip: args.node_ip.map(|ip| ip.to_string()),
+            ready_timeout: args
+                .compute_domain_ready_timeout
+                .max(Duration::from_secs(1)),
+            tools: crate::gpu::driver_tools::DriverRootTools::new(
+                args.container_driver_root(),
+                &args.nvidia_driver_root,
+            ),
+            cdi_root: args.cdi_root.clone(),
+        }
+    });
     let options = NodeOptions {
+        compute_domains,
         discovery,
         driver_name: args.driver_name.clone(),
         mig_policy: args.gpu.mig,
@@ -323,7 +360,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode, CliError> {
     })
 }
 
-async fn wait_for_signal() -> Result<(), CliError> {
+pub(crate) async fn wait_for_signal() -> Result<(), CliError> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;

@@ -104,6 +104,18 @@ pub enum SimCommand {
         #[arg(long)]
         end: bool,
     },
+    /// Put the node into an NVLink clique, or change its fabric registration state, as the
+    /// fabric manager would (Grace Blackwell models; others have no fabric).
+    Fabric {
+        /// The NVLink domain's cluster UUID (one per rack).
+        #[arg(long)]
+        cluster_uuid: String,
+        #[arg(long)]
+        clique_id: u32,
+        /// not-supported, not-started, in-progress or completed.
+        #[arg(long, default_value = "completed", value_parser = parse_fabric_state)]
+        state: crate::gpu::model::FabricState,
+    },
     /// Write a driver root holding the simulated driver's files (an R580 set of libraries named
     /// for its version, minimal ELF files with their SONAMEs, their links and ld cache, binaries,
     /// GSP firmware, ICD files), for
@@ -156,6 +168,15 @@ pub fn run(args: SimArgs) -> Result<ExitCode, CliError> {
             );
         }
         SimCommand::Reset { gpu } => node.reset_gpu(gpu)?,
+        SimCommand::Fabric {
+            cluster_uuid,
+            clique_id,
+            state,
+        } => node.set_fabric(crate::gpu::model::FabricInfo {
+            cluster_uuid,
+            clique_id,
+            state,
+        })?,
         SimCommand::Process {
             gpu,
             pid,
@@ -297,4 +318,12 @@ pub fn run(args: SimArgs) -> Result<ExitCode, CliError> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+fn parse_fabric_state(raw: &str) -> Result<crate::gpu::model::FabricState, String> {
+    serde_json::from_value(serde_json::Value::String(raw.to_string())).map_err(|_| {
+        format!(
+            "{raw:?} is not a fabric state (not-supported, not-started, in-progress, completed)"
+        )
+    })
 }

@@ -75,6 +75,11 @@ impl HostView {
         self.pid
             .map(|pid| PathBuf::from(format!("/proc/{pid}/ns/mnt")))
     }
+
+    fn net_ns(&self) -> Option<PathBuf> {
+        self.pid
+            .map(|pid| PathBuf::from(format!("/proc/{pid}/ns/net")))
+    }
 }
 
 /// A process's parent, from `/proc/<pid>/status`.
@@ -105,6 +110,8 @@ pub struct DriverRootTools {
     host_view: HostView,
     /// The host's mount namespace, where this process is not in it.
     host_mount_ns: Option<Arc<OwnedFd>>,
+    /// The host's network namespace, where this process is not in it.
+    host_net_ns: Option<Arc<OwnedFd>>,
 }
 
 /// A bind mount into the chroot.
@@ -126,6 +133,7 @@ pub struct ToolCommand {
     env: Vec<(OsString, OsString)>,
     binds: Vec<Bind>,
     cgroup_procs: Vec<OwnedFd>,
+    host_network: bool,
 }
 
 impl DriverRootTools {
@@ -136,11 +144,16 @@ impl DriverRootTools {
             .mount_ns()
             .and_then(|ns| std::fs::File::open(ns).ok())
             .map(|f| Arc::new(OwnedFd::from(f)));
+        let host_net_ns = host_view
+            .net_ns()
+            .and_then(|ns| std::fs::File::open(ns).ok())
+            .map(|f| Arc::new(OwnedFd::from(f)));
         Self {
             host: host.to_path_buf(),
             here: here.to_path_buf(),
             host_view,
             host_mount_ns,
+            host_net_ns,
         }
     }
 
@@ -175,6 +188,7 @@ impl DriverRootTools {
             env: Vec::new(),
             binds: Vec::new(),
             cgroup_procs: Vec::new(),
+            host_network: false,
         }
     }
 
@@ -298,6 +312,13 @@ impl ToolCommand {
         self
     }
 
+    /// The tool runs in the host's network namespace: a daemon that peers on other nodes reach
+    /// (IMEX) must not live in this pod's, which goes with the pod.
+    pub fn host_network(mut self) -> Self {
+        self.host_network = true;
+        self
+    }
+
     /// The tool moves itself into these cgroups (their `cgroup.procs`, open for writing) before
     /// it runs, so it and its children leave this process's cgroup.
     pub fn join_cgroups(mut self, procs: Vec<OwnedFd>) -> Self {
@@ -349,6 +370,11 @@ impl ToolCommand {
         }
         let root_c = cstr(&root)?;
         let host_mount_ns = self.tools.host_mount_ns.clone();
+        let host_net_ns = if self.host_network {
+            self.tools.host_net_ns.clone()
+        } else {
+            None
+        };
         let cgroup_procs = self.cgroup_procs;
 
         let mut command = Command::new(&self.tool);
@@ -364,6 +390,12 @@ impl ToolCommand {
                 use rustix::mount::{MountFlags, MountPropagationFlags};
                 for procs in &cgroup_procs {
                     rustix::io::write(procs, b"0")?;
+                }
+                if let Some(ns) = &host_net_ns {
+                    rustix::thread::move_into_link_name_space(
+                        ns.as_fd(),
+                        Some(rustix::thread::LinkNameSpaceType::Network),
+                    )?;
                 }
                 if let Some(ns) = &host_mount_ns {
                     rustix::thread::move_into_link_name_space(

@@ -326,6 +326,11 @@ pub trait GpuControl: Send + Sync {
             reason: "this GPU backend does not report use".into(),
         })
     }
+    /// The GPU's place in a multi-node NVLink fabric; `None` where the GPU has none (NVML says
+    /// not supported).
+    fn fabric(&self, _minor: u32) -> Result<Option<model::FabricInfo>, GpuError> {
+        Ok(None)
+    }
     /// The liveness probe of one GPU.
     fn probe(&self, minor: u32) -> Result<events::GpuProbe, GpuError>;
     /// Registers for fault events on every GPU.
@@ -417,6 +422,9 @@ impl GpuControl for sim::SimNode {
     }
     fn probe(&self, minor: u32) -> Result<events::GpuProbe, GpuError> {
         sim::SimNode::probe(self, minor)
+    }
+    fn fabric(&self, minor: u32) -> Result<Option<model::FabricInfo>, GpuError> {
+        sim::SimNode::fabric(self, minor)
     }
     fn usage(&self, minor: u32) -> Result<usage::GpuUsage, GpuError> {
         sim::SimNode::usage(self, minor)

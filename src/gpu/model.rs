@@ -240,3 +240,46 @@ pub struct SharingSettings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeslice: Option<u32>,
 }
+
+/// Where a GPU sits in a multi-node NVLink fabric (`nvmlDeviceGetGpuFabricInfo`): GPUs of one
+/// NVLink domain (an NVL72 rack) share the cluster UUID, and memory is shared over NVLink only
+/// within one clique of it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FabricInfo {
+    pub cluster_uuid: String,
+    pub clique_id: u32,
+    pub state: FabricState,
+}
+
+impl FabricInfo {
+    /// NVIDIA's clique name: `<cluster UUID>.<clique id>`.
+    pub fn clique(&self) -> String {
+        format!("{}.{}", self.cluster_uuid, self.clique_id)
+    }
+}
+
+/// `nvmlGpuFabricState_t`: the GPU's registration with the fabric manager.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FabricState {
+    NotSupported,
+    NotStarted,
+    InProgress,
+    Completed,
+}
+
+impl FabricState {
+    pub fn from_nvml(raw: u8) -> Option<Self> {
+        match raw {
+            0 => Some(Self::NotSupported),
+            1 => Some(Self::NotStarted),
+            2 => Some(Self::InProgress),
+            3 => Some(Self::Completed),
+            _ => None,
+        }
+    }
+
+    pub fn to_nvml(self) -> u8 {
+        self as u8
+    }
+}

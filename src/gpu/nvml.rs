@@ -1255,6 +1255,19 @@ impl super::GpuControl for NvmlBackend {
         NvmlBackend::probe(self, minor)
     }
 
+    fn fabric(&self, minor: u32) -> Result<Option<super::model::FabricInfo>, GpuError> {
+        let handles = self.gpu_handles()?;
+        let handle = handles.handle(minor).ok_or_else(|| GpuError::Nvml {
+            operation: format!("GPU {minor}: fabric info"),
+            reason: "no GPU with this minor number".into(),
+        })?;
+        // SAFETY: the handle belongs to `self.nvml`.
+        unsafe { super::nvml_raw::fabric_info(&self.nvml, handle.0) }.map_err(|e| GpuError::Nvml {
+            operation: format!("GPU {minor}: fabric info"),
+            reason: e.to_string(),
+        })
+    }
+
     fn bind_pci(&self, bus_id: &str, driver: super::sim::PciDriver) -> Result<(), GpuError> {
         let result = super::pci::bind(&self.sysfs_root, bus_id, driver.sysfs_name());
         // The GPU left NVML or came back: every cached view of it is stale.

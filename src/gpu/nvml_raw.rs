@@ -42,6 +42,53 @@ macro_rules! symbol {
     };
 }
 
+/// `nvmlDeviceGetGpuFabricInfo`: the GPU's multi-node NVLink registration. `Ok(None)` where
+/// the GPU or driver has no fabric (NOT_SUPPORTED, or a missing symbol on old drivers).
+///
+/// # Safety
+/// `device` must be a valid handle obtained from `nvml`.
+pub unsafe fn fabric_info(
+    nvml: &Nvml,
+    device: nvmlDevice_t,
+) -> Result<Option<super::model::FabricInfo>, RawError> {
+    const NAME: &str = "nvmlDeviceGetGpuFabricInfo";
+    const NOT_SUPPORTED: u32 = 3;
+    let Ok(call) = nvml.lib().nvmlDeviceGetGpuFabricInfo.as_ref() else {
+        return Ok(None);
+    };
+    let mut info = nvml_wrapper_sys::bindings::nvmlGpuFabricInfo_t {
+        clusterUuid: [0; 16],
+        status: 0,
+        cliqueId: 0,
+        state: 0,
+    };
+    // SAFETY: `info` is a valid out-pointer for the call's duration.
+    match unsafe { call(device, &mut info) } {
+        0 => {}
+        NOT_SUPPORTED => return Ok(None),
+        code => {
+            return Err(RawError {
+                function: NAME,
+                code,
+            });
+        }
+    }
+    let Some(state) = super::model::FabricState::from_nvml(info.state) else {
+        return Err(RawError {
+            function: NAME,
+            code: info.state as u32,
+        });
+    };
+    if state == super::model::FabricState::NotSupported {
+        return Ok(None);
+    }
+    Ok(Some(super::model::FabricInfo {
+        cluster_uuid: uuid::Uuid::from_bytes(info.clusterUuid).to_string(),
+        clique_id: info.cliqueId,
+        state,
+    }))
+}
+
 /// `nvmlDeviceGetGpuInstancePossiblePlacements_v2` for a unique profile id.
 ///
 /// # Safety

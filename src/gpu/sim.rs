@@ -109,6 +109,20 @@ impl fmt::Display for SimSpec {
     }
 }
 
+/// Models whose GPUs sit in a multi-node NVLink fabric (NVL72 racks).
+pub fn multi_node_nvlink(model: &SimModel) -> bool {
+    model.key.starts_with("GB")
+}
+
+/// A simulated rack's fabric unless told otherwise: one cluster, clique 1, registered.
+pub fn default_fabric() -> FabricInfo {
+    FabricInfo {
+        cluster_uuid: "7f1f1a8e-5b7d-4c1e-9a34-0c2e6d0b7201".into(),
+        clique_id: 1,
+        state: FabricState::Completed,
+    }
+}
+
 /// Persistent hardware state of a simulated node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SimState {
@@ -130,6 +144,10 @@ pub struct SimState {
     pub events: Vec<SimEvent>,
     #[serde(default)]
     pub event_serial: u64,
+    /// The node's place in a multi-node NVLink fabric, set by `gpu-dra sim fabric`; `None` is
+    /// the model's default (GB200: the first clique of one rack; others: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fabric: Option<FabricInfo>,
 }
 
 /// An event as the simulated hardware raised it.
@@ -780,6 +798,32 @@ impl SimNode {
         })
     }
 
+    /// The GPU's fabric info as NVML reports it: the node's, on models with multi-node NVLink
+    /// (Grace Blackwell); none elsewhere.
+    pub fn fabric(&self, minor: u32) -> Result<Option<FabricInfo>, GpuError> {
+        let model = self.model(minor, "fabric info")?;
+        if !multi_node_nvlink(model) {
+            return Ok(None);
+        }
+        self.read(|state| {
+            if state.gpus.iter().any(|g| g.minor == minor && g.lost) {
+                return Err(GpuError::Nvml {
+                    operation: format!("GPU {minor}: fabric info"),
+                    reason: "GPU is lost".into(),
+                });
+            }
+            Ok(Some(state.fabric.clone().unwrap_or_else(default_fabric)))
+        })
+    }
+
+    /// Puts the node into another NVLink clique or fabric state (`gpu-dra sim fabric`).
+    pub fn set_fabric(&self, fabric: FabricInfo) -> Result<(), GpuError> {
+        self.write(|state| {
+            state.fabric = Some(fabric);
+            Ok(())
+        })
+    }
+
     /// The GPU's use as NVML reports it: the processes' memory and, outside MIG mode, their
     /// summed utilization.
     pub fn usage(&self, minor: u32) -> Result<super::usage::GpuUsage, GpuError> {
@@ -1082,6 +1126,7 @@ impl SimNode {
             mps_daemons: vec![],
             events: vec![],
             event_serial: 0,
+            fabric: None,
         }
     }
 

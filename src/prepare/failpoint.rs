@@ -26,6 +26,14 @@ pub const STEPS: &[&str] = &[
     "rollback-vfio-unbound",
 ];
 
+/// The ComputeDomain plugin's step boundaries (e2e/computedomain.sh kills it at each).
+pub const COMPUTE_DOMAIN_STEPS: &[&str] = &[
+    "cd-prepare-booked",
+    "cd-prepare-daemon-started",
+    "cd-unprepare-unbooked",
+    "cd-controller-template-created",
+];
+
 pub fn failpoint(step: &'static str) {
     let armed = ARMED.get_or_init(|| {
         std::env::var("GPU_DRA_FAILPOINT")

@@ -2077,3 +2077,45 @@ pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
         },
     )
 }
+
+/// `nvmlGpuFabricInfo_t`, NVML's layout.
+#[repr(C)]
+pub struct GpuFabricInfo {
+    pub cluster_uuid: [u8; 16],
+    pub status: Ret,
+    pub clique_id: c_uint,
+    pub state: u8,
+}
+
+/// The simulator's fabric for this node: NOT_SUPPORTED on models without multi-node NVLink, as
+/// the real library answers on them.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetGpuFabricInfo(
+    device: nvmlDevice_t,
+    info: *mut GpuFabricInfo,
+) -> Ret {
+    on_live_gpu(
+        "nvmlDeviceGetGpuFabricInfo",
+        device,
+        false,
+        |fake, _, minor| match fake.node.fabric(minor) {
+            Ok(None) => NOT_SUPPORTED,
+            Ok(Some(fabric)) => {
+                let Ok(uuid) = uuid::Uuid::parse_str(&fabric.cluster_uuid) else {
+                    return UNKNOWN;
+                };
+                out!(
+                    info,
+                    GpuFabricInfo {
+                        cluster_uuid: *uuid.as_bytes(),
+                        status: SUCCESS,
+                        clique_id: fabric.clique_id,
+                        state: fabric.state.to_nvml(),
+                    }
+                );
+                SUCCESS
+            }
+            Err(_) => UNKNOWN,
+        },
+    )
+}

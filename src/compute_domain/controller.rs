@@ -1,0 +1,301 @@
+//! `gpu-dra compute-domain-controller`: per ComputeDomain, the channel ResourceClaimTemplate
+//! (NVIDIA's name, labels, class and config), a finalizer, and `status.status` from the nodes
+//! the node plugins registered. Deleting a domain removes its template, then the finalizer.
+//! Everything it knows is in the API, so a restart (or kill -9) picks up where it stopped.
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+
+use super::api::{self, ComputeDomain};
+use super::{DOMAIN_LABEL, FINALIZER};
+use crate::kubeapi::bounded;
+
+const FIELD_MANAGER: &str = "gpu-dra-compute-domain-controller";
+const TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ControllerError {
+    #[error("ComputeDomain {domain}: {reason}")]
+    Domain { domain: String, reason: String },
+    #[error("list ComputeDomains: {0}")]
+    List(String),
+}
+
+pub struct Controller {
+    client: kube::Client,
+    /// Only this namespace's domains (`None`: all).
+    namespace: Option<String>,
+}
+
+fn name_of(domain: &ComputeDomain) -> String {
+    format!(
+        "{}/{}",
+        domain.metadata.namespace.as_deref().unwrap_or_default(),
+        domain.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
+impl Controller {
+    pub fn new(client: kube::Client, namespace: Option<String>) -> Self {
+        Self { client, namespace }
+    }
+
+    fn domains(&self) -> Api<ComputeDomain> {
+        match &self.namespace {
+            Some(ns) => Api::namespaced_with(self.client.clone(), ns, &api::api_resource()),
+            None => Api::all_with(self.client.clone(), &api::api_resource()),
+        }
+    }
+
+    fn domains_in(&self, namespace: &str) -> Api<ComputeDomain> {
+        Api::namespaced_with(self.client.clone(), namespace, &api::api_resource())
+    }
+
+    /// Reconciles every domain on each change and every `resync` until `shutdown` fires.
+    pub async fn run(&self, resync: Duration, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+        let mut events = watcher(self.domains(), watcher::Config::default()).boxed();
+        loop {
+            if let Err(e) = self.reconcile_all().await {
+                tracing::warn!(error = %e, "ComputeDomain reconcile failed; retrying");
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(resync) => {}
+                event = events.next() => {
+                    if let Some(Err(e)) = event {
+                        tracing::debug!(error = %e, "ComputeDomain watch");
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                    // Let a burst of events settle into one pass.
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                _ = shutdown.changed() => return,
+            }
+        }
+    }
+
+    pub async fn reconcile_all(&self) -> Result<(), ControllerError> {
+        let list = bounded(TIMEOUT, self.domains().list(&ListParams::default()))
+            .await
+            .map_err(|e| ControllerError::List(e.to_string()))?;
+        let mut failed = None;
+        for domain in &list.items {
+            if let Err(e) = self.reconcile(domain).await {
+                tracing::warn!(error = %e, "ComputeDomain not reconciled");
+                failed = Some(e);
+            }
+        }
+        failed.map_or(Ok(()), Err)
+    }
+
+    pub async fn reconcile(&self, domain: &ComputeDomain) -> Result<(), ControllerError> {
+        let err = |reason: String| ControllerError::Domain {
+            domain: name_of(domain),
+            reason,
+        };
+        let namespace = domain.metadata.namespace.clone().unwrap_or_default();
+        let name = domain.metadata.name.clone().unwrap_or_default();
+        let uid = domain.metadata.uid.clone().unwrap_or_default();
+        let finalizers = domain.metadata.finalizers.clone().unwrap_or_default();
+        let has_finalizer = finalizers.iter().any(|f| f == FINALIZER);
+        if domain.metadata.deletion_timestamp.is_some() {
+            if !has_finalizer {
+                return Ok(());
+            }
+            if let Some(channel) = &domain.spec.channel {
+                self.delete_template(&namespace, &channel.resource_claim_template.name, &uid)
+                    .await
+                    .map_err(err)?;
+            }
+            let rest: Vec<&String> = finalizers.iter().filter(|f| *f != FINALIZER).collect();
+            self.patch_finalizers(domain, serde_json::json!(rest))
+                .await
+                .map_err(err)?;
+            tracing::info!(domain = %name_of(domain), "ComputeDomain deleted: template and finalizer removed");
+            return Ok(());
+        }
+        if !has_finalizer {
+            let mut all = finalizers.clone();
+            all.push(FINALIZER.to_string());
+            self.patch_finalizers(domain, serde_json::json!(all))
+                .await
+                .map_err(err)?;
+        }
+        let Some(channel) = &domain.spec.channel else {
+            return Err(err(
+                "spec.channel is missing: it names the channel ResourceClaimTemplate to make"
+                    .into(),
+            ));
+        };
+        self.ensure_template(
+            domain,
+            &namespace,
+            &channel.resource_claim_template.name,
+            &uid,
+        )
+        .await
+        .map_err(err)?;
+        crate::prepare::failpoint::failpoint("cd-controller-template-created");
+        let nodes = domain.status.clone().unwrap_or_default().nodes;
+        let status = api::domain_status(&domain.spec, &nodes);
+        if domain.status.as_ref().map(|s| s.status.as_str()) != Some(status) {
+            let patch = serde_json::json!({
+                "apiVersion": api::API_VERSION,
+                "kind": api::KIND,
+                "metadata": {"name": name, "namespace": namespace},
+                "status": {"status": status},
+            });
+            bounded(
+                TIMEOUT,
+                self.domains_in(&namespace).patch_status(
+                    &name,
+                    &PatchParams::apply(FIELD_MANAGER).force(),
+                    &Patch::Apply(&patch),
+                ),
+            )
+            .await
+            .map_err(|e| err(format!("update status.status: {e}")))?;
+            tracing::info!(domain = %name_of(domain), status, nodes = nodes.len(), "ComputeDomain status");
+        }
+        Ok(())
+    }
+
+    async fn patch_finalizers(
+        &self,
+        domain: &ComputeDomain,
+        finalizers: serde_json::Value,
+    ) -> Result<(), String> {
+        let namespace = domain.metadata.namespace.clone().unwrap_or_default();
+        let name = domain.metadata.name.clone().unwrap_or_default();
+        // The resourceVersion makes a concurrent change of the list fail instead of being lost.
+        let patch = serde_json::json!({"metadata": {
+            "finalizers": finalizers,
+            "resourceVersion": domain.metadata.resource_version,
+        }});
+        match bounded(
+            TIMEOUT,
+            self.domains_in(&namespace).patch(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            ),
+        )
+        .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if e.is_not_found() => Ok(()),
+            Err(e) => Err(format!("update metadata.finalizers: {e}")),
+        }
+    }
+
+    fn templates(&self, namespace: &str) -> Api<ResourceClaimTemplate> {
+        Api::namespaced(self.client.clone(), namespace)
+    }
+
+    /// NVIDIA's workload template: one request `channel` of the default channel class, with
+    /// the domain's UID and allocation mode as opaque config.
+    async fn ensure_template(
+        &self,
+        domain: &ComputeDomain,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+    ) -> Result<(), String> {
+        let api = self.templates(namespace);
+        if let Some(existing) = bounded(TIMEOUT, api.get_opt(name))
+            .await
+            .map_err(|e| format!("get ResourceClaimTemplate {namespace}/{name}: {e}"))?
+        {
+            let owner = existing
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(DOMAIN_LABEL))
+                .cloned()
+                .unwrap_or_default();
+            if owner == uid {
+                return Ok(());
+            }
+            return Err(format!(
+                "spec.channel.resourceClaimTemplate.name: ResourceClaimTemplate {namespace}/{name} exists and is not this domain's (label {DOMAIN_LABEL}={owner:?})"
+            ));
+        }
+        let mode = domain
+            .spec
+            .channel
+            .as_ref()
+            .and_then(|c| c.allocation_mode.clone())
+            .unwrap_or_else(|| "Single".into());
+        let template: ResourceClaimTemplate = serde_json::from_value(api::channel_template(
+            namespace,
+            domain.metadata.name.as_deref().unwrap_or_default(),
+            name,
+            uid,
+            &mode,
+        ))
+        .map_err(|e| e.to_string())?;
+        match bounded(TIMEOUT, api.create(&PostParams::default(), &template)).await {
+            Ok(_) => {
+                tracing::info!(domain = %name_of(domain), template = %format!("{namespace}/{name}"), "channel ResourceClaimTemplate created");
+                Ok(())
+            }
+            Err(e) if e.is_conflict() => Ok(()),
+            Err(e) => Err(format!(
+                "create ResourceClaimTemplate {namespace}/{name}: {e}"
+            )),
+        }
+    }
+
+    /// Removes the domain's template (its finalizer first); one of another domain is left.
+    async fn delete_template(&self, namespace: &str, name: &str, uid: &str) -> Result<(), String> {
+        let api = self.templates(namespace);
+        let Some(existing) = bounded(TIMEOUT, api.get_opt(name))
+            .await
+            .map_err(|e| format!("get ResourceClaimTemplate {namespace}/{name}: {e}"))?
+        else {
+            return Ok(());
+        };
+        let owner = existing
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(DOMAIN_LABEL))
+            .cloned();
+        if owner.as_deref() != Some(uid) {
+            return Ok(());
+        }
+        let rest: Vec<String> = existing
+            .metadata
+            .finalizers
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|f| f != FINALIZER)
+            .collect();
+        let patch = serde_json::json!({"metadata": {"finalizers": rest}});
+        let gone = |e: &crate::kubeapi::CallError| e.is_not_found();
+        match bounded(
+            TIMEOUT,
+            api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)),
+        )
+        .await
+        {
+            Ok(_) => {}
+            Err(e) if gone(&e) => return Ok(()),
+            Err(e) => {
+                return Err(format!(
+                    "update ResourceClaimTemplate {namespace}/{name}: {e}"
+                ));
+            }
+        }
+        match bounded(TIMEOUT, api.delete(name, &DeleteParams::default())).await {
+            Ok(_) => Ok(()),
+            Err(e) if gone(&e) => Ok(()),
+            Err(e) => Err(format!(
+                "delete ResourceClaimTemplate {namespace}/{name}: {e}"
+            )),
+        }
+    }
+}

@@ -1,0 +1,321 @@
+//! The IMEX daemons this node runs, one per ComputeDomain it serves: NVIDIA's `nvidia-imex`
+//! from the driver root, chrooted into it, in the host's network namespace and a cgroup of its
+//! own, so it outlives the plugin's container and is found again after a restart. Its config
+//! and node file live in the domain's folder, bound at [`CONFIG_DIR`] in the chroot.
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::gpu::driver_tools::{DriverRootTools, ToolCommand, spawn_tool, tool_output};
+use crate::prepare::cgroup::HostCgroups;
+
+/// Where the daemon and `nvidia-imex-ctl` see the domain's folder.
+pub const CONFIG_DIR: &str = "/tmp/nvidia-imex";
+/// NVIDIA's ports: peers on `SERVER_PORT`, commands on `IMEX_CMD_PORT`.
+pub const SERVER_PORT: u16 = 50000;
+pub const COMMAND_PORT: u16 = 50005;
+const DAEMON_CANDIDATES: &[&str] = &["usr/bin/nvidia-imex", "usr/sbin/nvidia-imex"];
+const CTL_CANDIDATES: &[&str] = &["usr/bin/nvidia-imex-ctl", "usr/sbin/nvidia-imex-ctl"];
+const START_TIMEOUT: Duration = Duration::from_secs(20);
+const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, thiserror::Error)]
+#[error("IMEX daemon of ComputeDomain {domain}: {reason}")]
+pub struct ImexError {
+    pub domain: String,
+    pub reason: String,
+}
+
+pub struct ImexDaemons {
+    tools: DriverRootTools,
+    daemon: Option<PathBuf>,
+    ctl: Option<PathBuf>,
+    /// One folder per domain (UID); the same path on the host and here.
+    root: PathBuf,
+    cgroups: Result<HostCgroups, String>,
+}
+
+impl ImexDaemons {
+    pub fn new(tools: DriverRootTools, root: PathBuf) -> Self {
+        Self {
+            daemon: tools.find(DAEMON_CANDIDATES),
+            ctl: tools.find(CTL_CANDIDATES),
+            tools,
+            root,
+            cgroups: HostCgroups::discover().map_err(|e| e.to_string()),
+        }
+    }
+
+    fn err(domain: &str, reason: impl Into<String>) -> ImexError {
+        ImexError {
+            domain: domain.to_string(),
+            reason: reason.into(),
+        }
+    }
+
+    /// Whether this node can run IMEX daemons: the driver root has `nvidia-imex` and
+    /// `nvidia-imex-ctl` and they load there, and the host's cgroups can hold the daemons.
+    pub fn check(&self) -> Result<(), ImexError> {
+        for (tool, candidates) in [
+            (&self.daemon, DAEMON_CANDIDATES),
+            (&self.ctl, CTL_CANDIDATES),
+        ] {
+            let tool = tool.as_ref().ok_or_else(|| {
+                Self::err(
+                    "*",
+                    format!(
+                        "the driver root {} has none of {candidates:?} (the nvidia-imex package)",
+                        self.tools.host_root().display()
+                    ),
+                )
+            })?;
+            self.tools
+                .check(tool)
+                .map_err(|e| Self::err("*", e.to_string()))?;
+        }
+        self.cgroups
+            .as_ref()
+            .map(|_| ())
+            .map_err(|reason| Self::err("*", reason.clone()))
+    }
+
+    pub fn dir(&self, domain: &str) -> PathBuf {
+        self.root.join(domain)
+    }
+
+    fn cgroup_name(&self, domain: &str) -> String {
+        let id = uuid::Uuid::new_v5(
+            &uuid::Uuid::NAMESPACE_OID,
+            self.dir(domain).to_string_lossy().as_bytes(),
+        );
+        format!("imex-{}", &id.simple().to_string()[..12])
+    }
+
+    /// The domains with a folder here (a daemon, or what a crash left).
+    pub fn domains(&self) -> Vec<String> {
+        let Ok(entries) = std::fs::read_dir(&self.root) else {
+            return vec![];
+        };
+        let mut domains: Vec<String> = entries
+            .flatten()
+            .filter(|e| e.path().is_dir())
+            .filter_map(|e| e.file_name().to_str().map(str::to_string))
+            .collect();
+        domains.sort();
+        domains
+    }
+
+    /// The daemon's processes.
+    pub fn pids(&self, domain: &str) -> Vec<i32> {
+        match &self.cgroups {
+            Ok(cgroups) => cgroups.pids(&self.cgroup_name(domain)),
+            Err(_) => vec![],
+        }
+    }
+
+    /// Writes the daemon's config and node file (this node's address and its clique's peers);
+    /// returns whether the node file changed.
+    fn write_config(
+        &self,
+        domain: &str,
+        bind_ip: &str,
+        peers: &[String],
+    ) -> Result<bool, ImexError> {
+        let dir = self.dir(domain);
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| Self::err(domain, format!("cannot create {}: {e}", dir.display())))?;
+        let write = |name: &str, text: String| -> Result<bool, ImexError> {
+            let path = dir.join(name);
+            if std::fs::read_to_string(&path).is_ok_and(|old| old == text) {
+                return Ok(false);
+            }
+            crate::fsutil::write_atomically(&path, text.as_bytes())
+                .map_err(|e| Self::err(domain, format!("cannot write {}: {e}", path.display())))?;
+            Ok(true)
+        };
+        write("config.cfg", config_file(bind_ip))?;
+        let mut nodes: Vec<&str> = peers.iter().map(String::as_str).collect();
+        nodes.sort_unstable();
+        nodes.dedup();
+        write(
+            "nodes_config.cfg",
+            nodes.iter().map(|n| format!("{n}\n")).collect(),
+        )
+    }
+
+    fn command(&self, domain: &str, tool: &Path) -> ToolCommand {
+        self.tools
+            .command(tool)
+            .bind(&self.dir(domain), CONFIG_DIR)
+            .host_network()
+    }
+
+    /// Makes the domain's daemon run with `peers` (this node's address among them): starts it,
+    /// or tells a running one to read its node file again (SIGUSR1) when the peers changed.
+    pub fn ensure(&self, domain: &str, bind_ip: &str, peers: &[String]) -> Result<(), ImexError> {
+        let changed = self.write_config(domain, bind_ip, peers)?;
+        let running = self.pids(domain);
+        if !running.is_empty() {
+            if changed {
+                for pid in &running {
+                    signal(*pid, rustix::process::Signal::USR1);
+                }
+                tracing::info!(
+                    domain,
+                    ?peers,
+                    "IMEX daemon told to read its node file again"
+                );
+            }
+            return Ok(());
+        }
+        let daemon = self
+            .daemon
+            .as_ref()
+            .ok_or_else(|| Self::err(domain, "the driver root has no nvidia-imex"))?;
+        let cgroups = self
+            .cgroups
+            .as_ref()
+            .map_err(|reason| Self::err(domain, reason.clone()))?;
+        let procs = cgroups
+            .create(&self.cgroup_name(domain))
+            .map_err(|e| Self::err(domain, e.to_string()))?;
+        let mut command = self
+            .command(domain, daemon)
+            .arg("-c")
+            .arg(format!("{CONFIG_DIR}/config.cfg"))
+            .join_cgroups(procs)
+            .build()
+            .map_err(|e| Self::err(domain, e.to_string()))?;
+        // Nothing of ours stays open in the daemon once it detaches (DAEMONIZE=1): what the
+        // launcher says goes to a file in the domain's folder, read when it fails.
+        let said_path = self.dir(domain).join("launch.log");
+        let said = std::fs::File::create(&said_path).map_err(|e| {
+            Self::err(
+                domain,
+                format!("cannot create {}: {e}", said_path.display()),
+            )
+        })?;
+        command
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(said);
+        let mut child = spawn_tool(&mut command)
+            .map_err(|e| Self::err(domain, format!("cannot run {}: {e}", daemon.display())))?;
+        let deadline = Instant::now() + START_TIMEOUT;
+        let status = loop {
+            match child.try_wait() {
+                Ok(Some(status)) => break status,
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                Ok(None) | Err(_) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(Self::err(
+                        domain,
+                        format!("nvidia-imex did not detach within {START_TIMEOUT:?}"),
+                    ));
+                }
+            }
+        };
+        if !status.success() {
+            let said = std::fs::read_to_string(&said_path).unwrap_or_default();
+            return Err(Self::err(
+                domain,
+                format!("nvidia-imex exited with {status}: {}", said.trim()),
+            ));
+        }
+        tracing::info!(domain, bind_ip, ?peers, pids = ?self.pids(domain), "IMEX daemon started");
+        Ok(())
+    }
+
+    /// `nvidia-imex-ctl -q`: whether the daemon is ready (connected to its peers).
+    pub fn ready(&self, domain: &str) -> Result<bool, ImexError> {
+        let ctl = self
+            .ctl
+            .as_ref()
+            .ok_or_else(|| Self::err(domain, "the driver root has no nvidia-imex-ctl"))?;
+        let mut command = self
+            .command(domain, ctl)
+            .args(["-c", &format!("{CONFIG_DIR}/config.cfg"), "-q"])
+            .build()
+            .map_err(|e| Self::err(domain, e.to_string()))?;
+        let output = tool_output(&mut command)
+            .map_err(|e| Self::err(domain, format!("cannot run nvidia-imex-ctl: {e}")))?;
+        Ok(output.status.success() && String::from_utf8_lossy(&output.stdout).trim() == "READY")
+    }
+
+    /// Stops the domain's daemon and removes its folder and cgroup; returns whether a daemon ran.
+    pub fn stop(&self, domain: &str) -> Result<bool, ImexError> {
+        let mut pids = self.pids(domain);
+        let ran = !pids.is_empty();
+        for pid in &pids {
+            signal(*pid, rustix::process::Signal::TERM);
+        }
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        while !pids.is_empty() {
+            if Instant::now() > deadline {
+                for pid in &pids {
+                    signal(*pid, rustix::process::Signal::KILL);
+                }
+                tracing::warn!(domain, ?pids, "IMEX daemon did not stop on SIGTERM: killed");
+                std::thread::sleep(Duration::from_millis(200));
+                pids = self.pids(domain);
+                if !pids.is_empty() {
+                    return Err(Self::err(
+                        domain,
+                        format!("processes {pids:?} survive SIGKILL"),
+                    ));
+                }
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+            pids = self.pids(domain);
+        }
+        if let Ok(cgroups) = &self.cgroups {
+            cgroups
+                .remove(&self.cgroup_name(domain))
+                .map_err(|e| Self::err(domain, e.to_string()))?;
+        }
+        let dir = self.dir(domain);
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(Self::err(
+                    domain,
+                    format!("cannot remove {}: {e}", dir.display()),
+                ));
+            }
+        }
+        if ran {
+            tracing::info!(domain, "IMEX daemon stopped");
+        }
+        Ok(ran)
+    }
+}
+
+fn signal(pid: i32, signal: rustix::process::Signal) {
+    if let Some(pid) = rustix::process::Pid::from_raw(pid) {
+        let _ = rustix::process::kill_process(pid, signal);
+    }
+}
+
+/// NVIDIA's IMEX config, as its ComputeDomain daemon writes it, for this node's address.
+fn config_file(bind_ip: &str) -> String {
+    format!(
+        "# Written by gpu-dra for one ComputeDomain.\n\
+         LOG_LEVEL=4\n\
+         LOG_FILE_NAME={CONFIG_DIR}/nvidia-imex.log\n\
+         LOG_APPEND_TO_LOG=1\n\
+         DAEMONIZE=1\n\
+         BIND_INTERFACE_IP={bind_ip}\n\
+         SERVER_PORT={SERVER_PORT}\n\
+         IMEX_NODE_CONFIG_FILE={CONFIG_DIR}/nodes_config.cfg\n\
+         IMEX_WAIT_FOR_QUORUM=RECOVERY\n\
+         IMEX_ENABLE_AUTH_ENCRYPTION=0\n\
+         IMEX_CMD_ENABLED=1\n\
+         IMEX_CMD_BIND_INTERFACE_IP={bind_ip}\n\
+         IMEX_CMD_PORT={COMMAND_PORT}\n\
+         IMEX_NODE_DISCONNECTED_GRACE_TIME=-1\n"
+    )
+}

@@ -1,0 +1,716 @@
+//! The node plugin of `compute-domain.nvidia.com`: publishes the node's IMEX channel, and
+//! prepares channel claims: registers the node in its domain, runs the domain's IMEX daemon with
+//! the clique's peers, waits until the domain is ready on `numNodes` nodes of the clique, and
+//! injects the channel device node(s). What it holds is in a book on disk, so a restart finds
+//! its claims and daemons again.
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::resource::v1::{
+    Device, DeviceAttribute, ResourceClaim, ResourcePool, ResourceSlice, ResourceSliceSpec,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, Patch, PatchParams};
+use serde::{Deserialize, Serialize};
+
+use super::api::{self, ComputeDomain, DomainNode, STATUS_NOT_READY, STATUS_READY};
+use super::imex::ImexDaemons;
+use super::{CHANNEL_COUNT, CHANNEL_DEVICE, DRIVER_NAME};
+use crate::kubeapi::bounded;
+use crate::prepare::cdi::{CdiStore, ContainerEdits, DeviceNode, Spec, SpecDevice};
+use crate::prepare::claims::ClaimSource;
+use crate::prepare::{ClaimRef, NodeDriver, PrepareResult, PreparedDevice, UnprepareResult};
+
+/// The one channel device a node publishes (NVIDIA's: every claim is for channel 0).
+pub const CHANNEL_0: &str = "channel-0";
+/// A simulated node's channel major, where no kernel module registered one.
+const SIMULATED_CHANNEL_MAJOR: u32 = 509;
+
+/// How the plugin runs.
+#[derive(Debug, Clone)]
+pub struct ChannelPluginOptions {
+    pub node_name: String,
+    /// The address IMEX daemons of other nodes reach this node's at.
+    pub node_ip: String,
+    /// `<cluster UUID>.<clique id>`; empty on a node without multi-node NVLink.
+    pub clique: String,
+    /// The book and the daemons' folders.
+    pub state_dir: PathBuf,
+    pub cdi_root: PathBuf,
+    pub dev_root: Option<PathBuf>,
+    /// How long one prepare call waits for the domain before it fails (kubelet retries).
+    pub ready_timeout: Duration,
+    pub simulated: bool,
+}
+
+/// A claim this node prepared, or began to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct BookedClaim {
+    namespace: String,
+    name: String,
+    domain: String,
+    channels: Vec<u32>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+struct Book {
+    claims: BTreeMap<String, BookedClaim>,
+}
+
+pub struct ChannelPlugin {
+    client: kube::Client,
+    claims: Arc<dyn ClaimSource>,
+    options: ChannelPluginOptions,
+    daemons: Arc<ImexDaemons>,
+    cdi: CdiStore,
+    channel_major: u32,
+    book: Mutex<Book>,
+    /// One daemon change at a time (start, reload, stop).
+    daemon_lock: Arc<Mutex<()>>,
+}
+
+fn field_manager(node: &str) -> String {
+    format!("gpu-dra-node-{node}")
+}
+
+impl ChannelPlugin {
+    pub fn new(
+        client: kube::Client,
+        claims: Arc<dyn ClaimSource>,
+        options: ChannelPluginOptions,
+        daemons: ImexDaemons,
+    ) -> Result<Self, String> {
+        let channel_major = match proc_devices_major(Path::new("/proc/devices"), CHANNEL_DEVICE) {
+            Some(major) => major,
+            None if options.simulated => SIMULATED_CHANNEL_MAJOR,
+            None if options.clique.is_empty() => 0,
+            None => {
+                return Err(format!(
+                    "/proc/devices has no {CHANNEL_DEVICE}: the NVIDIA kernel module of this multi-node NVLink node registered no IMEX channels"
+                ));
+            }
+        };
+        let book_path = options.state_dir.join("book.json");
+        let book = match std::fs::read(&book_path) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map_err(|e| format!("{}: cannot parse: {e}", book_path.display()))?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Book::default(),
+            Err(e) => return Err(format!("{}: {e}", book_path.display())),
+        };
+        let cdi = CdiStore::new(&options.cdi_root, DRIVER_NAME)
+            .with_dev_root(options.dev_root.as_deref());
+        Ok(Self {
+            client,
+            claims,
+            options,
+            daemons: Arc::new(daemons),
+            cdi,
+            channel_major,
+            book: Mutex::new(book),
+            daemon_lock: Arc::default(),
+        })
+    }
+
+    /// The node's pool: channel 0, with NVIDIA's attributes.
+    pub fn slices(&self) -> Vec<ResourceSlice> {
+        channel_slices(&self.options.node_name)
+    }
+
+    fn book(&self) -> std::sync::MutexGuard<'_, Book> {
+        self.book.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn save(&self, book: &Book) -> Result<(), String> {
+        let path = self.options.state_dir.join("book.json");
+        std::fs::create_dir_all(&self.options.state_dir)
+            .map_err(|e| format!("{}: {e}", self.options.state_dir.display()))?;
+        let bytes = serde_json::to_vec_pretty(book).map_err(|e| e.to_string())?;
+        crate::fsutil::write_atomically(&path, &bytes)
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))
+    }
+
+    fn domains_api(&self, namespace: &str) -> Api<ComputeDomain> {
+        Api::namespaced_with(self.client.clone(), namespace, &api::api_resource())
+    }
+
+    async fn domain_by_uid(
+        &self,
+        namespace: &str,
+        uid: &str,
+    ) -> Result<Option<ComputeDomain>, String> {
+        let list = bounded(
+            Duration::from_secs(10),
+            self.domains_api(namespace).list(&Default::default()),
+        )
+        .await
+        .map_err(|e| format!("list ComputeDomains in {namespace}: {e}"))?;
+        Ok(list
+            .items
+            .into_iter()
+            .find(|d| d.metadata.uid.as_deref() == Some(uid)))
+    }
+
+    /// This node's entry in the domain's `status.nodes`, applied as this node's field manager:
+    /// each node owns its own entry of the list-map, so nodes never overwrite each other.
+    /// Returns the domain as the server has it afterwards. The index is the clique's smallest
+    /// free one; two nodes that took the same one at once are told apart by name: the later
+    /// name takes another.
+    async fn register(&self, domain: &ComputeDomain, ready: bool) -> Result<ComputeDomain, String> {
+        let name = domain.metadata.name.clone().unwrap_or_default();
+        let namespace = domain.metadata.namespace.clone().unwrap_or_default();
+        let status = domain.status.clone().unwrap_or_default();
+        let me = &self.options.node_name;
+        let others = || {
+            status
+                .nodes
+                .iter()
+                .filter(|n| &n.name != me && n.clique_id == self.options.clique)
+        };
+        let index = status
+            .nodes
+            .iter()
+            .find(|n| &n.name == me)
+            .map(|n| n.index)
+            .filter(|index| !others().any(|n| n.index == *index && n.name < *me))
+            .unwrap_or_else(|| {
+                let used: BTreeSet<i64> = others().map(|n| n.index).collect();
+                (0..).find(|i| !used.contains(i)).unwrap_or(0)
+            });
+        let entry = DomainNode {
+            name: me.clone(),
+            ip_address: self.options.node_ip.clone(),
+            clique_id: self.options.clique.clone(),
+            index,
+            status: if ready {
+                STATUS_READY
+            } else {
+                STATUS_NOT_READY
+            }
+            .into(),
+        };
+        if status.nodes.iter().any(|n| n == &entry) {
+            return Ok(domain.clone());
+        }
+        Ok(self
+            .apply_nodes(&namespace, &name, vec![entry])
+            .await?
+            .unwrap_or_else(|| domain.clone()))
+    }
+
+    async fn apply_nodes(
+        &self,
+        namespace: &str,
+        name: &str,
+        nodes: Vec<DomainNode>,
+    ) -> Result<Option<ComputeDomain>, String> {
+        let patch = serde_json::json!({
+            "apiVersion": api::API_VERSION,
+            "kind": api::KIND,
+            "metadata": {"name": name, "namespace": namespace},
+            "status": {"nodes": nodes},
+        });
+        let params = PatchParams::apply(&field_manager(&self.options.node_name)).force();
+        match bounded(
+            Duration::from_secs(10),
+            self.domains_api(namespace)
+                .patch_status(name, &params, &Patch::Apply(&patch)),
+        )
+        .await
+        {
+            Ok(updated) => Ok(Some(updated)),
+            Err(e) if e.is_not_found() && nodes.is_empty() => Ok(None),
+            Err(e) => Err(format!(
+                "ComputeDomain {namespace}/{name}: update status.nodes: {e}"
+            )),
+        }
+    }
+
+    /// The addresses of the domain's nodes in this node's clique (this node's among them).
+    fn peers(&self, domain: &ComputeDomain) -> Vec<String> {
+        let mut peers: Vec<String> = domain
+            .status
+            .iter()
+            .flat_map(|s| s.nodes.iter())
+            .filter(|n| n.clique_id == self.options.clique && !n.ip_address.is_empty())
+            .map(|n| n.ip_address.clone())
+            .collect();
+        peers.push(self.options.node_ip.clone());
+        peers.sort();
+        peers.dedup();
+        peers
+    }
+
+    /// Runs the domain's daemon with its current peers; reports whether it is ready.
+    async fn run_daemon(&self, domain: &ComputeDomain) -> Result<bool, String> {
+        let uid = domain.metadata.uid.clone().unwrap_or_default();
+        let peers = self.peers(domain);
+        let daemons = self.daemons.clone();
+        let lock = self.daemon_lock.clone();
+        let ip = self.options.node_ip.clone();
+        tokio::task::spawn_blocking(move || {
+            let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
+            daemons.ensure(&uid, &ip, &peers)?;
+            daemons.ready(&uid)
+        })
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())
+    }
+
+    async fn prepare_one(&self, claim: &ClaimRef) -> PrepareResult {
+        let object = self
+            .claims
+            .get(&claim.namespace, &claim.name)
+            .await?
+            .ok_or_else(|| format!("ResourceClaim {claim} not found"))?;
+        if object.metadata.uid.as_deref() != Some(claim.uid.as_str()) {
+            return Err(format!("ResourceClaim {claim}: UID is not {}", claim.uid));
+        }
+        let (requests, config) = self.allocation(&object)?;
+        if requests.is_empty() {
+            return Ok(vec![]);
+        }
+        let domain = self
+            .domain_by_uid(&claim.namespace, &config.domain_uid)
+            .await?
+            .ok_or_else(|| {
+                format!(
+                    "ResourceClaim {claim}: config domainID {}: no ComputeDomain with this UID in namespace {} (a domain's channels serve its own namespace only)",
+                    config.domain_uid, claim.namespace
+                )
+            })?;
+        let domain_name = format!(
+            "{}/{}",
+            claim.namespace,
+            domain.metadata.name.clone().unwrap_or_default()
+        );
+        let channels: Vec<u32> = match config.mode {
+            api::AllocationMode::Single => vec![0],
+            api::AllocationMode::All => (0..CHANNEL_COUNT).collect(),
+        };
+        {
+            let mut book = self.book();
+            if let Some(other) = book
+                .claims
+                .iter()
+                .find(|(uid, c)| c.domain != config.domain_uid && **uid != claim.uid)
+            {
+                return Err(format!(
+                    "ResourceClaim {claim}: this node already serves another ComputeDomain (UID {}, claim {}/{}); a node serves one domain at a time",
+                    other.1.domain, other.1.namespace, other.1.name
+                ));
+            }
+            book.claims.insert(
+                claim.uid.clone(),
+                BookedClaim {
+                    namespace: claim.namespace.clone(),
+                    name: claim.name.clone(),
+                    domain: config.domain_uid.clone(),
+                    channels: channels.clone(),
+                },
+            );
+            self.save(&book)?;
+        }
+        crate::prepare::failpoint::failpoint("cd-prepare-booked");
+        let num_nodes = domain.spec.num_nodes.max(0) as usize;
+        if self.options.clique.is_empty() {
+            // No multi-node NVLink here: no daemon, no channel (NVIDIA's behaviour), but the
+            // node counts as ready so a single-node workload starts.
+            let _ = self.register(&domain, true).await?;
+            self.write_cdi(&claim.uid, &[])?;
+            return Ok(self.prepared(&claim.uid, &requests, false));
+        }
+        let mut domain = self.register(&domain, false).await?;
+        let deadline = Instant::now() + self.options.ready_timeout;
+        let mut told = false;
+        loop {
+            let ready = self.run_daemon(&domain).await?;
+            crate::prepare::failpoint::failpoint("cd-prepare-daemon-started");
+            domain = self.register(&domain, ready).await?;
+            let nodes = domain.status.clone().unwrap_or_default().nodes;
+            let ready_here = nodes
+                .iter()
+                .filter(|n| n.clique_id == self.options.clique && n.status == STATUS_READY)
+                .count();
+            if ready && ready_here >= num_nodes {
+                break;
+            }
+            let waiting = format!(
+                "ComputeDomain {domain_name}: {ready_here} of {num_nodes} nodes of NVLink clique {} ready (this node's IMEX daemon {})",
+                self.options.clique,
+                if ready { "ready" } else { "not ready yet" }
+            );
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "{waiting} after {:?}; kubelet retries the prepare",
+                    self.options.ready_timeout
+                ));
+            }
+            if !told {
+                told = true;
+                if let Err(e) = self
+                    .claims
+                    .warn(claim, "WaitingForComputeDomain", &waiting)
+                    .await
+                {
+                    tracing::warn!(error = %e, "cannot record the waiting event");
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            domain = self
+                .domain_by_uid(&claim.namespace, &config.domain_uid)
+                .await?
+                .ok_or_else(|| {
+                    format!("ComputeDomain {domain_name} was deleted while the claim waited")
+                })?;
+        }
+        self.write_cdi(&claim.uid, &channels)?;
+        tracing::info!(claim = %claim, claimUID = %claim.uid, domain = %domain_name, channels = channels.len(), "IMEX channel prepared");
+        Ok(self.prepared(&claim.uid, &requests, true))
+    }
+
+    fn prepared(&self, uid: &str, requests: &[String], with_device: bool) -> Vec<PreparedDevice> {
+        vec![PreparedDevice {
+            request_names: requests.to_vec(),
+            pool_name: self.options.node_name.clone(),
+            device_name: CHANNEL_0.into(),
+            cdi_device_ids: if with_device {
+                vec![self.cdi.device_id(uid, CHANNEL_0)]
+            } else {
+                vec![]
+            },
+            share_id: None,
+        }]
+    }
+
+    /// The requests of this node's channel in the claim and their config.
+    fn allocation(
+        &self,
+        claim: &ResourceClaim,
+    ) -> Result<(Vec<String>, api::ChannelConfig), String> {
+        let name = format!(
+            "{}/{}",
+            claim.metadata.namespace.as_deref().unwrap_or_default(),
+            claim.metadata.name.as_deref().unwrap_or_default()
+        );
+        let allocation = claim
+            .status
+            .as_ref()
+            .and_then(|s| s.allocation.as_ref())
+            .ok_or_else(|| format!("ResourceClaim {name} is not allocated"))?;
+        let devices = allocation.devices.as_ref();
+        let mut requests = vec![];
+        for result in devices
+            .and_then(|d| d.results.as_ref())
+            .into_iter()
+            .flatten()
+        {
+            if result.driver != DRIVER_NAME || result.pool != self.options.node_name {
+                continue;
+            }
+            if result.device != CHANNEL_0 {
+                return Err(format!(
+                    "ResourceClaim {name}: request {}: device {} is not this node's {CHANNEL_0}",
+                    result.request, result.device
+                ));
+            }
+            requests.push(result.request.clone());
+        }
+        if requests.is_empty() {
+            return Err(format!(
+                "ResourceClaim {name}: no {DRIVER_NAME} device of node {} is allocated to it",
+                self.options.node_name
+            ));
+        }
+        let mut config = None;
+        for entry in devices
+            .and_then(|d| d.config.as_ref())
+            .into_iter()
+            .flatten()
+        {
+            let Some(opaque) = entry.opaque.as_ref().filter(|o| o.driver == DRIVER_NAME) else {
+                continue;
+            };
+            let applies = entry
+                .requests
+                .as_ref()
+                .is_none_or(|r| r.is_empty() || requests.iter().any(|q| r.contains(q)));
+            if applies {
+                config = Some(api::channel_config(&opaque.parameters.0).map_err(|e| {
+                    format!("ResourceClaim {name}: opaque config of {DRIVER_NAME}: {e}")
+                })?);
+            }
+        }
+        let config = config.ok_or_else(|| {
+            format!(
+                "ResourceClaim {name}: request {}: no ComputeDomainChannelConfig; channel claims come from a ComputeDomain's ResourceClaimTemplate",
+                requests.join(",")
+            )
+        })?;
+        Ok((requests, config))
+    }
+
+    fn write_cdi(&self, uid: &str, channels: &[u32]) -> Result<(), String> {
+        let nodes = channels
+            .iter()
+            .map(|id| {
+                let path = format!("/dev/{CHANNEL_DEVICE}/channel{id}");
+                DeviceNode {
+                    host_path: self.options.dev_root.as_ref().map(|root| {
+                        root.join(path.trim_start_matches('/'))
+                            .to_string_lossy()
+                            .into_owned()
+                    }),
+                    path,
+                    kind: Some("c".into()),
+                    major: Some(self.channel_major),
+                    minor: Some(*id),
+                    file_mode: Some(0o666),
+                }
+            })
+            .collect();
+        let spec = Spec {
+            cdi_version: crate::prepare::cdi::CDI_VERSION.into(),
+            kind: format!("k8s.{DRIVER_NAME}/{}", crate::prepare::cdi::CLASS),
+            annotations: BTreeMap::from([(
+                crate::prepare::cdi::WRITTEN_BY.to_string(),
+                DRIVER_NAME.to_string(),
+            )]),
+            devices: vec![SpecDevice {
+                name: format!("{uid}-{CHANNEL_0}"),
+                container_edits: ContainerEdits {
+                    device_nodes: nodes,
+                    ..ContainerEdits::default()
+                },
+            }],
+            container_edits: ContainerEdits::default(),
+        };
+        let path = self.cdi.spec_path(uid);
+        let bytes = serde_json::to_vec_pretty(&spec).map_err(|e| e.to_string())?;
+        crate::fsutil::write_atomically(&path, &bytes)
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))
+    }
+
+    async fn unprepare_one(&self, uid: &str) -> UnprepareResult {
+        let Some(booked) = self.book().claims.get(uid).cloned() else {
+            return Ok(());
+        };
+        self.cdi.remove(uid).map_err(|e| e.to_string())?;
+        let last = {
+            let mut book = self.book();
+            book.claims.remove(uid);
+            self.save(&book)?;
+            !book.claims.values().any(|c| c.domain == booked.domain)
+        };
+        crate::prepare::failpoint::failpoint("cd-unprepare-unbooked");
+        if last {
+            self.leave(&booked.namespace, &booked.domain).await?;
+        }
+        tracing::info!(claimUID = %uid, domain = %booked.domain, "IMEX channel unprepared");
+        Ok(())
+    }
+
+    /// Stops the domain's daemon and takes this node out of the domain's status.
+    async fn leave(&self, namespace: &str, domain_uid: &str) -> Result<(), String> {
+        let daemons = self.daemons.clone();
+        let lock = self.daemon_lock.clone();
+        let uid = domain_uid.to_string();
+        tokio::task::spawn_blocking(move || {
+            let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
+            daemons.stop(&uid)
+        })
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+        if let Some(domain) = self.domain_by_uid(namespace, domain_uid).await? {
+            let name = domain.metadata.name.clone().unwrap_or_default();
+            self.apply_nodes(namespace, &name, vec![]).await?;
+        }
+        Ok(())
+    }
+
+    /// Keeps what the book holds true: every served domain's daemon runs with the clique's
+    /// current peers and this node's readiness in its status; daemons of domains no claim holds
+    /// (a crash between the last unprepare and the stop) are stopped; claims whose object is
+    /// gone are unprepared.
+    pub async fn reconcile(&self) {
+        let booked: Vec<(String, BookedClaim)> = self
+            .book()
+            .claims
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        for (uid, claim) in &booked {
+            match self.claims.get(&claim.namespace, &claim.name).await {
+                Ok(Some(object)) if object.metadata.uid.as_deref() == Some(uid.as_str()) => {}
+                Ok(_) => {
+                    tracing::info!(claimUID = %uid, claim = %format!("{}/{}", claim.namespace, claim.name), "claim gone: unpreparing its channel");
+                    if let Err(e) = self.unprepare_one(uid).await {
+                        tracing::warn!(claimUID = %uid, error = %e, "cannot unprepare a gone claim's channel");
+                    }
+                }
+                Err(e) => tracing::debug!(error = %e, "cannot read a booked claim"),
+            }
+        }
+        let served: BTreeMap<String, String> = self
+            .book()
+            .claims
+            .values()
+            .map(|c| (c.domain.clone(), c.namespace.clone()))
+            .collect();
+        for domain in self.daemons.domains() {
+            if !served.contains_key(&domain) {
+                let daemons = self.daemons.clone();
+                let lock = self.daemon_lock.clone();
+                let stopped = tokio::task::spawn_blocking(move || {
+                    let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
+                    daemons.stop(&domain)
+                })
+                .await;
+                if let Ok(Err(e)) = stopped {
+                    tracing::warn!(error = %e, "cannot stop an IMEX daemon no claim holds");
+                }
+            }
+        }
+        if self.options.clique.is_empty() {
+            return;
+        }
+        for (uid, namespace) in served {
+            let domain = match self.domain_by_uid(&namespace, &uid).await {
+                Ok(Some(domain)) => domain,
+                Ok(None) => continue,
+                Err(e) => {
+                    tracing::debug!(error = %e, "cannot read a served ComputeDomain");
+                    continue;
+                }
+            };
+            match self.run_daemon(&domain).await {
+                Ok(ready) => {
+                    if let Err(e) = self.register(&domain, ready).await {
+                        tracing::warn!(error = %e, "cannot update this node's IMEX readiness");
+                    }
+                }
+                Err(e) => tracing::warn!(domain = %uid, error = %e, "IMEX daemon not running"),
+            }
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl NodeDriver for ChannelPlugin {
+    async fn prepare(&self, claims: Vec<ClaimRef>) -> Vec<(ClaimRef, PrepareResult)> {
+        let results = futures::future::join_all(claims.iter().map(|c| self.prepare_one(c))).await;
+        claims.into_iter().zip(results).collect()
+    }
+
+    async fn unprepare(&self, claims: Vec<ClaimRef>) -> Vec<(ClaimRef, UnprepareResult)> {
+        let mut out = Vec::with_capacity(claims.len());
+        for claim in claims {
+            let result = self.unprepare_one(&claim.uid).await;
+            out.push((claim, result));
+        }
+        out
+    }
+}
+
+/// A node's `compute-domain.nvidia.com` pool: channel 0 (`type: channel`, `id: 0`), as
+/// NVIDIA's plugin publishes it (channels other than 0 and the daemon device are not).
+pub fn channel_slices(node_name: &str) -> Vec<ResourceSlice> {
+    let options = crate::slices::SliceOptions::new(DRIVER_NAME, node_name);
+    let device = Device {
+        name: CHANNEL_0.into(),
+        attributes: Some(BTreeMap::from([
+            (
+                "type".to_string(),
+                (DeviceAttribute {
+                    string: Some("channel".into()),
+                    ..DeviceAttribute::default()
+                }),
+            ),
+            (
+                "id".to_string(),
+                (DeviceAttribute {
+                    int: Some(0),
+                    ..DeviceAttribute::default()
+                }),
+            ),
+        ])),
+        ..Device::default()
+    };
+    vec![ResourceSlice {
+        metadata: ObjectMeta {
+            name: Some(crate::slices::slice_name(&options, 0)),
+            ..ObjectMeta::default()
+        },
+        spec: ResourceSliceSpec {
+            driver: DRIVER_NAME.into(),
+            node_name: Some(node_name.to_string()),
+            pool: ResourcePool {
+                name: node_name.to_string(),
+                generation: 1,
+                resource_slice_count: 1,
+            },
+            devices: Some(vec![device]),
+            ..ResourceSliceSpec::default()
+        },
+    }]
+}
+
+/// The major number `/proc/devices` lists for a character device.
+fn proc_devices_major(proc_devices: &Path, name: &str) -> Option<u32> {
+    let text = std::fs::read_to_string(proc_devices).ok()?;
+    text.lines()
+        .take_while(|l| !l.starts_with("Block devices"))
+        .filter_map(|l| l.trim().split_once(' '))
+        .find(|(_, n)| n.trim() == name)
+        .and_then(|(major, _)| major.parse().ok())
+}
+
+/// The node's clique from its GPUs' fabric info: `<cluster UUID>.<clique id>`, empty where no
+/// GPU has multi-node NVLink. GPUs of one node in different cliques, or not yet registered with
+/// the fabric manager, are an error: the node cannot join a domain then.
+pub fn node_clique(gpus: &dyn crate::gpu::GpuControl) -> Result<String, String> {
+    let inventory = gpus.inventory().map_err(|e| e.to_string())?;
+    let mut cliques = BTreeSet::new();
+    for gpu in &inventory.gpus {
+        match gpus.fabric(gpu.minor).map_err(|e| e.to_string())? {
+            None => {}
+            Some(info) if info.state == crate::gpu::model::FabricState::Completed => {
+                cliques.insert(info.clique());
+            }
+            Some(info) => {
+                return Err(format!(
+                    "GPU {}: NVLink fabric registration is {:?}, not completed",
+                    gpu.minor, info.state
+                ));
+            }
+        }
+    }
+    match cliques.len() {
+        0 => Ok(String::new()),
+        1 => Ok(cliques.into_iter().next().unwrap_or_default()),
+        _ => Err(format!(
+            "the node's GPUs are in several NVLink cliques: {cliques:?}"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_channel_major_comes_from_proc_devices() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("devices");
+        std::fs::write(
+            &path,
+            "Character devices:\n  1 mem\n195 nvidia\n234 nvidia-caps-imex-channels\n\nBlock devices:\n234 other\n",
+        )
+        .expect("write");
+        assert_eq!(proc_devices_major(&path, CHANNEL_DEVICE), Some(234));
+        assert_eq!(proc_devices_major(&path, "other"), None);
+    }
+}
