@@ -6,7 +6,18 @@
 # state file, the node's driver root, dev root, kubelet and CDI folders, and (chart_install's
 # extra arguments) settings every flag also takes from the environment (`extraEnv`).
 #
-# Sourced after the script defines E2E, ROOT, WORK and log/fail/wait_for.
+# Sourced after the script defines E2E, ROOT, WORK and log/fail; scripts that define no
+# wait_for of their own get chart_wait_for's as wait_for.
+# chart_wait_for DESCRIPTION TIMEOUT_SECONDS COMMAND...: until COMMAND succeeds, or fail.
+chart_wait_for() {
+    local what=$1 timeout=$2 deadline=$((SECONDS + $2))
+    shift 2
+    until "$@" >/dev/null 2>&1; do
+        ((SECONDS < deadline)) || fail "timed out after ${timeout}s waiting for: $what"
+        sleep 0.3
+    done
+}
+declare -F wait_for >/dev/null || wait_for() { chart_wait_for "$@"; }
 CHART_NAMESPACE=gpu-dra
 CHART_RELEASE=gpu-dra
 

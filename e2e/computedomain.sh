@@ -82,14 +82,6 @@ cleanup() {
 trap cleanup EXIT
 set -E
 trap 'fail "line $LINENO: unexpected failure of: $BASH_COMMAND"' ERR
-wait_for() { # description, timeout seconds, command...
-    local what=$1 timeout=$2 deadline=$((SECONDS + $2))
-    shift 2
-    until "$@" >/dev/null 2>&1; do
-        ((SECONDS < deadline)) || fail "timed out after ${timeout}s waiting for: $what"
-        sleep 0.3
-    done
-}
 
 export GPU_DRA=${GPU_DRA:-$ROOT/target/debug/gpu-dra}
 [[ -x $GPU_DRA ]] || (cd "$ROOT" && cargo build --bin gpu-dra) >&2
@@ -129,7 +121,7 @@ start_node() { # node [ENV=VALUE ...]
     local n=$1 d
     shift
     d=$(node_dir "$n")
-    env RUST_LOG=info "$@" "$GPU_DRA" run --node-name "$n" --gpus "$GPUS" --sim-state "$d/hw.json" \
+    env RUST_LOG=info "$@" "$GPU_DRA" run ${NODE_ARGS:-} --node-name "$n" --gpus "$GPUS" --sim-state "$d/hw.json" \
         --nvidia-driver-root "$d/driver-root" --kubeconfig "$KUBECONFIG" \
         --registrar-dir "$d/registry" --plugin-dir "$d/plugin" --kubelet-plugins-directory-path "$d/plugins" \
         --cdi-root "$d/cdi" --state-dir "$d/state" --compute-domains --node-ip "${IP[$n]}" \
@@ -273,6 +265,34 @@ done
 ok "a worker on cd-c (clique 2) never joins: its prepare fails naming its clique (1 of 4 ready), with a WaitingForComputeDomain event on its claim; no daemon of the domain lists cd-c"
 cd_kubelet cd-c unprepare --claim "$(claim_ref nvbandwidth-test-worker-c)" >/dev/null || fail "unprepare on cd-c"
 [[ $(imex_daemons | wc -l) == 4 ]] || fail "IMEX daemons after cd-c's unprepare: $(imex_daemons | wc -l), want 4"
+
+# ---------------------------------------------------------------- 3b. host-managed IMEX
+# cd-c's plugin with --imex-mode host-managed: the admin runs nvidia-imex on the host with a
+# command socket (here: the fake one, chrooted into cd-c's driver root, its socket inside it).
+stop_node cd-c
+droot=$(node_dir cd-c)/driver-root
+mkdir -p "$droot/etc/admin-imex"
+printf 'BIND_INTERFACE_IP=%s\nSERVER_PORT=50000\nIMEX_NODE_CONFIG_FILE=/etc/admin-imex/nodes.cfg\nIMEX_CMD_ENABLED=1\nIMEX_CMD_PORT=50005\nIMEX_CMD_UNIX_DOMAIN_PATH=/etc/admin-imex/cmd.sock\nDAEMONIZE=1\n' "${IP[cd-c]}" >"$droot/etc/admin-imex/config.cfg"
+echo "${IP[cd-c]}" >"$droot/etc/admin-imex/nodes.cfg"
+NODE_ARGS="--imex-mode host-managed --imex-host-socket $droot/etc/admin-imex/cmd.sock" start_node cd-c
+ref_c=$(claim_ref nvbandwidth-test-worker-c)
+out=$(cd_kubelet cd-c prepare --claim "$ref_c") || true
+err=$(jq -r '.claims[0].error // empty' <<<"$out")
+[[ $err == *"the host's IMEX daemon"*"cmd.sock"* ]] || fail "host-managed prepare without the host daemon: $out"
+chroot "$droot" /usr/bin/nvidia-imex -c /etc/admin-imex/config.cfg || fail "the admin's IMEX daemon did not start"
+out=$(cd_kubelet cd-c prepare --claim "$ref_c") || fail "host-managed prepare: $out"
+[[ -z $(jq -r '.claims[0].error // empty' <<<"$out") ]] || fail "host-managed prepare: $out"
+spec=$(cat "$(node_dir cd-c)"/cdi/k8s.compute-domain.nvidia.com-claim_*.json)
+[[ $(jq -r '.devices[0].containerEdits.deviceNodes | map(.path) | join(",")' <<<"$spec") == /dev/nvidia-caps-imex-channels/channel0 ]] || fail "host-managed CDI spec: $spec"
+[[ -z $(ls "$(node_dir cd-c)/state/compute-domains/domains" 2>/dev/null) ]] || fail "the host-managed plugin started a daemon of its own"
+kubectl get computedomain nvbandwidth-test-compute-domain -o json | jq -e '[.status.nodes[] | select(.name == "cd-c")] | length == 0' >/dev/null ||
+    fail "the host-managed node registered itself in the domain"
+cd_kubelet cd-c unprepare --claim "$ref_c" >/dev/null || fail "host-managed unprepare"
+admin=$(imex_daemons | while read -r p; do [[ $(readlink "/proc/$p/root") == "$droot" ]] && echo "$p"; done)
+[[ -n $admin ]] || fail "the unprepare stopped the admin's IMEX daemon"
+kill "$admin"
+stop_node cd-c
+ok "host-managed IMEX (cd-c): a prepare fails naming the host daemon's socket until the admin's nvidia-imex answers READY there, then injects channel 0; no daemon of its own, no node entry, and the admin's daemon outlives the unprepare"
 
 # ---------------------------------------------------------------- 4. kill -9
 ref_b=$(claim_ref "${placed[cd-b]}")

@@ -91,14 +91,6 @@ chart_cluster_up
 eval "$("$E2E/cluster" env)"
 LOGS=$GPU_DRA_CLUSTER_DIR/logs
 log "cluster up ($((SECONDS - T0))s)"
-wait_for() { # description, timeout seconds, command...
-    local what=$1 timeout=$2 deadline=$((SECONDS + $2))
-    shift 2
-    until "$@" >/dev/null 2>&1; do
-        ((SECONDS < deadline)) || fail "timed out after ${timeout}s waiting for: $what"
-        sleep 0.3
-    done
-}
 chart_import_images
 # NoExecute taints for GPUs that reset or fall off the bus (scenario 11), as an admin sets them;
 # the intervals are shorter than the defaults so the run stays short.

@@ -152,6 +152,8 @@ pub struct ComputeDomainOptions {
     pub ready_timeout: Duration,
     /// The driver root's tools (`nvidia-imex`, `nvidia-imex-ctl`).
     pub tools: crate::gpu::driver_tools::DriverRootTools,
+    /// Who runs the IMEX daemons.
+    pub imex: crate::compute_domain::node::ImexMode,
     pub cdi_root: PathBuf,
 }
 
@@ -806,7 +808,7 @@ async fn start_compute_domains(
     let clique = compute_domain::node::node_clique(control.as_ref())
         .map_err(|e| NodeError::Kube(format!("--compute-domains: {e}")))?;
     let daemons = ImexDaemons::new(cd.tools.clone(), cd.state_dir.join("domains"));
-    if !clique.is_empty() {
+    if !clique.is_empty() && cd.imex == compute_domain::node::ImexMode::DriverManaged {
         daemons
             .check()
             .map_err(|e| NodeError::Kube(format!("--compute-domains: {e}")))?;
@@ -831,6 +833,7 @@ async fn start_compute_domains(
             dev_root: options.dev_root.clone(),
             ready_timeout: cd.ready_timeout,
             simulated: control.simulated(),
+            imex: cd.imex.clone(),
         },
         daemons,
     )

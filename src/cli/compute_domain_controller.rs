@@ -15,6 +15,15 @@ pub struct ControllerArgs {
     /// Only this namespace's ComputeDomains (default: all namespaces).
     #[arg(long, env = "GPU_DRA_CONTROLLER_NAMESPACE")]
     pub namespace: Option<String>,
+    /// Who runs the IMEX daemons, as the node plugins were told (`--imex-mode`): with
+    /// `host-managed` a domain is Ready once its template exists and gets one channel per claim.
+    #[arg(
+        long,
+        env = "GPU_DRA_IMEX_MODE",
+        value_enum,
+        default_value = "driver-managed"
+    )]
+    pub imex_mode: super::run::ImexModeArg,
     /// How often every domain is reconciled even without a change.
     #[arg(long, default_value = "30s", value_parser = duration::parse)]
     pub resync_interval: Duration,
@@ -26,8 +35,11 @@ pub fn run(args: ControllerArgs) -> Result<std::process::ExitCode, CliError> {
         let client = crate::node::kube_client(args.kubeconfig.as_deref(), &Default::default())
             .await
             .map_err(|e| CliError::Node(Box::new(e)))?;
-        let controller =
-            crate::compute_domain::controller::Controller::new(client, args.namespace.clone());
+        let controller = crate::compute_domain::controller::Controller::new(
+            client,
+            args.namespace.clone(),
+            args.imex_mode == super::run::ImexModeArg::HostManaged,
+        );
         let (stop, stopped) = tokio::sync::watch::channel(false);
         tracing::info!(namespace = ?args.namespace, "ComputeDomain controller started");
         let task = tokio::spawn(async move {

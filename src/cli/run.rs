@@ -110,6 +110,21 @@ pub struct RunArgs {
     /// InternalIP). Only with --compute-domains.
     #[arg(long, env = "GPU_DRA_NODE_IP", requires = "compute_domains")]
     pub node_ip: Option<std::net::IpAddr>,
+    /// Who runs the IMEX daemons (NVIDIA's `imex.mode`): `driver-managed` (one per ComputeDomain,
+    /// started by the plugin) or `host-managed` (the admin runs nvidia-imex on the host; give
+    /// --imex-host-socket).
+    #[arg(
+        long,
+        env = "GPU_DRA_IMEX_MODE",
+        value_enum,
+        default_value = "driver-managed",
+        requires = "compute_domains"
+    )]
+    pub imex_mode: ImexModeArg,
+    /// Host-managed IMEX: the host daemon's command socket (its IMEX_CMD_UNIX_DOMAIN_PATH),
+    /// asked `nvidia-imex-ctl -q` before each channel is injected.
+    #[arg(long, env = "GPU_DRA_IMEX_HOST_SOCKET")]
+    pub imex_host_socket: Option<PathBuf>,
     /// How long one prepare of a channel waits for its ComputeDomain's nodes before it fails
     /// and kubelet retries (kubelet gives a prepare call 45 s).
     #[arg(long, env = "GPU_DRA_COMPUTE_DOMAIN_READY_TIMEOUT", default_value = "30s",
@@ -282,6 +297,25 @@ pub fn run(args: RunArgs) -> Result<ExitCode, CliError> {
     discovery.sim_mig_delay = args.sim_mig_delay;
     let mut gated = crate::slices::SliceOptions::new(&args.driver_name, &args.node_name);
     args.gated.apply(&mut gated)?;
+    let imex = match (args.imex_mode, &args.imex_host_socket) {
+        (ImexModeArg::DriverManaged, None) => crate::compute_domain::node::ImexMode::DriverManaged,
+        (ImexModeArg::DriverManaged, Some(socket)) => {
+            return Err(CliError::Usage(format!(
+                "--imex-host-socket {}: only with --imex-mode host-managed",
+                socket.display()
+            )));
+        }
+        (ImexModeArg::HostManaged, Some(socket)) => {
+            crate::compute_domain::node::ImexMode::HostManaged {
+                command_socket: socket.clone(),
+            }
+        }
+        (ImexModeArg::HostManaged, None) => {
+            return Err(CliError::Usage(
+                "--imex-mode host-managed: give --imex-host-socket (the host daemon's IMEX_CMD_UNIX_DOMAIN_PATH)".into(),
+            ));
+        }
+    };
     let compute_domains = args.compute_domains.then(|| {
         let plugin_dir = args
             .kubelet_plugins_directory_path
@@ -302,6 +336,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode, CliError> {
                 &args.nvidia_driver_root,
             ),
             cdi_root: args.cdi_root.clone(),
+            imex,
         }
     });
     let options = NodeOptions {
@@ -478,4 +513,11 @@ mod tests {
         assert_eq!(args.nvml_library().expect("default"), None);
         assert_eq!(args.dev_root(), None);
     }
+}
+
+/// `--imex-mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ImexModeArg {
+    DriverManaged,
+    HostManaged,
 }

@@ -28,6 +28,9 @@ pub struct Controller {
     client: kube::Client,
     /// Only this namespace's domains (`None`: all).
     namespace: Option<String>,
+    /// The admin runs the IMEX daemons (NVIDIA's `hostManaged`): no node registers, so a domain
+    /// is Ready once its template exists, and its channels are one per claim.
+    host_managed: bool,
 }
 
 fn name_of(domain: &ComputeDomain) -> String {
@@ -39,8 +42,12 @@ fn name_of(domain: &ComputeDomain) -> String {
 }
 
 impl Controller {
-    pub fn new(client: kube::Client, namespace: Option<String>) -> Self {
-        Self { client, namespace }
+    pub fn new(client: kube::Client, namespace: Option<String>, host_managed: bool) -> Self {
+        Self {
+            client,
+            namespace,
+            host_managed,
+        }
     }
 
     fn domains(&self) -> Api<ComputeDomain> {
@@ -139,7 +146,11 @@ impl Controller {
         .map_err(err)?;
         crate::prepare::failpoint::failpoint("cd-controller-template-created");
         let nodes = domain.status.clone().unwrap_or_default().nodes;
-        let status = api::domain_status(&domain.spec, &nodes);
+        let status = if self.host_managed {
+            api::STATUS_READY
+        } else {
+            api::domain_status(&domain.spec, &nodes)
+        };
         if domain.status.as_ref().map(|s| s.status.as_str()) != Some(status) {
             let patch = serde_json::json!({
                 "apiVersion": api::API_VERSION,
@@ -222,12 +233,14 @@ impl Controller {
                 "spec.channel.resourceClaimTemplate.name: ResourceClaimTemplate {namespace}/{name} exists and is not this domain's (label {DOMAIN_LABEL}={owner:?})"
             ));
         }
-        let mode = domain
-            .spec
-            .channel
-            .as_ref()
-            .and_then(|c| c.allocation_mode.clone())
-            .unwrap_or_else(|| "Single".into());
+        let mode = match &domain.spec.channel {
+            _ if self.host_managed => "Single".to_string(),
+            Some(channel) => channel
+                .allocation_mode
+                .clone()
+                .unwrap_or_else(|| "Single".into()),
+            None => "Single".into(),
+        };
         let template: ResourceClaimTemplate = serde_json::from_value(api::channel_template(
             namespace,
             domain.metadata.name.as_deref().unwrap_or_default(),

@@ -15,13 +15,16 @@ pub const SERVER_PORT: u16 = 50000;
 pub const COMMAND_PORT: u16 = 50005;
 const DAEMON_CANDIDATES: &[&str] = &["usr/bin/nvidia-imex", "usr/sbin/nvidia-imex"];
 const CTL_CANDIDATES: &[&str] = &["usr/bin/nvidia-imex-ctl", "usr/sbin/nvidia-imex-ctl"];
+/// [`ImexDaemons::err`]'s name for the admin's daemon (host-managed IMEX).
+const HOST: &str = "";
 const START_TIMEOUT: Duration = Duration::from_secs(20);
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
-#[error("IMEX daemon of ComputeDomain {domain}: {reason}")]
+#[error("{daemon}: {reason}")]
 pub struct ImexError {
-    pub domain: String,
+    /// Which daemon: a domain's, or the host's.
+    pub daemon: String,
     pub reason: String,
 }
 
@@ -47,7 +50,11 @@ impl ImexDaemons {
 
     fn err(domain: &str, reason: impl Into<String>) -> ImexError {
         ImexError {
-            domain: domain.to_string(),
+            daemon: if domain == HOST {
+                "the host's IMEX daemon".into()
+            } else {
+                format!("IMEX daemon of ComputeDomain {domain}")
+            },
             reason: reason.into(),
         }
     }
@@ -242,6 +249,45 @@ impl ImexDaemons {
         let output = tool_output(&mut command)
             .map_err(|e| Self::err(domain, format!("cannot run nvidia-imex-ctl: {e}")))?;
         Ok(output.status.success() && String::from_utf8_lossy(&output.stdout).trim() == "READY")
+    }
+
+    /// Host-managed IMEX: whether the admin's daemon answers READY on its command socket
+    /// (`nvidia-imex-ctl -q --u=SOCKET`, as NVIDIA's plugin asks), the reason when not. The
+    /// socket's folder is bound into the chroot, so it may live outside the driver root.
+    pub fn host_ready(&self, socket: &Path) -> Result<(), ImexError> {
+        let ctl = self
+            .ctl
+            .as_ref()
+            .ok_or_else(|| Self::err(HOST, "the driver root has no nvidia-imex-ctl"))?;
+        let (Some(folder), Some(file)) = (socket.parent(), socket.file_name()) else {
+            return Err(Self::err(
+                HOST,
+                format!("{} is not a socket path", socket.display()),
+            ));
+        };
+        let inside = format!("/tmp/nvidia-imex-host/{}", file.to_string_lossy());
+        let mut command = self
+            .tools
+            .command(ctl)
+            .bind(folder, "/tmp/nvidia-imex-host")
+            .args(["-q".to_string(), format!("--u={inside}")])
+            .build()
+            .map_err(|e| Self::err(HOST, e.to_string()))?;
+        let output = tool_output(&mut command)
+            .map_err(|e| Self::err(HOST, format!("cannot run nvidia-imex-ctl: {e}")))?;
+        let said = String::from_utf8_lossy(&output.stdout).trim().to_string();
+        if output.status.success() && said == "READY" {
+            return Ok(());
+        }
+        let err = String::from_utf8_lossy(&output.stderr).trim().to_string();
+        Err(Self::err(
+            HOST,
+            format!(
+                "not ready on {}: {}",
+                socket.display(),
+                if said.is_empty() { err } else { said }
+            ),
+        ))
     }
 
     /// Stops the domain's daemon and removes its folder and cgroup; returns whether a daemon ran.

@@ -43,6 +43,19 @@ pub struct ChannelPluginOptions {
     /// How long one prepare call waits for the domain before it fails (kubelet retries).
     pub ready_timeout: Duration,
     pub simulated: bool,
+    /// Who runs the IMEX daemon.
+    pub imex: ImexMode,
+}
+
+/// Who runs a node's IMEX daemon (NVIDIA's `imex.mode`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ImexMode {
+    /// One daemon per domain, started and stopped by this plugin (NVIDIA's `driverManaged`).
+    DriverManaged,
+    /// The host's own daemon, run by the admin (NVIDIA's `hostManaged`): channels are injected
+    /// once it answers READY on its command socket (`IMEX_CMD_UNIX_DOMAIN_PATH`); no daemon is
+    /// started and the node is not registered in the domain's status.
+    HostManaged { command_socket: PathBuf },
 }
 
 /// A claim this node prepared, or began to.
@@ -314,6 +327,22 @@ impl ChannelPlugin {
             self.save(&book)?;
         }
         crate::prepare::failpoint::failpoint("cd-prepare-booked");
+        if let ImexMode::HostManaged { command_socket } = &self.options.imex {
+            if self.options.clique.is_empty() {
+                self.write_cdi(&claim.uid, &[])?;
+                return Ok(self.prepared(&claim.uid, &requests, false));
+            }
+            let daemons = self.daemons.clone();
+            let socket = command_socket.clone();
+            let ready = tokio::task::spawn_blocking(move || daemons.host_ready(&socket))
+                .await
+                .map_err(|e| e.to_string())?;
+            ready
+                .map_err(|e| format!("ResourceClaim {claim}: {e}; kubelet retries the prepare"))?;
+            self.write_cdi(&claim.uid, &channels)?;
+            tracing::info!(claim = %claim, claimUID = %claim.uid, domain = %domain_name, "IMEX channel prepared (host-managed IMEX daemon)");
+            return Ok(self.prepared(&claim.uid, &requests, true));
+        }
         let num_nodes = domain.spec.num_nodes.max(0) as usize;
         if self.options.clique.is_empty() {
             // No multi-node NVLink here: no daemon, no channel (NVIDIA's behaviour), but the
@@ -505,7 +534,7 @@ impl ChannelPlugin {
             !book.claims.values().any(|c| c.domain == booked.domain)
         };
         crate::prepare::failpoint::failpoint("cd-unprepare-unbooked");
-        if last {
+        if last && self.options.imex == ImexMode::DriverManaged {
             self.leave(&booked.namespace, &booked.domain).await?;
         }
         tracing::info!(claimUID = %uid, domain = %booked.domain, "IMEX channel unprepared");
@@ -574,7 +603,7 @@ impl ChannelPlugin {
                 }
             }
         }
-        if self.options.clique.is_empty() {
+        if self.options.clique.is_empty() || self.options.imex != ImexMode::DriverManaged {
             return;
         }
         for (uid, namespace) in served {

@@ -28,3 +28,19 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- define "gpu-dra.serviceAccountUser" -}}
 {{- printf "system:serviceaccount:%s:%s" .Release.Namespace (include "gpu-dra.serviceAccountName" .) -}}
 {{- end -}}
+
+{{/* The IMEX mode flags of the plugin and the controller (computeDomains.imex). */}}
+{{- define "gpu-dra.imexArgs" -}}
+{{- $imex := .Values.computeDomains.imex }}
+{{- if eq $imex.mode "hostManaged" }}
+{{- if not $imex.hostSocket }}
+{{- fail "computeDomains.imex.mode hostManaged needs computeDomains.imex.hostSocket: the host nvidia-imex's IMEX_CMD_UNIX_DOMAIN_PATH" }}
+{{- end }}
+- --imex-mode=host-managed
+- --imex-host-socket={{ $imex.hostSocket }}
+{{- else if eq $imex.mode "driverManaged" }}
+- --imex-mode=driver-managed
+{{- else }}
+{{- fail (printf "computeDomains.imex.mode %q: use driverManaged or hostManaged" $imex.mode) }}
+{{- end }}
+{{- end }}

@@ -96,17 +96,29 @@ fn ctl(args: &[String]) -> Result<(), String> {
     } else if args.iter().any(|a| a == "-N") {
         "NODES"
     } else {
-        return Err("usage: nvidia-imex-ctl (-c CONFIG | -i IP -p PORT) (-q | -N)".into());
+        return Err(
+            "usage: nvidia-imex-ctl (-c CONFIG | -i IP -p PORT | --u=SOCKET) (-q | -N)".into(),
+        );
     };
-    let address = command_address(args)?;
-    let mut stream = TcpStream::connect_timeout(&address, Duration::from_secs(2))
-        .map_err(|e| format!("cannot reach the IMEX daemon at {address}: {e}"))?;
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .map_err(|e| e.to_string())?;
-    writeln!(stream, "{request}").map_err(|e| e.to_string())?;
     let mut answer = String::new();
-    std::io::Read::read_to_string(&mut stream, &mut answer).map_err(|e| e.to_string())?;
+    if let Some(socket) = args.iter().find_map(|a| a.strip_prefix("--u=")) {
+        let mut stream = std::os::unix::net::UnixStream::connect(socket)
+            .map_err(|e| format!("cannot reach the IMEX daemon at {socket}: {e}"))?;
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .map_err(|e| e.to_string())?;
+        writeln!(stream, "{request}").map_err(|e| e.to_string())?;
+        std::io::Read::read_to_string(&mut stream, &mut answer).map_err(|e| e.to_string())?;
+    } else {
+        let address = command_address(args)?;
+        let mut stream = TcpStream::connect_timeout(&address, Duration::from_secs(2))
+            .map_err(|e| format!("cannot reach the IMEX daemon at {address}: {e}"))?;
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .map_err(|e| e.to_string())?;
+        writeln!(stream, "{request}").map_err(|e| e.to_string())?;
+        std::io::Read::read_to_string(&mut stream, &mut answer).map_err(|e| e.to_string())?;
+    }
     print!("{answer}");
     Ok(())
 }
@@ -145,6 +157,20 @@ fn daemon(args: &[String]) -> Result<(), String> {
     } else {
         None
     };
+    // IMEX_CMD_UNIX_DOMAIN_PATH: commands on a unix socket too (a host daemon for containers).
+    let unix_commands = match config
+        .get("IMEX_CMD_UNIX_DOMAIN_PATH")
+        .filter(|p| !p.is_empty())
+    {
+        Some(path) => {
+            let _ = std::fs::remove_file(path);
+            Some(
+                std::os::unix::net::UnixListener::bind(path)
+                    .map_err(|e| format!("cannot listen for commands on {path}: {e}"))?,
+            )
+        }
+        None => None,
+    };
     let mut wanted = read_nodes(&node_file, &bind_ip)?;
     // DAEMONIZE=1 (NVIDIA's default): the launcher returns once the daemon listens, and the
     // daemon leaves its session. Forked before any thread exists.
@@ -175,11 +201,19 @@ fn daemon(args: &[String]) -> Result<(), String> {
         }
     });
     let peers: Peers = Arc::default();
+    if let Some(commands) = unix_commands {
+        let peers = peers.clone();
+        std::thread::spawn(move || {
+            for stream in commands.incoming().flatten() {
+                answer(&stream, &stream, &peers);
+            }
+        });
+    }
     if let Some(commands) = commands {
         let peers = peers.clone();
         std::thread::spawn(move || {
             for stream in commands.incoming().flatten() {
-                answer(stream, &peers);
+                answer(&stream, &stream, &peers);
             }
         });
     }
@@ -274,12 +308,9 @@ fn greet_back(stream: TcpStream, me: &str) {
     }
 }
 
-fn answer(stream: TcpStream, peers: &Peers) {
-    let Ok(mut writer) = stream.try_clone() else {
-        return;
-    };
+fn answer(reader: impl std::io::Read, mut writer: impl Write, peers: &Peers) {
     let mut request = String::new();
-    if BufReader::new(stream).read_line(&mut request).is_err() {
+    if BufReader::new(reader).read_line(&mut request).is_err() {
         return;
     }
     let table = peers.lock().unwrap_or_else(|p| p.into_inner());
