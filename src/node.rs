@@ -805,10 +805,11 @@ async fn start_compute_domains(
         Some(ip) => ip.clone(),
         None => node_internal_ip(&client, &node_name, options.api_timeouts.request).await?,
     };
-    let clique = compute_domain::node::node_clique(control.as_ref())
-        .map_err(|e| NodeError::Kube(format!("--compute-domains: {e}")))?;
     let daemons = ImexDaemons::new(cd.tools.clone(), cd.state_dir.join("domains"));
-    if !clique.is_empty() && cd.imex == compute_domain::node::ImexMode::DriverManaged {
+    // Only nodes with multi-node NVLink run IMEX daemons; one whose fabric cannot be read yet
+    // is checked as well (it will have it).
+    let fabric = compute_domain::node::node_clique(control.as_ref());
+    if fabric.as_deref() != Ok("") && cd.imex == compute_domain::node::ImexMode::DriverManaged {
         daemons
             .check()
             .map_err(|e| NodeError::Kube(format!("--compute-domains: {e}")))?;
@@ -827,7 +828,6 @@ async fn start_compute_domains(
         compute_domain::node::ChannelPluginOptions {
             node_name: node_name.clone(),
             node_ip: node_ip.clone(),
-            clique: clique.clone(),
             state_dir: cd.state_dir.clone(),
             cdi_root: cd.cdi_root.clone(),
             dev_root: options.dev_root.clone(),
@@ -836,6 +836,7 @@ async fn start_compute_domains(
             imex: cd.imex.clone(),
         },
         daemons,
+        control.clone(),
     )
     .map_err(|e| NodeError::Kube(format!("--compute-domains: {e}")))?;
     let plugin = Arc::new(plugin);
@@ -847,7 +848,7 @@ async fn start_compute_domains(
         plugin.clone(),
     ))
     .await?;
-    tracing::info!(node_ip, clique, registration = %server.registration_socket_path().display(), "ComputeDomain plugin started");
+    tracing::info!(node_ip, clique = ?plugin.clique(), registration = %server.registration_socket_path().display(), "ComputeDomain plugin started");
     let publisher = Publisher::new(
         client,
         SliceOptions::new(compute_domain::DRIVER_NAME, &node_name),

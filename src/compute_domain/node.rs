@@ -34,8 +34,6 @@ pub struct ChannelPluginOptions {
     pub node_name: String,
     /// The address IMEX daemons of other nodes reach this node's at.
     pub node_ip: String,
-    /// `<cluster UUID>.<clique id>`; empty on a node without multi-node NVLink.
-    pub clique: String,
     /// The book and the daemons' folders.
     pub state_dir: PathBuf,
     pub cdi_root: PathBuf,
@@ -82,6 +80,12 @@ pub struct ChannelPlugin {
     book: Mutex<Book>,
     /// One daemon change at a time (start, reload, stop).
     daemon_lock: Arc<Mutex<()>>,
+    /// The GPUs whose fabric info gives the node's clique.
+    gpus: Arc<dyn crate::gpu::GpuControl>,
+    /// The node's clique once read: `<cluster UUID>.<clique id>`, empty on a node without
+    /// multi-node NVLink. Read again at each use until it could be read (GPUs still
+    /// registering with the fabric manager at start).
+    clique: Mutex<Option<String>>,
 }
 
 fn field_manager(node: &str) -> String {
@@ -94,11 +98,19 @@ impl ChannelPlugin {
         claims: Arc<dyn ClaimSource>,
         options: ChannelPluginOptions,
         daemons: ImexDaemons,
+        gpus: Arc<dyn crate::gpu::GpuControl>,
     ) -> Result<Self, String> {
+        let clique = match node_clique(gpus.as_ref()) {
+            Ok(clique) => Some(clique),
+            Err(e) => {
+                tracing::warn!(error = %e, "the node's NVLink clique cannot be read yet; channel prepares fail until it can");
+                None
+            }
+        };
         let channel_major = match proc_devices_major(Path::new("/proc/devices"), CHANNEL_DEVICE) {
             Some(major) => major,
             None if options.simulated => SIMULATED_CHANNEL_MAJOR,
-            None if options.clique.is_empty() => 0,
+            None if clique.as_deref() == Some("") => 0,
             None => {
                 return Err(format!(
                     "/proc/devices has no {CHANNEL_DEVICE}: the NVIDIA kernel module of this multi-node NVLink node registered no IMEX channels"
@@ -123,7 +135,22 @@ impl ChannelPlugin {
             channel_major,
             book: Mutex::new(book),
             daemon_lock: Arc::default(),
+            gpus,
+            clique: Mutex::new(clique),
         })
+    }
+
+    /// The node's clique, read again while it could not be.
+    pub fn clique(&self) -> Result<String, String> {
+        let mut known = self.clique.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(clique) = known.as_ref() {
+            return Ok(clique.clone());
+        }
+        let clique = node_clique(self.gpus.as_ref())
+            .map_err(|e| format!("this node's NVLink clique: {e}"))?;
+        tracing::info!(clique, "the node's NVLink clique");
+        *known = Some(clique.clone());
+        Ok(clique)
     }
 
     /// The node's pool: channel 0, with NVIDIA's attributes.
@@ -170,7 +197,12 @@ impl ChannelPlugin {
     /// Returns the domain as the server has it afterwards. The index is the clique's smallest
     /// free one; two nodes that took the same one at once are told apart by name: the later
     /// name takes another.
-    async fn register(&self, domain: &ComputeDomain, ready: bool) -> Result<ComputeDomain, String> {
+    async fn register(
+        &self,
+        domain: &ComputeDomain,
+        clique: &str,
+        ready: bool,
+    ) -> Result<ComputeDomain, String> {
         let name = domain.metadata.name.clone().unwrap_or_default();
         let namespace = domain.metadata.namespace.clone().unwrap_or_default();
         let status = domain.status.clone().unwrap_or_default();
@@ -179,7 +211,7 @@ impl ChannelPlugin {
             status
                 .nodes
                 .iter()
-                .filter(|n| &n.name != me && n.clique_id == self.options.clique)
+                .filter(|n| &n.name != me && n.clique_id == clique)
         };
         let index = status
             .nodes
@@ -194,7 +226,7 @@ impl ChannelPlugin {
         let entry = DomainNode {
             name: me.clone(),
             ip_address: self.options.node_ip.clone(),
-            clique_id: self.options.clique.clone(),
+            clique_id: clique.to_string(),
             index,
             status: if ready {
                 STATUS_READY
@@ -241,12 +273,12 @@ impl ChannelPlugin {
     }
 
     /// The addresses of the domain's nodes in this node's clique (this node's among them).
-    fn peers(&self, domain: &ComputeDomain) -> Vec<String> {
+    fn peers(&self, domain: &ComputeDomain, clique: &str) -> Vec<String> {
         let mut peers: Vec<String> = domain
             .status
             .iter()
             .flat_map(|s| s.nodes.iter())
-            .filter(|n| n.clique_id == self.options.clique && !n.ip_address.is_empty())
+            .filter(|n| n.clique_id == clique && !n.ip_address.is_empty())
             .map(|n| n.ip_address.clone())
             .collect();
         peers.push(self.options.node_ip.clone());
@@ -255,10 +287,16 @@ impl ChannelPlugin {
         peers
     }
 
-    /// Runs the domain's daemon with its current peers; reports whether it is ready.
-    async fn run_daemon(&self, domain: &ComputeDomain) -> Result<bool, String> {
+    /// Runs the domain's daemon with its current peers; reports whether it is ready (connected
+    /// to those peers) and the peers it was given.
+    async fn run_daemon(
+        &self,
+        domain: &ComputeDomain,
+        clique: &str,
+    ) -> Result<(bool, Vec<String>), String> {
         let uid = domain.metadata.uid.clone().unwrap_or_default();
-        let peers = self.peers(domain);
+        let peers = self.peers(domain, clique);
+        let given = peers.clone();
         let daemons = self.daemons.clone();
         let lock = self.daemon_lock.clone();
         let ip = self.options.node_ip.clone();
@@ -269,6 +307,7 @@ impl ChannelPlugin {
         })
         .await
         .map_err(|e| e.to_string())?
+        .map(|ready| (ready, given))
         .map_err(|e| e.to_string())
     }
 
@@ -327,8 +366,11 @@ impl ChannelPlugin {
             self.save(&book)?;
         }
         crate::prepare::failpoint::failpoint("cd-prepare-booked");
+        let clique = self
+            .clique()
+            .map_err(|e| format!("ResourceClaim {claim}: {e}"))?;
         if let ImexMode::HostManaged { command_socket } = &self.options.imex {
-            if self.options.clique.is_empty() {
+            if clique.is_empty() {
                 self.write_cdi(&claim.uid, &[])?;
                 return Ok(self.prepared(&claim.uid, &requests, false));
             }
@@ -344,31 +386,34 @@ impl ChannelPlugin {
             return Ok(self.prepared(&claim.uid, &requests, true));
         }
         let num_nodes = domain.spec.num_nodes.max(0) as usize;
-        if self.options.clique.is_empty() {
+        if clique.is_empty() {
             // No multi-node NVLink here: no daemon, no channel (NVIDIA's behaviour), but the
             // node counts as ready so a single-node workload starts.
-            let _ = self.register(&domain, true).await?;
+            let _ = self.register(&domain, &clique, true).await?;
             self.write_cdi(&claim.uid, &[])?;
             return Ok(self.prepared(&claim.uid, &requests, false));
         }
-        let mut domain = self.register(&domain, false).await?;
+        let mut domain = self.register(&domain, &clique, false).await?;
         let deadline = Instant::now() + self.options.ready_timeout;
         let mut told = false;
         loop {
-            let ready = self.run_daemon(&domain).await?;
+            let (ready, peers) = self.run_daemon(&domain, &clique).await?;
             crate::prepare::failpoint::failpoint("cd-prepare-daemon-started");
-            domain = self.register(&domain, ready).await?;
+            domain = self.register(&domain, &clique, ready).await?;
+            // Ready means connected to the peers it was given: nodes that registered meanwhile
+            // are not among them yet.
+            let ready = ready && self.peers(&domain, &clique) == peers;
             let nodes = domain.status.clone().unwrap_or_default().nodes;
             let ready_here = nodes
                 .iter()
-                .filter(|n| n.clique_id == self.options.clique && n.status == STATUS_READY)
+                .filter(|n| n.clique_id == clique && n.status == STATUS_READY)
                 .count();
             if ready && ready_here >= num_nodes {
                 break;
             }
             let waiting = format!(
                 "ComputeDomain {domain_name}: {ready_here} of {num_nodes} nodes of NVLink clique {} ready (this node's IMEX daemon {})",
-                self.options.clique,
+                clique,
                 if ready { "ready" } else { "not ready yet" }
             );
             if Instant::now() >= deadline {
@@ -603,7 +648,10 @@ impl ChannelPlugin {
                 }
             }
         }
-        if self.options.clique.is_empty() || self.options.imex != ImexMode::DriverManaged {
+        let Ok(clique) = self.clique() else {
+            return;
+        };
+        if clique.is_empty() || self.options.imex != ImexMode::DriverManaged {
             return;
         }
         for (uid, namespace) in served {
@@ -615,9 +663,9 @@ impl ChannelPlugin {
                     continue;
                 }
             };
-            match self.run_daemon(&domain).await {
-                Ok(ready) => {
-                    if let Err(e) = self.register(&domain, ready).await {
+            match self.run_daemon(&domain, &clique).await {
+                Ok((ready, _)) => {
+                    if let Err(e) = self.register(&domain, &clique, ready).await {
                         tracing::warn!(error = %e, "cannot update this node's IMEX readiness");
                     }
                 }

@@ -608,3 +608,74 @@ fn gpu_use_through_nvml_is_the_simulators() {
         1
     );
 }
+
+/// NVLink fabric info through NVML's `nvmlDeviceGetGpuFabricInfo` is the simulator's: GB200
+/// GPUs in the rack's clique (and another once the fabric manager moves the node), none on
+/// models without multi-node NVLink; the node's clique reads the same through both backends.
+#[test]
+fn fabric_info_and_the_nodes_clique_match() {
+    use gpu_dra::compute_domain::node::node_clique;
+    use gpu_dra::gpu::GpuControl;
+    use gpu_dra::gpu::model::{FabricInfo, FabricState};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("s.json");
+    let _guard = ENV.lock().unwrap_or_else(|p| p.into_inner());
+    for (spec, node, fabric) in [
+        ("sim:4xGB200-186GB", "rack-a", None),
+        (
+            "sim:4xGB200-186GB",
+            "rack-b",
+            Some(FabricInfo {
+                cluster_uuid: "0b1c5b0e-4c55-4a8a-9f39-8f8e5a3c1d2e".into(),
+                clique_id: 7,
+                state: FabricState::Completed,
+            }),
+        ),
+        ("sim:2xH100-SXM5-80GB", "hgx", None),
+    ] {
+        let _ = std::fs::remove_file(&state);
+        let sim = SimNode::new(spec.parse().expect("spec"), node, Some(state.clone()));
+        if let Some(fabric) = &fabric {
+            sim.set_fabric(fabric.clone()).expect("fabric");
+        }
+        let sysfs = tempfile::tempdir().expect("sysfs");
+        sim.write_sysfs(sysfs.path()).expect("sysfs links");
+        // SAFETY: the ENV lock serialises every reader and writer of these variables.
+        unsafe {
+            std::env::set_var("FAKE_NVML_GPUS", spec);
+            std::env::set_var("FAKE_NVML_NODE", node);
+            std::env::set_var("FAKE_NVML_STATE", &state);
+        }
+        let backend = NvmlBackend::open(Some(&fake_library()), sysfs.path().to_path_buf())
+            .expect("NVML init");
+        for minor in 0..sim.inventory().expect("sim").gpus.len() as u32 {
+            assert_eq!(
+                backend.fabric(minor).expect("NVML fabric"),
+                sim.fabric(minor).expect("sim fabric"),
+                "{spec} GPU {minor}"
+            );
+        }
+        let through_nvml = node_clique(&backend).expect("clique through NVML");
+        assert_eq!(through_nvml, node_clique(&sim).expect("clique"), "{spec}");
+        let expected = match (spec, &fabric) {
+            (_, Some(f)) => f.clique(),
+            ("sim:4xGB200-186GB", None) => gpu_dra::gpu::sim::default_fabric().clique(),
+            _ => String::new(),
+        };
+        assert_eq!(through_nvml, expected, "{spec}");
+    }
+    // A node whose GPUs are not registered with the fabric yet cannot join a domain.
+    let _ = std::fs::remove_file(&state);
+    let sim = SimNode::new(
+        "sim:1xGB200-186GB".parse().expect("spec"),
+        "rack-c",
+        Some(state.clone()),
+    );
+    sim.set_fabric(FabricInfo {
+        state: FabricState::InProgress,
+        ..gpu_dra::gpu::sim::default_fabric()
+    })
+    .expect("fabric");
+    let error = node_clique(&sim).expect_err("not registered");
+    assert!(error.contains("InProgress"), "{error}");
+}
