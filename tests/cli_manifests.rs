@@ -550,7 +550,7 @@ fn an_unknown_device_class_names_the_template_and_field() {
         "{line}"
     );
     assert!(
-        line.ends_with(": spec.spec.devices.requests[0].exactly.deviceClassName: DeviceClass \"gpu.nvidia.co\" not found; the DeviceClasses given are gpu.nvidia.com, h100.example.com, mig.nvidia.com, vfio.gpu.nvidia.com"),
+        line.ends_with(": spec.spec.devices.requests[0].exactly.deviceClassName: DeviceClass \"gpu.nvidia.co\" not found; the DeviceClasses given are compute-domain-daemon.nvidia.com, compute-domain-default-channel.nvidia.com, gpu.nvidia.com, h100.example.com, mig.nvidia.com, vfio.gpu.nvidia.com"),
         "{line}"
     );
 }
