@@ -52,8 +52,9 @@ kubectl create namespace "$NAMESPACE" >&2
 out=$(kubectl apply --dry-run=server -f "$WORK/chart.yaml" 2>&1) || fail "server dry run rejected the chart: $out"
 ok "helm lint and template pass; the API server accepts all $(jq '.items | length' "$WORK/chart.json") rendered objects (dry run)"
 
-# Same classes as the repository's deviceclasses/ (Helm only adds labels).
-as_json "$ROOT/deviceclasses" | jq -S '[.items[] | {name: .metadata.name, spec}] | sort_by(.name)' >"$WORK/classes.repo.json"
+# Same classes as the repository's deviceclasses/ (Helm only adds labels); NVIDIA's ComputeDomain
+# classes only with computeDomains.enabled (below).
+as_json "$ROOT/deviceclasses" | jq -S '[.items[] | {name: .metadata.name, spec} | select(.name | startswith("compute-domain") | not)] | sort_by(.name)' >"$WORK/classes.repo.json"
 jq -S '[.items[] | select(.kind == "DeviceClass") | {name: .metadata.name, spec}] | sort_by(.name)' "$WORK/chart.json" >"$WORK/classes.chart.json"
 diff -u "$WORK/classes.repo.json" "$WORK/classes.chart.json" >&2 || fail "the chart's DeviceClasses differ from deviceclasses/"
 render --set extendedResources.enabled=false --set driverName=gpu.example.com --set healthTaintEffects=lost=NoExecute \
@@ -68,6 +69,29 @@ as_json "$WORK/variant.yaml" | jq -e '
          | index("--driver-name=gpu.example.com") != null and index("--health-taint-effects=lost=NoExecute") != null)' >/dev/null \
     || fail "extendedResources.enabled=false / driverName / healthTaintEffects did not render as expected"
 ok "the chart's DeviceClasses equal deviceclasses/; extendedResources, driverName and healthTaintEffects switch as documented"
+
+# computeDomains.enabled: the CRD, NVIDIA's two classes, the controller's Deployment and RBAC,
+# the channel plugin's flags, permissions and admission rule; the API server takes them all.
+render --include-crds --set computeDomains.enabled=true >"$WORK/cd.yaml" || fail "helm template with computeDomains.enabled"
+as_json "$WORK/cd.yaml" >"$WORK/cd.json" || fail "the computeDomains render is not valid YAML"
+kinds=$(jq -c '[.items[].kind] | sort' "$WORK/cd.json")
+want='["ClusterRole","ClusterRole","ClusterRoleBinding","ClusterRoleBinding","CustomResourceDefinition","DaemonSet","Deployment","DeviceClass","DeviceClass","DeviceClass","DeviceClass","DeviceClass","ServiceAccount","ServiceAccount","ValidatingAdmissionPolicy","ValidatingAdmissionPolicyBinding"]'
+[[ $kinds == "$want" ]] || fail "computeDomains.enabled rendered kinds: $kinds"
+as_json "$ROOT/deviceclasses" | jq -S '[.items[] | {name: .metadata.name, spec}] | sort_by(.name)' >"$WORK/cd-classes.repo.json"
+jq -S '[.items[] | select(.kind == "DeviceClass") | {name: .metadata.name, spec}] | sort_by(.name)' "$WORK/cd.json" >"$WORK/cd-classes.chart.json"
+diff -u "$WORK/cd-classes.repo.json" "$WORK/cd-classes.chart.json" >&2 || fail "computeDomains.enabled: the chart's DeviceClasses differ from deviceclasses/"
+jq -e '(.items[] | select(.kind == "DaemonSet") | .spec.template.spec.containers[0].args
+        | index("--compute-domains") != null and index("--imex-mode=driver-managed") != null)
+    and (.items[] | select(.kind == "Deployment") | .spec.template.spec.containers[0].args[0] == "compute-domain-controller")' "$WORK/cd.json" >/dev/null \
+    || fail "computeDomains.enabled: the plugin's or the controller's arguments"
+kubectl create namespace "$NAMESPACE" --dry-run=client -o yaml | kubectl apply -f - >&2
+crd=$(jq '{apiVersion: "v1", kind: "List", items: [.items[] | select(.kind == "CustomResourceDefinition")]}' "$WORK/cd.json")
+kubectl apply -f - <<<"$crd" >&2 || fail "the ComputeDomain CRD was refused"
+out=$(kubectl apply --dry-run=server -f "$WORK/cd.yaml" 2>&1) || fail "server dry run rejected the computeDomains render: $out"
+"$HELM" template "$RELEASE" "$CHART" --set computeDomains.enabled=true --set computeDomains.imex.mode=hostManaged >/dev/null 2>"$WORK/cd.err" &&
+    fail "computeDomains.imex.mode=hostManaged without hostSocket rendered"
+grep -q "needs computeDomains.imex.hostSocket" "$WORK/cd.err" || fail "hostManaged without hostSocket: $(cat "$WORK/cd.err")"
+ok "computeDomains.enabled: CRD, NVIDIA's classes (equal to deviceclasses/), controller Deployment and RBAC, plugin flags; the API server accepts them (dry run); hostManaged without its socket is refused"
 
 # The gated slice fields: featureGates as NVIDIA's chart takes them, the overhead table as a
 # ConfigMap the driver reads (section 4 runs the driver with exactly these).
