@@ -184,6 +184,8 @@ wait_for "its IMEX daemon stopped" 30 no_imex_daemons
 for n in cd-b cd-d cd-e; do start_node "$n"; done
 wait_for "channel-0 on the real node and cd-b, cd-d, cd-e" 30 bash -c \
     '[[ $(kubectl get resourceslices -o json | jq "[.items[] | select(.spec.driver==\"compute-domain.nvidia.com\")] | length") == 4 ]]'
+cliques=$(kubectl get resourceslices -o json | jq -c '[.items[] | select(.spec.driver == "compute-domain.nvidia.com") | .spec.devices[0].attributes.cliqueID.string] | unique')
+[[ $cliques == "[\"$CLIQUE1\"]" ]] || fail "channel-0's cliqueID attributes: $cliques"
 job=$(sed -n '/^kind: MPIJob/,$p' "$E2E/pods/nvidia/nvbandwidth-test-job.yaml" | sed '1i apiVersion: kubeflow.org/v2beta1' | python3 -c 'import sys, yaml, json; print(json.dumps(yaml.safe_load(sys.stdin)))')
 # The ComputeDomain exactly as the file has it.
 python3 -c 'import sys, yaml
@@ -243,6 +245,22 @@ nodes=$(kubectl get computedomain nvbandwidth-test-compute-domain -o json | jq -
 [[ $nodes == "[[\"cd-b\",\"127.0.0.12\",\"Ready\"],[\"cd-d\",\"127.0.0.14\",\"Ready\"],[\"cd-e\",\"127.0.0.15\",\"Ready\"],[\"$E2E_NODE\",\"$REAL_IP\",\"Ready\"]]" ]] ||
     fail "status.nodes: $nodes"
 ok "four IMEX daemons, one per node, each connected to its three peers; status.nodes lists the four Ready and the domain is Ready"
+
+# The driver pod deleted under the running worker (what users see as a driver restart): the
+# real node's IMEX daemon is the same process before and after, the worker keeps running, and the
+# new pod's plugin finds the domain it serves.
+real_daemon() { imex_daemons | while read -r p; do [[ $(readlink "/proc/$p/root") == "$E2E_DRIVER_ROOT" ]] && echo "$p"; done; }
+before=$(real_daemon)
+[[ -n $before ]] || fail "no IMEX daemon on the real node"
+registrations=$(grep -c 'Registered DRA plugin.*compute-domain.nvidia.com' "$GPU_DRA_CLUSTER_DIR/logs/kubelet.log")
+driver_restart
+[[ $(real_daemon) == "$before" ]] || fail "the real node's IMEX daemon changed across the driver restart: $before -> $(real_daemon)"
+[[ $(kubectl get pod "$real_worker" -o jsonpath='{.status.phase}') == Running ]] || fail "$real_worker stopped across the driver restart"
+wait_for "the new driver pod's plugin registered" 30 bash -c "(( \$(grep -c 'Registered DRA plugin.*compute-domain.nvidia.com' $GPU_DRA_CLUSTER_DIR/logs/kubelet.log) > $registrations ))"
+sleep 3 # two of the plugin's rounds (GPU_DRA_GC_INTERVAL=2s)
+[[ $(kubectl get computedomain nvbandwidth-test-compute-domain -o jsonpath='{.status.status}') == Ready ]] || fail "the domain is not Ready after the driver restart"
+[[ $(real_daemon) == "$before" ]] || fail "the restarted plugin replaced the real node's IMEX daemon"
+ok "driver pod deleted under the running worker: the real node's IMEX daemon ($before) outlives it, the worker keeps running, the new pod's plugin keeps the domain Ready with the same daemon"
 
 # ---------------------------------------------------------------- 3. another clique
 start_node cd-c
@@ -326,24 +344,60 @@ done
 ok "kill -9 of cd-b's plugin at each of its steps (booked, daemon started, unbooked): the restarted plugin prepares again with one daemon, or stops the daemon no claim holds; four Ready nodes, four daemons"
 kubectl -n "$CHART_NAMESPACE" scale deploy -l app.kubernetes.io/instance=$CHART_RELEASE --replicas=0 >/dev/null
 wait_for "the chart's controller stopped" 60 bash -c "[[ -z \$(kubectl -n $CHART_NAMESPACE get pods -l app.kubernetes.io/component=compute-domain-controller -o name) ]]"
-env GPU_DRA_FAILPOINT=cd-controller-template-created "$GPU_DRA" compute-domain-controller --kubeconfig "$KUBECONFIG" --resync-interval 2s >>"$WORK/controller.log" 2>&1 &
-CONTROLLER_PID=$!
-python3 -c 'import sys, yaml
+start_controller() { # [ENV=VALUE ...]
+    env "$@" "$GPU_DRA" compute-domain-controller --kubeconfig "$KUBECONFIG" --resync-interval 2s >>"$WORK/controller.log" 2>&1 &
+    CONTROLLER_PID=$!
+}
+controller_killed_at() { # step
+    wait_for "the controller killed at $1" 30 bash -c "! kill -0 $CONTROLLER_PID 2>/dev/null"
+    wait "$CONTROLLER_PID" 2>/dev/null || true
+    grep -q "failpoint reached.*$1" "$WORK/controller.log" || fail "the controller did not reach $1"
+}
+injection_domain() { # NVIDIA's channel-injection.yaml's ComputeDomain alone
+    python3 -c 'import sys, yaml
 for d in yaml.safe_load_all(open(sys.argv[1])):
-    if d and d["kind"] == "ComputeDomain": print(yaml.safe_dump(d))' "$E2E/pods/nvidia/channel-injection.yaml" | kubectl apply -f - >/dev/null
-wait_for "the controller killed at its failpoint" 30 bash -c "! kill -0 $CONTROLLER_PID 2>/dev/null"
-wait "$CONTROLLER_PID" 2>/dev/null || true
-"$GPU_DRA" compute-domain-controller --kubeconfig "$KUBECONFIG" --resync-interval 2s >>"$WORK/controller.log" 2>&1 &
-CONTROLLER_PID=$!
-wait_for "imex-channel-injection NotReady (no node yet) after the restart" 30 bash -c "[[ \$(kubectl get computedomain imex-channel-injection -o jsonpath='{.status.status}') == NotReady ]]"
-[[ $(kubectl get resourceclaimtemplates -l resource.nvidia.com/computeDomain="$(kubectl get computedomain imex-channel-injection -o jsonpath='{.metadata.uid}')" -o name | wc -l) == 1 ]] ||
-    fail "imex-channel-injection does not have exactly one template"
-kubectl delete computedomain imex-channel-injection --wait=true --timeout 30s >/dev/null
-kubectl get resourceclaimtemplate imex-channel-0 >/dev/null 2>&1 && fail "imex-channel-0 outlived its domain"
+    if d and d["kind"] == "ComputeDomain": print(yaml.safe_dump(d))' "$E2E/pods/nvidia/channel-injection.yaml"
+}
+# Each of the controller's step boundaries (COMPUTE_DOMAIN_STEPS): killed there, restarted, the
+# domain ends with one template and a status; deleted, template and finalizer go.
+for step in cd-controller-finalizer-added cd-controller-template-created cd-controller-template-deleted; do
+    if [[ $step == *-deleted ]]; then start_controller; else start_controller GPU_DRA_FAILPOINT=$step; fi
+    injection_domain | kubectl apply -f - >/dev/null
+    if [[ $step != *-deleted ]]; then controller_killed_at "$step"; start_controller; fi
+    wait_for "imex-channel-injection NotReady (no node yet) after $step" 30 bash -c "[[ \$(kubectl get computedomain imex-channel-injection -o jsonpath='{.status.status}') == NotReady ]]"
+    uid=$(kubectl get computedomain imex-channel-injection -o jsonpath='{.metadata.uid}')
+    [[ $(kubectl get resourceclaimtemplates -l resource.nvidia.com/computeDomain="$uid" -o name | wc -l) == 1 ]] ||
+        fail "after $step: imex-channel-injection does not have exactly one template"
+    if [[ $step == *-deleted ]]; then
+        kill "$CONTROLLER_PID"; wait "$CONTROLLER_PID" 2>/dev/null || true
+        start_controller GPU_DRA_FAILPOINT=$step
+        kubectl delete computedomain imex-channel-injection --wait=false >/dev/null
+        controller_killed_at "$step"
+        kubectl get computedomain imex-channel-injection >/dev/null 2>&1 || fail "the domain went before its finalizer was removed"
+        start_controller
+    else
+        kubectl delete computedomain imex-channel-injection --wait=false >/dev/null
+    fi
+    wait_for "imex-channel-injection gone after $step" 30 bash -c "! kubectl get computedomain imex-channel-injection"
+    kubectl get resourceclaimtemplate imex-channel-0 >/dev/null 2>&1 && fail "after $step: imex-channel-0 outlived its domain"
+    kill "$CONTROLLER_PID"; wait "$CONTROLLER_PID" 2>/dev/null || true
+done
+ok "kill -9 of the controller at each of its steps (finalizer added, template made, template deleted): the restarted one finishes (one template, a status; on deletion the finalizer), nothing left"
+# A node that left the cluster (its entry written by no plugin any more) leaves the domain.
+start_controller
+kubectl apply --server-side --subresource=status --field-manager=gpu-dra-node-cd-gone -f - >/dev/null <<EOF
+apiVersion: resource.nvidia.com/v1beta1
+kind: ComputeDomain
+metadata: {name: nvbandwidth-test-compute-domain, namespace: default}
+status:
+  nodes: [{name: cd-gone, ipAddress: 127.0.0.99, cliqueID: "$CLIQUE1", index: 9, status: Ready}]
+EOF
+wait_for "cd-gone out of status.nodes" 30 bash -c "! kubectl get computedomain nvbandwidth-test-compute-domain -o json | jq -e '.status.nodes[] | select(.name == \"cd-gone\")'"
+[[ $(kubectl get computedomain nvbandwidth-test-compute-domain -o json | jq '.status.nodes | length') == 4 ]] || fail "the controller removed live nodes"
 kill "$CONTROLLER_PID"; wait "$CONTROLLER_PID" 2>/dev/null || true
 CONTROLLER_PID=
 kubectl -n "$CHART_NAMESPACE" scale deploy -l app.kubernetes.io/instance=$CHART_RELEASE --replicas=1 >/dev/null
-ok "kill -9 of the controller right after it made a template: the restarted one finishes the domain (one template, status), and deleting it removes template and finalizer"
+ok "the controller removes the entry of a node that is not in the cluster and keeps the four live ones"
 
 # ---------------------------------------------------------------- 5. nothing left
 kubectl delete pod "${workers[@]}" nvbandwidth-test-worker-c --wait=false >/dev/null

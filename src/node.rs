@@ -840,7 +840,7 @@ async fn start_compute_domains(
     )
     .map_err(|e| NodeError::Kube(format!("--compute-domains: {e}")))?;
     let plugin = Arc::new(plugin);
-    let (_, slices_rx) = watch::channel(Arc::new(plugin.slices()));
+    let (slices_tx, slices_rx) = watch::channel(Arc::new(plugin.slices()));
     let server = PluginServer::start(PluginConfig::new(
         compute_domain::DRIVER_NAME,
         options.registrar_dir.clone(),
@@ -861,6 +861,11 @@ async fn start_compute_domains(
     let maintain = tokio::spawn(async move {
         loop {
             plugin.reconcile().await;
+            // The clique, once it could be read, joins the published channel.
+            let slices = plugin.slices();
+            if **slices_tx.borrow() != slices {
+                let _ = slices_tx.send(Arc::new(slices));
+            }
             tokio::select! {
                 _ = tokio::time::sleep(interval) => {}
                 _ = stop.changed() => break,

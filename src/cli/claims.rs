@@ -223,7 +223,7 @@ pub(super) fn load_with(
                 inputs.passthrough,
             )?);
             if inputs.compute_domains {
-                all_slices.extend(crate::compute_domain::node::channel_slices(node));
+                all_slices.extend(crate::compute_domain::node::channel_slices(node, None));
             }
         } else {
             let mut files = Manifests::default();

@@ -311,6 +311,35 @@ mod tests {
     }
 
     #[test]
+    fn a_manifests_template_is_the_controllers() {
+        let domain = json!({
+            "apiVersion": API_VERSION, "kind": KIND,
+            "metadata": {"name": "cd", "namespace": "ml"},
+            "spec": {"numNodes": 2, "channel": {"resourceClaimTemplate": {"name": "cd-channel"}}},
+        });
+        let template = template_of_manifest(API_VERSION, &domain).expect("template");
+        let uid = offline_uid("ml", "cd");
+        assert_eq!(
+            template,
+            channel_template("ml", "cd", "cd-channel", &uid, "Single")
+        );
+        assert_eq!(
+            template["spec"]["spec"]["devices"]["config"][0]["opaque"]["parameters"]["domainID"],
+            uid.as_str()
+        );
+        // A live domain's own UID wins.
+        let mut live = domain.clone();
+        live["metadata"]["uid"] = json!("1234");
+        let template = template_of_manifest(API_VERSION, &live).expect("template");
+        assert_eq!(
+            template["metadata"]["labels"][super::super::DOMAIN_LABEL],
+            "1234"
+        );
+        let wrong = template_of_manifest("resource.nvidia.com/v1", &domain).expect_err("version");
+        assert_eq!(wrong.0, "apiVersion");
+    }
+
+    #[test]
     fn a_domain_is_ready_with_enough_ready_nodes() {
         let spec = ComputeDomainSpec {
             num_nodes: 2,

@@ -87,8 +87,28 @@ impl Controller {
         let list = bounded(TIMEOUT, self.domains().list(&ListParams::default()))
             .await
             .map_err(|e| ControllerError::List(e.to_string()))?;
+        // Nodes that left the cluster leave the domains too: their plugins cannot.
+        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(self.client.clone());
+        let existing: Option<std::collections::BTreeSet<String>> =
+            match bounded(TIMEOUT, nodes.list_metadata(&ListParams::default())).await {
+                Ok(list) => Some(
+                    list.items
+                        .into_iter()
+                        .filter_map(|n| n.metadata.name)
+                        .collect(),
+                ),
+                Err(e) => {
+                    tracing::debug!(error = %e, "cannot list Nodes; stale domain nodes stay");
+                    None
+                }
+            };
         let mut failed = None;
         for domain in &list.items {
+            if let Some(existing) = &existing
+                && let Err(e) = self.drop_gone_nodes(domain, existing).await
+            {
+                tracing::warn!(error = %e, "ComputeDomain keeps nodes that are gone");
+            }
             if let Err(e) = self.reconcile(domain).await {
                 tracing::warn!(error = %e, "ComputeDomain not reconciled");
                 failed = Some(e);
@@ -116,6 +136,7 @@ impl Controller {
                     .await
                     .map_err(err)?;
             }
+            crate::prepare::failpoint::failpoint("cd-controller-template-deleted");
             let rest: Vec<&String> = finalizers.iter().filter(|f| *f != FINALIZER).collect();
             self.patch_finalizers(domain, serde_json::json!(rest))
                 .await
@@ -129,6 +150,7 @@ impl Controller {
             self.patch_finalizers(domain, serde_json::json!(all))
                 .await
                 .map_err(err)?;
+            crate::prepare::failpoint::failpoint("cd-controller-finalizer-added");
         }
         let Some(channel) = &domain.spec.channel else {
             return Err(err(
@@ -170,6 +192,43 @@ impl Controller {
             .map_err(|e| err(format!("update status.status: {e}")))?;
             tracing::info!(domain = %name_of(domain), status, nodes = nodes.len(), "ComputeDomain status");
         }
+        Ok(())
+    }
+
+    /// Removes the entries of nodes that no longer exist from `status.nodes` (guarded by the
+    /// resourceVersion: a node registering meanwhile makes it fail, and the next pass retries).
+    async fn drop_gone_nodes(
+        &self,
+        domain: &ComputeDomain,
+        existing: &std::collections::BTreeSet<String>,
+    ) -> Result<(), ControllerError> {
+        let nodes = domain.status.clone().unwrap_or_default().nodes;
+        let (kept, gone): (Vec<_>, Vec<_>) =
+            nodes.into_iter().partition(|n| existing.contains(&n.name));
+        if gone.is_empty() {
+            return Ok(());
+        }
+        let namespace = domain.metadata.namespace.clone().unwrap_or_default();
+        let name = domain.metadata.name.clone().unwrap_or_default();
+        let patch = serde_json::json!({
+            "metadata": {"resourceVersion": domain.metadata.resource_version},
+            "status": {"nodes": kept},
+        });
+        bounded(
+            TIMEOUT,
+            self.domains_in(&namespace).patch_status(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            ),
+        )
+        .await
+        .map_err(|e| ControllerError::Domain {
+            domain: name_of(domain),
+            reason: format!("remove nodes that are gone from status.nodes: {e}"),
+        })?;
+        let gone: Vec<String> = gone.into_iter().map(|n| n.name).collect();
+        tracing::info!(domain = %name_of(domain), ?gone, "nodes that left the cluster removed from the domain");
         Ok(())
     }
 

@@ -153,9 +153,14 @@ impl ChannelPlugin {
         Ok(clique)
     }
 
-    /// The node's pool: channel 0, with NVIDIA's attributes.
+    /// The node's pool: channel 0, with NVIDIA's attributes and the node's clique once known.
     pub fn slices(&self) -> Vec<ResourceSlice> {
-        channel_slices(&self.options.node_name)
+        let clique = self
+            .clique
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        channel_slices(&self.options.node_name, clique.as_deref())
     }
 
     fn book(&self) -> std::sync::MutexGuard<'_, Book> {
@@ -693,27 +698,39 @@ impl NodeDriver for ChannelPlugin {
 }
 
 /// A node's `compute-domain.nvidia.com` pool: channel 0 (`type: channel`, `id: 0`), as
-/// NVIDIA's plugin publishes it (channels other than 0 and the daemon device are not).
-pub fn channel_slices(node_name: &str) -> Vec<ResourceSlice> {
+/// NVIDIA's plugin publishes it (channels other than 0 and the daemon device are not), and, on
+/// a node with multi-node NVLink, `cliqueID` (`<cluster UUID>.<clique id>`; ours: selectors may
+/// keep a workload in one clique).
+pub fn channel_slices(node_name: &str, clique: Option<&str>) -> Vec<ResourceSlice> {
     let options = crate::slices::SliceOptions::new(DRIVER_NAME, node_name);
+    let mut attributes = BTreeMap::from([
+        (
+            "type".to_string(),
+            DeviceAttribute {
+                string: Some("channel".into()),
+                ..DeviceAttribute::default()
+            },
+        ),
+        (
+            "id".to_string(),
+            DeviceAttribute {
+                int: Some(0),
+                ..DeviceAttribute::default()
+            },
+        ),
+    ]);
+    if let Some(clique) = clique.filter(|c| !c.is_empty()) {
+        attributes.insert(
+            "cliqueID".to_string(),
+            DeviceAttribute {
+                string: Some(clique.to_string()),
+                ..DeviceAttribute::default()
+            },
+        );
+    }
     let device = Device {
         name: CHANNEL_0.into(),
-        attributes: Some(BTreeMap::from([
-            (
-                "type".to_string(),
-                (DeviceAttribute {
-                    string: Some("channel".into()),
-                    ..DeviceAttribute::default()
-                }),
-            ),
-            (
-                "id".to_string(),
-                (DeviceAttribute {
-                    int: Some(0),
-                    ..DeviceAttribute::default()
-                }),
-            ),
-        ])),
+        attributes: Some(attributes),
         ..Device::default()
     };
     vec![ResourceSlice {

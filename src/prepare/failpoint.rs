@@ -31,7 +31,9 @@ pub const COMPUTE_DOMAIN_STEPS: &[&str] = &[
     "cd-prepare-booked",
     "cd-prepare-daemon-started",
     "cd-unprepare-unbooked",
+    "cd-controller-finalizer-added",
     "cd-controller-template-created",
+    "cd-controller-template-deleted",
 ];
 
 pub fn failpoint(step: &'static str) {
