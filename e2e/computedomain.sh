@@ -276,11 +276,12 @@ err=$(jq -r '.claims[0].error // empty' <<<"$out")
 events=$(kubectl get events --field-selector reason=WaitingForComputeDomain -o json | jq '[.items[] | select(.involvedObject.name == "'"$(claim_of nvbandwidth-test-worker-c)"'")] | length')
 ((events >= 1)) || fail "no WaitingForComputeDomain event on the cd-c worker's claim"
 uid=$(kubectl get computedomain nvbandwidth-test-compute-domain -o jsonpath='{.metadata.uid}')
-for f in "$REAL_STATE/domains/$uid/nodes_config.cfg" "$(node_dir cd-b)/state/compute-domains/domains/$uid/nodes_config.cfg"; do
-    [[ -f $f ]] || fail "no node file $f"
+for f in "$REAL_STATE/domains/$uid/hosts" "$(node_dir cd-b)/state/compute-domains/domains/$uid/hosts"; do
+    [[ -f $f ]] || fail "no hosts file $f"
+    [[ $(grep -c 'compute-domain-daemon-' "$f") == 4 ]] || fail "$f does not name the clique's four nodes: $(cat "$f")"
     grep -q 127.0.0.13 "$f" && fail "$f lists cd-c"
 done
-ok "a worker on cd-c (clique 2) never joins: its prepare fails naming its clique (1 of 4 ready), with a WaitingForComputeDomain event on its claim; no daemon of the domain lists cd-c"
+ok "a worker on cd-c (clique 2) never joins: its prepare fails naming its clique (1 of 4 ready), with a WaitingForComputeDomain event on its claim; no daemon of the domain has its address (NVIDIA's static node names, mapped in each daemon's own /etc/hosts)"
 cd_kubelet cd-c unprepare --claim "$(claim_ref nvbandwidth-test-worker-c)" >/dev/null || fail "unprepare on cd-c"
 [[ $(imex_daemons | wc -l) == 4 ]] || fail "IMEX daemons after cd-c's unprepare: $(imex_daemons | wc -l), want 4"
 

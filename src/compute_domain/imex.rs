@@ -8,6 +8,15 @@ use std::time::{Duration, Instant};
 use crate::gpu::driver_tools::{DriverRootTools, ToolCommand, spawn_tool, tool_output};
 use crate::prepare::cgroup::HostCgroups;
 
+/// Nodes one IMEX domain holds (NVIDIA's `maxNodesPerIMEXDomain` default: an NVL72 rack's 18
+/// compute trays); its node file names all of them.
+pub const MAX_NODES: i64 = 18;
+
+/// NVIDIA's name of the clique's node with this index.
+pub fn node_name(index: i64) -> String {
+    format!("compute-domain-daemon-{index:04}")
+}
+
 /// Where the daemon and `nvidia-imex-ctl` see the domain's folder.
 pub const CONFIG_DIR: &str = "/tmp/nvidia-imex";
 /// NVIDIA's ports: peers on `SERVER_PORT`, commands on `IMEX_CMD_PORT`.
@@ -119,46 +128,79 @@ impl ImexDaemons {
         }
     }
 
-    /// Writes the daemon's config and node file (this node's address and its clique's peers);
-    /// returns whether the node file changed.
+    /// Writes the daemon's config, its node file (NVIDIA's static names, one per possible node
+    /// of the clique) and its hosts file (the names of the clique's nodes so far → their
+    /// addresses; bound as the daemon's `/etc/hosts`). Returns whether the hosts file changed.
     fn write_config(
         &self,
         domain: &str,
         bind_ip: &str,
-        peers: &[String],
+        peers: &[(i64, String)],
     ) -> Result<bool, ImexError> {
         let dir = self.dir(domain);
         std::fs::create_dir_all(&dir)
             .map_err(|e| Self::err(domain, format!("cannot create {}: {e}", dir.display())))?;
-        let write = |name: &str, text: String| -> Result<bool, ImexError> {
-            let path = dir.join(name);
-            if std::fs::read_to_string(&path).is_ok_and(|old| old == text) {
-                return Ok(false);
-            }
-            crate::fsutil::write_atomically(&path, text.as_bytes())
-                .map_err(|e| Self::err(domain, format!("cannot write {}: {e}", path.display())))?;
-            Ok(true)
+        let unchanged =
+            |path: &Path, text: &str| std::fs::read_to_string(path).is_ok_and(|old| old == text);
+        let io = |path: &Path, e: std::io::Error| {
+            Self::err(domain, format!("cannot write {}: {e}", path.display()))
         };
-        write("config.cfg", config_file(bind_ip))?;
-        let mut nodes: Vec<&str> = peers.iter().map(String::as_str).collect();
-        nodes.sort_unstable();
-        nodes.dedup();
-        write(
-            "nodes_config.cfg",
-            nodes.iter().map(|n| format!("{n}\n")).collect(),
-        )
+        for (name, text) in [
+            ("config.cfg", config_file(bind_ip)),
+            (
+                "nodes_config.cfg",
+                (0..MAX_NODES)
+                    .map(|i| format!("{}\n", node_name(i)))
+                    .collect(),
+            ),
+        ] {
+            let path = dir.join(name);
+            if !unchanged(&path, &text) {
+                crate::fsutil::write_atomically(&path, text.as_bytes())
+                    .map_err(|e| io(&path, e))?;
+            }
+        }
+        let mut hosts = String::from("127.0.0.1\tlocalhost\n::1\tlocalhost\n");
+        for (index, ip) in peers {
+            if !(0..MAX_NODES).contains(index) {
+                return Err(Self::err(
+                    domain,
+                    format!(
+                        "node {ip} has index {index}: an IMEX domain holds {MAX_NODES} nodes ({} to {})",
+                        node_name(0),
+                        node_name(MAX_NODES - 1)
+                    ),
+                ));
+            }
+            hosts.push_str(&format!("{ip}\t{}\n", node_name(*index)));
+        }
+        let path = dir.join("hosts");
+        if unchanged(&path, &hosts) {
+            return Ok(false);
+        }
+        // Rewritten in place: the daemon's /etc/hosts is a bind of this very file.
+        std::fs::write(&path, hosts).map_err(|e| io(&path, e))?;
+        Ok(true)
     }
 
     fn command(&self, domain: &str, tool: &Path) -> ToolCommand {
         self.tools
             .command(tool)
             .bind(&self.dir(domain), CONFIG_DIR)
+            .bind(&self.dir(domain).join("hosts"), "/etc/hosts")
             .host_network()
     }
 
-    /// Makes the domain's daemon run with `peers` (this node's address among them): starts it,
-    /// or tells a running one to read its node file again (SIGUSR1) when the peers changed.
-    pub fn ensure(&self, domain: &str, bind_ip: &str, peers: &[String]) -> Result<(), ImexError> {
+    /// Makes the domain's daemon run with `peers` (index and address of each node of the clique
+    /// in the domain, this one's among them): starts it, or, when they changed, tells a running
+    /// one to resolve its peers' names again and reconnect (SIGUSR1, NVIDIA's way: the node file
+    /// never changes, the names' addresses do).
+    pub fn ensure(
+        &self,
+        domain: &str,
+        bind_ip: &str,
+        peers: &[(i64, String)],
+    ) -> Result<(), ImexError> {
         let changed = self.write_config(domain, bind_ip, peers)?;
         let running = self.pids(domain);
         if !running.is_empty() {
@@ -364,4 +406,50 @@ fn config_file(bind_ip: &str) -> String {
          IMEX_CMD_PORT={COMMAND_PORT}\n\
          IMEX_NODE_DISCONNECTED_GRACE_TIME=-1\n"
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_node_file_is_static_and_the_hosts_file_maps_the_cliques_nodes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let daemons = ImexDaemons::new(
+            DriverRootTools::new(dir.path(), dir.path()),
+            dir.path().join("domains"),
+        );
+        let peers = vec![(0, "10.0.0.1".to_string()), (2, "10.0.0.3".to_string())];
+        assert!(
+            daemons
+                .write_config("d1", "10.0.0.1", &peers)
+                .expect("write")
+        );
+        let folder = daemons.dir("d1");
+        let nodes = std::fs::read_to_string(folder.join("nodes_config.cfg")).expect("nodes");
+        assert_eq!(nodes.lines().count(), MAX_NODES as usize);
+        assert_eq!(nodes.lines().next(), Some("compute-domain-daemon-0000"));
+        let hosts = std::fs::read_to_string(folder.join("hosts")).expect("hosts");
+        assert!(
+            hosts.contains("10.0.0.1\tcompute-domain-daemon-0000\n"),
+            "{hosts}"
+        );
+        assert!(
+            hosts.contains("10.0.0.3\tcompute-domain-daemon-0002\n"),
+            "{hosts}"
+        );
+        let config = std::fs::read_to_string(folder.join("config.cfg")).expect("config");
+        assert!(config.contains("BIND_INTERFACE_IP=10.0.0.1\n"), "{config}");
+        // The same peers again: nothing to tell the daemon.
+        assert!(
+            !daemons
+                .write_config("d1", "10.0.0.1", &peers)
+                .expect("write")
+        );
+        // An index past the node file's names is refused, naming it.
+        let error = daemons
+            .write_config("d1", "10.0.0.1", &[(18, "10.0.0.9".to_string())])
+            .expect_err("index 18");
+        assert!(error.to_string().contains("index 18"), "{error}");
+    }
 }

@@ -277,16 +277,16 @@ impl ChannelPlugin {
         }
     }
 
-    /// The addresses of the domain's nodes in this node's clique (this node's among them).
-    fn peers(&self, domain: &ComputeDomain, clique: &str) -> Vec<String> {
-        let mut peers: Vec<String> = domain
+    /// Index and address of the domain's nodes in this node's clique (this node's among them,
+    /// once registered).
+    fn peers(&self, domain: &ComputeDomain, clique: &str) -> Vec<(i64, String)> {
+        let mut peers: Vec<(i64, String)> = domain
             .status
             .iter()
             .flat_map(|s| s.nodes.iter())
             .filter(|n| n.clique_id == clique && !n.ip_address.is_empty())
-            .map(|n| n.ip_address.clone())
+            .map(|n| (n.index, n.ip_address.clone()))
             .collect();
-        peers.push(self.options.node_ip.clone());
         peers.sort();
         peers.dedup();
         peers
@@ -298,7 +298,7 @@ impl ChannelPlugin {
         &self,
         domain: &ComputeDomain,
         clique: &str,
-    ) -> Result<(bool, Vec<String>), String> {
+    ) -> Result<(bool, Vec<(i64, String)>), String> {
         let uid = domain.metadata.uid.clone().unwrap_or_default();
         let peers = self.peers(domain, clique);
         let given = peers.clone();

@@ -475,6 +475,8 @@ pub fn write_fake_driver_root(root: &Path, version: &str) -> std::io::Result<()>
     symlink("libcuda.so.1", lib_dir.join("libcuda.so"))?;
     std::fs::create_dir_all(root.join("etc"))?;
     std::fs::write(root.join("etc/ld.so.cache"), ldcache::write(&cached))?;
+    // A host root has one; tools run in it may get theirs bound over it (IMEX daemons).
+    std::fs::write(root.join("etc/hosts"), "127.0.0.1\tlocalhost\n")?;
     std::fs::create_dir_all(root.join("usr/bin"))?;
     for binary in BINARIES {
         std::fs::write(root.join("usr/bin").join(binary), b"")?;

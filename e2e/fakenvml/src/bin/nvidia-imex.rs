@@ -1,7 +1,8 @@
 //! A fake `nvidia-imex` (and, installed under that name, `nvidia-imex-ctl`) for simulated NVL72
 //! racks. It reads NVIDIA's config file format, listens for its peers on `BIND_INTERFACE_IP:
-//! SERVER_PORT`, connects to every address of its node config file (re-read on SIGUSR1, as the
-//! real daemon does), and answers `nvidia-imex-ctl` on `IMEX_CMD_BIND_INTERFACE_IP:IMEX_CMD_PORT`:
+//! SERVER_PORT`, connects to every peer of its node config file (addresses, or names resolved
+//! through `/etc/hosts`; SIGUSR1 resolves them again and reconnects, as the real daemon restarts
+//! its outgoing connections), and answers `nvidia-imex-ctl` on `IMEX_CMD_BIND_INTERFACE_IP:IMEX_CMD_PORT`:
 //! `READY` once it holds a live connection to every peer the node file lists, `UNAVAILABLE`
 //! before. Several nodes share one machine by binding distinct loopback addresses.
 //!
@@ -219,11 +220,16 @@ fn daemon(args: &[String]) -> Result<(), String> {
     }
     eprintln!("nvidia-imex: listening on {bind_ip}:{server_port}; peers {wanted:?}");
     while !STOP.load(Ordering::SeqCst) {
-        if RELOAD.swap(false, Ordering::SeqCst) {
+        let reload = RELOAD.swap(false, Ordering::SeqCst);
+        if reload {
             wanted = read_nodes(&node_file, &bind_ip)?;
-            eprintln!("nvidia-imex: node config reloaded; peers {wanted:?}");
+            eprintln!("nvidia-imex: SIGUSR1: peers resolved again: {wanted:?}");
         }
         let mut table = peers.lock().unwrap_or_else(|p| p.into_inner());
+        if reload {
+            // Every outgoing connection restarts.
+            table.clear();
+        }
         table.retain(|ip, _| wanted.contains(ip));
         for ip in &wanted {
             let entry = table.entry(ip.clone()).or_insert(None);
@@ -266,14 +272,38 @@ fn detach_stdio(log: &str) {
     }
 }
 
-/// The node file's addresses other than this node's.
+/// The node file's peers other than this node: addresses as they are, names through
+/// `/etc/hosts` (NVIDIA's ComputeDomain daemons list static names and map them there); a name
+/// without an address is a node not configured yet and is skipped.
 fn read_nodes(path: &str, me: &str) -> Result<BTreeSet<String>, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"))?;
+    let hosts: BTreeMap<String, String> = std::fs::read_to_string("/etc/hosts")
+        .unwrap_or_default()
+        .lines()
+        .map(|l| l.split('#').next().unwrap_or(""))
+        .filter_map(|l| {
+            let mut fields = l.split_whitespace();
+            let ip = fields.next()?.to_string();
+            Some(
+                fields
+                    .map(move |name| (name.to_string(), ip.clone()))
+                    .collect::<Vec<_>>(),
+            )
+        })
+        .flatten()
+        .collect();
     Ok(text
         .lines()
         .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.starts_with('#') && *l != me)
-        .map(str::to_string)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .filter_map(|entry| {
+            if entry.parse::<std::net::IpAddr>().is_ok() {
+                Some(entry.to_string())
+            } else {
+                hosts.get(entry).cloned()
+            }
+        })
+        .filter(|ip| ip != me)
         .collect())
 }
 
