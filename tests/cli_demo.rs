@@ -66,6 +66,21 @@ fn packing_study_compares_both_orders() {
         out.contains("name order (NVIDIA's):") && out.contains("best-fit order (ours):"),
         "{out}"
     );
+    // The bound: failures no GPU had room for even with its instances placed anew, never more
+    // than our failures.
+    let number = |line_start: &str| -> usize {
+        out.lines()
+            .find(|l| l.trim_start().starts_with(line_start))
+            .and_then(|l| l.split(':').nth(1))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no {line_start} line: {out}"))
+    };
+    assert!(
+        number("capacity bound (ours)") <= number("best-fit order (ours)"),
+        "{out}"
+    );
+    assert!(out.contains("were fragmentation"), "{out}");
     let (ok, _, err) = gpu_dra(&["packing-study", "--events", "10", "--mix", "9g.99gb=1"]);
     assert!(!ok);
     assert!(err.contains("\"9g.99gb\" is not a MIG profile"), "{err}");

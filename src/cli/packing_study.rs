@@ -182,13 +182,55 @@ fn with_instances(base: &NodeInventory, live: &BTreeMap<usize, String>) -> NodeI
     inventory
 }
 
-/// Replays the trace with one device order; returns the failed arrivals per profile.
+/// What a replay ends with.
+#[derive(Debug, Default)]
+struct Replayed {
+    /// Failed arrivals per profile.
+    failed: BTreeMap<String, usize>,
+    /// Failed arrivals no GPU had room for even with its live instances placed anew: capacity,
+    /// which no placement policy could have avoided at that point.
+    capacity: usize,
+}
+
+/// Whether some GPU could take `profile` beside its live instances if they could all be placed
+/// anew (MIG's placement rules, `fit_together`).
+fn fits_after_replacing(
+    base: &NodeInventory,
+    live: &BTreeMap<usize, String>,
+    profile: &str,
+) -> bool {
+    base.gpus.iter().any(|gpu| {
+        let Some(mig) = gpu.mig.as_ref() else {
+            return false;
+        };
+        let Some(wanted) = mig.profiles.iter().find(|p| p.name == profile) else {
+            return false;
+        };
+        let mut ids: Vec<u32> = live
+            .values()
+            .filter_map(|device| parse_mig_device_name(device))
+            .filter(|name| name.parent_minor == gpu.minor)
+            .map(|name| name.profile_id)
+            .collect();
+        // A whole GPU taken by a live request leaves no room at all.
+        if live
+            .values()
+            .any(|d| d == &crate::gpu::mig::gpu_device_name(gpu.minor))
+        {
+            return false;
+        }
+        ids.push(wanted.id);
+        crate::gpu::mig::fit_together(&mig.profiles, &ids)
+    })
+}
+
+/// Replays the trace with one device order.
 fn replay(
     base: &NodeInventory,
     arrivals: &[Arrival],
     order: DeviceOrder,
     compiler: &Arc<SelectorCache>,
-) -> Result<BTreeMap<String, usize>, CliError> {
+) -> Result<Replayed, CliError> {
     let node = NodeInfo::named("study-node");
     let classes = Arc::new(vec![mig_class()]);
     let modes: BTreeMap<u32, GpuMode> = base
@@ -203,7 +245,7 @@ fn replay(
     };
     let features = Features::KUBERNETES_1_37;
     let mut live: BTreeMap<usize, String> = BTreeMap::new();
-    let mut failed: BTreeMap<String, usize> = BTreeMap::new();
+    let mut replayed = Replayed::default();
     for (i, arrival) in arrivals.iter().enumerate() {
         live.retain(|index, _| arrivals[*index].leaves_at > i);
         let inventory = with_instances(base, &live);
@@ -247,12 +289,15 @@ fn replay(
                 live.insert(i, device);
             }
             Ok(Outcome::Unsatisfiable { .. }) => {
-                *failed.entry(arrival.profile.clone()).or_default() += 1
+                *replayed.failed.entry(arrival.profile.clone()).or_default() += 1;
+                if !fits_after_replacing(base, &live, &arrival.profile) {
+                    replayed.capacity += 1;
+                }
             }
             Err(e) => return Err(CliError::Usage(format!("allocation failed: {e}"))),
         }
     }
-    Ok(failed)
+    Ok(replayed)
 }
 
 pub fn run(args: PackingStudyArgs) -> Result<ExitCode, CliError> {
@@ -302,8 +347,9 @@ pub fn run(args: PackingStudyArgs) -> Result<ExitCode, CliError> {
     let arrivals = trace(&args, &mix);
     let compiler = Arc::new(SelectorCache::default());
     let started = std::time::Instant::now();
-    let by_name = replay(&base, &arrivals, DeviceOrder::Name, &compiler)?;
-    let packed = replay(&base, &arrivals, DeviceOrder::Packed, &compiler)?;
+    let by_name_run = replay(&base, &arrivals, DeviceOrder::Name, &compiler)?;
+    let packed_run = replay(&base, &arrivals, DeviceOrder::Packed, &compiler)?;
+    let (by_name, packed) = (&by_name_run.failed, &packed_run.failed);
     let n = arrivals.len();
     let total = |m: &BTreeMap<String, usize>| m.values().sum::<usize>();
     let share = |failed: usize| 100.0 * failed as f64 / n as f64;
@@ -319,20 +365,36 @@ pub fn run(args: PackingStudyArgs) -> Result<ExitCode, CliError> {
     );
     println!(
         "  name order (NVIDIA's):  {:>6} failed ({:.2}%)  {}",
-        total(&by_name),
-        share(total(&by_name)),
-        per_profile(&by_name)
+        total(by_name),
+        share(total(by_name)),
+        per_profile(by_name)
     );
     println!(
         "  best-fit order (ours):  {:>6} failed ({:.2}%)  {}",
-        total(&packed),
-        share(total(&packed)),
-        per_profile(&packed)
+        total(packed),
+        share(total(packed)),
+        per_profile(packed)
     );
-    if total(&by_name) > 0 {
-        let (a, b) = (total(&by_name) as f64, total(&packed) as f64);
+    if total(by_name) > 0 {
+        let (a, b) = (total(by_name) as f64, total(packed) as f64);
         println!("  → {:.1}% fewer failed placements", 100.0 * (a - b) / a);
     }
+    // The bound: of our failures, those no GPU had room for even with its live instances
+    // placed anew. The rest were fragmentation.
+    let ours = total(packed);
+    println!(
+        "  capacity bound (ours):  {:>6} failed ({:.2}%)  {} of our failures ({:.1}%) were fragmentation; name order: {} of {}",
+        packed_run.capacity,
+        share(packed_run.capacity),
+        ours - packed_run.capacity,
+        if ours > 0 {
+            100.0 * (ours - packed_run.capacity) as f64 / ours as f64
+        } else {
+            0.0
+        },
+        total(by_name) - by_name_run.capacity,
+        total(by_name)
+    );
     println!("  ({:.1} s)", started.elapsed().as_secs_f64());
     Ok(ExitCode::SUCCESS)
 }

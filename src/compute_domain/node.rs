@@ -77,7 +77,7 @@ pub struct ChannelPlugin {
     daemons: Arc<ImexDaemons>,
     cdi: CdiStore,
     channel_major: u32,
-    book: Mutex<Book>,
+    book: Arc<Mutex<Book>>,
     /// One daemon change at a time (start, reload, stop).
     daemon_lock: Arc<Mutex<()>>,
     /// The GPUs whose fabric info gives the node's clique.
@@ -133,7 +133,7 @@ impl ChannelPlugin {
             daemons: Arc::new(daemons),
             cdi,
             channel_major,
-            book: Mutex::new(book),
+            book: Arc::new(Mutex::new(book)),
             daemon_lock: Arc::default(),
             gpus,
             clique: Mutex::new(clique),
@@ -168,12 +168,7 @@ impl ChannelPlugin {
     }
 
     fn save(&self, book: &Book) -> Result<(), String> {
-        let path = self.options.state_dir.join("book.json");
-        std::fs::create_dir_all(&self.options.state_dir)
-            .map_err(|e| format!("{}: {e}", self.options.state_dir.display()))?;
-        let bytes = serde_json::to_vec_pretty(book).map_err(|e| e.to_string())?;
-        crate::fsutil::write_atomically(&path, &bytes)
-            .map_err(|e| format!("cannot write {}: {e}", path.display()))
+        save_book(&self.options.state_dir, book)
     }
 
     fn domains_api(&self, namespace: &str) -> Api<ComputeDomain> {
@@ -347,29 +342,40 @@ impl ChannelPlugin {
             api::AllocationMode::Single => vec![0],
             api::AllocationMode::All => (0..CHANNEL_COUNT).collect(),
         };
-        {
-            let mut book = self.book();
-            if let Some(other) = book
+        // Booked under the daemon lock (on a blocking thread: a daemon start may hold it for
+        // seconds), so a stop decided on an older book cannot take the daemon this claim is
+        // about to use (see `stop_unless_served`).
+        let (book, lock, state_dir) = (
+            self.book.clone(),
+            self.daemon_lock.clone(),
+            self.options.state_dir.clone(),
+        );
+        let entry = BookedClaim {
+            namespace: claim.namespace.clone(),
+            name: claim.name.clone(),
+            domain: config.domain_uid.clone(),
+            channels: channels.clone(),
+        };
+        let uid = claim.uid.clone();
+        let shown = claim.to_string();
+        tokio::task::spawn_blocking(move || {
+            let _daemons = lock.lock().unwrap_or_else(|p| p.into_inner());
+            let mut book = book.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some((_, other)) = book
                 .claims
                 .iter()
-                .find(|(uid, c)| c.domain != config.domain_uid && **uid != claim.uid)
+                .find(|(other_uid, c)| c.domain != entry.domain && **other_uid != uid)
             {
                 return Err(format!(
-                    "ResourceClaim {claim}: this node already serves another ComputeDomain (UID {}, claim {}/{}); a node serves one domain at a time",
-                    other.1.domain, other.1.namespace, other.1.name
+                    "ResourceClaim {shown}: this node already serves another ComputeDomain (UID {}, claim {}/{}); a node serves one domain at a time",
+                    other.domain, other.namespace, other.name
                 ));
             }
-            book.claims.insert(
-                claim.uid.clone(),
-                BookedClaim {
-                    namespace: claim.namespace.clone(),
-                    name: claim.name.clone(),
-                    domain: config.domain_uid.clone(),
-                    channels: channels.clone(),
-                },
-            );
-            self.save(&book)?;
-        }
+            book.claims.insert(uid, entry);
+            save_book(&state_dir, &book)
+        })
+        .await
+        .map_err(|e| e.to_string())??;
         crate::prepare::failpoint::failpoint("cd-prepare-booked");
         let clique = self
             .clique()
@@ -591,18 +597,37 @@ impl ChannelPlugin {
         Ok(())
     }
 
-    /// Stops the domain's daemon and takes this node out of the domain's status.
-    async fn leave(&self, namespace: &str, domain_uid: &str) -> Result<(), String> {
+    /// Stops the domain's daemon unless a claim of the domain is booked (decided under the
+    /// daemon lock, so a prepare booking meanwhile keeps it); `false` when it was kept.
+    async fn stop_unless_served(&self, domain_uid: &str) -> Result<bool, String> {
         let daemons = self.daemons.clone();
         let lock = self.daemon_lock.clone();
+        let book = self.book.clone();
         let uid = domain_uid.to_string();
         tokio::task::spawn_blocking(move || {
             let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
-            daemons.stop(&uid)
+            let served = book
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .claims
+                .values()
+                .any(|c| c.domain == uid);
+            if served {
+                return Ok(false);
+            }
+            daemons.stop(&uid).map(|_| true)
         })
         .await
         .map_err(|e| e.to_string())?
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| e.to_string())
+    }
+
+    /// Stops the domain's daemon and takes this node out of the domain's status, unless a
+    /// claim of the domain was booked meanwhile.
+    async fn leave(&self, namespace: &str, domain_uid: &str) -> Result<(), String> {
+        if !self.stop_unless_served(domain_uid).await? {
+            return Ok(());
+        }
         if let Some(domain) = self.domain_by_uid(namespace, domain_uid).await? {
             let name = domain.metadata.name.clone().unwrap_or_default();
             self.apply_nodes(namespace, &name, vec![]).await?;
@@ -640,17 +665,10 @@ impl ChannelPlugin {
             .map(|c| (c.domain.clone(), c.namespace.clone()))
             .collect();
         for domain in self.daemons.domains() {
-            if !served.contains_key(&domain) {
-                let daemons = self.daemons.clone();
-                let lock = self.daemon_lock.clone();
-                let stopped = tokio::task::spawn_blocking(move || {
-                    let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
-                    daemons.stop(&domain)
-                })
-                .await;
-                if let Ok(Err(e)) = stopped {
-                    tracing::warn!(error = %e, "cannot stop an IMEX daemon no claim holds");
-                }
+            if !served.contains_key(&domain)
+                && let Err(e) = self.stop_unless_served(&domain).await
+            {
+                tracing::warn!(error = %e, "cannot stop an IMEX daemon no claim holds");
             }
         }
         let Ok(clique) = self.clique() else {
@@ -695,6 +713,15 @@ impl NodeDriver for ChannelPlugin {
         }
         out
     }
+}
+
+/// Writes the book atomically into the state folder.
+fn save_book(state_dir: &Path, book: &Book) -> Result<(), String> {
+    let path = state_dir.join("book.json");
+    std::fs::create_dir_all(state_dir).map_err(|e| format!("{}: {e}", state_dir.display()))?;
+    let bytes = serde_json::to_vec_pretty(book).map_err(|e| e.to_string())?;
+    crate::fsutil::write_atomically(&path, &bytes)
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
 
 /// A node's `compute-domain.nvidia.com` pool: channel 0 (`type: channel`, `id: 0`), as

@@ -205,6 +205,50 @@ pub fn choose_modes(
         .collect()
 }
 
+/// Whether GPU instances of these profile ids (unique ids of `profiles`) fit on one GPU together
+/// under the MIG rules (each at one of its profile's placements, no two overlapping, at most
+/// `instance_count` of a profile), wherever they are now: a placement failure with this true
+/// was fragmentation, not capacity. Exact (depth-first over placements, biggest first).
+pub fn fit_together(profiles: &[super::model::GiProfile], instances: &[u32]) -> bool {
+    let mut wanted: Vec<&super::model::GiProfile> = Vec::with_capacity(instances.len());
+    for id in instances {
+        match profiles.iter().find(|p| p.id == *id) {
+            Some(profile) => wanted.push(profile),
+            None => return false,
+        }
+    }
+    for profile in profiles {
+        let count = wanted.iter().filter(|w| w.id == profile.id).count();
+        if count > profile.instance_count as usize {
+            return false;
+        }
+    }
+    wanted.sort_by_key(|p| std::cmp::Reverse(p.placements.first().map(|pl| pl.size).unwrap_or(0)));
+    fn place(wanted: &[&super::model::GiProfile], used: u64, min_start: u32) -> bool {
+        let Some((first, rest)) = wanted.split_first() else {
+            return true;
+        };
+        // Instances of one profile are interchangeable: try starts in increasing order only.
+        let same_as_next = rest.first().is_some_and(|next| next.id == first.id);
+        first.placements.iter().any(|placement| {
+            if placement.start < min_start
+                || placement.size == 0
+                || placement.start + placement.size > 64
+            {
+                return false;
+            }
+            let bits = ((1u64 << placement.size) - 1) << placement.start;
+            used & bits == 0
+                && place(
+                    rest,
+                    used | bits,
+                    if same_as_next { placement.start + 1 } else { 0 },
+                )
+        })
+    }
+    place(&wanted, 0, 0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -257,6 +301,33 @@ mod tests {
         assert_eq!(parse_mig_device_name("gpu-3"), None);
         assert_eq!(parse_mig_device_name("gpu-x-mig-3g40gb-9-0"), None);
         assert_eq!(parse_mig_device_name("gpu-0-mig--9-0"), None);
+    }
+
+    #[test]
+    fn instances_fit_together_only_under_the_mig_rules() {
+        use crate::gpu::sim::SimNode;
+        let node = SimNode::new("sim:1xH100-SXM5-80GB".parse().expect("spec"), "n", None);
+        let inventory = node.inventory().expect("inventory");
+        let profiles = &inventory.gpus[0].mig.as_ref().expect("MIG").profiles;
+        let id = |name: &str| {
+            profiles
+                .iter()
+                .find(|p| p.name == name)
+                .map(|p| p.id)
+                .expect("profile")
+        };
+        let (one, three, four, seven) =
+            (id("1g.10gb"), id("3g.40gb"), id("4g.40gb"), id("7g.80gb"));
+        assert!(fit_together(profiles, &[seven]));
+        assert!(!fit_together(profiles, &[seven, one]));
+        assert!(fit_together(profiles, &[four, three]));
+        assert!(fit_together(profiles, &[one; 7]));
+        // Seven 1g.10gb fit, an eighth does not (the instance count), nor two 4g.40gb.
+        assert!(!fit_together(profiles, &[one; 8]));
+        assert!(!fit_together(profiles, &[four, four]));
+        assert!(fit_together(profiles, &[three, three]));
+        assert!(fit_together(profiles, &[four, one, one, one]));
+        assert!(!fit_together(profiles, &[three, three, one]));
     }
 
     #[test]
