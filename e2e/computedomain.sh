@@ -249,7 +249,7 @@ ok "four IMEX daemons, one per node, each connected to its three peers; status.n
 # The driver pod deleted under the running worker (what users see as a driver restart): the
 # real node's IMEX daemon is the same process before and after, the worker keeps running, and the
 # new pod's plugin finds the domain it serves.
-real_daemon() { imex_daemons | while read -r p; do [[ $(readlink "/proc/$p/root") == "$E2E_DRIVER_ROOT" ]] && echo "$p"; done; }
+real_daemon() { imex_daemons | while read -r p; do if [[ $(readlink "/proc/$p/root") == "$E2E_DRIVER_ROOT" ]]; then echo "$p"; fi; done; }
 before=$(real_daemon)
 [[ -n $before ]] || fail "no IMEX daemon on the real node"
 registrations=$(grep -c 'Registered DRA plugin.*compute-domain.nvidia.com' "$GPU_DRA_CLUSTER_DIR/logs/kubelet.log")
@@ -307,7 +307,7 @@ spec=$(cat "$(node_dir cd-c)"/cdi/k8s.compute-domain.nvidia.com-claim_*.json)
 kubectl get computedomain nvbandwidth-test-compute-domain -o json | jq -e '[.status.nodes[] | select(.name == "cd-c")] | length == 0' >/dev/null ||
     fail "the host-managed node registered itself in the domain"
 cd_kubelet cd-c unprepare --claim "$ref_c" >/dev/null || fail "host-managed unprepare"
-admin=$(imex_daemons | while read -r p; do [[ $(readlink "/proc/$p/root") == "$droot" ]] && echo "$p"; done)
+admin=$(imex_daemons | while read -r p; do if [[ $(readlink "/proc/$p/root") == "$droot" ]]; then echo "$p"; fi; done)
 [[ -n $admin ]] || fail "the unprepare stopped the admin's IMEX daemon"
 kill "$admin"
 stop_node cd-c
