@@ -128,7 +128,7 @@ pub struct RunArgs {
     /// How long one prepare of a channel waits for its ComputeDomain's nodes before it fails
     /// and kubelet retries (kubelet gives a prepare call 45 s).
     #[arg(long, env = "GPU_DRA_COMPUTE_DOMAIN_READY_TIMEOUT", default_value = "30s",
-        value_parser = duration::parse)]
+        value_parser = duration::parse, requires = "compute_domains")]
     pub compute_domain_ready_timeout: Duration,
     /// Let claims of different namespaces share a GPU's one MPS daemon (`--consumable-shares`
     /// with MPS). Off by default: they would share its pipe, shm and control commands, and the
