@@ -4,6 +4,8 @@
 # shellcheck shell=bash
 E2E=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(dirname "$E2E")
+# shellcheck source-path=SCRIPTDIR source=manifests.sh
+source "$E2E/manifests.sh"
 WORK=$(mktemp -d "/tmp/gpu-dra-$NAME.XXXXXX")
 export GPU_DRA_CLUSTER_DIR=$WORK/cluster
 DRIVER_PID=
@@ -119,28 +121,6 @@ gpu_instances() {
         | jq '[.gpus[].gpu_instances[]] | length'
 }
 
-# pause_pod NAME RESOURCES [MORE]: a pause pod (YAML) whose one container has RESOURCES (a flow
-# map), with MORE lines of pod spec.
-pause_pod() {
-    cat <<EOF
-apiVersion: v1
-kind: Pod
-metadata: {name: $1, namespace: default}
-spec:
-  containers:
-  - name: c
-    image: registry.k8s.io/pause:3.10
-    resources: $2
-${3:-}
-EOF
-}
-
-# pod_using_claim POD CLAIM: a pause pod whose one container uses ResourceClaim CLAIM (YAML).
-pod_using_claim() {
-    pause_pod "$1" "{claims: [{name: gpu}]}" "  resourceClaims:
-  - {name: gpu, resourceClaimName: $2}"
-}
-
 # token_kubeconfig FILE TOKEN: a kubeconfig for this cluster that authenticates with TOKEN only.
 token_kubeconfig() {
     local server ca
@@ -152,30 +132,6 @@ token_kubeconfig() {
         kubectl config --kubeconfig "$1" set-context e2e --cluster e2e --user user
         kubectl config --kubeconfig "$1" use-context e2e
     } >/dev/null
-}
-
-# claim_yaml NAME CLASS [CEL [TOLERATED]]: a ResourceClaim for one device of CLASS (matching
-# CEL; tolerating NoSchedule taints with key TOLERATED).
-claim_yaml() {
-    local extra=
-    [[ -z ${3:-} ]] || extra+="
-        selectors:
-        - cel:
-            expression: '$3'"
-    [[ -z ${4:-} ]] || extra+="
-        tolerations:
-        - {key: $4, operator: Exists, effect: NoSchedule}"
-    cat <<EOF
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {name: $1, namespace: default}
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly:
-        deviceClassName: $2$extra
-EOF
 }
 
 # claim_and_pod NAME CLASS CEL: a ResourceClaim for one device of CLASS matching CEL, and a pod

@@ -87,6 +87,105 @@ fn packing_study_compares_both_orders() {
 }
 
 #[test]
+fn packing_study_sweeps_lifetimes_seeds_and_mixes() {
+    let (ok, out, err) = gpu_dra(&[
+        "packing-study",
+        "--gpus",
+        "sim:1xH100-SXM5-80GB",
+        "--events",
+        "80",
+        "--mean-lifetime",
+        "2,4",
+        "--seed",
+        "1-2",
+        "--mix",
+        "all",
+        "--checked",
+        "5",
+    ]);
+    assert!(ok, "{err}");
+    // One table per named mix, one row per lifetime, resolved to this GPU's profiles.
+    for mix in [
+        "mix default (1g.10gb=35,1g.20gb=10,2g.20gb=20,3g.40gb=20,4g.40gb=8,7g.80gb=7)",
+        "mix inference (",
+        "mix training (",
+        "mix whole-gpus (",
+    ] {
+        assert!(out.contains(mix), "{mix}: {out}");
+    }
+    assert!(out.contains("gpu=15)"), "{out}");
+    assert!(out.contains("over 2 seed(s)"), "{out}");
+    let rows: Vec<&str> = out
+        .lines()
+        .filter(|l| l.starts_with("  | 2 |") || l.starts_with("  | 4 |"))
+        .collect();
+    assert_eq!(rows.len(), 8, "{out}");
+    // On one GPU the hindsight optimum is computed: a column of numbers, and the goal column
+    // says how far ours is from it.
+    for row in &rows {
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        assert!(cells[5].contains(" ± "), "{row}");
+        assert!(
+            cells[8].contains("hindsight optimum") || cells[8].contains("no failures"),
+            "{row}"
+        );
+    }
+
+    // Named mixes resolve by shape on other models too.
+    let (ok, out, err) = gpu_dra(&[
+        "packing-study",
+        "--gpus",
+        "sim:1xA100-SXM4-40GB",
+        "--events",
+        "40",
+        "--mix",
+        "default",
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("1g.5gb=35,1g.10gb=10,2g.10gb=20,3g.20gb=20,4g.20gb=8,7g.40gb=7"),
+        "{out}"
+    );
+
+    // The trace for replays elsewhere: one line per arrival.
+    let (ok, out, err) = gpu_dra(&[
+        "packing-study",
+        "--events",
+        "5",
+        "--mix",
+        "gpu=1,1g.10gb=1",
+        "--print-trace",
+    ]);
+    assert!(ok, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 5, "{out}");
+    for (i, line) in lines.iter().enumerate() {
+        let fields: Vec<&str> = line.split(' ').collect();
+        assert_eq!(fields[0], i.to_string(), "{out}");
+        assert!(fields[1] == "gpu" || fields[1] == "1g.10gb", "{out}");
+        assert!(fields[2].parse::<usize>().expect("departure") > i, "{out}");
+    }
+
+    // Bad sweeps are refused, naming the flag.
+    for (args, want) in [
+        (vec!["--seed", "5-1"], "--seed \"5-1\""),
+        (vec!["--mean-lifetime", "10,x"], "--mean-lifetime \"10,x\""),
+        (vec!["--mix", "busy"], "\"busy\" is neither a named mix"),
+        (vec!["--mix", "1g.10gb=0"], "every weight is 0"),
+        (
+            vec!["--mean-lifetime", "5,6", "--print-trace"],
+            "--print-trace: give one",
+        ),
+    ] {
+        let mut all = vec!["packing-study", "--events", "10"];
+        all.extend(args);
+        let (ok, _, err) = gpu_dra(&all);
+        assert!(!ok, "{all:?} accepted");
+        assert!(err.contains(want), "{all:?}: {err}");
+    }
+}
+
+#[test]
 fn cdi_prints_what_a_claims_containers_get_and_names_an_empty_driver_root() {
     let dir = tempfile::tempdir().expect("tempdir");
     let root = dir.path().join("driver-root");

@@ -21,6 +21,8 @@ pub mod demo;
 pub mod duration;
 pub mod health;
 #[cfg(feature = "tools")]
+pub mod hindsight;
+#[cfg(feature = "tools")]
 pub mod live;
 #[cfg(feature = "tools")]
 pub mod manifests;

@@ -19,6 +19,7 @@ use k8s_openapi::api::resource::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::CliError;
+use super::hindsight;
 use crate::gpu::mig::{GpuMode, parse_mig_device_name};
 use crate::gpu::sim::{SimNode, SimSpec};
 use crate::gpu::{MigInstance, NodeInventory};
@@ -26,7 +27,15 @@ use crate::slices::{self, DeviceOrder, SliceOptions};
 
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Example:\n  gpu-dra packing-study --gpus sim:8xH100-SXM5-80GB --events 10000 --seed 1"
+    after_help = "Examples:\n  gpu-dra packing-study --events 10000 --seed 1\n  \
+gpu-dra packing-study --mean-lifetime 15,20,25,30 --seed 1-5 --mix all\n\n\
+Named mixes (profiles by shape, so they resolve on every MIG model: 1g.10gb is the 1-slice \
+profile with an eighth of the memory, 1g.20gb the one with a quarter, ...):\n  \
+default    1g.10gb=35,1g.20gb=10,2g.20gb=20,3g.40gb=20,4g.40gb=8,7g.80gb=7\n  \
+inference  small slices: 1g.10gb=50,1g.20gb=20,2g.20gb=18,3g.40gb=8,4g.40gb=2,7g.80gb=2\n  \
+training   big slices: 1g.10gb=10,2g.20gb=10,3g.40gb=30,4g.40gb=20,7g.80gb=30\n  \
+whole-gpus the default mix with whole GPUs (gpu=15)\n  \
+all        the four above"
 )]
 pub struct PackingStudyArgs {
     /// The simulated node.
@@ -35,22 +44,210 @@ pub struct PackingStudyArgs {
     /// Number of events (arrivals and departures together).
     #[arg(long, default_value_t = 10_000)]
     pub events: usize,
-    /// Seed of the random trace.
-    #[arg(long, default_value_t = 1)]
-    pub seed: u64,
-    /// Profile mix as NAME=WEIGHT,... (default: a typical inference/training mix).
-    #[arg(
-        long,
-        default_value = "1g.10gb=35,1g.20gb=10,2g.20gb=20,3g.40gb=20,4g.40gb=8,7g.80gb=7"
-    )]
-    pub mix: String,
-    /// Mean lifetime of a request, in arrivals.
-    #[arg(long, default_value_t = 15.0)]
-    pub mean_lifetime: f64,
+    /// Seed(s) of the random trace: N, A-B or N,M,...
+    #[arg(long, default_value = "1")]
+    pub seed: String,
+    /// Profile mix: a named mix (default, inference, training, whole-gpus, all) or
+    /// NAME=WEIGHT,... with MIG profile names and `gpu` for a whole GPU. Repeat for several.
+    #[arg(long, default_value = "default")]
+    pub mix: Vec<String>,
+    /// Mean lifetime(s) of a request, in arrivals: N or N,M,...
+    #[arg(long, default_value = "15")]
+    pub mean_lifetime: String,
+    /// In a sweep, how many arrivals of each run also go through the allocator (which must take
+    /// the device the publication order says); a single run checks them all.
+    #[arg(long, default_value_t = 300)]
+    pub checked: usize,
+    /// Print the trace (one line per arrival: index, request, index it departs at) instead of
+    /// replaying it: for replays elsewhere (e2e/fleet-replay.sh). One mix, lifetime and seed.
+    #[arg(long)]
+    pub print_trace: bool,
 }
 
 fn parse_spec(s: &str) -> Result<SimSpec, String> {
     s.parse().map_err(|e: crate::gpu::GpuError| e.to_string())
+}
+
+/// The request a mix entry stands for.
+#[derive(Debug, Clone, PartialEq)]
+enum Wanted {
+    /// A MIG device of this profile.
+    Profile(String),
+    /// A whole GPU (class gpu.nvidia.com).
+    WholeGpu,
+}
+
+impl Wanted {
+    fn label(&self) -> &str {
+        match self {
+            Self::Profile(name) => name,
+            Self::WholeGpu => WHOLE_GPU,
+        }
+    }
+}
+
+const WHOLE_GPU: &str = "gpu";
+
+/// A mix: its name as given and its weighted requests.
+#[derive(Debug, Clone)]
+struct Mix {
+    name: String,
+    entries: Vec<(Wanted, f64)>,
+}
+
+impl Mix {
+    fn describe(&self) -> String {
+        self.entries
+            .iter()
+            .map(|(w, weight)| format!("{}={weight}", w.label()))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
+/// Named mixes by profile shape: `SLICES:EIGHTHS=WEIGHT` is the plain profile with that many
+/// compute slices and eighths of the GPU's memory; `gpu=WEIGHT` a whole GPU.
+const NAMED_MIXES: &[(&str, &str)] = &[
+    ("default", "1:1=35,1:2=10,2:2=20,3:4=20,4:4=8,7:8=7"),
+    ("inference", "1:1=50,1:2=20,2:2=18,3:4=8,4:4=2,7:8=2"),
+    ("training", "1:1=10,2:2=10,3:4=30,4:4=20,7:8=30"),
+    (
+        "whole-gpus",
+        "1:1=35,1:2=10,2:2=20,3:4=20,4:4=8,7:8=7,gpu=15",
+    ),
+];
+
+/// Plain (no `+me`/`-me`/`+gfx`) profiles of the node's first MIG-capable GPU by shape.
+fn profile_of_shape(base: &NodeInventory, slices: u32, eighths: u32) -> Option<String> {
+    let mig = base.gpus.iter().find_map(|g| g.mig.as_ref())?;
+    let full = mig.profiles.iter().map(|p| p.memory_mib).max()?;
+    mig.profiles
+        .iter()
+        .filter(|p| !p.name.contains(['+', '-']))
+        .filter(|p| p.slice_count == slices)
+        .find(|p| full > 0 && ((8 * p.memory_mib) as f64 / full as f64).round() as u32 == eighths)
+        .map(|p| p.name.clone())
+}
+
+fn resolve_mixes(args: &PackingStudyArgs, base: &NodeInventory) -> Result<Vec<Mix>, CliError> {
+    let known: Vec<String> = base
+        .gpus
+        .iter()
+        .flat_map(|g| {
+            g.mig
+                .iter()
+                .flat_map(|m| m.profiles.iter().map(|p| p.name.clone()))
+        })
+        .collect();
+    let mut mixes = Vec::new();
+    for given in &args.mix {
+        let names: Vec<&str> = match given.as_str() {
+            "all" => NAMED_MIXES.iter().map(|(n, _)| *n).collect(),
+            other => vec![other],
+        };
+        for name in names {
+            if let Some((_, shapes)) = NAMED_MIXES.iter().find(|(n, _)| *n == name) {
+                let mut entries = Vec::new();
+                for entry in shapes.split(',') {
+                    let (shape, weight) = entry.split_once('=').unwrap_or((entry, "0"));
+                    let weight: f64 = weight.parse().unwrap_or(0.0);
+                    if shape == WHOLE_GPU {
+                        entries.push((Wanted::WholeGpu, weight));
+                        continue;
+                    }
+                    let (slices, eighths) = shape.split_once(':').unwrap_or((shape, "0"));
+                    let (slices, eighths) =
+                        (slices.parse().unwrap_or(0), eighths.parse().unwrap_or(0));
+                    let profile = profile_of_shape(base, slices, eighths).ok_or_else(|| {
+                        CliError::Usage(format!(
+                            "--mix {name}: sim:{} has no {slices}-slice MIG profile with {eighths}/8 of the memory; give the mix as NAME=WEIGHT,...",
+                            args.gpus
+                        ))
+                    })?;
+                    entries.push((Wanted::Profile(profile), weight));
+                }
+                mixes.push(Mix {
+                    name: name.to_string(),
+                    entries,
+                });
+                continue;
+            }
+            if !name.contains('=') {
+                return Err(CliError::Usage(format!(
+                    "--mix: {name:?} is neither a named mix (default, inference, training, whole-gpus, all) nor NAME=WEIGHT,..."
+                )));
+            }
+            let mut entries = Vec::new();
+            for part in name.split(',') {
+                let (profile, weight) = part.split_once('=').ok_or_else(|| {
+                    CliError::Usage(format!("--mix: {part:?} is not NAME=WEIGHT"))
+                })?;
+                let profile = profile.trim();
+                let weight: f64 = weight
+                    .parse()
+                    .ok()
+                    .filter(|w: &f64| *w >= 0.0 && w.is_finite())
+                    .ok_or_else(|| {
+                        CliError::Usage(format!(
+                            "--mix: weight {weight:?} of {profile:?} is not a number ≥ 0"
+                        ))
+                    })?;
+                let wanted = if profile == WHOLE_GPU {
+                    Wanted::WholeGpu
+                } else if known.iter().any(|k| k == profile) {
+                    Wanted::Profile(profile.to_string())
+                } else {
+                    return Err(CliError::Usage(format!(
+                        "--mix: {profile:?} is not a MIG profile of sim:{} (nor `gpu`, a whole GPU)",
+                        args.gpus
+                    )));
+                };
+                entries.push((wanted, weight));
+            }
+            if entries.iter().all(|(_, w)| *w == 0.0) {
+                return Err(CliError::Usage(format!("--mix {name}: every weight is 0")));
+            }
+            mixes.push(Mix {
+                name: name.to_string(),
+                entries,
+            });
+        }
+    }
+    Ok(mixes)
+}
+
+/// `N`, `A-B` or `N,M,...`.
+fn parse_seeds(s: &str) -> Result<Vec<u64>, CliError> {
+    let bad = || CliError::Usage(format!("--seed {s:?}: want N, A-B or N,M,..."));
+    if let Some((a, b)) = s.split_once('-') {
+        let (a, b): (u64, u64) = (
+            a.trim().parse().map_err(|_| bad())?,
+            b.trim().parse().map_err(|_| bad())?,
+        );
+        if a > b || b - a >= 1000 {
+            return Err(bad());
+        }
+        return Ok((a..=b).collect());
+    }
+    s.split(',')
+        .map(|p| p.trim().parse().map_err(|_| bad()))
+        .collect()
+}
+
+fn parse_lifetimes(s: &str) -> Result<Vec<f64>, CliError> {
+    s.split(',')
+        .map(|p| {
+            p.trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|l| l.is_finite() && *l > 0.0 && *l <= 1e6)
+                .ok_or_else(|| {
+                    CliError::Usage(format!(
+                        "--mean-lifetime {s:?}: {p:?} is not a number of arrivals > 0"
+                    ))
+                })
+        })
+        .collect()
 }
 
 /// xorshift64*: a small deterministic generator, so the trace is the same everywhere.
@@ -70,43 +267,49 @@ impl Rng {
 }
 
 struct Arrival {
-    profile: String,
+    wanted: Wanted,
     /// Event index at which the request leaves (if it was placed).
     leaves_at: usize,
 }
 
 /// Arrivals at each event index; an event with no arrival is a departure slot.
-fn trace(args: &PackingStudyArgs, mix: &[(String, f64)]) -> Vec<Arrival> {
-    let mut rng = Rng(args.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
-    let total: f64 = mix.iter().map(|(_, w)| w).sum();
-    (0..args.events)
+fn trace(events: usize, seed: u64, mean_lifetime: f64, mix: &Mix) -> Vec<Arrival> {
+    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let total: f64 = mix.entries.iter().map(|(_, w)| w).sum();
+    (0..events)
         .map(|i| {
             let mut pick = rng.unit() * total;
-            let profile = mix
+            let wanted = mix
+                .entries
                 .iter()
                 .find(|(_, w)| {
                     pick -= w;
                     pick < 0.0
                 })
-                .map_or_else(|| mix[0].0.clone(), |(p, _)| p.clone());
+                .or(mix.entries.last())
+                .map_or(Wanted::WholeGpu, |(p, _)| p.clone());
             // Exponential lifetimes keep the node around full occupancy.
-            let lifetime = (-rng.unit().max(1e-12).ln() * args.mean_lifetime).ceil() as usize;
+            let lifetime = (-rng.unit().max(1e-12).ln() * mean_lifetime).ceil() as usize;
             Arrival {
-                profile,
+                wanted,
                 leaves_at: i + lifetime.max(1),
             }
         })
         .collect()
 }
 
-fn mig_class() -> DeviceClass {
+fn class(name: &str, device_type: &str) -> DeviceClass {
     DeviceClass {
-        metadata: ObjectMeta { name: Some("mig.nvidia.com".into()), ..Default::default() },
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
         spec: Some(DeviceClassSpec {
             selectors: Some(vec![DeviceSelector {
                 cel: Some(CELDeviceSelector {
-                    expression: "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig'"
-                        .into(),
+                    expression: format!(
+                        "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == '{device_type}'"
+                    ),
                 }),
             }]),
             ..Default::default()
@@ -114,7 +317,20 @@ fn mig_class() -> DeviceClass {
     }
 }
 
-fn claim(index: usize, profile: &str) -> ResourceClaim {
+fn claim(index: usize, wanted: &Wanted) -> ResourceClaim {
+    let (class, selectors) = match wanted {
+        Wanted::WholeGpu => ("gpu.nvidia.com", None),
+        Wanted::Profile(profile) => (
+            "mig.nvidia.com",
+            Some(vec![DeviceSelector {
+                cel: Some(CELDeviceSelector {
+                    expression: format!(
+                        "device.attributes['gpu.nvidia.com'].profile == '{profile}'"
+                    ),
+                }),
+            }]),
+        ),
+    };
     ResourceClaim {
         metadata: ObjectMeta {
             name: Some(format!("c{index}")),
@@ -125,16 +341,10 @@ fn claim(index: usize, profile: &str) -> ResourceClaim {
         spec: Some(ResourceClaimSpec {
             devices: Some(DeviceClaim {
                 requests: Some(vec![DeviceRequest {
-                    name: "mig".into(),
+                    name: "req".into(),
                     exactly: Some(ExactDeviceRequest {
-                        device_class_name: "mig.nvidia.com".into(),
-                        selectors: Some(vec![DeviceSelector {
-                            cel: Some(CELDeviceSelector {
-                                expression: format!(
-                                    "device.attributes['gpu.nvidia.com'].profile == '{profile}'"
-                                ),
-                            }),
-                        }]),
+                        device_class_name: class.into(),
+                        selectors,
                         ..Default::default()
                     }),
                     ..Default::default()
@@ -192,18 +402,15 @@ struct Replayed {
     capacity: usize,
 }
 
-/// Whether some GPU could take `profile` beside its live instances if they could all be placed
-/// anew (MIG's placement rules, `fit_together`).
+/// Whether some GPU could take the request beside its live instances if they could all be
+/// placed anew (MIG's placement rules, `fit_together`).
 fn fits_after_replacing(
     base: &NodeInventory,
     live: &BTreeMap<usize, String>,
-    profile: &str,
+    wanted: &Wanted,
 ) -> bool {
     base.gpus.iter().any(|gpu| {
         let Some(mig) = gpu.mig.as_ref() else {
-            return false;
-        };
-        let Some(wanted) = mig.profiles.iter().find(|p| p.name == profile) else {
             return false;
         };
         let mut ids: Vec<u32> = live
@@ -219,23 +426,125 @@ fn fits_after_replacing(
         {
             return false;
         }
-        ids.push(wanted.id);
-        crate::gpu::mig::fit_together(&mig.profiles, &ids)
+        match wanted {
+            Wanted::WholeGpu => ids.is_empty(),
+            Wanted::Profile(profile) => {
+                let Some(wanted) = mig.profiles.iter().find(|p| &p.name == profile) else {
+                    return false;
+                };
+                ids.push(wanted.id);
+                crate::gpu::mig::fit_together(&mig.profiles, &ids)
+            }
+        }
     })
 }
 
-/// Replays the trace with one device order.
+/// The device the scheduler's first fit takes for this request from the pool as published,
+/// read from the publication order directly (no ResourceSlice objects, no CEL): for sweeps of
+/// many republishes. [`allocate`] checks it against the allocator.
+fn first_fit(
+    inventory: &NodeInventory,
+    options: &SliceOptions,
+    live: &BTreeMap<usize, String>,
+    wanted: &Wanted,
+) -> Option<String> {
+    let whole_taken = |minor: u32| {
+        let name = crate::gpu::mig::gpu_device_name(minor);
+        live.values().any(|d| *d == name)
+    };
+    match wanted {
+        Wanted::WholeGpu => {
+            let mut names: Vec<String> = inventory
+                .gpus
+                .iter()
+                .filter(|g| g.mig.as_ref().is_some_and(|m| m.instances.is_empty()))
+                .filter(|g| !whole_taken(g.minor))
+                .map(|g| crate::gpu::mig::gpu_device_name(g.minor))
+                .collect();
+            if options.order == DeviceOrder::Name {
+                names.sort();
+            }
+            names.into_iter().next()
+        }
+        Wanted::Profile(profile) => slices::placement_order(inventory, options)
+            .into_iter()
+            .filter(|c| &c.profile.name == profile && !whole_taken(c.gpu.minor))
+            .find(crate::slices::packing::fits_now)
+            .map(|c| {
+                crate::gpu::mig::mig_device_name(
+                    c.gpu.minor,
+                    &c.profile.name,
+                    c.profile.id,
+                    c.placement.start,
+                )
+            }),
+    }
+}
+
+/// The device our copy of kube-scheduler's allocator takes for this request from the pool's
+/// ResourceSlices, with the live requests' devices allocated.
+fn allocate(
+    inventory: &NodeInventory,
+    options: &SliceOptions,
+    live: &BTreeMap<usize, String>,
+    index: usize,
+    wanted: &Wanted,
+    compiler: &Arc<SelectorCache>,
+) -> Result<Option<String>, CliError> {
+    let node = NodeInfo::named("study-node");
+    let classes = Arc::new(vec![
+        class("mig.nvidia.com", "mig"),
+        class("gpu.nvidia.com", "gpu"),
+    ]);
+    let features = Features::KUBERNETES_1_37;
+    let slices = slices::build(inventory, options)?;
+    let allocator = Allocator::shared(features, Arc::new(slices), classes, compiler.clone());
+    let mut state = AllocatedState::new();
+    for (live_index, device) in live {
+        let allocation = k8s_openapi::api::resource::v1::AllocationResult {
+            devices: Some(k8s_openapi::api::resource::v1::DeviceAllocationResult {
+                results: Some(vec![
+                    k8s_openapi::api::resource::v1::DeviceRequestAllocationResult {
+                        request: "req".into(),
+                        driver: "gpu.nvidia.com".into(),
+                        pool: "study-node".into(),
+                        device: device.clone(),
+                        ..Default::default()
+                    },
+                ]),
+                config: None,
+            }),
+            ..Default::default()
+        };
+        state
+            .mark(&format!("c{live_index}"), &allocation, &features)
+            .map_err(|e| CliError::Usage(e.to_string()))?;
+    }
+    match allocator.allocate(&node, &[claim(index, wanted)], &state) {
+        Ok(Outcome::Allocated(results)) => Ok(results
+            .first()
+            .and_then(|r| r.devices.as_ref())
+            .and_then(|d| d.results.as_ref())
+            .and_then(|r| r.first())
+            .map(|r| r.device.clone())),
+        Ok(Outcome::Unsatisfiable { .. }) => Ok(None),
+        Err(e) => Err(CliError::Usage(format!("allocation failed: {e}"))),
+    }
+}
+
+/// Replays the trace with one device order. The first `checked` arrivals also go through the
+/// allocator, which must take the same device as [`first_fit`].
 fn replay(
     base: &NodeInventory,
     arrivals: &[Arrival],
     order: DeviceOrder,
     compiler: &Arc<SelectorCache>,
+    checked: usize,
 ) -> Result<Replayed, CliError> {
-    let node = NodeInfo::named("study-node");
-    let classes = Arc::new(vec![mig_class()]);
     let modes: BTreeMap<u32, GpuMode> = base
         .gpus
         .iter()
+        .filter(|g| g.mig.is_some())
         .map(|g| (g.minor, GpuMode::Dynamic))
         .collect();
     let options = SliceOptions {
@@ -243,158 +552,395 @@ fn replay(
         order,
         ..SliceOptions::new("gpu.nvidia.com", "study-node")
     };
-    let features = Features::KUBERNETES_1_37;
     let mut live: BTreeMap<usize, String> = BTreeMap::new();
     let mut replayed = Replayed::default();
     for (i, arrival) in arrivals.iter().enumerate() {
         live.retain(|index, _| arrivals[*index].leaves_at > i);
         let inventory = with_instances(base, &live);
-        let slices = slices::build(&inventory, &options)?;
-        let allocator = Allocator::shared(
-            features,
-            Arc::new(slices),
-            classes.clone(),
-            compiler.clone(),
-        );
-        let mut state = AllocatedState::new();
-        for (index, device) in &live {
-            let allocation = k8s_openapi::api::resource::v1::AllocationResult {
-                devices: Some(k8s_openapi::api::resource::v1::DeviceAllocationResult {
-                    results: Some(vec![
-                        k8s_openapi::api::resource::v1::DeviceRequestAllocationResult {
-                            request: "mig".into(),
-                            driver: "gpu.nvidia.com".into(),
-                            pool: "study-node".into(),
-                            device: device.clone(),
-                            ..Default::default()
-                        },
-                    ]),
-                    config: None,
-                }),
-                ..Default::default()
-            };
-            state
-                .mark(&format!("c{index}"), &allocation, &features)
-                .map_err(|e| CliError::Usage(e.to_string()))?;
+        let device = first_fit(&inventory, &options, &live, &arrival.wanted);
+        if i < checked {
+            let by_allocator = allocate(&inventory, &options, &live, i, &arrival.wanted, compiler)?;
+            if by_allocator != device {
+                return Err(CliError::Usage(format!(
+                    "arrival {i} ({}): the allocator took {by_allocator:?}, the publication order says {device:?}",
+                    arrival.wanted.label()
+                )));
+            }
         }
-        match allocator.allocate(&node, &[claim(i, &arrival.profile)], &state) {
-            Ok(Outcome::Allocated(results)) => {
-                let device = results
-                    .first()
-                    .and_then(|r| r.devices.as_ref())
-                    .and_then(|d| d.results.as_ref())
-                    .and_then(|r| r.first())
-                    .map(|r| r.device.clone())
-                    .unwrap_or_default();
+        match device {
+            Some(device) => {
                 live.insert(i, device);
             }
-            Ok(Outcome::Unsatisfiable { .. }) => {
-                *replayed.failed.entry(arrival.profile.clone()).or_default() += 1;
-                if !fits_after_replacing(base, &live, &arrival.profile) {
+            None => {
+                *replayed
+                    .failed
+                    .entry(arrival.wanted.label().to_string())
+                    .or_default() += 1;
+                if !fits_after_replacing(base, &live, &arrival.wanted) {
                     replayed.capacity += 1;
                 }
             }
-            Err(e) => return Err(CliError::Usage(format!("allocation failed: {e}"))),
         }
     }
     Ok(replayed)
 }
 
+/// Most node states the hindsight optimum keeps at one step before it gives up.
+const HINDSIGHT_STATES: usize = 100_000;
+
+/// One replay pair: a mix, a lifetime, a seed.
+struct Run {
+    mix: usize,
+    lifetime: usize,
+    seed: u64,
+    arrivals: usize,
+    by_name: Replayed,
+    ours: Replayed,
+    /// The hindsight optimum's failures, where the node and trace were small enough.
+    optimum: Option<usize>,
+}
+
+impl Run {
+    fn failed(r: &Replayed) -> usize {
+        r.failed.values().sum()
+    }
+}
+
+/// Mean and 95% confidence half-width (Student's t) of a sample.
+fn mean_ci(values: &[f64]) -> (f64, f64) {
+    let n = values.len();
+    if n == 0 {
+        return (0.0, 0.0);
+    }
+    let mean = values.iter().sum::<f64>() / n as f64;
+    if n < 2 {
+        return (mean, 0.0);
+    }
+    let var = values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1) as f64;
+    const T95: [f64; 10] = [12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23];
+    let t = T95.get(n - 2).copied().unwrap_or(1.96);
+    (mean, t * (var / n as f64).sqrt())
+}
+
 pub fn run(args: PackingStudyArgs) -> Result<ExitCode, CliError> {
-    let mix: Vec<(String, f64)> = args
-        .mix
-        .split(',')
-        .map(|part| {
-            let (name, weight) = part
-                .split_once('=')
-                .ok_or_else(|| CliError::Usage(format!("--mix: {part:?} is not NAME=WEIGHT")))?;
-            let weight: f64 = weight
-                .parse()
-                .ok()
-                .filter(|w: &f64| *w >= 0.0)
-                .ok_or_else(|| {
-                    CliError::Usage(format!(
-                        "--mix: weight {weight:?} of {name:?} is not a number ≥ 0"
-                    ))
-                })?;
-            Ok((name.trim().to_string(), weight))
-        })
-        .collect::<Result<_, CliError>>()?;
     let base = SimNode::new(args.gpus.clone(), "study-node", None).inventory()?;
-    let known: Vec<String> = base
-        .gpus
-        .iter()
-        .flat_map(|g| {
-            g.mig
-                .iter()
-                .flat_map(|m| m.profiles.iter().map(|p| p.name.clone()))
-        })
-        .collect();
-    if known.is_empty() {
+    if base.gpus.iter().all(|g| g.mig.is_none()) {
         return Err(CliError::Usage(format!(
             "--gpus sim:{}: no MIG-capable GPU",
             args.gpus
         )));
     }
-    for (name, _) in &mix {
-        if !known.contains(name) {
-            return Err(CliError::Usage(format!(
-                "--mix: {name:?} is not a MIG profile of sim:{}",
-                args.gpus
-            )));
+    let mixes = resolve_mixes(&args, &base)?;
+    let seeds = parse_seeds(&args.seed)?;
+    let lifetimes = parse_lifetimes(&args.mean_lifetime)?;
+    if args.events == 0 {
+        return Err(CliError::Usage("--events: want at least 1".into()));
+    }
+    if args.print_trace {
+        let ([mix], [lifetime], [seed]) =
+            (mixes.as_slice(), lifetimes.as_slice(), seeds.as_slice())
+        else {
+            return Err(CliError::Usage(
+                "--print-trace: give one mix, one --mean-lifetime and one --seed".into(),
+            ));
+        };
+        for (i, arrival) in trace(args.events, *seed, *lifetime, mix).iter().enumerate() {
+            println!("{i} {} {}", arrival.wanted.label(), arrival.leaves_at);
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut jobs = Vec::new();
+    for mix in 0..mixes.len() {
+        for lifetime in 0..lifetimes.len() {
+            for seed in &seeds {
+                jobs.push((mix, lifetime, *seed));
+            }
         }
     }
-    let arrivals = trace(&args, &mix);
+    // A single run goes through the allocator all the way; a sweep checks the first arrivals
+    // of each run against it.
+    let checked = if jobs.len() == 1 {
+        usize::MAX
+    } else {
+        args.checked
+    };
     let compiler = Arc::new(SelectorCache::default());
     let started = std::time::Instant::now();
-    let by_name_run = replay(&base, &arrivals, DeviceOrder::Name, &compiler)?;
-    let packed_run = replay(&base, &arrivals, DeviceOrder::Packed, &compiler)?;
-    let (by_name, packed) = (&by_name_run.failed, &packed_run.failed);
-    let n = arrivals.len();
-    let total = |m: &BTreeMap<String, usize>| m.values().sum::<usize>();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let workers = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(jobs.len());
+    let results: Vec<Result<Run, CliError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..workers)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut done = Vec::new();
+                    loop {
+                        let at = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(&(mix, lifetime, seed)) = jobs.get(at) else {
+                            break;
+                        };
+                        let arrivals = trace(args.events, seed, lifetimes[lifetime], &mixes[mix]);
+                        let run = replay(&base, &arrivals, DeviceOrder::Name, &compiler, checked)
+                            .and_then(|by_name| {
+                                let ours = replay(
+                                    &base,
+                                    &arrivals,
+                                    DeviceOrder::Packed,
+                                    &compiler,
+                                    checked,
+                                )?;
+                                let requests: Vec<_> = arrivals
+                                    .iter()
+                                    .map(|a| {
+                                        let request = match &a.wanted {
+                                            Wanted::WholeGpu => hindsight::Request::WholeGpu,
+                                            Wanted::Profile(p) => hindsight::Request::Profile(p),
+                                        };
+                                        (request, a.leaves_at)
+                                    })
+                                    .collect();
+                                let optimum =
+                                    hindsight::optimum(&base, &requests, HINDSIGHT_STATES);
+                                Ok(Run {
+                                    mix,
+                                    lifetime,
+                                    seed,
+                                    arrivals: arrivals.len(),
+                                    by_name,
+                                    ours,
+                                    optimum,
+                                })
+                            });
+                        done.push(run);
+                    }
+                    done
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap_or_default())
+            .collect()
+    });
+    let mut runs = results.into_iter().collect::<Result<Vec<_>, _>>()?;
+    if runs.len() != jobs.len() {
+        return Err(CliError::Usage("a replay thread panicked".into()));
+    }
+    runs.sort_by_key(|r| (r.mix, r.lifetime, r.seed));
+    if let [run] = runs.as_slice() {
+        print_one(&args, &mixes[run.mix], lifetimes[run.lifetime], run);
+    } else {
+        for (m, mix) in mixes.iter().enumerate() {
+            print_table(
+                &args,
+                mix,
+                &seeds,
+                &lifetimes,
+                runs.iter().filter(|r| r.mix == m),
+            );
+        }
+    }
+    println!("  ({:.1} s)", started.elapsed().as_secs_f64());
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_one(args: &PackingStudyArgs, mix: &Mix, lifetime: f64, run: &Run) {
+    let n = run.arrivals;
     let share = |failed: usize| 100.0 * failed as f64 / n as f64;
     let per_profile = |m: &BTreeMap<String, usize>| {
-        mix.iter()
-            .map(|(p, _)| format!("{p}:{}", m.get(p).copied().unwrap_or(0)))
+        mix.entries
+            .iter()
+            .map(|(w, _)| format!("{}:{}", w.label(), m.get(w.label()).copied().unwrap_or(0)))
             .collect::<Vec<_>>()
             .join(" ")
     };
+    let (by_name, ours) = (Run::failed(&run.by_name), Run::failed(&run.ours));
     println!(
-        "packing study: sim:{} · {n} arrivals (each departs after its lifetime) · seed {} · mean lifetime {} · mix {}",
-        args.gpus, args.seed, args.mean_lifetime, args.mix
+        "packing study: sim:{} · {n} arrivals (each departs after its lifetime) · seed {} · mean lifetime {lifetime} · mix {} ({})",
+        args.gpus,
+        run.seed,
+        mix.name,
+        mix.describe()
     );
     println!(
-        "  name order (NVIDIA's):  {:>6} failed ({:.2}%)  {}",
-        total(by_name),
-        share(total(by_name)),
-        per_profile(by_name)
+        "  name order (NVIDIA's):  {by_name:>6} failed ({:.2}%)  {}",
+        share(by_name),
+        per_profile(&run.by_name.failed)
     );
     println!(
-        "  best-fit order (ours):  {:>6} failed ({:.2}%)  {}",
-        total(packed),
-        share(total(packed)),
-        per_profile(packed)
+        "  best-fit order (ours):  {ours:>6} failed ({:.2}%)  {}",
+        share(ours),
+        per_profile(&run.ours.failed)
     );
-    if total(by_name) > 0 {
-        let (a, b) = (total(by_name) as f64, total(packed) as f64);
+    if by_name > 0 {
+        let (a, b) = (by_name as f64, ours as f64);
         println!("  → {:.1}% fewer failed placements", 100.0 * (a - b) / a);
     }
     // The bound: of our failures, those no GPU had room for even with its live instances
     // placed anew. The rest were fragmentation.
-    let ours = total(packed);
+    let bound = run.ours.capacity;
     println!(
-        "  capacity bound (ours):  {:>6} failed ({:.2}%)  {} of our failures ({:.1}%) were fragmentation; name order: {} of {}",
-        packed_run.capacity,
-        share(packed_run.capacity),
-        ours - packed_run.capacity,
+        "  capacity bound (ours):  {bound:>6} failed ({:.2}%)  {} of our failures ({:.1}%) were fragmentation; name order: {} of {}",
+        share(bound),
+        ours - bound,
         if ours > 0 {
-            100.0 * (ours - packed_run.capacity) as f64 / ours as f64
+            100.0 * (ours - bound) as f64 / ours as f64
         } else {
             0.0
         },
-        total(by_name) - by_name_run.capacity,
-        total(by_name)
+        by_name - run.by_name.capacity,
+        by_name
     );
-    println!("  ({:.1} s)", started.elapsed().as_secs_f64());
-    Ok(ExitCode::SUCCESS)
+    match run.optimum {
+        Some(best) => println!(
+            "  hindsight optimum:      {best:>6} failed ({:.2}%)  the fewest any placement could have had, knowing the future, without moving an instance",
+            share(best)
+        ),
+        None => println!(
+            "  hindsight optimum:  not computed (over {HINDSIGHT_STATES} node states at one step: a smaller node or trace)"
+        ),
+    }
+    println!("  verdict: {}", verdict(by_name, ours, bound, run.optimum));
+}
+
+/// The issue's goal for a load: 30% fewer failures than name order, or within 10% of the bound
+/// where the bound itself is less than 30% below name order.
+fn verdict(by_name: usize, ours: usize, bound: usize, optimum: Option<usize>) -> String {
+    let of_optimum = match optimum {
+        Some(best) if best > 0 => format!(
+            "; {:.0}% above the hindsight optimum",
+            100.0 * (ours as f64 - best as f64) / best as f64
+        ),
+        Some(_) if ours == 0 => "; the hindsight optimum too".into(),
+        Some(_) => "; the hindsight optimum failed none".into(),
+        None => String::new(),
+    };
+    verdict_by_bound(by_name, ours, bound) + &of_optimum
+}
+
+fn verdict_by_bound(by_name: usize, ours: usize, bound: usize) -> String {
+    if by_name == 0 {
+        return if ours == 0 {
+            "no failures in either order".into()
+        } else {
+            format!("name order failed none, ours {ours}")
+        };
+    }
+    let fewer = (by_name as f64 - ours as f64) / by_name as f64;
+    let room = (by_name as f64 - bound as f64) / by_name as f64;
+    let above = if bound > 0 {
+        (ours as f64 - bound as f64) / bound as f64
+    } else if ours == 0 {
+        0.0
+    } else {
+        f64::INFINITY
+    };
+    if fewer >= 0.30 {
+        format!("met: {:.0}% fewer than name order", 100.0 * fewer)
+    } else if room < 0.30 && above <= 0.10 {
+        format!(
+            "met: within {:.1}% of the bound (30% fewer is impossible: the bound is {:.0}% below name order)",
+            100.0 * above,
+            100.0 * room
+        )
+    } else if room < 0.30 {
+        format!(
+            "not met: {:.1}% above the bound (30% fewer is impossible: the bound is {:.0}% below name order)",
+            100.0 * above,
+            100.0 * room
+        )
+    } else {
+        format!(
+            "not met: {:.0}% fewer than name order, {:.1}% above the bound",
+            100.0 * fewer,
+            100.0 * above
+        )
+    }
+}
+
+fn print_table<'a>(
+    args: &PackingStudyArgs,
+    mix: &Mix,
+    seeds: &[u64],
+    lifetimes: &[f64],
+    runs: impl Iterator<Item = &'a Run>,
+) {
+    let runs: Vec<&Run> = runs.collect();
+    println!(
+        "packing study: sim:{} · {} arrivals · seeds {} · mix {} ({})",
+        args.gpus,
+        args.events,
+        seeds
+            .iter()
+            .map(u64::to_string)
+            .collect::<Vec<_>>()
+            .join(","),
+        mix.name,
+        mix.describe()
+    );
+    println!(
+        "  failed placements in % of arrivals, mean ± 95% confidence over {} seed(s)",
+        seeds.len()
+    );
+    println!(
+        "  | mean lifetime | name order | ours | capacity bound | hindsight optimum | fewer than name | ours above bound | goal |"
+    );
+    println!("  |---|---|---|---|---|---|---|---|");
+    for (l, lifetime) in lifetimes.iter().enumerate() {
+        let rows: Vec<&&Run> = runs.iter().filter(|r| r.lifetime == l).collect();
+        let pct = |f: &dyn Fn(&Run) -> usize| -> Vec<f64> {
+            rows.iter()
+                .map(|r| 100.0 * f(r) as f64 / r.arrivals.max(1) as f64)
+                .collect()
+        };
+        let fmt = |(m, ci): (f64, f64)| format!("{m:.2} ± {ci:.2}");
+        let name = mean_ci(&pct(&|r| Run::failed(&r.by_name)));
+        let ours = mean_ci(&pct(&|r| Run::failed(&r.ours)));
+        let bound = mean_ci(&pct(&|r| r.ours.capacity));
+        let optimum = if rows.iter().all(|r| r.optimum.is_some()) {
+            fmt(mean_ci(&pct(&|r| r.optimum.unwrap_or(0))))
+        } else {
+            "–".into()
+        };
+        let fewer: Vec<f64> = rows
+            .iter()
+            .filter(|r| Run::failed(&r.by_name) > 0)
+            .map(|r| {
+                let n = Run::failed(&r.by_name) as f64;
+                100.0 * (n - Run::failed(&r.ours) as f64) / n
+            })
+            .collect();
+        let above: Vec<f64> = rows
+            .iter()
+            .filter(|r| r.ours.capacity > 0)
+            .map(|r| {
+                let b = r.ours.capacity as f64;
+                100.0 * (Run::failed(&r.ours) as f64 - b) / b
+            })
+            .collect();
+        let sum = |f: &dyn Fn(&Run) -> usize| rows.iter().map(|r| f(r)).sum::<usize>();
+        println!(
+            "  | {lifetime} | {} | {} | {} | {optimum} | {} | {} | {} |",
+            fmt(name),
+            fmt(ours),
+            fmt(bound),
+            if fewer.is_empty() {
+                "–".into()
+            } else {
+                format!("{}%", fmt(mean_ci(&fewer)))
+            },
+            if above.is_empty() {
+                "–".into()
+            } else {
+                format!("{}%", fmt(mean_ci(&above)))
+            },
+            verdict(
+                sum(&|r| Run::failed(&r.by_name)),
+                sum(&|r| Run::failed(&r.ours)),
+                sum(&|r| r.ours.capacity),
+                rows.iter().map(|r| r.optimum).sum::<Option<usize>>()
+            )
+        );
+    }
 }

@@ -174,13 +174,7 @@ pub fn content(inventory: &NodeInventory, options: &SliceOptions) -> PoolContent
                     let device = partitions::whole_gpu(inventory, gpu);
                     pool.devices.push(shareable(device, gpu));
                 }
-                candidates.extend(partitions::placements(gpu).into_iter().map(
-                    |(profile, placement)| packing::Candidate {
-                        gpu,
-                        profile,
-                        placement,
-                    },
-                ));
+                candidates.extend(dynamic_candidates(gpu));
             }
         }
     }
@@ -218,6 +212,43 @@ pub fn content(inventory: &NodeInventory, options: &SliceOptions) -> PoolContent
         }
     }
     pool
+}
+
+fn dynamic_candidates(gpu: &Gpu) -> impl Iterator<Item = packing::Candidate<'_>> {
+    partitions::placements(gpu)
+        .into_iter()
+        .map(move |(profile, placement)| packing::Candidate {
+            gpu,
+            profile,
+            placement,
+        })
+}
+
+/// Dynamic GPUs' MIG placements in the order [`content`] publishes them (the order the
+/// scheduler's first fit tries them), without building devices: for replaying many republishes.
+pub fn placement_order<'a>(
+    inventory: &'a NodeInventory,
+    options: &SliceOptions,
+) -> Vec<packing::Candidate<'a>> {
+    let modes = options.modes(inventory);
+    let mut candidates: Vec<_> = inventory
+        .gpus
+        .iter()
+        .filter(|gpu| modes.get(&gpu.minor) == Some(&GpuMode::Dynamic))
+        .flat_map(dynamic_candidates)
+        .collect();
+    packing::order(&mut candidates, packing::Usage::of);
+    if options.order == DeviceOrder::Name {
+        candidates.sort_by_cached_key(|c| {
+            crate::gpu::mig::mig_device_name(
+                c.gpu.minor,
+                &c.profile.name,
+                c.profile.id,
+                c.placement.start,
+            )
+        });
+    }
+    candidates
 }
 
 /// The devices of a node in publication order (see [`content`]).

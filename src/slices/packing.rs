@@ -36,7 +36,7 @@ fn engines(profile: &GiProfile) -> [u64; 7] {
 }
 
 /// The largest use per dimension over all profiles (the GPU's counter values).
-fn limits(gpu: &Gpu) -> [u64; 7] {
+pub fn limits(gpu: &Gpu) -> [u64; 7] {
     let mut max = [0; 7];
     for profile in gpu.mig.iter().flat_map(|m| m.profiles.iter()) {
         for (m, e) in max.iter_mut().zip(engines(profile)) {
@@ -92,6 +92,16 @@ fn room(gpu: &Gpu, limits: &[u64; 7], usage: &Usage) -> u64 {
         .filter(|(profile, placement)| usage.fits(limits, profile, *placement))
         .map(|(_, placement)| u64::from(placement.size))
         .sum()
+}
+
+/// Whether a candidate fits next to its GPU's existing MIG instances (what the pool's counters
+/// allow).
+pub fn fits_now(candidate: &Candidate) -> bool {
+    Usage::of(candidate.gpu).fits(
+        &limits(candidate.gpu),
+        candidate.profile,
+        candidate.placement,
+    )
 }
 
 /// One placement device to order.
