@@ -3,6 +3,7 @@
 //! for small nodes and traces (the states multiply with GPUs and live instances).
 use std::collections::HashMap;
 
+use super::packing_study::{Arrival, Wanted};
 use crate::gpu::{GiProfile, Gpu, NodeInventory, Placement};
 use crate::slices::packing::{Usage, limits};
 
@@ -13,16 +14,10 @@ type Live = (usize, u32, Held);
 /// What a live request holds: a profile id at a placement, or (`None`) the whole GPU.
 type Held = Option<(u32, Placement)>;
 
-/// A request of the trace, as the optimum sees it.
-pub enum Request<'a> {
-    Profile(&'a str),
-    WholeGpu,
-}
-
 /// The optimum's failures, or `None` when the states outgrew `max_states` at some step.
-pub fn optimum(
+pub(super) fn optimum(
     base: &NodeInventory,
-    arrivals: &[(Request<'_>, usize)],
+    arrivals: &[Arrival],
     max_states: usize,
 ) -> Option<usize> {
     let gpus: Vec<&Gpu> = base.gpus.iter().filter(|g| g.mig.is_some()).collect();
@@ -31,7 +26,7 @@ pub fn optimum(
         .windows(2)
         .all(|w| w[0].product_name == w[1].product_name);
     let mut states: HashMap<Vec<Live>, usize> = HashMap::from([(Vec::new(), 0)]);
-    for (i, (request, leaves_at)) in arrivals.iter().enumerate() {
+    for (i, Arrival { wanted, leaves_at }) in arrivals.iter().enumerate() {
         let mut next: HashMap<Vec<Live>, usize> = HashMap::with_capacity(states.len() * 2);
         let minors: Vec<u32> = gpus.iter().map(|g| g.minor).collect();
         let keep = |next: &mut HashMap<Vec<Live>, usize>, state: Vec<Live>, failed: usize| {
@@ -51,8 +46,8 @@ pub fn optimum(
                 if on_gpu.iter().any(|l| l.2.is_none()) {
                     continue;
                 }
-                match request {
-                    Request::WholeGpu => {
+                match wanted {
+                    Wanted::WholeGpu => {
                         if on_gpu.is_empty() {
                             let mut after = live.clone();
                             after.push((*leaves_at, gpu.minor, None));
@@ -61,11 +56,11 @@ pub fn optimum(
                             placed = true;
                         }
                     }
-                    Request::Profile(name) => {
+                    Wanted::Profile(name) => {
                         let Some(mig) = gpu.mig.as_ref() else {
                             continue;
                         };
-                        let Some(profile) = mig.profiles.iter().find(|p| p.name == *name) else {
+                        let Some(profile) = mig.profiles.iter().find(|p| &p.name == name) else {
                             continue;
                         };
                         let usage = usage_of(mig.profiles.as_slice(), &on_gpu);
@@ -143,6 +138,20 @@ mod tests {
     use super::*;
     use crate::gpu::sim::SimNode;
 
+    fn profile(name: &str, leaves_at: usize) -> Arrival {
+        Arrival {
+            wanted: Wanted::Profile(name.into()),
+            leaves_at,
+        }
+    }
+
+    fn whole(leaves_at: usize) -> Arrival {
+        Arrival {
+            wanted: Wanted::WholeGpu,
+            leaves_at,
+        }
+    }
+
     fn h100s(n: u32) -> NodeInventory {
         SimNode::new(
             format!("{n}xH100-SXM5-80GB").parse().expect("spec"),
@@ -159,23 +168,20 @@ mod tests {
         // A 1g.10gb that stays, then a 3g.40gb and a 4g.40gb: 4g.40gb needs slots 0–3 and the
         // 3g.40gb then 4–7, so wherever the 1g goes, one of the big two fails.
         let trace = [
-            (Request::Profile("1g.10gb"), 10),
-            (Request::Profile("3g.40gb"), 10),
-            (Request::Profile("4g.40gb"), 10),
+            profile("1g.10gb", 10),
+            profile("3g.40gb", 10),
+            profile("4g.40gb", 10),
         ];
         assert_eq!(optimum(&node, &trace, 1000), Some(1));
         // Without the 1g, both big ones fit.
-        let trace = [
-            (Request::Profile("3g.40gb"), 10),
-            (Request::Profile("4g.40gb"), 10),
-        ];
+        let trace = [profile("3g.40gb", 10), profile("4g.40gb", 10)];
         assert_eq!(optimum(&node, &trace, 1000), Some(0));
         // Two 2g.20gb, then a 3g.40gb: the 2g's at 0 and 2 leave 4–7 for it (at 2 and 4
         // nothing would be left).
         let trace = [
-            (Request::Profile("2g.20gb"), 10),
-            (Request::Profile("2g.20gb"), 10),
-            (Request::Profile("3g.40gb"), 10),
+            profile("2g.20gb", 10),
+            profile("2g.20gb", 10),
+            profile("3g.40gb", 10),
         ];
         assert_eq!(optimum(&node, &trace, 1000), Some(0));
     }
@@ -184,11 +190,11 @@ mod tests {
     fn departures_free_room_and_whole_gpus_need_an_empty_gpu() {
         let node = h100s(2);
         let trace = [
-            (Request::Profile("1g.10gb"), 2),
-            (Request::WholeGpu, 5),
+            profile("1g.10gb", 2),
+            whole(5),
             // The 1g left at event 2: the other GPU is empty again.
-            (Request::WholeGpu, 5),
-            (Request::WholeGpu, 5),
+            whole(5),
+            whole(5),
         ];
         assert_eq!(optimum(&node, &trace, 1000), Some(1));
     }
@@ -196,9 +202,7 @@ mod tests {
     #[test]
     fn gives_up_beyond_the_state_limit() {
         let node = h100s(1);
-        let trace: Vec<_> = (0..9)
-            .map(|i| (Request::Profile("1g.10gb"), i + 8))
-            .collect();
+        let trace: Vec<_> = (0..9).map(|i| profile("1g.10gb", i + 8)).collect();
         // Every order of seven 1g.10gb in seven slots is a state of its own (they leave at
         // different times): 5,040 at the seventh arrival.
         assert_eq!(optimum(&node, &trace, 3), None);

@@ -70,7 +70,7 @@ fn parse_spec(s: &str) -> Result<SimSpec, String> {
 
 /// The request a mix entry stands for.
 #[derive(Debug, Clone, PartialEq)]
-enum Wanted {
+pub(super) enum Wanted {
     /// A MIG device of this profile.
     Profile(String),
     /// A whole GPU (class gpu.nvidia.com).
@@ -266,10 +266,10 @@ impl Rng {
     }
 }
 
-struct Arrival {
-    wanted: Wanted,
+pub(super) struct Arrival {
+    pub(super) wanted: Wanted,
     /// Event index at which the request leaves (if it was placed).
-    leaves_at: usize,
+    pub(super) leaves_at: usize,
 }
 
 /// Arrivals at each event index; an event with no arrival is a departure slot.
@@ -690,18 +690,8 @@ pub fn run(args: PackingStudyArgs) -> Result<ExitCode, CliError> {
                                     &compiler,
                                     checked,
                                 )?;
-                                let requests: Vec<_> = arrivals
-                                    .iter()
-                                    .map(|a| {
-                                        let request = match &a.wanted {
-                                            Wanted::WholeGpu => hindsight::Request::WholeGpu,
-                                            Wanted::Profile(p) => hindsight::Request::Profile(p),
-                                        };
-                                        (request, a.leaves_at)
-                                    })
-                                    .collect();
                                 let optimum =
-                                    hindsight::optimum(&base, &requests, HINDSIGHT_STATES);
+                                    hindsight::optimum(&base, &arrivals, HINDSIGHT_STATES);
                                 Ok(Run {
                                     mix,
                                     lifetime,

@@ -237,8 +237,9 @@ pub fn placement_order<'a>(
         .filter(|gpu| modes.get(&gpu.minor) == Some(&GpuMode::Dynamic))
         .flat_map(dynamic_candidates)
         .collect();
-    packing::order(&mut candidates, packing::Usage::of);
-    if options.order == DeviceOrder::Name {
+    if options.order == DeviceOrder::Packed {
+        packing::order(&mut candidates, packing::Usage::of);
+    } else {
         candidates.sort_by_cached_key(|c| {
             crate::gpu::mig::mig_device_name(
                 c.gpu.minor,
