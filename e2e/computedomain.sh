@@ -237,8 +237,13 @@ for n in "$E2E_NODE" cd-b cd-d cd-e; do
     ip=${IP[$n]}
     root=$E2E_DRIVER_ROOT
     [[ $n == "$E2E_NODE" ]] || root=$(node_dir "$n")/driver-root
-    peers=$(chroot "$root" /usr/bin/nvidia-imex-ctl -i "$ip" -p 50005 -N)
-    [[ $(grep -c ' CONNECTED$' <<<"$peers") == 3 ]] || fail "$n's IMEX daemon is not connected to its three peers: $peers"
+    # Peers connect asynchronously after each daemon starts: wait for the mesh, up to a deadline.
+    deadline=$((SECONDS + 30))
+    while peers=$(chroot "$root" /usr/bin/nvidia-imex-ctl -i "$ip" -p 50005 -N 2>&1) || true
+        [[ $(grep -c ' CONNECTED$' <<<"$peers") != 3 ]]; do
+        ((SECONDS < deadline)) || fail "$n's IMEX daemon is not connected to its three peers within 30 s: $peers"
+        sleep 0.5
+    done
 done
 wait_for "nvbandwidth-test-compute-domain Ready" 20 bash -c "[[ \$(kubectl get computedomain nvbandwidth-test-compute-domain -o jsonpath='{.status.status}') == Ready ]]"
 nodes=$(kubectl get computedomain nvbandwidth-test-compute-domain -o json | jq -c '[.status.nodes[] | [.name, .ipAddress, .status]] | sort')
