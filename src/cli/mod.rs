@@ -27,7 +27,11 @@ pub mod live;
 #[cfg(feature = "tools")]
 pub mod manifests;
 #[cfg(feature = "tools")]
+pub mod online;
+#[cfg(feature = "tools")]
 pub mod packing_study;
+#[cfg(feature = "tools")]
+pub mod repack;
 pub mod run;
 pub mod sim;
 pub mod slices;

@@ -1,0 +1,352 @@
+//! The best any device order could do on a one-GPU node, exactly: a device order cannot know
+//! when requests will leave, only what is placed now, so the best order is the optimal policy of
+//! a Markov decision process over the GPU's states. The study's traces make that process exact:
+//! one arrival per step drawn from the mix, and lifetimes `ceil(Exp(mean))`, which are
+//! memoryless in steps (a live instance is still there at the next arrival with probability
+//! `e^(-1/mean)`, whatever its age).
+//!
+//! Relative value iteration gives the long-run share of failed arrivals of the optimal policy,
+//! and, with the decisions fixed, of name order and ours: exact rates without seed noise. The
+//! gap between the optimum here and the hindsight optimum is what knowing lifetimes is worth.
+use std::collections::{BTreeMap, HashMap};
+
+use super::packing_study::Wanted;
+use crate::gpu::mig::{gpu_device_name, mig_device_name, parse_mig_device_name};
+use crate::gpu::{Gpu, NodeInventory};
+use crate::slices::DeviceOrder;
+use crate::slices::packing::{Usage, limits};
+
+/// What one live request holds: a profile id and placement start, or [`WHOLE`].
+type Held = (u32, u32);
+
+/// A whole GPU taken by a request.
+const WHOLE: Held = (u32::MAX, 0);
+
+/// Long-run share of failed arrivals.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Rates {
+    pub(super) by_name: f64,
+    pub(super) ours: f64,
+    /// The optimal order's.
+    pub(super) best: f64,
+}
+
+/// Which device a device order takes for a request beside the live devices (the study's fast
+/// path, which the allocator checks).
+pub(super) type FirstFit<'a> =
+    dyn Fn(&BTreeMap<usize, String>, &Wanted, DeviceOrder) -> Option<String> + 'a;
+
+/// The node's GPU states: every set of live requests that fits, closed under removal.
+struct States {
+    sets: Vec<Vec<Held>>,
+    index: HashMap<Vec<Held>, usize>,
+}
+
+impl States {
+    fn insert(&mut self, mut set: Vec<Held>) -> (usize, bool) {
+        set.sort_unstable();
+        if let Some(i) = self.index.get(&set) {
+            return (*i, false);
+        }
+        self.sets.push(set.clone());
+        self.index.insert(set, self.sets.len() - 1);
+        (self.sets.len() - 1, true)
+    }
+}
+
+fn usage_of(gpu: &Gpu, set: &[Held]) -> Usage {
+    let mut usage = Usage::default();
+    let Some(mig) = gpu.mig.as_ref() else {
+        return usage;
+    };
+    for (id, start) in set {
+        if let Some(profile) = mig.profile_by_id(*id)
+            && let Some(placement) = profile.placements.iter().find(|p| p.start == *start)
+        {
+            usage.add(profile, *placement);
+        }
+    }
+    usage
+}
+
+/// The live requests as the study's replay names them.
+fn live_devices(gpu: &Gpu, set: &[Held]) -> BTreeMap<usize, String> {
+    set.iter()
+        .enumerate()
+        .filter_map(|(i, held)| {
+            if *held == WHOLE {
+                return Some((i, gpu_device_name(gpu.minor)));
+            }
+            let profile = gpu.mig.as_ref()?.profile_by_id(held.0)?;
+            Some((
+                i,
+                mig_device_name(gpu.minor, &profile.name, profile.id, held.1),
+            ))
+        })
+        .collect()
+}
+
+/// Every placement of `wanted` that fits beside `set`, as the request it adds.
+fn fitting(gpu: &Gpu, set: &[Held], wanted: &Wanted) -> Vec<Held> {
+    if set.contains(&WHOLE) {
+        return Vec::new();
+    }
+    match wanted {
+        Wanted::WholeGpu => {
+            if set.is_empty() {
+                vec![WHOLE]
+            } else {
+                Vec::new()
+            }
+        }
+        Wanted::Profile(name) => {
+            let Some(profile) = gpu
+                .mig
+                .as_ref()
+                .and_then(|m| m.profiles.iter().find(|p| &p.name == name))
+            else {
+                return Vec::new();
+            };
+            let usage = usage_of(gpu, set);
+            let limits = limits(gpu);
+            profile
+                .placements
+                .iter()
+                .filter(|p| usage.fits(&limits, profile, **p))
+                .map(|p| (profile.id, p.start))
+                .collect()
+        }
+    }
+}
+
+/// The exact long-run failure rates on a node with one MIG GPU, or `None` for other nodes, or
+/// when the GPU has more than `max_states` states.
+pub(super) fn rates(
+    base: &NodeInventory,
+    mix: &[(Wanted, f64)],
+    mean_lifetime: f64,
+    max_states: usize,
+    first_fit: &FirstFit<'_>,
+) -> Option<Rates> {
+    let [gpu] = base.gpus.as_slice() else {
+        return None;
+    };
+    gpu.mig.as_ref()?;
+    let total: f64 = mix.iter().map(|(_, w)| w).sum();
+    if total <= 0.0 {
+        return None;
+    }
+    let mut states = States {
+        sets: Vec::new(),
+        index: HashMap::new(),
+    };
+    states.insert(Vec::new());
+    // Every state a sequence of placements reaches, with each state's choices per request.
+    let mut choices: Vec<Vec<Vec<usize>>> = Vec::new();
+    let mut at = 0;
+    while at < states.sets.len() {
+        let set = states.sets[at].clone();
+        let mut per_request = Vec::with_capacity(mix.len());
+        for (wanted, _) in mix {
+            let mut next = Vec::new();
+            for held in fitting(gpu, &set, wanted) {
+                let mut after = set.clone();
+                after.push(held);
+                let (i, _) = states.insert(after);
+                next.push(i);
+            }
+            per_request.push(next);
+        }
+        choices.push(per_request);
+        if states.sets.len() > max_states {
+            return None;
+        }
+        at += 1;
+    }
+    // Departures: each live request stays to the next arrival with probability `stay`.
+    let stay = (-1.0 / mean_lifetime).exp();
+    let departures: Vec<Vec<(usize, f64)>> = states
+        .sets
+        .iter()
+        .map(|set| {
+            (0u32..1 << set.len())
+                .filter_map(|mask| {
+                    let kept: Vec<Held> = set
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, _)| mask & (1 << i) != 0)
+                        .map(|(_, h)| *h)
+                        .collect();
+                    let k = mask.count_ones() as i32;
+                    let p = stay.powi(k) * (1.0 - stay).powi(set.len() as i32 - k);
+                    let mut sorted = kept;
+                    sorted.sort_unstable();
+                    states.index.get(&sorted).map(|i| (*i, p))
+                })
+                .collect()
+        })
+        .collect();
+    let weights: Vec<f64> = mix.iter().map(|(_, w)| w / total).collect();
+    // A fixed order's decision per state and request.
+    let decided = |order: DeviceOrder| -> Option<Vec<Vec<Option<usize>>>> {
+        states
+            .sets
+            .iter()
+            .map(|set| {
+                let live = live_devices(gpu, set);
+                mix.iter()
+                    .map(|(wanted, _)| {
+                        let Some(device) = first_fit(&live, wanted, order) else {
+                            return Some(None);
+                        };
+                        let held = if device == gpu_device_name(gpu.minor) {
+                            WHOLE
+                        } else {
+                            let name = parse_mig_device_name(&device)?;
+                            (name.profile_id, name.start)
+                        };
+                        let mut after = set.clone();
+                        after.push(held);
+                        after.sort_unstable();
+                        states.index.get(&after).map(|i| Some(*i))
+                    })
+                    .collect()
+            })
+            .collect()
+    };
+    let by_name = decided(DeviceOrder::Name)?;
+    let ours = decided(DeviceOrder::Packed)?;
+    let solve = |policy: Option<&Vec<Vec<Option<usize>>>>| {
+        average_cost(&choices, &departures, &weights, policy)
+    };
+    Some(Rates {
+        by_name: solve(Some(&by_name)),
+        ours: solve(Some(&ours)),
+        best: solve(None),
+    })
+}
+
+/// Long-run failures per arrival by relative value iteration over post-decision states: the
+/// optimal policy's (`policy` `None`: the cheapest choice each time) or a fixed policy's.
+fn average_cost(
+    choices: &[Vec<Vec<usize>>],
+    departures: &[Vec<(usize, f64)>],
+    weights: &[f64],
+    policy: Option<&Vec<Vec<Option<usize>>>>,
+) -> f64 {
+    let n = choices.len();
+    let mut h: Vec<f64> = vec![0.0; n];
+    let mut after_arrival = vec![0.0; n];
+    let mut gain = 0.0;
+    for _ in 0..100_000 {
+        // The expected cost-to-go once the arrival at a (pre-arrival) state is decided.
+        for s in 0..n {
+            after_arrival[s] = weights
+                .iter()
+                .enumerate()
+                .map(|(r, w)| {
+                    let next = match policy {
+                        Some(p) => p[s][r],
+                        None => choices[s][r]
+                            .iter()
+                            .copied()
+                            .min_by(|a, b| h[*a].total_cmp(&h[*b])),
+                    };
+                    w * match next {
+                        Some(next) => h[next],
+                        None => 1.0 + h[s],
+                    }
+                })
+                .sum();
+        }
+        let next: Vec<f64> = departures
+            .iter()
+            .map(|d| d.iter().map(|(s, p)| p * after_arrival[*s]).sum())
+            .collect();
+        let (lo, hi) = next
+            .iter()
+            .zip(&h)
+            .map(|(a, b)| a - b)
+            .fold((f64::MAX, f64::MIN), |(lo, hi), d| (lo.min(d), hi.max(d)));
+        gain = (lo + hi) / 2.0;
+        let reference = next[0];
+        for (h, v) in h.iter_mut().zip(&next) {
+            *h = v - reference;
+        }
+        if hi - lo < 1e-12 {
+            break;
+        }
+    }
+    gain
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::sim::SimNode;
+
+    fn h100() -> NodeInventory {
+        SimNode::new("1xH100-SXM5-80GB".parse().expect("spec"), "n", None)
+            .inventory()
+            .expect("inventory")
+    }
+
+    /// Lowest start first, whatever the order: a stand-in for the study's first fit.
+    fn lowest(
+        gpu: &Gpu,
+    ) -> impl Fn(&BTreeMap<usize, String>, &Wanted, DeviceOrder) -> Option<String> {
+        move |live, wanted, _| {
+            let set: Vec<Held> = live
+                .values()
+                .filter_map(|d| parse_mig_device_name(d).map(|n| (n.profile_id, n.start)))
+                .collect();
+            let held = fitting(gpu, &set, wanted).into_iter().min_by_key(|h| h.1)?;
+            let profile = gpu.mig.as_ref()?.profile_by_id(held.0)?;
+            Some(mig_device_name(
+                gpu.minor,
+                &profile.name,
+                profile.id,
+                held.1,
+            ))
+        }
+    }
+
+    #[test]
+    fn only_whole_gpu_profiles_have_no_choice() {
+        // 7g requests: after every arrival the GPU holds one (placed, or the one that made the
+        // arrival fail), so an arrival fails exactly when that one stayed.
+        let base = h100();
+        let gpu = &base.gpus[0];
+        let mix = vec![(Wanted::Profile("7g.80gb".into()), 1.0)];
+        let rates = rates(&base, &mix, 2.0, 10_000, &lowest(gpu)).expect("rates");
+        let stay = (-0.5f64).exp();
+        let want = stay;
+        assert!((rates.best - want).abs() < 1e-9, "{rates:?} want {want}");
+        assert!((rates.ours - want).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_optimum_is_never_worse_than_a_fixed_order() {
+        let base = h100();
+        let gpu = &base.gpus[0];
+        let mix = vec![
+            (Wanted::Profile("1g.10gb".into()), 3.0),
+            (Wanted::Profile("3g.40gb".into()), 1.0),
+            (Wanted::Profile("4g.40gb".into()), 1.0),
+        ];
+        let rates = rates(&base, &mix, 3.0, 10_000, &lowest(gpu)).expect("rates");
+        assert!(rates.best <= rates.ours + 1e-12, "{rates:?}");
+        // 1g at the lowest start splits the 4g's block: the optimum does better.
+        assert!(rates.best < rates.ours - 1e-3, "{rates:?}");
+    }
+
+    #[test]
+    fn nodes_of_several_gpus_are_not_solved() {
+        let base = SimNode::new("2xH100-SXM5-80GB".parse().expect("spec"), "n", None)
+            .inventory()
+            .expect("inventory");
+        let gpu = base.gpus[0].clone();
+        let mix = vec![(Wanted::Profile("1g.10gb".into()), 1.0)];
+        assert_eq!(rates(&base, &mix, 2.0, 10_000, &lowest(&gpu)), None);
+    }
+}
