@@ -139,7 +139,7 @@ fn packing_study_sweeps_lifetimes_seeds_and_mixes() {
     }
     let exact: Vec<&str> = out
         .lines()
-        .filter(|l| l.contains("exact long-run rates (one GPU"))
+        .filter(|l| l.contains("exact long-run rates (every state solved)"))
         .collect();
     assert_eq!(exact.len(), 8, "{out}");
     assert!(exact.iter().all(|l| l.contains("the best order")), "{out}");

@@ -16,6 +16,8 @@ use crate::gpu::{Gpu, NodeInventory};
 use crate::slices::DeviceOrder;
 use crate::slices::packing::{Usage, limits};
 
+mod pair;
+
 /// What one live request holds: a profile id and placement start, or [`WHOLE`].
 type Held = (u32, u32);
 
@@ -119,8 +121,83 @@ fn fitting(gpu: &Gpu, set: &[Held], wanted: &Wanted) -> Vec<Held> {
     }
 }
 
-/// The exact long-run failure rates on a node with one MIG GPU, or `None` for other nodes, or
-/// when the GPU has more than `max_states` states.
+/// One GPU's states, what each request can become in each, and where departures lead.
+struct Gpus {
+    states: States,
+    /// Per state and request: the states a placement leads to.
+    choices: Vec<Vec<Vec<usize>>>,
+    /// Per state: the states departures leave, with their probabilities.
+    departures: Vec<Vec<(usize, f64)>>,
+}
+
+impl Gpus {
+    fn solve(
+        gpu: &Gpu,
+        mix: &[(Wanted, f64)],
+        mean_lifetime: f64,
+        max_states: usize,
+    ) -> Option<Self> {
+        let mut states = States {
+            sets: Vec::new(),
+            index: HashMap::new(),
+        };
+        states.insert(Vec::new());
+        // Every state a sequence of placements reaches, with each state's choices per request.
+        let mut choices: Vec<Vec<Vec<usize>>> = Vec::new();
+        let mut at = 0;
+        while at < states.sets.len() {
+            let set = states.sets[at].clone();
+            let mut per_request = Vec::with_capacity(mix.len());
+            for (wanted, _) in mix {
+                let mut next = Vec::new();
+                for held in fitting(gpu, &set, wanted) {
+                    let mut after = set.clone();
+                    after.push(held);
+                    let (i, _) = states.insert(after);
+                    next.push(i);
+                }
+                per_request.push(next);
+            }
+            choices.push(per_request);
+            if states.sets.len() > max_states {
+                return None;
+            }
+            at += 1;
+        }
+        // Departures: each live request stays to the next arrival with probability `stay`.
+        let stay = (-1.0 / mean_lifetime).exp();
+        let departures: Vec<Vec<(usize, f64)>> = states
+            .sets
+            .iter()
+            .map(|set| {
+                (0u32..1 << set.len())
+                    .filter_map(|mask| {
+                        let mut kept: Vec<Held> = set
+                            .iter()
+                            .enumerate()
+                            .filter(|(i, _)| mask & (1 << i) != 0)
+                            .map(|(_, h)| *h)
+                            .collect();
+                        let k = mask.count_ones() as i32;
+                        let p = stay.powi(k) * (1.0 - stay).powi(set.len() as i32 - k);
+                        kept.sort_unstable();
+                        states.index.get(&kept).map(|i| (*i, p))
+                    })
+                    .collect()
+            })
+            .collect();
+        Some(Self {
+            states,
+            choices,
+            departures,
+        })
+    }
+}
+
+/// The exact long-run failure rates on a node with one MIG GPU, or two identical ones, or `None` for other nodes, or
+/// when the GPU has more than `max_states` states (two GPUs: more than a million pairs). On two
+/// GPUs the orders' decisions come from `packing::order` per pair of states; a sample of them is
+/// checked against `first_fit`, and a disagreement gives `None`, as there is no exact answer.
 pub(super) fn rates(
     base: &NodeInventory,
     mix: &[(Wanted, f64)],
@@ -128,65 +205,25 @@ pub(super) fn rates(
     max_states: usize,
     first_fit: &FirstFit<'_>,
 ) -> Option<Rates> {
-    let [gpu] = base.gpus.as_slice() else {
-        return None;
-    };
-    gpu.mig.as_ref()?;
     let total: f64 = mix.iter().map(|(_, w)| w).sum();
     if total <= 0.0 {
         return None;
     }
-    let mut states = States {
-        sets: Vec::new(),
-        index: HashMap::new(),
-    };
-    states.insert(Vec::new());
-    // Every state a sequence of placements reaches, with each state's choices per request.
-    let mut choices: Vec<Vec<Vec<usize>>> = Vec::new();
-    let mut at = 0;
-    while at < states.sets.len() {
-        let set = states.sets[at].clone();
-        let mut per_request = Vec::with_capacity(mix.len());
-        for (wanted, _) in mix {
-            let mut next = Vec::new();
-            for held in fitting(gpu, &set, wanted) {
-                let mut after = set.clone();
-                after.push(held);
-                let (i, _) = states.insert(after);
-                next.push(i);
-            }
-            per_request.push(next);
-        }
-        choices.push(per_request);
-        if states.sets.len() > max_states {
-            return None;
-        }
-        at += 1;
-    }
-    // Departures: each live request stays to the next arrival with probability `stay`.
-    let stay = (-1.0 / mean_lifetime).exp();
-    let departures: Vec<Vec<(usize, f64)>> = states
-        .sets
-        .iter()
-        .map(|set| {
-            (0u32..1 << set.len())
-                .filter_map(|mask| {
-                    let kept: Vec<Held> = set
-                        .iter()
-                        .enumerate()
-                        .filter(|(i, _)| mask & (1 << i) != 0)
-                        .map(|(_, h)| *h)
-                        .collect();
-                    let k = mask.count_ones() as i32;
-                    let p = stay.powi(k) * (1.0 - stay).powi(set.len() as i32 - k);
-                    let mut sorted = kept;
-                    sorted.sort_unstable();
-                    states.index.get(&sorted).map(|i| (*i, p))
-                })
-                .collect()
-        })
-        .collect();
     let weights: Vec<f64> = mix.iter().map(|(_, w)| w / total).collect();
+    let gpus: Vec<&Gpu> = base.gpus.iter().collect();
+    let gpu = match gpus.as_slice() {
+        [gpu] => *gpu,
+        [a, b] if a.mig.is_some() && a.mig == b.mig => {
+            return pair::rates(a, b, mix, &weights, mean_lifetime, first_fit);
+        }
+        _ => return None,
+    };
+    gpu.mig.as_ref()?;
+    let Gpus {
+        states,
+        choices,
+        departures,
+    } = Gpus::solve(gpu, mix, mean_lifetime, max_states)?;
     // A fixed order's decision per state and request.
     let decided = |order: DeviceOrder| -> Option<Vec<Vec<Option<usize>>>> {
         states
@@ -341,8 +378,41 @@ mod tests {
     }
 
     #[test]
-    fn nodes_of_several_gpus_are_not_solved() {
+    fn two_gpus_of_whole_gpu_profiles() {
+        // 7g requests on two GPUs: after an arrival k ∈ {1, 2} GPUs are busy. From k = 2 the
+        // next arrival fails when both stayed (s²); the chain on k has π(2) = s / (s + (1 − s)²),
+        // so the rate is s³ / (s + (1 − s)²), whichever order.
         let base = SimNode::new("2xH100-SXM5-80GB".parse().expect("spec"), "n", None)
+            .inventory()
+            .expect("inventory");
+        let mix = vec![(Wanted::Profile("7g.80gb".into()), 1.0)];
+        let seven_g = base.gpus[0]
+            .mig
+            .as_ref()
+            .and_then(|m| m.profiles.iter().find(|p| p.name == "7g.80gb"))
+            .expect("7g")
+            .id;
+        // Both orders take the first GPU without a 7g.
+        let first_free = |live: &BTreeMap<usize, String>, _: &Wanted, _: DeviceOrder| {
+            (0..2)
+                .find(|minor| {
+                    !live
+                        .values()
+                        .any(|d| parse_mig_device_name(d).is_some_and(|n| n.parent_minor == *minor))
+                })
+                .map(|minor| mig_device_name(minor, "7g.80gb", seven_g, 0))
+        };
+        let rates = rates(&base, &mix, 3.0, 10_000, &first_free).expect("rates");
+        let s = (-1.0f64 / 3.0).exp();
+        let want = s.powi(3) / (s + (1.0 - s).powi(2));
+        for got in [rates.best, rates.ours, rates.by_name] {
+            assert!((got - want).abs() < 1e-8, "{rates:?} want {want}");
+        }
+    }
+
+    #[test]
+    fn nodes_of_three_gpus_are_not_solved() {
+        let base = SimNode::new("3xH100-SXM5-80GB".parse().expect("spec"), "n", None)
             .inventory()
             .expect("inventory");
         let gpu = base.gpus[0].clone();

@@ -930,7 +930,7 @@ fn verdict(by_name: f64, ours: f64, limit: f64, which: Limit) -> String {
 /// The exact long-run rates of a one-GPU node.
 fn print_exact(exact: &online::Rates) {
     println!(
-        "  exact long-run rates (one GPU, every state solved): name order {:.2}%, ours {:.2}%, the best order {:.2}% (ours {:.1}% above it)",
+        "  exact long-run rates (every state solved): name order {:.2}%, ours {:.2}%, the best order {:.2}% (ours {:.1}% above it)",
         100.0 * exact.by_name,
         100.0 * exact.ours,
         100.0 * exact.best,
@@ -964,7 +964,7 @@ fn print_table<'a>(
         mix.describe()
     );
     println!(
-        "  failed placements in % of arrivals, mean ± 95% confidence over {} seed(s); the limit: the best order where solved exactly (one GPU), else no fragmentation",
+        "  failed placements in % of arrivals, mean ± 95% confidence over {} seed(s); the limit: the best order where solved exactly (one or two GPUs), else no fragmentation",
         seeds.len()
     );
     println!(
