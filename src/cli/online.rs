@@ -300,21 +300,29 @@ fn average_cost(
             .iter()
             .map(|d| d.iter().map(|(s, p)| p * after_arrival[*s]).sum())
             .collect();
-        let (lo, hi) = next
-            .iter()
-            .zip(&h)
-            .map(|(a, b)| a - b)
-            .fold((f64::MAX, f64::MIN), |(lo, hi), d| (lo.min(d), hi.max(d)));
-        gain = (lo + hi) / 2.0;
-        let reference = next[0];
-        for (h, v) in h.iter_mut().zip(&next) {
-            *h = v - reference;
-        }
-        if hi - lo < 1e-12 {
+        let (estimate, span) = relative_update(&mut h, &next);
+        gain = estimate;
+        if span < 1e-12 {
             break;
         }
     }
     gain
+}
+
+/// One step of relative value iteration: `h` becomes `next` less its value at the first state.
+/// Returns the gain's estimate (the middle of the per-state differences) and their span, which
+/// bounds the estimate's error.
+fn relative_update(h: &mut [f64], next: &[f64]) -> (f64, f64) {
+    let (lo, hi) = next
+        .iter()
+        .zip(h.iter())
+        .map(|(v, h)| v - h)
+        .fold((f64::MAX, f64::MIN), |(lo, hi), d| (lo.min(d), hi.max(d)));
+    let reference = next.first().copied().unwrap_or(0.0);
+    for (h, v) in h.iter_mut().zip(next) {
+        *h = v - reference;
+    }
+    ((lo + hi) / 2.0, hi - lo)
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 //! states (GPU 0's, GPU 1's), so the choice of GPU is part of every decision. Name order's and
 //! ours' decisions come from the same code the publication uses (`packing::order`, device
 //! names), per pair of states.
-use super::{FirstFit, Gpus, Held, Rates, WHOLE, fitting, live_devices, usage_of};
+use super::{FirstFit, Gpus, Held, Rates, WHOLE, fitting, live_devices, relative_update, usage_of};
 use crate::gpu::Gpu;
 use crate::gpu::mig::{gpu_device_name, mig_device_name};
 use crate::slices::DeviceOrder;
@@ -229,17 +229,9 @@ fn average_cost(one: &Gpus, weights: &[f64], policy: Option<&[u32]>) -> f64 {
                     .sum();
             }
         }
-        let (lo, hi) = next
-            .iter()
-            .zip(&h)
-            .map(|(v, h)| v - h)
-            .fold((f64::MAX, f64::MIN), |(lo, hi), d| (lo.min(d), hi.max(d)));
-        gain = (lo + hi) / 2.0;
-        let reference = next[0];
-        for (h, v) in h.iter_mut().zip(&next) {
-            *h = v - reference;
-        }
-        if hi - lo < 1e-10 {
+        let (estimate, span) = relative_update(&mut h, &next);
+        gain = estimate;
+        if span < 1e-10 {
             break;
         }
     }
