@@ -83,6 +83,27 @@ fn packing_study_compares_both_orders() {
     assert!(out.contains("were fragmentation"), "{out}");
     // Without fragmentation (instances re-placed freely) a replay of the same trace.
     assert!(number("no fragmentation") <= 150, "{out}");
+    // Two GPUs: the exact best order on request (here a mix with few states, for a debug build).
+    let (ok, out, err) = gpu_dra(&[
+        "packing-study",
+        "--gpus",
+        "sim:2xH100-SXM5-80GB",
+        "--best-order-pairs",
+        "--events",
+        "40",
+        "--mix",
+        "7g.80gb=1,4g.40gb=1,3g.40gb=1",
+        "--mean-lifetime",
+        "2",
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("exact long-run rates (every state solved)"),
+        "{out}"
+    );
+    let (ok, _, err) = gpu_dra(&["packing-study", "--best-order-pairs", "--events", "10"]);
+    assert!(!ok);
+    assert!(err.contains("--best-order-pairs"), "{err}");
     let (ok, _, err) = gpu_dra(&["packing-study", "--events", "10", "--mix", "9g.99gb=1"]);
     assert!(!ok);
     assert!(err.contains("\"9g.99gb\" is not a MIG profile"), "{err}");

@@ -1,6 +1,6 @@
-//! The best any device order could do on a one-GPU node, exactly: a device order cannot know
-//! when requests will leave, only what is placed now, so the best order is the optimal policy of
-//! a Markov decision process over the GPU's states. The study's traces make that process exact:
+//! The best any device order could do on a node of one GPU (or two, `pair`), exactly: a device
+//! order cannot know when requests will leave, only what is placed now, so the best order is the
+//! optimal policy of a Markov decision process over the node's states. The study's traces make that process exact:
 //! one arrival per step drawn from the mix, and lifetimes `ceil(Exp(mean))`, which are
 //! memoryless in steps (a live instance is still there at the next arrival with probability
 //! `e^(-1/mean)`, whatever its age).

@@ -7,7 +7,7 @@
 //! MIG instances come and go. Only the device order differs between the two runs.
 //!
 //! Beside them, the limits: the replay without fragmentation (`repack`), the hindsight optimum
-//! (`hindsight`) and, on one-GPU nodes, the exact best order (`online`).
+//! (`hindsight`) and, on nodes of one or two GPUs, the exact best order (`online`).
 use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -65,6 +65,10 @@ pub struct PackingStudyArgs {
     /// replaying it: for replays elsewhere (e2e/fleet-replay.sh). One mix, lifetime and seed.
     #[arg(long)]
     pub print_trace: bool,
+    /// Also solve the exact best order on a node of two identical GPUs (half a million states:
+    /// about 20 s per mix and lifetime in a release build). One-GPU nodes are always solved.
+    #[arg(long)]
+    pub best_order_pairs: bool,
 }
 
 fn parse_spec(s: &str) -> Result<SimSpec, String> {
@@ -596,7 +600,7 @@ fn replay(
 /// Most node states the hindsight optimum keeps at one step before it gives up.
 const HINDSIGHT_STATES: usize = 100_000;
 
-/// Most GPU states the exact best order is solved over.
+/// Most states of one GPU the exact best order is solved over.
 const ONLINE_STATES: usize = 50_000;
 
 /// One replay pair: a mix, a lifetime, a seed.
@@ -640,6 +644,14 @@ pub fn run(args: PackingStudyArgs) -> Result<ExitCode, CliError> {
     if base.gpus.iter().all(|g| g.mig.is_none()) {
         return Err(CliError::Usage(format!(
             "--gpus sim:{}: no MIG-capable GPU",
+            args.gpus
+        )));
+    }
+    if args.best_order_pairs
+        && !matches!(base.gpus.as_slice(), [a, b] if a.mig.is_some() && a.mig == b.mig)
+    {
+        return Err(CliError::Usage(format!(
+            "--best-order-pairs: --gpus sim:{} is not a node of two identical MIG-capable GPUs",
             args.gpus
         )));
     }
@@ -733,7 +745,8 @@ pub fn run(args: PackingStudyArgs) -> Result<ExitCode, CliError> {
         return Err(CliError::Usage("a replay thread panicked".into()));
     }
     runs.sort_by_key(|r| (r.mix, r.lifetime, r.seed));
-    // On one-GPU nodes, the exact long-run rates and the best order's (no seeds involved).
+    // On nodes of one or two GPUs, the exact long-run rates and the best order's (no seeds
+    // involved).
     let first_fit_in = |live: &BTreeMap<usize, String>, wanted: &Wanted, order: DeviceOrder| {
         first_fit(
             &with_instances(&base, live),
@@ -747,7 +760,12 @@ pub fn run(args: PackingStudyArgs) -> Result<ExitCode, CliError> {
         .map(|mix| {
             lifetimes
                 .iter()
-                .map(|l| online::rates(&base, &mix.entries, *l, ONLINE_STATES, &first_fit_in))
+                .map(|l| {
+                    if base.gpus.len() == 2 && !args.best_order_pairs {
+                        return None;
+                    }
+                    online::rates(&base, &mix.entries, *l, ONLINE_STATES, &first_fit_in)
+                })
                 .collect()
         })
         .collect();
@@ -861,7 +879,7 @@ fn print_one(
 }
 
 /// The limit a load's verdict is measured against: the best order where it is solved exactly
-/// (one GPU), else the replay without fragmentation, else our failures that were capacity.
+/// (one or two GPUs), else the replay without fragmentation, else our failures that were capacity.
 #[derive(Debug, Clone, Copy)]
 enum Limit {
     BestOrder,
@@ -927,7 +945,7 @@ fn verdict(by_name: f64, ours: f64, limit: f64, which: Limit) -> String {
     }
 }
 
-/// The exact long-run rates of a one-GPU node.
+/// The exact long-run rates of a node of one or two GPUs.
 fn print_exact(exact: &online::Rates) {
     println!(
         "  exact long-run rates (every state solved): name order {:.2}%, ours {:.2}%, the best order {:.2}% (ours {:.1}% above it)",
