@@ -121,7 +121,8 @@ fn usage_of(profiles: &[GiProfile], live: &[&Live]) -> Usage {
     usage
 }
 
-fn fitting<'a>(
+/// The placements of `profile` that fit beside `usage`.
+pub(super) fn fitting<'a>(
     usage: &'a Usage,
     limits: &'a [u64; 7],
     profile: &'a GiProfile,

@@ -111,10 +111,7 @@ fn fitting(gpu: &Gpu, set: &[Held], wanted: &Wanted) -> Vec<Held> {
             };
             let usage = usage_of(gpu, set);
             let limits = limits(gpu);
-            profile
-                .placements
-                .iter()
-                .filter(|p| usage.fits(&limits, profile, **p))
+            super::hindsight::fitting(&usage, &limits, profile)
                 .map(|p| (profile.id, p.start))
                 .collect()
         }
