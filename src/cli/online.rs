@@ -15,6 +15,8 @@ use crate::gpu::mig::{gpu_device_name, mig_device_name, parse_mig_device_name};
 use crate::gpu::{Gpu, NodeInventory};
 use crate::slices::DeviceOrder;
 use crate::slices::packing::{Usage, limits};
+#[cfg(test)]
+mod experiment;
 
 mod pair;
 
@@ -268,6 +270,16 @@ fn average_cost(
     weights: &[f64],
     policy: Option<&Vec<Vec<Option<usize>>>>,
 ) -> f64 {
+    relative_values(choices, departures, weights, policy).0
+}
+
+/// The gain and the relative values of the post-decision states (see [`average_cost`]).
+fn relative_values(
+    choices: &[Vec<Vec<usize>>],
+    departures: &[Vec<(usize, f64)>],
+    weights: &[f64],
+    policy: Option<&Vec<Vec<Option<usize>>>>,
+) -> (f64, Vec<f64>) {
     let n = choices.len();
     let mut h: Vec<f64> = vec![0.0; n];
     let mut after_arrival = vec![0.0; n];
@@ -303,7 +315,7 @@ fn average_cost(
             break;
         }
     }
-    gain
+    (gain, h)
 }
 
 /// One step of relative value iteration: `h` becomes `next` less its value at the first state.

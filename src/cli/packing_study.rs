@@ -97,9 +97,9 @@ const WHOLE_GPU: &str = "gpu";
 
 /// A mix: its name as given and its weighted requests.
 #[derive(Debug, Clone)]
-struct Mix {
-    name: String,
-    entries: Vec<(Wanted, f64)>,
+pub(super) struct Mix {
+    pub(super) name: String,
+    pub(super) entries: Vec<(Wanted, f64)>,
 }
 
 impl Mix {
@@ -280,7 +280,7 @@ pub(super) struct Arrival {
 }
 
 /// Arrivals at each event index; an event with no arrival is a departure slot.
-fn trace(events: usize, seed: u64, mean_lifetime: f64, mix: &Mix) -> Vec<Arrival> {
+pub(super) fn trace(events: usize, seed: u64, mean_lifetime: f64, mix: &Mix) -> Vec<Arrival> {
     let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
     let total: f64 = mix.entries.iter().map(|(_, w)| w).sum();
     (0..events)
