@@ -1,7 +1,8 @@
 //! Experiments (ignored tests, run by hand) on a node of 8 H100s with the default mix: can a
 //! device order beat `packing::order` there? Tried: a separable value policy (one GPU's exact
 //! relative values, at several loads), values fitted to simulated futures (approximate policy
-//! iteration), variants of the order's keys, mix-weighted room, whole GPUs from the top minor.
+//! iteration), a lookahead over sampled futures (rollout), variants of the order's keys,
+//! mix-weighted room, whole GPUs from the top minor.
 //! None beat it beyond seed noise (README, "MIG packing"). Run with
 //! `cargo test --release --lib online::experiment -- --ignored --nocapture`.
 use super::super::packing_study::{Mix, Wanted, trace};
@@ -131,6 +132,15 @@ fn walk(
     failed
 }
 
+/// Comma-separated numbers from environment variable `key`, or from `default`.
+fn env(key: &str, default: &str) -> Vec<f64> {
+    std::env::var(key)
+        .unwrap_or(default.into())
+        .split(',')
+        .map(|f| f.parse().expect("number"))
+        .collect()
+}
+
 /// GPUS H100s (8 unless set) and the study's default mix.
 fn setup() -> (usize, Vec<Gpu>, Mix) {
     let n: usize = std::env::var("GPUS")
@@ -165,16 +175,8 @@ fn separable_value_policy() {
     let (n, gpus, mix) = setup();
     let total: f64 = mix.entries.iter().map(|(_, w)| w).sum();
     let weights: Vec<f64> = mix.entries.iter().map(|(_, w)| w / total).collect();
-    let factors: Vec<f64> = std::env::var("FACTORS")
-        .unwrap_or("1".into())
-        .split(',')
-        .map(|f| f.parse().expect("factor"))
-        .collect();
-    let lifetimes: Vec<f64> = std::env::var("LIFETIMES")
-        .unwrap_or("15,20,25,30".into())
-        .split(',')
-        .map(|f| f.parse().expect("lifetime"))
-        .collect();
+    let factors = env("FACTORS", "1");
+    let lifetimes = env("LIFETIMES", "15,20,25,30");
     for lifetime in lifetimes {
         let traces: Vec<_> = (1..=5u64)
             .map(|seed| trace(10_000, seed, lifetime, &mix))
@@ -272,13 +274,6 @@ fn fit(
 #[ignore]
 fn fitted_value_policy() {
     let (_, gpus, mix) = setup();
-    let env = |k: &str, d: &str| -> Vec<f64> {
-        std::env::var(k)
-            .unwrap_or(d.into())
-            .split(',')
-            .map(|f| f.parse().expect("number"))
-            .collect()
-    };
     let gammas = env("GAMMAS", "0.98");
     let rounds = env("ROUNDS", "2")[0] as usize;
     let train = env("TRAIN", "400000")[0] as usize;
@@ -433,5 +428,296 @@ fn key_variants() {
             );
         }
         println!();
+    }
+}
+
+/// Ours on one GPU's states, tabulated: per state and request, the placement ours takes there
+/// (`(room lost, start, next state)`), and per state and live request the state it leaves.
+struct Table {
+    best: Vec<Vec<Option<(i64, u32, usize)>>>,
+    used: Vec<u32>,
+    removed: Vec<std::collections::HashMap<Held, usize>>,
+}
+
+fn table(gpu: &Gpu, one: &Gpus, mix: &[(Wanted, f64)]) -> Table {
+    let lim = limits(gpu);
+    let sets = &one.states.sets;
+    let mut best = Vec::new();
+    let mut used = Vec::new();
+    let mut removed = Vec::new();
+    for set in sets {
+        let usage = usage_of(gpu, set);
+        used.push(if set.contains(&WHOLE) {
+            7
+        } else {
+            usage.used_slices()
+        });
+        let before = room(gpu, &lim, &usage, &|_| 1.0);
+        best.push(
+            mix.iter()
+                .map(|(wanted, _)| {
+                    fitting(gpu, set, wanted)
+                        .into_iter()
+                        .map(|held| {
+                            let mut after = set.clone();
+                            after.push(held);
+                            after.sort_unstable();
+                            let next = one.states.index[&after];
+                            let loss = if held == WHOLE {
+                                0
+                            } else {
+                                let mut a = usage.clone();
+                                let profile = gpu
+                                    .mig
+                                    .as_ref()
+                                    .and_then(|m| m.profile_by_id(held.0))
+                                    .expect("profile");
+                                let placement = profile
+                                    .placements
+                                    .iter()
+                                    .find(|p| p.start == held.1)
+                                    .expect("placement");
+                                a.add(profile, *placement);
+                                ((before - room(gpu, &lim, &a, &|_| 1.0)) * 1000.0).round() as i64
+                            };
+                            (loss, held.1, next)
+                        })
+                        .min()
+                })
+                .collect(),
+        );
+        removed.push(
+            set.iter()
+                .map(|held| {
+                    let mut rest = set.clone();
+                    let at = rest.iter().position(|h| h == held).expect("held");
+                    rest.remove(at);
+                    (*held, one.states.index[&rest])
+                })
+                .collect(),
+        );
+    }
+    Table {
+        best,
+        used,
+        removed,
+    }
+}
+
+/// Ours across GPUs from the table: the GPU and its next state.
+fn fast_ours(t: &Table, states: &[usize], r: usize) -> Option<(usize, usize)> {
+    states
+        .iter()
+        .enumerate()
+        .filter_map(|(g, s)| {
+            let (loss, start, next) = t.best[*s][r]?;
+            let used = t.used[*s];
+            Some(((used == 0, loss, -(used as i64), g, start), (g, next)))
+        })
+        .min_by_key(|(k, _)| *k)
+        .map(|(_, d)| d)
+}
+
+struct Xor(u64);
+impl Xor {
+    fn unit(&mut self) -> f64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        (self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// Failures in `horizon` sampled arrivals under tabulated ours from GPU states `states` with
+/// live requests `live` (gpu, held, steps left).
+#[allow(clippy::too_many_arguments)]
+fn rollout(
+    t: &Table,
+    one: &Gpus,
+    cumulative: &[f64],
+    lifetime: f64,
+    states: &[usize],
+    live: &[(usize, Held, usize)],
+    horizon: usize,
+    rng: &mut Xor,
+) -> usize {
+    let mut states = states.to_vec();
+    let mut live = live.to_vec();
+    let mut failed = 0;
+    for _ in 0..horizon {
+        live.retain_mut(|(g, held, left)| {
+            *left -= 1;
+            if *left == 0 {
+                states[*g] = t.removed[states[*g]][held];
+                false
+            } else {
+                true
+            }
+        });
+        let u = rng.unit();
+        let r = cumulative
+            .iter()
+            .position(|c| u < *c)
+            .unwrap_or(cumulative.len() - 1);
+        let life = ((-rng.unit().max(1e-12).ln() * lifetime).ceil() as usize).max(1);
+        match fast_ours(t, &states, r) {
+            Some((g, next)) => {
+                let held = *one.states.sets[next]
+                    .iter()
+                    .find(|h| !one.states.sets[states[g]].contains(h))
+                    .unwrap_or(&WHOLE);
+                states[g] = next;
+                live.push((g, held, life));
+            }
+            None => failed += 1,
+        }
+    }
+    failed
+}
+
+#[test]
+#[ignore]
+fn rollout_policy() {
+    let (_, gpus, mix) = setup();
+    let samples = env("SAMPLES", "32")[0] as usize;
+    let seeds = env("SEEDS", "1")[0] as u64;
+    let total: f64 = mix.entries.iter().map(|(_, w)| w).sum();
+    let mut cumulative = Vec::new();
+    let mut acc = 0.0;
+    for (_, w) in &mix.entries {
+        acc += w / total;
+        cumulative.push(acc);
+    }
+    for lifetime in env("LIFETIMES", "20") {
+        let horizon = (env("HORIZON", "3")[0] * lifetime) as usize;
+        let one = Gpus::solve(&gpus[0], &mix.entries, lifetime, 50_000).expect("solve");
+        let t = table(&gpus[0], &one, &mix.entries);
+        let (mut base_failed, mut fast_failed, mut roll_failed, mut arrivals) = (0, 0, 0, 0);
+        for seed in 1..=seeds {
+            let arr = trace(10_000, seed, lifetime, &mix);
+            arrivals += arr.len();
+            base_failed += simulate(&gpus, &arr, &|s, w| ours(&gpus, s, w));
+            let request = |w: &Wanted| mix.entries.iter().position(|(x, _)| x == w).expect("r");
+            // Tabulated ours and the rollout policy, on the real trace.
+            for use_rollout in [false, true] {
+                let mut states = vec![0usize; gpus.len()];
+                let mut live: Vec<(usize, Held, usize)> = Vec::new(); // gpu, held, leaves_at
+                let mut rng = Xor(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+                let mut failed = 0;
+                for (i, a) in arr.iter().enumerate() {
+                    live.retain(|(g, held, leaves)| {
+                        if *leaves <= i {
+                            states[*g] = t.removed[states[*g]][held];
+                            false
+                        } else {
+                            true
+                        }
+                    });
+                    let r = request(&a.wanted);
+                    let base = fast_ours(&t, &states, r);
+                    let chosen = if let (true, Some(base)) = (use_rollout, base) {
+                        // Candidates: each distinct GPU state's placements.
+                        let mut cands: Vec<(usize, usize)> = Vec::new();
+                        let mut seen = Vec::new();
+                        for (g, s) in states.iter().enumerate() {
+                            if seen.contains(s) {
+                                continue;
+                            }
+                            seen.push(*s);
+                            for held in fitting(&gpus[g], &one.states.sets[*s], &a.wanted) {
+                                let mut after = one.states.sets[*s].clone();
+                                after.push(held);
+                                after.sort_unstable();
+                                cands.push((g, one.states.index[&after]));
+                            }
+                        }
+                        let stay = (-1.0 / lifetime).exp();
+                        let mut totals = vec![0usize; cands.len()];
+                        for _ in 0..samples {
+                            // Common random numbers: the same future for every candidate.
+                            let seed_k = rng.unit().to_bits() | 1;
+                            let mut dep = Xor(seed_k ^ 0xABCD);
+                            let lefts: Vec<usize> = live
+                                .iter()
+                                .map(|_| {
+                                    let mut n = 1;
+                                    while dep.unit() < stay {
+                                        n += 1;
+                                    }
+                                    n
+                                })
+                                .collect();
+                            let own =
+                                ((-dep.unit().max(1e-12).ln() * lifetime).ceil() as usize).max(1);
+                            for (c, (g, next)) in cands.iter().enumerate() {
+                                let mut st = states.clone();
+                                let held = *one.states.sets[*next]
+                                    .iter()
+                                    .find(|h| !one.states.sets[states[*g]].contains(h))
+                                    .unwrap_or(&WHOLE);
+                                st[*g] = *next;
+                                let mut lv: Vec<(usize, Held, usize)> = live
+                                    .iter()
+                                    .zip(&lefts)
+                                    .map(|((g, h, _), l)| (*g, *h, *l))
+                                    .collect();
+                                lv.push((*g, held, own));
+                                let mut frng = Xor(seed_k);
+                                totals[c] += rollout(
+                                    &t,
+                                    &one,
+                                    &cumulative,
+                                    lifetime,
+                                    &st,
+                                    &lv,
+                                    horizon,
+                                    &mut frng,
+                                );
+                            }
+                        }
+                        let base_total = cands
+                            .iter()
+                            .position(|c| *c == base)
+                            .map(|i| totals[i])
+                            .expect("ours among candidates");
+                        let (i, best) = totals
+                            .iter()
+                            .enumerate()
+                            .min_by_key(|(i, t)| (**t, *i))
+                            .expect("c");
+                        if *best < base_total {
+                            Some(cands[i])
+                        } else {
+                            Some(base)
+                        }
+                    } else {
+                        base
+                    };
+                    match chosen {
+                        Some((g, next)) => {
+                            let held = *one.states.sets[next]
+                                .iter()
+                                .find(|h| !one.states.sets[states[g]].contains(h))
+                                .unwrap_or(&WHOLE);
+                            states[g] = next;
+                            live.push((g, held, a.leaves_at));
+                        }
+                        None => failed += 1,
+                    }
+                }
+                if use_rollout {
+                    roll_failed += failed;
+                } else {
+                    fast_failed += failed;
+                }
+            }
+        }
+        let pct = |f: usize| 100.0 * f as f64 / arrivals as f64;
+        println!(
+            "lifetime {lifetime}: ours {:.2}% tabulated {:.2}% rollout {:.2}%",
+            pct(base_failed),
+            pct(fast_failed),
+            pct(roll_failed)
+        );
     }
 }
