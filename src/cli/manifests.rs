@@ -96,6 +96,20 @@ pub struct Entry<T> {
 /// Reads `source`: a file, a directory (its `*.yaml`, `*.yml`, `*.json`, by name, as
 /// `kubectl apply -f DIR`), or `-` for stdin.
 pub fn read_source(source: &str) -> Result<Vec<Doc>, ManifestError> {
+    let mut docs = Vec::new();
+    for_each_document(source, |doc| {
+        docs.push(doc);
+        Ok(())
+    })?;
+    Ok(docs)
+}
+
+/// Hands each document of `source` (see [`read_source`]) to `take`, one file at a time, so a
+/// directory of many large files is never held whole.
+pub fn for_each_document(
+    source: &str,
+    mut take: impl FnMut(Doc) -> Result<(), ManifestError>,
+) -> Result<(), ManifestError> {
     let read_error = |file: &Path, e: std::io::Error| ManifestError::Read {
         file: file.display().to_string(),
         message: e.to_string(),
@@ -105,7 +119,7 @@ pub fn read_source(source: &str) -> Result<Vec<Doc>, ManifestError> {
         std::io::stdin()
             .read_to_string(&mut text)
             .map_err(|e| read_error(Path::new("-"), e))?;
-        return parse_text(&text, "-");
+        return parse_text(&text, "-")?.into_iter().try_for_each(take);
     }
     let path = PathBuf::from(source);
     let mut files = Vec::new();
@@ -124,12 +138,13 @@ pub fn read_source(source: &str) -> Result<Vec<Doc>, ManifestError> {
     } else {
         files.push(path);
     }
-    let mut docs = Vec::new();
     for file in files {
         let text = std::fs::read_to_string(&file).map_err(|e| read_error(&file, e))?;
-        docs.extend(parse_text(&text, &file.display().to_string())?);
+        parse_text(&text, &file.display().to_string())?
+            .into_iter()
+            .try_for_each(&mut take)?;
     }
-    Ok(docs)
+    Ok(())
 }
 
 /// The documents of one file: a YAML stream, or a JSON stream (objects, arrays).
@@ -359,9 +374,9 @@ impl Manifests {
         cel: &SelectorCache,
     ) -> Result<(), ManifestError> {
         for source in sources {
-            for doc in read_source(source)? {
-                self.add_document(doc, default_kind, None, cel)?;
-            }
+            for_each_document(source, |doc| {
+                self.add_document(doc, default_kind, None, cel)
+            })?;
         }
         Ok(())
     }
@@ -374,9 +389,9 @@ impl Manifests {
         cel: &SelectorCache,
     ) -> Result<(), ManifestError> {
         for path in paths {
-            for doc in read_source(&path.display().to_string())? {
-                self.add_document(doc, Some(kind), Some(kind), cel)?;
-            }
+            for_each_document(&path.display().to_string(), |doc| {
+                self.add_document(doc, Some(kind), Some(kind), cel)
+            })?;
         }
         Ok(())
     }

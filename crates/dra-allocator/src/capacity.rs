@@ -19,8 +19,8 @@ impl Amount {
     pub fn parse(text: &str) -> Result<Amount, String> {
         let value = Quantity::parse(text).map_err(|e| format!("{text:?}: {e}"))?;
         Ok(Amount {
+            text: canonical_text_of(text, &value),
             value,
-            text: canonical_text(text),
         })
     }
 
@@ -52,11 +52,17 @@ pub(crate) fn format_of(text: &str) -> Format {
 
 /// Go's canonical text for an input when it is a plain int64-sized value; other inputs are
 /// kept as written.
+#[cfg(test)]
 fn canonical_text(text: &str) -> String {
-    let Ok(q) = Quantity::parse(text) else {
-        return text.to_string();
-    };
-    let (mantissa, exp) = exact(&q);
+    match Quantity::parse(text) {
+        Ok(q) => canonical_text_of(text, &q),
+        Err(_) => text.to_string(),
+    }
+}
+
+/// [`canonical_text`] of `text`, already parsed as `q`.
+fn canonical_text_of(text: &str, q: &Quantity) -> String {
+    let (mantissa, exp) = exact(q);
     match (mantissa.to_i64(), i32::try_from(exp)) {
         (Some(m), Ok(e)) if (-9..=18).contains(&e) => canonical(m, e, format_of(text)),
         _ => text.to_string(),

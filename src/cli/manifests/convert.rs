@@ -115,7 +115,7 @@ pub fn to_v1(kind: Kind, version: Version, doc: &Value) -> Result<V1Object, Fiel
     Ok(match kind {
         Kind::ResourceClaim => {
             let mut claim: v1::ResourceClaim = match version {
-                Version::V1 => decode(doc)?.0,
+                Version::V1 => decode(doc)?,
                 Version::V1beta2 => relabel::<v1beta2::ResourceClaim, _>(doc, |_| {})?,
                 Version::V1beta1 => relabel::<v1beta1::ResourceClaim, _>(doc, |json| {
                     if let Some(requests) = requests_mut(json, &["spec", "devices", "requests"]) {
@@ -131,7 +131,7 @@ pub fn to_v1(kind: Kind, version: Version, doc: &Value) -> Result<V1Object, Fiel
         }
         Kind::ResourceClaimTemplate => {
             let mut template: v1::ResourceClaimTemplate = match version {
-                Version::V1 => decode(doc)?.0,
+                Version::V1 => decode(doc)?,
                 Version::V1beta2 => relabel::<v1beta2::ResourceClaimTemplate, _>(doc, |_| {})?,
                 Version::V1beta1 => relabel::<v1beta1::ResourceClaimTemplate, _>(doc, |json| {
                     if let Some(requests) =
@@ -152,12 +152,12 @@ pub fn to_v1(kind: Kind, version: Version, doc: &Value) -> Result<V1Object, Fiel
         }
         // DeviceClass has the same fields in all three versions and no defaults.
         Kind::DeviceClass => V1Object::Class(Box::new(match version {
-            Version::V1 => decode(doc)?.0,
+            Version::V1 => decode(doc)?,
             Version::V1beta2 => relabel::<v1beta2::DeviceClass, _>(doc, |_| {})?,
             Version::V1beta1 => relabel::<v1beta1::DeviceClass, _>(doc, |_| {})?,
         })),
         Kind::ResourceSlice => V1Object::Slice(Box::new(match version {
-            Version::V1 => decode(doc)?.0,
+            Version::V1 => decode(doc)?,
             Version::V1beta2 => relabel::<v1beta2::ResourceSlice, _>(doc, |_| {})?,
             Version::V1beta1 => relabel::<v1beta1::ResourceSlice, _>(doc, v1beta1_slice_to_v1)?,
         })),
@@ -171,12 +171,12 @@ where
     S: DeserializeOwned + Serialize,
     T: DeserializeOwned + Serialize + k8s_openapi::Resource,
 {
-    let (_, mut json) = decode::<S>(doc)?;
+    let (_, mut json) = decode_canonical::<S>(doc)?;
     convert(&mut json);
     if let Value::Object(map) = &mut json {
         map.insert("apiVersion".into(), Value::from(T::API_VERSION));
     }
-    Ok(decode::<T>(&json)?.0)
+    decode::<T>(&json)
 }
 
 fn requests_mut<'a>(json: &'a mut Value, path: &[&str]) -> Option<&'a mut Vec<Value>> {
@@ -407,14 +407,38 @@ fn is_device_claim(map: &Map<String, Value>) -> bool {
 }
 
 /// Decodes `doc` as `T`, strictly: a type error names its field, and so does a field `T` does
-/// not have. Returns the value and its canonical JSON.
-pub fn decode<T: DeserializeOwned + Serialize>(doc: &Value) -> Result<(T, Value), FieldError> {
-    let (text, paths) = located_text(doc);
-    let value: T = serde_json::from_str(&text).map_err(|e| serde_error(&e, &paths))?;
-    let canonical = serde_json::to_value(&value).map_err(|e| FieldError::new("", e.to_string()))?;
-    if let Some(field) = unknown_field(doc, &canonical, "") {
-        return Err(FieldError::new(field, "unknown field"));
+/// not have (one set to null is let through, as before).
+pub fn decode<T: DeserializeOwned>(doc: &Value) -> Result<T, FieldError> {
+    let mut unknown: Option<Vec<Step<'static>>> = None;
+    // Straight from the tree, noting what `T` ignores; only a document that does not decode is
+    // laid out line by line to name its field.
+    let decoded = serde_ignored::deserialize(doc, |path| {
+        if unknown.is_none() {
+            let steps = steps_of(&path);
+            if !at(doc, &steps).is_some_and(Value::is_null) {
+                unknown = Some(steps);
+            }
+        }
+    });
+    let value: T = match decoded {
+        Ok(value) => value,
+        Err(_) => {
+            let (text, paths) = located_text(doc);
+            serde_json::from_str(&text).map_err(|e| serde_error(&e, &paths))?
+        }
+    };
+    match unknown {
+        Some(steps) => Err(FieldError::new(path_of(&steps), "unknown field")),
+        None => Ok(value),
     }
+}
+
+/// As [`decode`], with the value's canonical JSON (what an older version converts from).
+pub fn decode_canonical<T: DeserializeOwned + Serialize>(
+    doc: &Value,
+) -> Result<(T, Value), FieldError> {
+    let value: T = decode(doc)?;
+    let canonical = serde_json::to_value(&value).map_err(|e| FieldError::new("", e.to_string()))?;
     Ok((value, canonical))
 }
 
@@ -499,25 +523,50 @@ pub fn child(path: &str, key: &str) -> String {
     }
 }
 
-/// The first field of `input` (not null) that decoding dropped.
-fn unknown_field(input: &Value, decoded: &Value, path: &str) -> Option<String> {
-    match (input, decoded) {
-        (Value::Object(i), Value::Object(d)) => i.iter().find_map(|(key, value)| {
-            if value.is_null() {
-                return None;
+/// A step down a document: a key, or an index into a list.
+enum Step<'a> {
+    Key(std::borrow::Cow<'a, str>),
+    Index(usize),
+}
+
+/// The steps of a path serde_ignored reports, from the document down.
+fn steps_of(path: &serde_ignored::Path) -> Vec<Step<'static>> {
+    let mut steps = Vec::new();
+    let mut at = path;
+    loop {
+        at = match at {
+            serde_ignored::Path::Root => break,
+            serde_ignored::Path::Seq { parent, index } => {
+                steps.push(Step::Index(*index));
+                parent
             }
-            match d.get(key) {
-                None => Some(child(path, key)),
-                Some(dv) => unknown_field(value, dv, &child(path, key)),
+            serde_ignored::Path::Map { parent, key } => {
+                steps.push(Step::Key(key.clone().into()));
+                parent
             }
-        }),
-        (Value::Array(i), Value::Array(d)) => i
-            .iter()
-            .zip(d)
-            .enumerate()
-            .find_map(|(n, (iv, dv))| unknown_field(iv, dv, &format!("{path}[{n}]"))),
-        _ => None,
+            serde_ignored::Path::Some { parent }
+            | serde_ignored::Path::NewtypeStruct { parent }
+            | serde_ignored::Path::NewtypeVariant { parent } => parent,
+        };
     }
+    steps.reverse();
+    steps
+}
+
+/// The value at `steps` in `doc`.
+fn at<'a>(doc: &'a Value, steps: &[Step]) -> Option<&'a Value> {
+    steps.iter().try_fold(doc, |value, step| match step {
+        Step::Key(key) => value.get(key.as_ref()),
+        Step::Index(n) => value.get(*n),
+    })
+}
+
+/// `steps` as a field path: `spec.devices.requests[0].name`.
+fn path_of(steps: &[Step]) -> String {
+    steps.iter().fold(String::new(), |path, step| match step {
+        Step::Key(key) => child(&path, key),
+        Step::Index(n) => format!("{path}[{n}]"),
+    })
 }
 
 #[cfg(test)]
@@ -632,6 +681,26 @@ mod tests {
         );
         let err = to_v1(Kind::ResourceClaim, Version::V1beta1, &doc).unwrap_err();
         assert_eq!(err.field, "spec.devices.requests[0].exactly");
+    }
+
+    #[test]
+    fn unknown_fields_set_to_null_pass_and_deep_ones_are_named() {
+        let doc = claim(
+            "resource.k8s.io/v1",
+            json!([{"name": "gpu", "exactly": {"deviceClassName": "c", "colour": null}}]),
+        );
+        assert!(to_v1(Kind::ResourceClaim, Version::V1, &doc).is_ok());
+        let doc = json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": "s"},
+            "spec": {"driver": "d", "nodeName": "n",
+                "pool": {"name": "p", "generation": 1, "resourceSliceCount": 1},
+                "devices": [{"name": "gpu-0"}, {"name": "gpu-1",
+                    "attributes": {"a.b/c": {"string": "x", "colour": "red"}}}]},
+        });
+        let err = to_v1(Kind::ResourceSlice, Version::V1, &doc).unwrap_err();
+        assert_eq!(err.field, "spec.devices[1].attributes[a.b/c].colour");
+        assert_eq!(err.message, "unknown field");
     }
 
     #[test]

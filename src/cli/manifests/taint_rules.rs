@@ -7,7 +7,7 @@
 use k8s_openapi::api::resource::{v1, v1alpha3, v1beta2};
 use serde_json::Value;
 
-use super::convert::{FieldError, decode};
+use super::convert::{FieldError, decode, decode_canonical};
 
 /// The `apiVersion`s that serve DeviceTaintRule.
 pub const API_VERSIONS: [&str; 3] = [
@@ -23,12 +23,16 @@ pub fn to_v1(api_version: &str, doc: &Value) -> Result<v1::DeviceTaintRule, Fiel
         if let Value::Object(map) = &mut json {
             map.insert("apiVersion".into(), Value::from("resource.k8s.io/v1"));
         }
-        Ok(decode::<v1::DeviceTaintRule>(&json)?.0)
+        decode::<v1::DeviceTaintRule>(&json)
     };
     let rule = match api_version {
-        "resource.k8s.io/v1" => decode::<v1::DeviceTaintRule>(doc)?.0,
-        "resource.k8s.io/v1beta2" => relabeled(decode::<v1beta2::DeviceTaintRule>(doc)?.1)?,
-        "resource.k8s.io/v1alpha3" => relabeled(decode::<v1alpha3::DeviceTaintRule>(doc)?.1)?,
+        "resource.k8s.io/v1" => decode::<v1::DeviceTaintRule>(doc)?,
+        "resource.k8s.io/v1beta2" => {
+            relabeled(decode_canonical::<v1beta2::DeviceTaintRule>(doc)?.1)?
+        }
+        "resource.k8s.io/v1alpha3" => {
+            relabeled(decode_canonical::<v1alpha3::DeviceTaintRule>(doc)?.1)?
+        }
         other => {
             return Err(FieldError::new(
                 "apiVersion",
