@@ -5,6 +5,7 @@
 //! published (never an empty pool by accident), the checkpoint is recovered before kubelet can
 //! call, and the plugin registers before the first API round trip so a slow or absent API server
 //! does not delay registration.
+use std::collections::BTreeMap;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -13,6 +14,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use tokio::sync::watch;
 
+use crate::gpu::mig::GpuMode;
 use crate::gpu::{self, DiscoveryConfig, GpuError, NodeInventory};
 use crate::health::monitor::{HealthMonitor, HealthSink};
 use crate::health::{HealthBook, HealthChange, HealthConfig, HealthError};
@@ -247,20 +249,23 @@ impl SliceUpdater {
 }
 
 impl SliceUpdater {
-    fn set_inventory(&self, inventory: NodeInventory) {
+    fn set_inventory(&self, inventory: NodeInventory, modes: BTreeMap<u32, GpuMode>) {
         let mut inputs = self.inputs();
-        if inputs.inventory == inventory {
+        let modes = Some(modes);
+        if inputs.inventory == inventory && inputs.options.modes == modes {
             return;
         }
         inputs.inventory = inventory;
+        inputs.options.modes = modes;
         self.rebuild(&inputs);
     }
 }
 
 impl DriverObserver for SliceUpdater {
     fn state_changed(&self, state: &DeviceState) {
-        // Read before taking our lock: the state has locks of its own.
-        self.set_inventory(state.inventory());
+        // Read before taking our lock: the state has locks of its own. A GPU a rescan found
+        // comes with its mode.
+        self.set_inventory(state.inventory(), state.modes());
     }
 }
 
@@ -471,10 +476,10 @@ impl NodeAgent {
         );
         metrics.state_changed(&state);
         let inventory = state.inventory().clone();
-        slice_options.modes = Some(state.modes().clone());
+        slice_options.modes = Some(state.modes());
         tracing::info!(modes = ?state.modes(), destroyed = ?recovery.instances_destroyed, "GPU modes");
         if options.passthrough {
-            log_passthrough(&inventory, state.modes());
+            log_passthrough(&inventory, &state.modes());
         }
         // Faults seen before a restart are published with the first slices, not after them.
         let mut health_book =
@@ -1137,11 +1142,13 @@ mod tests {
             let updater = updater.clone();
             std::thread::spawn(move || {
                 for round in 0..ROUNDS {
-                    updater.set_inventory(if round % 2 == 0 {
+                    let next = if round % 2 == 0 {
                         second.clone()
                     } else {
                         inventory.clone()
-                    });
+                    };
+                    let modes = SliceOptions::new("gpu.nvidia.com", "n1").modes(&next);
+                    updater.set_inventory(next, modes);
                 }
                 let _ = done_tx.send("inventory");
             })

@@ -63,7 +63,7 @@ pub type PlannedDevice = (DeviceRequestAllocationResult, Target, Option<DeviceCo
 /// What planning reads: the node's settings and state at one moment.
 pub struct Planner<'a> {
     pub config: &'a DriverConfig,
-    pub modes: &'a BTreeMap<u32, GpuMode>,
+    pub modes: BTreeMap<u32, GpuMode>,
     pub checkpoint: &'a Checkpoint,
     pub inventory: &'a NodeInventory,
     pub cdi: &'a CdiStore,
@@ -440,7 +440,7 @@ impl Planner<'_> {
             );
         }
         let (function, verdict) =
-            crate::slices::passthrough::eligibility(self.inventory, self.modes)
+            crate::slices::passthrough::eligibility(self.inventory, &self.modes)
                 .into_iter()
                 .find(|(f, _)| f.index == index)
                 .ok_or_else(|| format!("no GPU with PCI index {index} on this node"))?;

@@ -116,11 +116,24 @@ struct Book {
     inventory: NodeInventory,
 }
 
+/// Whether GPU `minor` of `gpus` has a MIG device no claim in `owned` holds (someone else's).
+fn holds_foreign_mig(gpus: &[crate::gpu::Gpu], owned: &BTreeSet<(u32, u32)>, minor: u32) -> bool {
+    gpus.iter()
+        .find(|g| g.minor == minor)
+        .and_then(|g| g.mig.as_ref())
+        .is_some_and(|m| {
+            m.instances
+                .iter()
+                .any(|i| !owned.contains(&(minor, i.gpu_instance_id)))
+        })
+}
+
 pub struct DeviceState {
     config: DriverConfig,
     gpus: Arc<dyn GpuControl>,
-    /// How each GPU is offered, decided once at start.
-    modes: BTreeMap<u32, GpuMode>,
+    /// How each GPU is offered: decided at start, and for a GPU that appears later (back from
+    /// a virtual machine, or found again) when a rescan first sees it.
+    modes: std::sync::RwLock<BTreeMap<u32, GpuMode>>,
     store: CheckpointStore,
     cdi: CdiStore,
     /// Device metadata files (KEP-5304) of claims with GPUs for virtual machines.
@@ -205,10 +218,10 @@ impl DeviceState {
             .with_dev_root(config.dev_root.as_deref())
             .with_driver_files(driver_files);
         let metadata = MetadataStore::new(&config.state_dir, &config.driver_name);
-        let mut state = Self {
+        let state = Self {
             config,
             gpus,
-            modes: BTreeMap::new(),
+            modes: Default::default(),
             store,
             cdi,
             metadata,
@@ -247,19 +260,11 @@ impl DeviceState {
         // MIG devices no prepared claim owns are someone else's, unless we were told to take over.
         let owned = mig_carve::owned(&state.checkpoint());
         let inventory = state.inventory();
-        state.modes = choose_modes(&inventory.gpus, state.config.mig_policy, |minor| {
-            inventory
-                .gpus
-                .iter()
-                .find(|g| g.minor == minor)
-                .and_then(|g| g.mig.as_ref())
-                .is_some_and(|m| {
-                    m.instances
-                        .iter()
-                        .any(|i| !owned.contains(&(minor, i.gpu_instance_id)))
-                })
+        let modes = choose_modes(&inventory.gpus, state.config.mig_policy, |minor| {
+            holds_foreign_mig(&inventory.gpus, &owned, minor)
         });
-        report.instances_destroyed = mig_carve::adopt(&state, &state.modes, &owned)?;
+        report.instances_destroyed = mig_carve::adopt(&state, &modes, &owned)?;
+        *state.modes_mut() = modes;
         state.refresh_all()?;
         Ok((state, report))
     }
@@ -296,8 +301,46 @@ impl DeviceState {
         self.book().inventory.clone()
     }
 
-    pub fn modes(&self) -> &BTreeMap<u32, GpuMode> {
-        &self.modes
+    /// How each GPU is offered now.
+    pub fn modes(&self) -> BTreeMap<u32, GpuMode> {
+        self.modes.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn modes_mut(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<u32, GpuMode>> {
+        // Each change is an insert: a panicking holder leaves it usable.
+        self.modes.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Gives GPUs of the inventory that have no mode yet (absent at start: bound to vfio-pci for
+    /// a virtual machine, or not answering) one by the MIG policy, as at start; returns whether
+    /// any got one. Unlike at start nothing is destroyed: a GPU that arrives holding MIG devices
+    /// no claim owns is offered as it is (static) until a restart adopts them.
+    fn decide_new_modes(&self) -> bool {
+        let book = self.book();
+        let known = self.modes();
+        let arrived: Vec<crate::gpu::Gpu> = book
+            .inventory
+            .gpus
+            .iter()
+            .filter(|g| !known.contains_key(&g.minor))
+            .cloned()
+            .collect();
+        if arrived.is_empty() {
+            return false;
+        }
+        let owned = mig_carve::owned(&book.checkpoint);
+        drop(book);
+        let foreign = |minor: u32| holds_foreign_mig(&arrived, &owned, minor);
+        let chosen = choose_modes(&arrived, self.config.mig_policy, foreign);
+        let mut modes = self.modes_mut();
+        for (minor, mut mode) in chosen {
+            if mode == GpuMode::Dynamic && foreign(minor) {
+                mode = GpuMode::Static;
+            }
+            tracing::info!(gpu = minor, ?mode, "a GPU not seen at start is offered");
+            modes.entry(minor).or_insert(mode);
+        }
+        true
     }
 
     pub fn cdi(&self) -> &CdiStore {
@@ -842,6 +885,7 @@ impl DeviceState {
         // The other instance changed the hardware behind this one's back.
         self.gpus.invalidate();
         self.refresh_all()?;
+        self.decide_new_modes();
         Ok(true)
     }
 
@@ -882,7 +926,9 @@ impl DeviceState {
             inventory.cuda_driver_version = fresh.cuda_driver_version;
         }
         inventory.pci = fresh.pci;
-        Ok(book.inventory != before)
+        let changed = book.inventory != before;
+        drop(book);
+        Ok(self.decide_new_modes() || changed)
     }
 
     fn refresh_all(&self) -> Result<(), PrepareError> {
@@ -939,7 +985,7 @@ impl DeviceState {
     fn planner<'a>(&'a self, book: &'a Book) -> Planner<'a> {
         Planner {
             config: &self.config,
-            modes: &self.modes,
+            modes: self.modes(),
             checkpoint: &book.checkpoint,
             inventory: &book.inventory,
             cdi: &self.cdi,
@@ -1033,7 +1079,11 @@ impl Host for DeviceState {
     }
 
     fn gpu_mode(&self, minor: u32) -> Option<GpuMode> {
-        self.modes.get(&minor).copied()
+        self.modes
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&minor)
+            .copied()
     }
 
     fn host_dev_path(&self, path: &str) -> Option<PathBuf> {

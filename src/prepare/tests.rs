@@ -438,6 +438,65 @@ fn dynamic_gpus_leave_mig_mode_when_empty_and_orphans_go_only_when_told() {
     assert_eq!(f.instances(), 0);
 }
 
+/// A GPU bound to vfio-pci when the driver starts (a virtual machine had it) is not in the
+/// inventory then; when it comes back to the NVIDIA driver, a rescan gives it a mode by the MIG
+/// policy (dynamic for an idle H100 under auto), and the slices offer its placements. One that
+/// comes back holding someone else's MIG device is offered as it is (static), and nothing of
+/// it is destroyed.
+#[test]
+fn a_gpu_not_seen_at_start_gets_a_mode_when_it_appears() {
+    use crate::gpu::mig::{GpuMode, MigPolicy};
+    use crate::gpu::sim::PciDriver;
+    let f = Fixture::new("sim:2xH100-SXM5-80GB");
+    f.sim.bind_driver(1, PciDriver::VfioPci).expect("to vfio");
+    let state = f.open();
+    assert_eq!(state.modes().get(&1), None, "{:?}", state.modes());
+    assert_eq!(state.modes()[&0], GpuMode::Dynamic);
+    f.sim.bind_driver(1, PciDriver::Nvidia).expect("back");
+    assert!(
+        state.rescan(None).expect("rescan"),
+        "the GPU and its mode are news"
+    );
+    assert_eq!(state.modes()[&1], GpuMode::Dynamic);
+    let options = crate::slices::SliceOptions {
+        modes: Some(state.modes()),
+        ..crate::slices::SliceOptions::new("gpu.nvidia.com", "n1")
+    };
+    let names: Vec<String> = crate::slices::build(&state.inventory(), &options)
+        .expect("slices")
+        .iter()
+        .flat_map(|s| s.spec.devices.iter().flatten())
+        .map(|d| d.name.clone())
+        .collect();
+    assert!(
+        names.iter().any(|n| n.starts_with("gpu-1-mig-")),
+        "GPU 1's placements are offered: {names:?}"
+    );
+    assert!(
+        !state.rescan(None).expect("rescan"),
+        "nothing new the second time"
+    );
+    drop(state);
+
+    // Back with someone else's MIG device, even under --mig dynamic: static, kept.
+    f.sim.bind_driver(1, PciDriver::VfioPci).expect("to vfio");
+    let config = DriverConfig {
+        mig_policy: MigPolicy::Dynamic,
+        ..f.config.clone()
+    };
+    let (state, _) = DeviceState::open(config, f.sim.clone()).expect("open");
+    f.sim.bind_driver(1, PciDriver::Nvidia).expect("back");
+    f.sim.set_mig_mode(1, true).expect("mode");
+    let gi = f
+        .sim
+        .create_gpu_instance(1, 5, Placement { start: 0, size: 4 })
+        .expect("gi");
+    f.sim.create_compute_instance(1, gi).expect("ci");
+    assert!(state.rescan(None).expect("rescan"));
+    assert_eq!(state.modes()[&1], GpuMode::Static);
+    assert_eq!(f.instances(), 1, "someone else's MIG device is kept");
+}
+
 /// Rolling update: two driver instances on one node, each with its own in-memory state. What one
 /// prepared, the other sees (and can unprepare) once it syncs with the checkpoint on disk.
 #[test]
