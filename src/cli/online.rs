@@ -15,7 +15,7 @@ use crate::gpu::mig::{gpu_device_name, mig_device_name, parse_mig_device_name};
 use crate::gpu::{Gpu, NodeInventory};
 use crate::slices::DeviceOrder;
 use crate::slices::packing::{Usage, limits};
-#[cfg(test)]
+#[cfg(all(test, feature = "experiments"))]
 mod experiment;
 
 mod pair;

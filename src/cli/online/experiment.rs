@@ -4,7 +4,8 @@
 //! iteration), a lookahead over sampled futures (rollout), variants of the order's keys,
 //! mix-weighted room, whole GPUs from the top minor.
 //! None beat it beyond seed noise (README, "MIG packing"). Run with
-//! `cargo test --release --lib online::experiment -- --ignored --nocapture`.
+//! `cargo test --release --features experiments --lib online::experiment -- --ignored --nocapture`
+//! (behind a feature: the suite runs ignored tests too, and these take minutes in a debug build).
 use super::super::packing_study::{Mix, Wanted, trace};
 use super::{Gpus, Held, WHOLE, fitting, relative_values, usage_of};
 use crate::gpu::Gpu;
