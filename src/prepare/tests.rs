@@ -436,6 +436,14 @@ fn dynamic_gpus_leave_mig_mode_when_empty_and_orphans_go_only_when_told() {
     assert_eq!(state.modes()[&0], crate::gpu::mig::GpuMode::Dynamic);
     assert_eq!(report.instances_destroyed, [format!("gpu0/gi{gi}")]);
     assert_eq!(f.instances(), 0);
+    let mig = f.sim.inventory().expect("inv").gpus[0]
+        .mig
+        .clone()
+        .expect("mig");
+    assert!(
+        !mig.mode.current,
+        "MIG mode is switched off once the adopted GPU is empty (Hopper)"
+    );
 }
 
 /// A GPU bound to vfio-pci when the driver starts (a virtual machine had it) is not in the
