@@ -93,18 +93,8 @@ pub struct Entry<T> {
     pub seq: usize,
 }
 
-/// Reads `source`: a file, a directory (its `*.yaml`, `*.yml`, `*.json`, by name, as
-/// `kubectl apply -f DIR`), or `-` for stdin.
-pub fn read_source(source: &str) -> Result<Vec<Doc>, ManifestError> {
-    let mut docs = Vec::new();
-    for_each_document(source, |doc| {
-        docs.push(doc);
-        Ok(())
-    })?;
-    Ok(docs)
-}
-
-/// Hands each document of `source` (see [`read_source`]) to `take`, one file at a time, so a
+/// Hands each document of `source` (a file, a directory: its `*.yaml`, `*.yml`, `*.json`, by
+/// name, as `kubectl apply -f DIR`, or `-` for stdin) to `take`, one file at a time, so a
 /// directory of many large files is never held whole.
 pub fn for_each_document(
     source: &str,

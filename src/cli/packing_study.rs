@@ -258,7 +258,7 @@ fn parse_lifetimes(s: &str) -> Result<Vec<f64>, CliError> {
 }
 
 /// xorshift64*: a small deterministic generator, so the trace is the same everywhere.
-struct Rng(u64);
+pub(super) struct Rng(pub(super) u64);
 
 impl Rng {
     fn next(&mut self) -> u64 {
@@ -268,7 +268,7 @@ impl Rng {
         self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
     }
 
-    fn unit(&mut self) -> f64 {
+    pub(super) fn unit(&mut self) -> f64 {
         (self.next() >> 11) as f64 / (1u64 << 53) as f64
     }
 }

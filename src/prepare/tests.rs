@@ -73,6 +73,16 @@ impl Fixture {
         serde_json::from_slice(&std::fs::read(path).expect("spec exists")).expect("spec parses")
     }
 
+    /// Whether GPU `minor` is in MIG mode now.
+    fn mig_on(&self, minor: usize) -> bool {
+        self.sim.inventory().expect("inv").gpus[minor]
+            .mig
+            .as_ref()
+            .expect("mig")
+            .mode
+            .current
+    }
+
     fn instances(&self) -> usize {
         self.sim
             .state()
@@ -407,12 +417,8 @@ fn dynamic_gpus_leave_mig_mode_when_empty_and_orphans_go_only_when_told() {
         )
         .expect("prepare");
     state.unprepare("m").expect("unprepare");
-    let mig = f.sim.inventory().expect("inv").gpus[0]
-        .mig
-        .clone()
-        .expect("mig");
     assert!(
-        !mig.mode.current,
+        !f.mig_on(0),
         "MIG mode is switched off once nothing is carved (Hopper)"
     );
     drop(state);
@@ -436,12 +442,8 @@ fn dynamic_gpus_leave_mig_mode_when_empty_and_orphans_go_only_when_told() {
     assert_eq!(state.modes()[&0], crate::gpu::mig::GpuMode::Dynamic);
     assert_eq!(report.instances_destroyed, [format!("gpu0/gi{gi}")]);
     assert_eq!(f.instances(), 0);
-    let mig = f.sim.inventory().expect("inv").gpus[0]
-        .mig
-        .clone()
-        .expect("mig");
     assert!(
-        !mig.mode.current,
+        !f.mig_on(0),
         "MIG mode is switched off once the adopted GPU is empty (Hopper)"
     );
 }

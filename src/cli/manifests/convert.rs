@@ -409,7 +409,7 @@ fn is_device_claim(map: &Map<String, Value>) -> bool {
 /// Decodes `doc` as `T`, strictly: a type error names its field, and so does a field `T` does
 /// not have (one set to null is let through, as before).
 pub fn decode<T: DeserializeOwned>(doc: &Value) -> Result<T, FieldError> {
-    let mut unknown: Option<Vec<Step<'static>>> = None;
+    let mut unknown: Option<Vec<Step>> = None;
     // Straight from the tree, noting what `T` ignores; only a document that does not decode is
     // laid out line by line to name its field.
     let decoded = serde_ignored::deserialize(doc, |path| {
@@ -524,13 +524,13 @@ pub fn child(path: &str, key: &str) -> String {
 }
 
 /// A step down a document: a key, or an index into a list.
-enum Step<'a> {
-    Key(std::borrow::Cow<'a, str>),
+enum Step {
+    Key(String),
     Index(usize),
 }
 
 /// The steps of a path serde_ignored reports, from the document down.
-fn steps_of(path: &serde_ignored::Path) -> Vec<Step<'static>> {
+fn steps_of(path: &serde_ignored::Path) -> Vec<Step> {
     let mut steps = Vec::new();
     let mut at = path;
     loop {
@@ -541,7 +541,7 @@ fn steps_of(path: &serde_ignored::Path) -> Vec<Step<'static>> {
                 parent
             }
             serde_ignored::Path::Map { parent, key } => {
-                steps.push(Step::Key(key.clone().into()));
+                steps.push(Step::Key(key.clone()));
                 parent
             }
             serde_ignored::Path::Some { parent }
@@ -556,7 +556,7 @@ fn steps_of(path: &serde_ignored::Path) -> Vec<Step<'static>> {
 /// The value at `steps` in `doc`.
 fn at<'a>(doc: &'a Value, steps: &[Step]) -> Option<&'a Value> {
     steps.iter().try_fold(doc, |value, step| match step {
-        Step::Key(key) => value.get(key.as_ref()),
+        Step::Key(key) => value.get(key.as_str()),
         Step::Index(n) => value.get(*n),
     })
 }

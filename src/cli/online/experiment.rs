@@ -6,11 +6,11 @@
 //! None beat it beyond seed noise (README, "MIG packing"). Run with
 //! `cargo test --release --features experiments --lib online::experiment -- --ignored --nocapture`
 //! (behind a feature: the suite runs ignored tests too, and these take minutes in a debug build).
-use super::super::packing_study::{Mix, Wanted, trace};
+use super::super::packing_study::{Mix, Rng, Wanted, trace};
 use super::{Gpus, Held, WHOLE, fitting, relative_values, usage_of};
 use crate::gpu::Gpu;
 use crate::gpu::sim::SimNode;
-use crate::slices::packing::{self, Candidate, limits};
+use crate::slices::packing::limits;
 
 /// A placement policy on per-GPU states: the GPU and what it adds, or `None` (the request fails).
 type Decide<'a> = dyn Fn(&[Vec<Held>], &Wanted) -> Option<(usize, Held)> + 'a;
@@ -32,27 +32,9 @@ fn ours(gpus: &[Gpu], sets: &[Vec<Held>], wanted: &Wanted) -> Option<(usize, Hel
             .iter()
             .find(|p| &p.name == name)?,
     };
-    let mut candidates: Vec<Candidate> = gpus
-        .iter()
-        .flat_map(|gpu| {
-            profile.placements.iter().map(move |placement| Candidate {
-                gpu,
-                profile,
-                placement: *placement,
-            })
-        })
-        .collect();
-    packing::order(&mut candidates, |gpu| {
-        usage_of(gpu, &sets[gpu.minor as usize])
-    });
-    let chosen = candidates.iter().find(|c| {
-        let set = &sets[c.gpu.minor as usize];
-        !set.contains(&WHOLE) && usage_of(c.gpu, set).fits(&limits(c.gpu), profile, c.placement)
-    })?;
-    Some((
-        chosen.gpu.minor as usize,
-        (profile.id, chosen.placement.start),
-    ))
+    let gpu_refs: Vec<&Gpu> = gpus.iter().collect();
+    let set_refs: Vec<&[Held]> = sets.iter().map(Vec::as_slice).collect();
+    super::pair::packed_choice(&gpu_refs, &set_refs, profile)
 }
 
 fn value(
@@ -519,16 +501,6 @@ fn fast_ours(t: &Table, states: &[usize], r: usize) -> Option<(usize, usize)> {
         .map(|(_, d)| d)
 }
 
-struct Xor(u64);
-impl Xor {
-    fn unit(&mut self) -> f64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        (self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
-
 /// Failures in `horizon` sampled arrivals under tabulated ours from GPU states `states` with
 /// live requests `live` (gpu, held, steps left).
 #[allow(clippy::too_many_arguments)]
@@ -540,7 +512,7 @@ fn rollout(
     states: &[usize],
     live: &[(usize, Held, usize)],
     horizon: usize,
-    rng: &mut Xor,
+    rng: &mut Rng,
 ) -> usize {
     let mut states = states.to_vec();
     let mut live = live.to_vec();
@@ -603,7 +575,7 @@ fn rollout_policy() {
             for use_rollout in [false, true] {
                 let mut states = vec![0usize; gpus.len()];
                 let mut live: Vec<(usize, Held, usize)> = Vec::new(); // gpu, held, leaves_at
-                let mut rng = Xor(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+                let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
                 let mut failed = 0;
                 for (i, a) in arr.iter().enumerate() {
                     live.retain(|(g, held, leaves)| {
@@ -637,7 +609,7 @@ fn rollout_policy() {
                         for _ in 0..samples {
                             // Common random numbers: the same future for every candidate.
                             let seed_k = rng.unit().to_bits() | 1;
-                            let mut dep = Xor(seed_k ^ 0xABCD);
+                            let mut dep = Rng(seed_k ^ 0xABCD);
                             let lefts: Vec<usize> = live
                                 .iter()
                                 .map(|_| {
@@ -663,7 +635,7 @@ fn rollout_policy() {
                                     .map(|((g, h, _), l)| (*g, *h, *l))
                                     .collect();
                                 lv.push((*g, held, own));
-                                let mut frng = Xor(seed_k);
+                                let mut frng = Rng(seed_k);
                                 totals[c] += rollout(
                                     &t,
                                     &one,

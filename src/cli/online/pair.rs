@@ -3,8 +3,8 @@
 //! ours' decisions come from the same code the publication uses (`packing::order`, device
 //! names), per pair of states.
 use super::{FirstFit, Gpus, Held, Rates, WHOLE, fitting, live_devices, relative_update, usage_of};
-use crate::gpu::Gpu;
 use crate::gpu::mig::{gpu_device_name, mig_device_name};
+use crate::gpu::{GiProfile, Gpu};
 use crate::slices::DeviceOrder;
 use crate::slices::packing::{self, Candidate, limits};
 
@@ -132,29 +132,38 @@ fn decision(
             .min_by_key(|(g, h)| mig_device_name(gpus[*g].minor, &profile.name, h.0, h.1))?;
         return after(g, held);
     }
-    let set_of = |gpu: &Gpu| {
-        if gpu.minor == gpus[0].minor {
-            sets[0]
-        } else {
-            sets[1]
-        }
-    };
-    let mut candidates: Vec<Candidate> = (0..2)
-        .flat_map(|g| {
+    let (g, held) = packed_choice(&gpus, &sets.map(Vec::as_slice), profile)?;
+    after(g, held)
+}
+
+/// Where our order (`packing::order`) places `profile` on GPUs in states `sets` (one per GPU,
+/// by position): the GPU's position and what it adds, or `None` when nothing fits.
+pub(super) fn packed_choice(
+    gpus: &[&Gpu],
+    sets: &[&[Held]],
+    profile: &GiProfile,
+) -> Option<(usize, Held)> {
+    let at = |gpu: &Gpu| gpus.iter().position(|g| g.minor == gpu.minor);
+    let mut candidates: Vec<Candidate> = gpus
+        .iter()
+        .flat_map(|gpu| {
             profile.placements.iter().map(move |placement| Candidate {
-                gpu: gpus[g],
+                gpu,
                 profile,
                 placement: *placement,
             })
         })
         .collect();
-    packing::order(&mut candidates, |gpu| usage_of(gpu, set_of(gpu)));
+    packing::order(&mut candidates, |gpu| {
+        at(gpu).map_or_else(Default::default, |g| usage_of(gpu, sets[g]))
+    });
     let chosen = candidates.iter().find(|c| {
-        let set = set_of(c.gpu);
-        !set.contains(&WHOLE) && usage_of(c.gpu, set).fits(&limits(c.gpu), profile, c.placement)
+        at(c.gpu).is_some_and(|g| {
+            !sets[g].contains(&WHOLE)
+                && usage_of(c.gpu, sets[g]).fits(&limits(c.gpu), profile, c.placement)
+        })
     })?;
-    let g = usize::from(chosen.gpu.minor != gpus[0].minor);
-    after(g, (profile.id, chosen.placement.start))
+    Some((at(chosen.gpu)?, (profile.id, chosen.placement.start)))
 }
 
 /// The device a decision from `(a, b)` to `pair` added.
