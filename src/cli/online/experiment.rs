@@ -2,7 +2,7 @@
 //! device order beat `packing::order` there? Tried: a separable value policy (one GPU's exact
 //! relative values, at several loads), values fitted to simulated futures (approximate policy
 //! iteration), a lookahead over sampled futures (rollout), variants of the order's keys,
-//! mix-weighted room, whole GPUs from the top minor.
+//! mix-weighted room, whole GPUs from the top minor, small and big slices on separate GPUs.
 //! None beat it beyond seed noise (README, "MIG packing"). Run with
 //! `cargo test --release --features experiments --lib online::experiment -- --ignored --nocapture`
 //! (behind a feature: the suite runs ignored tests too, and these take minutes in a debug build).
@@ -115,6 +115,24 @@ fn walk(
     failed
 }
 
+/// The study's five traces (seeds 1–5, 10,000 arrivals) at `lifetime`.
+fn study_traces(lifetime: f64, mix: &Mix) -> Vec<Vec<super::super::packing_study::Arrival>> {
+    (1..=5u64)
+        .map(|seed| trace(10_000, seed, lifetime, mix))
+        .collect()
+}
+
+/// Failed arrivals under `decide` over `traces`, in %.
+fn failed_percent(
+    gpus: &[Gpu],
+    traces: &[Vec<super::super::packing_study::Arrival>],
+    decide: &Decide,
+) -> f64 {
+    let arrivals: usize = traces.iter().map(Vec::len).sum();
+    let failed: usize = traces.iter().map(|t| simulate(gpus, t, decide)).sum();
+    100.0 * failed as f64 / arrivals as f64
+}
+
 /// Comma-separated numbers from environment variable `key`, or from `default`.
 fn env(key: &str, default: &str) -> Vec<f64> {
     std::env::var(key)
@@ -161,17 +179,11 @@ fn separable_value_policy() {
     let factors = env("FACTORS", "1");
     let lifetimes = env("LIFETIMES", "15,20,25,30");
     for lifetime in lifetimes {
-        let traces: Vec<_> = (1..=5u64)
-            .map(|seed| trace(10_000, seed, lifetime, &mix))
-            .collect();
+        let traces = study_traces(lifetime, &mix);
         let arrivals: usize = traces.iter().map(Vec::len).sum();
-        let ours_failed: usize = traces
-            .iter()
-            .map(|t| simulate(&gpus, t, &|s, w| ours(&gpus, s, w)))
-            .sum();
         println!(
             "lifetime {lifetime}: ours {:.2}%",
-            100.0 * ours_failed as f64 / arrivals as f64
+            failed_percent(&gpus, &traces, &|s, w| ours(&gpus, s, w))
         );
         for factor in &factors {
             let per_gpu = lifetime * factor / n as f64;
@@ -262,14 +274,8 @@ fn fitted_value_policy() {
     let train = env("TRAIN", "400000")[0] as usize;
     for lifetime in env("LIFETIMES", "15,20,25") {
         let one = Gpus::solve(&gpus[0], &mix.entries, lifetime, 50_000).expect("solve");
-        let traces: Vec<_> = (1..=5u64)
-            .map(|seed| trace(10_000, seed, lifetime, &mix))
-            .collect();
-        let arrivals: usize = traces.iter().map(Vec::len).sum();
-        let rate = |decide: &Decide| {
-            let failed: usize = traces.iter().map(|t| simulate(&gpus, t, decide)).sum();
-            100.0 * failed as f64 / arrivals as f64
-        };
+        let traces = study_traces(lifetime, &mix);
+        let rate = |decide: &Decide| failed_percent(&gpus, &traces, decide);
         println!(
             "lifetime {lifetime}: ours {:.2}%",
             rate(&|s, w| ours(&gpus, s, w))
@@ -391,14 +397,8 @@ fn key_variants() {
         mix
     };
     for lifetime in [10.0, 15.0, 20.0, 25.0, 30.0] {
-        let traces: Vec<_> = (1..=5u64)
-            .map(|seed| trace(10_000, seed, lifetime, &mix))
-            .collect();
-        let arrivals: usize = traces.iter().map(Vec::len).sum();
-        let rate = |decide: &Decide| {
-            let failed: usize = traces.iter().map(|t| simulate(&gpus, t, decide)).sum();
-            100.0 * failed as f64 / arrivals as f64
-        };
+        let traces = study_traces(lifetime, &mix);
+        let rate = |decide: &Decide| failed_percent(&gpus, &traces, decide);
         print!(
             "lifetime {lifetime}: ours {:.2}",
             rate(&|s, w| ours(&gpus, s, w))
@@ -692,5 +692,118 @@ fn rollout_policy() {
             pct(fast_failed),
             pct(roll_failed)
         );
+    }
+}
+
+/// Ours, but GPUs tried in tiers by what they hold: `tiers[k]` for a request of size class `c`
+/// (small: 1–2 compute slices, big: more) over GPU kinds 0 = only class `c`, 1 = both classes,
+/// 2 = only the other class, 3 = empty. Ours decides within a tier.
+fn segregated(
+    gpus: &[Gpu],
+    sets: &[Vec<Held>],
+    wanted: &Wanted,
+    tiers: &[&[u32]],
+) -> Option<(usize, Held)> {
+    let Wanted::Profile(name) = wanted else {
+        return ours(gpus, sets, wanted);
+    };
+    let profiles = &gpus[0].mig.as_ref()?.profiles;
+    let profile = profiles.iter().find(|p| &p.name == name)?;
+    let small = |id: u32| profiles.iter().any(|p| p.id == id && p.slice_count <= 2);
+    let class = profile.slice_count <= 2;
+    let kind = |set: &Vec<Held>| -> u32 {
+        if set.is_empty() {
+            return 3;
+        }
+        let has_small = set.iter().any(|h| small(h.0));
+        let has_big = set.iter().any(|h| !small(h.0));
+        match (
+            has_small && has_big,
+            if class { has_small } else { has_big },
+        ) {
+            (true, _) => 1,
+            (false, true) => 0,
+            (false, false) => 2,
+        }
+    };
+    for tier in tiers {
+        let members: Vec<usize> = (0..gpus.len())
+            .filter(|g| !sets[*g].contains(&WHOLE) && tier.contains(&kind(&sets[*g])))
+            .collect();
+        if members.is_empty() {
+            continue;
+        }
+        let gpu_refs: Vec<&Gpu> = members.iter().map(|g| &gpus[*g]).collect();
+        let set_refs: Vec<&[Held]> = members.iter().map(|g| sets[*g].as_slice()).collect();
+        if let Some((i, held)) = super::pair::packed_choice(&gpu_refs, &set_refs, profile) {
+            return Some((members[i], held));
+        }
+    }
+    None
+}
+
+#[test]
+#[ignore]
+fn segregation_by_size() {
+    let (_, gpus, mix) = setup();
+    let variants: [(&str, &[&[u32]]); 4] = [
+        ("same|mixed|other|empty", &[&[0], &[1], &[2], &[3]]),
+        ("same+mixed|other|empty", &[&[0, 1], &[2], &[3]]),
+        ("same|mixed+other|empty", &[&[0], &[1, 2], &[3]]),
+        ("mixed|same|other|empty", &[&[1], &[0], &[2], &[3]]),
+    ];
+    for lifetime in env("LIFETIMES", "15,20,25") {
+        let traces = study_traces(lifetime, &mix);
+        let rate = |decide: &Decide| failed_percent(&gpus, &traces, decide);
+        print!(
+            "lifetime {lifetime}: ours {:.2}",
+            rate(&|s, w| ours(&gpus, s, w))
+        );
+        for (name, tiers) in variants {
+            print!(
+                " | {name} {:.2}",
+                rate(&|s, w| segregated(&gpus, s, w, tiers))
+            );
+        }
+        println!();
+    }
+}
+
+#[test]
+#[ignore]
+fn failures_by_profile() {
+    let (_, gpus, mix) = setup();
+    for lifetime in env("LIFETIMES", "15,20") {
+        let mut by: std::collections::BTreeMap<String, (usize, usize, usize)> = Default::default();
+        let mut slices_at_fail = vec![0usize; 200];
+        for seed in 1..=5u64 {
+            let arr = trace(10_000, seed, lifetime, &mix);
+            for a in &arr {
+                by.entry(format!("{:?}", a.wanted)).or_default().0 += 1;
+            }
+            let ours_fail = std::cell::RefCell::new(Vec::new());
+            let d = |s: &[Vec<Held>], w: &Wanted| {
+                let r = ours(&gpus, s, w);
+                if r.is_none() {
+                    let used: u32 = s
+                        .iter()
+                        .zip(&gpus)
+                        .map(|(set, g)| usage_of(g, set).used_slices())
+                        .sum();
+                    ours_fail.borrow_mut().push((format!("{w:?}"), used));
+                }
+                r
+            };
+            simulate(&gpus, &arr, &d);
+            for (w, used) in ours_fail.into_inner() {
+                by.entry(w).or_default().1 += 1;
+                slices_at_fail[used as usize] += 1;
+            }
+        }
+        println!("lifetime {lifetime}: (arrivals, ours failed)");
+        for (w, (n, f, _)) in &by {
+            println!("  {w}: {n} {f}");
+        }
+        println!("  used memory slices at failures: {slices_at_fail:?}");
     }
 }
