@@ -56,13 +56,14 @@ pub enum ImexMode {
     HostManaged { command_socket: PathBuf },
 }
 
-/// A claim this node prepared, or began to.
+/// A claim this node prepared, or began to. Its channels are not booked: prepare writes the
+/// claim's channel CDI spec anew each time and unprepare removes it by claim UID. (Books of older
+/// versions list them; the field is ignored when read.)
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct BookedClaim {
     namespace: String,
     name: String,
     domain: String,
-    channels: Vec<u32>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -354,7 +355,6 @@ impl ChannelPlugin {
             namespace: claim.namespace.clone(),
             name: claim.name.clone(),
             domain: config.domain_uid.clone(),
-            channels: channels.clone(),
         };
         let uid = claim.uid.clone();
         let shown = claim.to_string();
@@ -821,6 +821,21 @@ pub fn node_clique(gpus: &dyn crate::gpu::GpuControl) -> Result<String, String> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn books_of_older_versions_still_load() {
+        let old = r#"{"claims": {"uid-1": {"namespace": "ns", "name": "c", "domain": "d-uid", "channels": [0]}}}"#;
+        let book: Book = serde_json::from_str(old).expect("old book");
+        let entry = book.claims.get("uid-1").expect("claim uid-1");
+        assert_eq!(
+            (
+                entry.namespace.as_str(),
+                entry.name.as_str(),
+                entry.domain.as_str()
+            ),
+            ("ns", "c", "d-uid")
+        );
+    }
 
     #[test]
     fn the_channel_major_comes_from_proc_devices() {
