@@ -2,7 +2,8 @@
 //! device order beat `packing::order` there? Tried: a separable value policy (one GPU's exact
 //! relative values, at several loads), values fitted to simulated futures (approximate policy
 //! iteration), a lookahead over sampled futures (rollout), variants of the order's keys,
-//! mix-weighted room, whole GPUs from the top minor, small and big slices on separate GPUs.
+//! mix-weighted room, whole GPUs from the top minor, small and big slices on separate GPUs,
+//! values over pairs of GPUs (the two-GPU best order's).
 //! None beat it beyond seed noise (README, "MIG packing"). Run with
 //! `cargo test --release --features experiments --lib online::experiment -- --ignored --nocapture`
 //! (behind a feature: the suite runs ignored tests too, and these take minutes in a debug build).
@@ -44,20 +45,34 @@ fn value(
     one: &Gpus,
     h: &[f64],
 ) -> Option<(usize, Held)> {
+    let empty_last = std::env::var("EMPTY_LAST").is_ok();
+    least_rise(gpus, sets, wanted, one, empty_last, &|g, after| {
+        let before = *one.states.index.get(&sets[g])?;
+        Some(h[after] - h[before])
+    })
+}
+
+/// The placement whose `rise(gpu, one-GPU state after it)` is least (`None`: not a candidate);
+/// with `empty_last`, empty GPUs only when nothing else fits.
+fn least_rise(
+    gpus: &[Gpu],
+    sets: &[Vec<Held>],
+    wanted: &Wanted,
+    one: &Gpus,
+    empty_last: bool,
+    rise: &dyn Fn(usize, usize) -> Option<f64>,
+) -> Option<(usize, Held)> {
     let mut best: Option<(f64, usize, Held)> = None;
     for (g, gpu) in gpus.iter().enumerate() {
-        let Some(&before) = one.states.index.get(&sets[g]) else {
-            continue;
-        };
         for held in fitting(gpu, &sets[g], wanted) {
             let mut after = sets[g].clone();
             after.push(held);
             after.sort_unstable();
-            let Some(&a) = one.states.index.get(&after) else {
+            let Some(delta) = one.states.index.get(&after).and_then(|a| rise(g, *a)) else {
                 continue;
             };
-            let delta = h[a] - h[before]
-                + if std::env::var("EMPTY_LAST").is_ok() && sets[g].is_empty() {
+            let delta = delta
+                + if empty_last && sets[g].is_empty() {
                     1e6
                 } else {
                     0.0
@@ -805,5 +820,64 @@ fn failures_by_profile() {
             println!("  {w}: {n} {f}");
         }
         println!("  used memory slices at failures: {slices_at_fail:?}");
+    }
+}
+
+/// Places where the sum over GPU pairs of the two-GPU best order's relative values rises least
+/// (`h2` over pair states `a * n + b`), ties and unknown states to ours.
+fn pairwise(
+    gpus: &[Gpu],
+    sets: &[Vec<Held>],
+    wanted: &Wanted,
+    one: &Gpus,
+    h2: &[f64],
+    empty_last: bool,
+) -> Option<(usize, Held)> {
+    let n = one.states.sets.len();
+    let index: Option<Vec<usize>> = sets
+        .iter()
+        .map(|s| one.states.index.get(s).copied())
+        .collect();
+    let Some(index) = index else {
+        return ours(gpus, sets, wanted);
+    };
+    let pair = |a: usize, b: usize| h2[a * n + b];
+    least_rise(gpus, sets, wanted, one, empty_last, &|g, a| {
+        Some(
+            (0..gpus.len())
+                .filter(|j| *j != g)
+                .map(|j| pair(a, index[j]) - pair(index[g], index[j]))
+                .sum(),
+        )
+    })
+}
+
+#[test]
+#[ignore]
+fn pairwise_value_policy() {
+    let (n, gpus, mix) = setup();
+    let total: f64 = mix.entries.iter().map(|(_, w)| w).sum();
+    let weights: Vec<f64> = mix.entries.iter().map(|(_, w)| w / total).collect();
+    for lifetime in env("LIFETIMES", "15,20,25") {
+        let traces = study_traces(lifetime, &mix);
+        println!(
+            "lifetime {lifetime}: ours {:.2}%",
+            failed_percent(&gpus, &traces, &|s, w| ours(&gpus, s, w))
+        );
+        for factor in env("FACTORS", "1") {
+            // A pair of the node's GPUs sees 2/n of its arrivals.
+            let per_pair = lifetime * 2.0 / n as f64 * factor;
+            let one = Gpus::solve(&gpus[0], &mix.entries, per_pair, 50_000).expect("solve");
+            let (gain, h2) = super::pair::pair_values(&one, &weights, None);
+            for empty_last in [false, true] {
+                let got = failed_percent(&gpus, &traces, &|s, w| {
+                    pairwise(&gpus, s, w, &one, &h2, empty_last)
+                });
+                println!(
+                    "  pair lifetime {per_pair:.2} (best pair {:.2}%) empty last {empty_last}: {got:.2}%",
+                    100.0 * gain
+                );
+            }
+        }
     }
 }

@@ -192,6 +192,11 @@ fn device_added(one: &Gpus, gpus: [&Gpu; 2], a: usize, b: usize, pair: usize) ->
 /// Long-run failures per arrival on the pair process (relative value iteration); `policy`
 /// `None`: the cheapest choice each time.
 fn average_cost(one: &Gpus, weights: &[f64], policy: Option<&[u32]>) -> f64 {
+    pair_values(one, weights, policy).0
+}
+
+/// The gain and the relative values of the pair process's post-decision states (`a * n + b`).
+pub(super) fn pair_values(one: &Gpus, weights: &[f64], policy: Option<&[u32]>) -> (f64, Vec<f64>) {
     let n = one.states.sets.len();
     let requests = weights.len();
     let mut h = vec![0.0f64; n * n];
@@ -244,5 +249,5 @@ fn average_cost(one: &Gpus, weights: &[f64], policy: Option<&[u32]>) -> f64 {
             break;
         }
     }
-    gain
+    (gain, h)
 }
