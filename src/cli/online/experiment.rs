@@ -925,6 +925,30 @@ fn weighted(
     wanted: &Wanted,
     w: &[f64; 4],
 ) -> Option<(usize, Held)> {
+    let load_power = std::env::var("LOAD_POWER")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0);
+    let (used, total) = gpus
+        .iter()
+        .zip(sets)
+        .fold((0u32, 0u32), |(u, t), (gpu, set)| {
+            let size = gpu
+                .mig
+                .iter()
+                .flat_map(|m| m.profiles.iter())
+                .flat_map(|p| p.placements.iter())
+                .map(|pl| pl.start + pl.size)
+                .max()
+                .unwrap_or(0);
+            let taken = if set.contains(&WHOLE) {
+                size
+            } else {
+                usage_of(gpu, set).used_slices()
+            };
+            (u + taken, t + size)
+        });
+    let free_share = 1.0 - f64::from(used) / f64::from(total.max(1));
     least_key(gpus, sets, wanted, |c| {
         let lost =
             room(c.gpu, c.limits, c.before, &|_| 1.0) - room(c.gpu, c.limits, c.after, &|_| 1.0);
@@ -939,7 +963,9 @@ fn weighted(
             .map(|(_, pl)| f64::from(pl.size))
             .fold(0.0, f64::max);
         let used = f64::from(c.before.used_slices());
-        let score = w[0] * lost - w[1] * used - w[2] * c.instances as f64 - w[3] * block;
+        // LOAD_POWER=k: the instance and block terms scaled by the node's free share to the k.
+        let scale = free_share.powf(load_power);
+        let score = w[0] * lost - w[1] * used - scale * (w[2] * c.instances as f64 + w[3] * block);
         (
             c.instances == 0,
             (score * 1000.0).round() as i64,
