@@ -263,9 +263,9 @@ impl DeviceState {
         let modes = choose_modes(&inventory.gpus, state.config.mig_policy, |minor| {
             holds_foreign_mig(&inventory.gpus, &owned, minor)
         });
-        // Set before adopting: releasing MIG mode on an emptied GPU asks the GPU's mode.
+        let minors: Vec<u32> = modes.keys().copied().collect();
         *state.modes_mut() = modes;
-        report.instances_destroyed = mig_carve::adopt(&state, &state.modes(), &owned)?;
+        report.instances_destroyed = mig_carve::adopt(&state, minors, &owned)?;
         state.refresh_all()?;
         Ok((state, report))
     }

@@ -154,6 +154,12 @@ fn profile_named<'a>(gpus: &'a [Gpu], name: &str) -> Option<&'a crate::gpu::GiPr
         .find(|p| p.name == name)
 }
 
+/// Each request's share of the mix's arrivals.
+fn shares(mix: &Mix) -> Vec<f64> {
+    let total: f64 = mix.entries.iter().map(|(_, w)| w).sum();
+    mix.entries.iter().map(|(_, w)| w / total).collect()
+}
+
 /// Comma-separated numbers from environment variable `key`, or from `default`.
 fn env(key: &str, default: &str) -> Vec<f64> {
     std::env::var(key)
@@ -195,8 +201,7 @@ fn setup() -> (usize, Vec<Gpu>, Mix) {
 #[ignore]
 fn separable_value_policy() {
     let (n, gpus, mix) = setup();
-    let total: f64 = mix.entries.iter().map(|(_, w)| w).sum();
-    let weights: Vec<f64> = mix.entries.iter().map(|(_, w)| w / total).collect();
+    let weights = shares(&mix);
     let factors = env("FACTORS", "1");
     let lifetimes = env("LIFETIMES", "15,20,25,30");
     for lifetime in lifetimes {
@@ -604,13 +609,13 @@ fn rollout_policy() {
     let (_, gpus, mix) = setup();
     let samples = env("SAMPLES", "32")[0] as usize;
     let seeds = env("SEEDS", "1")[0] as u64;
-    let total: f64 = mix.entries.iter().map(|(_, w)| w).sum();
-    let mut cumulative = Vec::new();
-    let mut acc = 0.0;
-    for (_, w) in &mix.entries {
-        acc += w / total;
-        cumulative.push(acc);
-    }
+    let cumulative: Vec<f64> = shares(&mix)
+        .iter()
+        .scan(0.0, |acc, w| {
+            *acc += w;
+            Some(*acc)
+        })
+        .collect();
     for lifetime in env("LIFETIMES", "20") {
         let horizon = (env("HORIZON", "3")[0] * lifetime) as usize;
         let one = Gpus::solve(&gpus[0], &mix.entries, lifetime, 50_000).expect("solve");
@@ -891,8 +896,7 @@ fn pairwise(
 #[ignore]
 fn pairwise_value_policy() {
     let (n, gpus, mix) = setup();
-    let total: f64 = mix.entries.iter().map(|(_, w)| w).sum();
-    let weights: Vec<f64> = mix.entries.iter().map(|(_, w)| w / total).collect();
+    let weights = shares(&mix);
     for lifetime in env("LIFETIMES", "15,20,25") {
         let traces = study_traces(lifetime, &mix);
         println!(

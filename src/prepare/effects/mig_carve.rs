@@ -7,7 +7,7 @@
 //! crash before the id was written) by profile and placement, which only this claim could hold;
 //! compute instances then the GPU instance destroyed, `created: false` recorded, MIG mode
 //! released. Adopt: instances on dynamic GPUs no record owns are destroyed at start.
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use super::{ClaimDevice, DeviceEffect, Host, ignore_not_found, mig_mode};
 use crate::gpu::GpuError;
@@ -116,16 +116,20 @@ pub fn owned(checkpoint: &Checkpoint) -> BTreeSet<(u32, u32)> {
         .collect()
 }
 
-/// Destroys MIG instances on dynamic GPUs that no claim in `owned` holds (left by a crash, or by
-/// someone else under `--mig dynamic`). Returns "gpu<minor>/gi<id>" of each. Runs at start,
-/// before any other operation.
+/// Destroys MIG instances on the GPUs in `minors` that the host offers dynamically and no claim
+/// in `owned` holds (left by a crash, or by someone else under `--mig dynamic`). Returns
+/// "gpu<minor>/gi<id>" of each. Runs at start, before any other operation, once the host knows
+/// each GPU's mode (releasing MIG mode on an emptied GPU asks it too).
 pub fn adopt(
     host: &dyn Host,
-    modes: &BTreeMap<u32, GpuMode>,
+    minors: impl IntoIterator<Item = u32>,
     owned: &BTreeSet<(u32, u32)>,
 ) -> Result<Vec<String>, PrepareError> {
     let mut destroyed = Vec::new();
-    for (&minor, _) in modes.iter().filter(|(_, m)| **m == GpuMode::Dynamic) {
+    for minor in minors
+        .into_iter()
+        .filter(|m| host.gpu_mode(*m) == Some(GpuMode::Dynamic))
+    {
         let instances = match host.gpus().gpu_instances(minor) {
             Ok(instances) => instances,
             // A GPU that fell off the bus holds up nothing else: its leftovers are cleaned at a
@@ -252,14 +256,15 @@ mod tests {
             )
             .expect("stray");
         let owned = owned(&host.checkpoint());
-        let destroyed = adopt(&host, &host.modes, &owned).expect("adopt");
+        let destroyed = adopt(&host, [0, 1], &owned).expect("adopt");
         assert_eq!(destroyed, vec![format!("gpu0/gi{stray}")]);
         assert_eq!(host.gpus().gpu_instances(0).expect("instances").len(), 1);
 
         // On a static GPU everything is the admin's.
-        let modes = BTreeMap::from([(0, GpuMode::Static), (1, GpuMode::Static)]);
+        let mut host = host;
+        host.modes = std::collections::BTreeMap::from([(0, GpuMode::Static), (1, GpuMode::Static)]);
         assert!(
-            adopt(&host, &modes, &BTreeSet::new())
+            adopt(&host, [0, 1], &BTreeSet::new())
                 .expect("adopt")
                 .is_empty()
         );
