@@ -101,6 +101,39 @@ fn packing_study_compares_both_orders() {
         out.contains("exact long-run rates (every state solved)"),
         "{out}"
     );
+    // Several GPUs with few states each: the exact best order in continuous time, ours beside
+    // it and (simulated) with real minors.
+    let (ok, out, err) = gpu_dra(&[
+        "packing-study",
+        "--gpus",
+        "sim:3xA30-24GB",
+        "--best-order-many",
+        "--events",
+        "20",
+        "--mix",
+        "1g.6gb=5,2g.12gb=3,4g.24gb=2",
+        "--mean-lifetime",
+        "2",
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("in continuous time, every node state solved"),
+        "{out}"
+    );
+    assert!(
+        out.contains("mean lifetime 2: 3276 states; name order"),
+        "{out}"
+    );
+    let (ok, _, err) = gpu_dra(&[
+        "packing-study",
+        "--gpus",
+        "sim:1xH100-SXM5-80GB,1xA30-24GB",
+        "--best-order-many",
+        "--events",
+        "10",
+    ]);
+    assert!(!ok);
+    assert!(err.contains("--best-order-many"), "{err}");
     let (ok, _, err) = gpu_dra(&["packing-study", "--best-order-pairs", "--events", "10"]);
     assert!(!ok);
     assert!(err.contains("--best-order-pairs"), "{err}");

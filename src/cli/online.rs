@@ -18,6 +18,7 @@ use crate::slices::packing::{Usage, limits};
 #[cfg(all(test, feature = "experiments"))]
 mod experiment;
 
+mod many;
 mod pair;
 
 /// What one live request holds: a profile id and placement start, or [`WHOLE`].
@@ -260,6 +261,32 @@ pub(super) fn rates(
         ours: solve(Some(&ours)),
         best: solve(None),
     })
+}
+
+/// The exact long-run rates of ours and the best order on a node of identical GPUs with few
+/// states each, in continuous time ([`many`]), or `None` past `max_states` node states.
+pub(super) fn many_rates(
+    gpus: &[Gpu],
+    mix: &[(Wanted, f64)],
+    mean_lifetime: f64,
+    max_states: usize,
+) -> Option<many::ManyRates> {
+    many::rates(gpus, mix, mean_lifetime, max_states)
+}
+
+/// Name order's and ours' (with the GPUs' real minors, where the exact solution lists GPUs by
+/// state) failures per arrival in the same continuous-time model, simulated.
+pub(super) fn many_simulated(
+    gpus: &[Gpu],
+    mix: &[(Wanted, f64)],
+    mean_lifetime: f64,
+    arrivals: usize,
+) -> (f64, f64) {
+    let simulate = |order| many::simulated(gpus, mix, mean_lifetime, arrivals, 1, order);
+    (
+        simulate(many::Simulated::ByName),
+        simulate(many::Simulated::Ours),
+    )
 }
 
 /// Long-run failures per arrival by relative value iteration over post-decision states: the

@@ -69,6 +69,13 @@ pub struct PackingStudyArgs {
     /// about 20 s per mix and lifetime in a release build). One-GPU nodes are always solved.
     #[arg(long)]
     pub best_order_pairs: bool,
+    /// Also solve the exact best order on a node of several identical GPUs with few states each
+    /// (an A30; an H100 under a mix without 1g.10gb), in continuous time (arrivals at rate 1,
+    /// requests leaving at rate 1/lifetime), beside ours in the same model and name order
+    /// simulated in it over 100 × --events arrivals. Up to 3 million node states (six A30s:
+    /// 736,281; a minute or two per mix and lifetime in a release build).
+    #[arg(long)]
+    pub best_order_many: bool,
 }
 
 fn parse_spec(s: &str) -> Result<SimSpec, String> {
@@ -655,6 +662,17 @@ pub fn run(args: PackingStudyArgs) -> Result<ExitCode, CliError> {
             args.gpus
         )));
     }
+    if args.best_order_many
+        && !base
+            .gpus
+            .iter()
+            .all(|g| g.mig.is_some() && g.mig == base.gpus[0].mig)
+    {
+        return Err(CliError::Usage(format!(
+            "--best-order-many: --gpus sim:{} is not a node of identical MIG-capable GPUs",
+            args.gpus
+        )));
+    }
     let mixes = resolve_mixes(&args, &base)?;
     let seeds = parse_seeds(&args.seed)?;
     let lifetimes = parse_lifetimes(&args.mean_lifetime)?;
@@ -789,8 +807,66 @@ pub fn run(args: PackingStudyArgs) -> Result<ExitCode, CliError> {
             );
         }
     }
+    if args.best_order_many {
+        for mix in &mixes {
+            print_many(
+                &base.gpus,
+                mix,
+                &lifetimes,
+                args.events.saturating_mul(MANY_SIMULATED_PER_EVENT),
+            );
+        }
+    }
     println!("  ({:.1} s)", started.elapsed().as_secs_f64());
     Ok(ExitCode::SUCCESS)
+}
+
+/// Most node states `--best-order-many` solves.
+const MANY_STATES: usize = 3_000_000;
+
+/// Arrivals name order is simulated over in the continuous-time model, per arrival of a run.
+const MANY_SIMULATED_PER_EVENT: usize = 100;
+
+/// The exact best order and ours on a node of identical GPUs, in continuous time
+/// (`online::many`).
+fn print_many(gpus: &[crate::gpu::Gpu], mix: &Mix, lifetimes: &[f64], simulated: usize) {
+    println!(
+        "  mix {} in continuous time, every node state solved (name order, and ours with the GPUs' minors, simulated over {simulated} arrivals):",
+        mix.name
+    );
+    for lifetime in lifetimes {
+        match online::many_rates(gpus, &mix.entries, *lifetime, MANY_STATES) {
+            None => println!(
+                "    mean lifetime {lifetime}: more than {MANY_STATES} node states, not solved"
+            ),
+            Some(rates) => {
+                let (by_name, ours_simulated) =
+                    online::many_simulated(gpus, &mix.entries, *lifetime, simulated);
+                let below = |rate: f64| {
+                    if by_name > 0.0 {
+                        format!("{:.1}%", 100.0 * (1.0 - rate / by_name))
+                    } else {
+                        "–".into()
+                    }
+                };
+                println!(
+                    "    mean lifetime {lifetime}: {} states; name order {:.3}%, ours {:.3}% (simulated {:.3}%), the best order {:.3}% (ours {} above it); below name order: ours {}, the best order {}",
+                    rates.states,
+                    100.0 * by_name,
+                    100.0 * rates.ours,
+                    100.0 * ours_simulated,
+                    100.0 * rates.best,
+                    if rates.best > 0.0 {
+                        format!("{:.1}%", 100.0 * (rates.ours / rates.best - 1.0))
+                    } else {
+                        "–".into()
+                    },
+                    below(rates.ours),
+                    below(rates.best),
+                );
+            }
+        }
+    }
 }
 
 fn print_one(

@@ -178,13 +178,8 @@ pub(super) fn fragmentation_free(base: &NodeInventory, arrivals: &[Arrival]) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gpu::sim::SimNode;
 
-    fn node(spec: &str) -> NodeInventory {
-        SimNode::new(spec.parse().expect("spec"), "n", None)
-            .inventory()
-            .expect("inventory")
-    }
+    use crate::gpu::sim::test_inventory as node;
 
     fn profile(name: &str, leaves_at: usize) -> Arrival {
         Arrival {

@@ -334,6 +334,14 @@ pub struct SimNode {
     nvidia_smi: Option<super::driver_tools::NvidiaSmi>,
 }
 
+/// The inventory of a simulated node without state, for tests.
+#[cfg(test)]
+pub(crate) fn test_inventory(spec: &str) -> NodeInventory {
+    SimNode::new(spec.parse().expect("sim spec"), "n", None)
+        .inventory()
+        .expect("inventory")
+}
+
 impl SimNode {
     /// `state`: the state file; `None` keeps state in memory for this process only.
     pub fn new(spec: SimSpec, node_name: &str, state: Option<PathBuf>) -> Self {

@@ -1,0 +1,520 @@
+//! The best order on a node of N identical GPUs, exactly, where one GPU has few states (an A30,
+//! or an H100 with a mix of big slices): how far ours is from the limit when the choice of GPU
+//! among many is part of every decision, which the one- and two-GPU solvers cannot say.
+//!
+//! The GPUs are interchangeable, so a node state is a multiset of one GPU's states (ranked in
+//! the combinatorial number system). Tracking which of N GPUs holds what per step (as the
+//! study's discrete traces would need, departures of any subset at once) is out of reach for a
+//! multiset, so this model is the study's in continuous time: arrivals at rate 1, each live
+//! request leaves at rate `1 / mean_lifetime`, uniformized into steps where at most one thing
+//! happens. Its rates are close to, not the same as, the study's traces at the same lifetime;
+//! ours and the best order are measured in the same model, which is what the comparison needs.
+//!
+//! Ours on a multiset lists the GPUs by state (the state with the lowest index first) where the
+//! node lists them by minor: where `packing::order` ties GPUs of different states it may pick
+//! another one than on the node. [`simulated`] replays ours with real minors (and name order,
+//! which depends on which GPU is which and has no multiset form) to measure that.
+use super::super::packing_study::{Rng, Wanted};
+use super::{Gpus, Held, WHOLE, relative_update};
+use crate::gpu::Gpu;
+use crate::gpu::mig::mig_device_name;
+
+/// No decision: the request fails.
+const NONE: u32 = u32::MAX;
+
+/// Long-run failures per arrival on a node of identical GPUs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(in crate::cli) struct ManyRates {
+    pub(in crate::cli) ours: f64,
+    pub(in crate::cli) best: f64,
+    /// The node's states (multisets of one GPU's states).
+    pub(in crate::cli) states: usize,
+}
+
+/// Multisets of `k` values below `n`, ranked: `rank` of the sorted values is
+/// `Σ C(v_i + i, i + 1)`.
+struct Multisets {
+    n: usize,
+    k: usize,
+    /// `binomial[x][j]` = C(x, j).
+    binomial: Vec<Vec<u64>>,
+}
+
+impl Multisets {
+    fn new(n: usize, k: usize) -> Self {
+        let rows = n + k + 1;
+        let mut binomial = vec![vec![0u64; k + 2]; rows];
+        for x in 0..rows {
+            binomial[x][0] = 1;
+            for j in 1..=(k + 1).min(x) {
+                binomial[x][j] = binomial[x - 1][j - 1].saturating_add(binomial[x - 1][j]);
+            }
+        }
+        Self { n, k, binomial }
+    }
+
+    fn count(&self) -> u64 {
+        self.binomial[self.n + self.k - 1][self.k]
+    }
+
+    /// The rank of `values` (sorted ascending).
+    fn rank(&self, values: &[usize]) -> usize {
+        values
+            .iter()
+            .enumerate()
+            .map(|(i, v)| self.binomial[v + i][i + 1] as usize)
+            .sum()
+    }
+
+    /// The sorted values of `rank`.
+    fn unrank(&self, mut rank: usize, out: &mut [usize]) {
+        for i in (0..self.k).rev() {
+            // The largest c with C(c, i + 1) <= rank; c = v + i.
+            let mut c = i;
+            while c + 1 < self.binomial.len() && self.binomial[c + 1][i + 1] as usize <= rank {
+                c += 1;
+            }
+            rank -= self.binomial[c][i + 1] as usize;
+            out[i] = c - i;
+        }
+    }
+}
+
+/// The node process: per state, where each request can go (the best order's choices), where
+/// ours puts it, and where departures lead.
+struct Node {
+    requests: usize,
+    /// Per state and request, offsets into `choices`.
+    choice_at: Vec<u32>,
+    choices: Vec<u32>,
+    /// Per state and request: ours' next state, or [`NONE`].
+    ours: Vec<u32>,
+    /// Per state, offsets into `departures`: next state and how many live requests lead there.
+    departure_at: Vec<u32>,
+    departures: Vec<(u32, u32)>,
+    /// Uniformization: total event rate per step, with requests leaving at `1 / mean_lifetime`.
+    rate: f64,
+    leave_rate: f64,
+}
+
+/// The rates on `gpus` (identical MIG GPUs) under `mix`, or `None` when the node has more than
+/// `max_states` states or a GPU more than `max_states` (or the GPUs differ).
+pub(super) fn rates(
+    gpus: &[Gpu],
+    mix: &[(Wanted, f64)],
+    mean_lifetime: f64,
+    max_states: usize,
+) -> Option<ManyRates> {
+    let first = gpus.first()?;
+    if first.mig.is_none() || gpus.iter().any(|g| g.mig != first.mig) || mean_lifetime <= 0.0 {
+        return None;
+    }
+    let total: f64 = mix.iter().map(|(_, w)| w).sum();
+    if total <= 0.0 {
+        return None;
+    }
+    let weights: Vec<f64> = mix.iter().map(|(_, w)| w / total).collect();
+    let one = Gpus::solve(first, mix, mean_lifetime, max_states)?;
+    let node = Node::build(gpus, &one, mix, mean_lifetime, max_states)?;
+    let states = node.ours.len() / node.requests.max(1);
+    Some(ManyRates {
+        ours: node.failures_per_arrival(&weights, true),
+        best: node.failures_per_arrival(&weights, false),
+        states,
+    })
+}
+
+/// Per GPU state: the states one departure leads to (one entry per live request).
+fn one_departure(one: &Gpus) -> Vec<Vec<usize>> {
+    one.states
+        .sets
+        .iter()
+        .map(|set| {
+            (0..set.len())
+                .filter_map(|i| {
+                    let mut kept = set.clone();
+                    kept.remove(i);
+                    one.states.index.get(&kept).copied()
+                })
+                .collect()
+        })
+        .collect()
+}
+
+impl Node {
+    fn build(
+        gpus: &[Gpu],
+        one: &Gpus,
+        mix: &[(Wanted, f64)],
+        mean_lifetime: f64,
+        max_states: usize,
+    ) -> Option<Self> {
+        let n = one.states.sets.len();
+        let k = gpus.len();
+        let ranks = Multisets::new(n, k);
+        let count = ranks.count();
+        if count > max_states as u64 || count >= u64::from(NONE) {
+            return None;
+        }
+        let count = count as usize;
+        let leaving = one_departure(one);
+        let most_live = one.states.sets.iter().map(Vec::len).max().unwrap_or(0) * k;
+        let requests = mix.len();
+        // Per chunk of states, built in parallel and joined in order.
+        let workers = std::thread::available_parallelism().map_or(1, |w| w.get());
+        let chunk = count.div_ceil(workers).max(1);
+        let parts: Vec<Part> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..workers)
+                .map(|w| {
+                    let (ranks, leaving) = (&ranks, &leaving);
+                    scope.spawn(move || {
+                        let range = (w * chunk).min(count)..((w + 1) * chunk).min(count);
+                        Part::build(gpus, one, ranks, leaving, mix, range)
+                    })
+                })
+                .collect();
+            handles.into_iter().filter_map(|h| h.join().ok()).collect()
+        });
+        if parts.len() != workers {
+            return None;
+        }
+        let mut node = Node {
+            requests,
+            choice_at: vec![0],
+            choices: Vec::new(),
+            ours: Vec::with_capacity(count * requests),
+            departure_at: vec![0],
+            departures: Vec::new(),
+            // Strictly above the most that can happen, so every state keeps a self-loop.
+            rate: 1.0 + (most_live as f64 + 1.0) / mean_lifetime,
+            leave_rate: 1.0 / mean_lifetime,
+        };
+        for part in parts {
+            let base = node.choices.len() as u32;
+            node.choices.extend(&part.choices);
+            node.choice_at
+                .extend(part.choice_at.iter().skip(1).map(|o| o + base));
+            let base = node.departures.len() as u32;
+            node.departures.extend(&part.departures);
+            node.departure_at
+                .extend(part.departure_at.iter().skip(1).map(|o| o + base));
+            node.ours.extend(&part.ours);
+        }
+        Some(node)
+    }
+
+    /// Long-run failures per arrival by relative value iteration on the uniformized process:
+    /// ours' (`ours`) or the best order's (the cheapest choice each time).
+    fn failures_per_arrival(&self, weights: &[f64], ours: bool) -> f64 {
+        let count = self.ours.len() / self.requests.max(1);
+        let mut h = vec![0.0f64; count];
+        let mut next = vec![0.0f64; count];
+        let arrive = 1.0 / self.rate;
+        let leave = self.leave_rate / self.rate;
+        let workers = std::thread::available_parallelism().map_or(1, |w| w.get());
+        let chunk = count.div_ceil(workers).max(1);
+        let mut gain = 0.0;
+        for _ in 0..1_000_000 {
+            std::thread::scope(|scope| {
+                for (c, out) in next.chunks_mut(chunk).enumerate() {
+                    let h = &h;
+                    scope.spawn(move || {
+                        for (i, slot) in out.iter_mut().enumerate() {
+                            *slot = self.step(h, c * chunk + i, weights, ours, arrive, leave);
+                        }
+                    });
+                }
+            });
+            let (estimate, span) = relative_update(&mut h, &next);
+            gain = estimate;
+            if span < 1e-11 {
+                break;
+            }
+        }
+        gain / arrive
+    }
+
+    /// One uniformized step's expected cost-to-go from state `s`.
+    fn step(
+        &self,
+        h: &[f64],
+        s: usize,
+        weights: &[f64],
+        ours: bool,
+        arrive: f64,
+        leave: f64,
+    ) -> f64 {
+        let stay_here = h[s];
+        let mut arrival = 0.0;
+        for (r, w) in weights.iter().enumerate() {
+            let at = s * self.requests + r;
+            let to = if ours {
+                let d = self.ours[at];
+                (d != NONE).then(|| h[d as usize])
+            } else {
+                let (from, to) = (self.choice_at[at] as usize, self.choice_at[at + 1] as usize);
+                self.choices[from..to]
+                    .iter()
+                    .map(|d| h[*d as usize])
+                    .min_by(f64::total_cmp)
+            };
+            arrival += w * to.unwrap_or(1.0 + stay_here);
+        }
+        let (from, to) = (
+            self.departure_at[s] as usize,
+            self.departure_at[s + 1] as usize,
+        );
+        let mut leaving = 0.0;
+        let mut moved = 0.0;
+        for (d, many) in &self.departures[from..to] {
+            let p = leave * f64::from(*many);
+            leaving += p * h[*d as usize];
+            moved += p;
+        }
+        arrive * arrival + leaving + (1.0 - arrive - moved) * stay_here
+    }
+}
+
+/// A chunk of the node's states, built on one thread.
+struct Part {
+    choice_at: Vec<u32>,
+    choices: Vec<u32>,
+    ours: Vec<u32>,
+    departure_at: Vec<u32>,
+    departures: Vec<(u32, u32)>,
+}
+
+impl Part {
+    fn build(
+        gpus: &[Gpu],
+        one: &Gpus,
+        ranks: &Multisets,
+        leaving: &[Vec<usize>],
+        mix: &[(Wanted, f64)],
+        range: std::ops::Range<usize>,
+    ) -> Self {
+        let k = ranks.k;
+        let mut part = Part {
+            choice_at: vec![0],
+            choices: Vec::new(),
+            ours: Vec::new(),
+            departure_at: vec![0],
+            departures: Vec::new(),
+        };
+        let mut values = vec![0usize; k];
+        let mut moved = vec![0usize; k];
+        // The state with GPU `g`'s state replaced by `to`, ranked.
+        let mut replaced = |values: &[usize], g: usize, to: usize| -> u32 {
+            moved.copy_from_slice(values);
+            moved[g] = to;
+            moved.sort_unstable();
+            ranks.rank(&moved) as u32
+        };
+        for s in range {
+            ranks.unrank(s, &mut values);
+            for (r, (wanted, _)) in mix.iter().enumerate() {
+                let mut next: Vec<u32> = Vec::new();
+                for g in 0..k {
+                    // GPUs in the same state are interchangeable: the first of them stands for all.
+                    if g > 0 && values[g] == values[g - 1] {
+                        continue;
+                    }
+                    for to in &one.choices[values[g]][r] {
+                        next.push(replaced(&values, g, *to));
+                    }
+                }
+                next.sort_unstable();
+                next.dedup();
+                part.choices.extend(&next);
+                part.choice_at.push(part.choices.len() as u32);
+                let sets: Vec<Vec<Held>> =
+                    values.iter().map(|v| one.states.sets[*v].clone()).collect();
+                let decided = ours(gpus, &sets, wanted).and_then(|(g, held)| {
+                    let mut after = sets[g].clone();
+                    after.push(held);
+                    after.sort_unstable();
+                    let to = *one.states.index.get(&after)?;
+                    Some(replaced(&values, g, to))
+                });
+                part.ours.push(decided.unwrap_or(NONE));
+            }
+            let start = part.departures.len();
+            for g in 0..k {
+                for to in &leaving[values[g]] {
+                    let d = replaced(&values, g, *to);
+                    match part.departures[start..].iter_mut().find(|(s, _)| *s == d) {
+                        Some((_, many)) => *many += 1,
+                        None => part.departures.push((d, 1)),
+                    }
+                }
+            }
+            part.departure_at.push(part.departures.len() as u32);
+        }
+        part
+    }
+}
+
+/// Where our order places `wanted` on GPUs in states `sets` (by position): whole GPUs on the
+/// first empty GPU, MIG devices through `packing::order`.
+fn ours(gpus: &[Gpu], sets: &[Vec<Held>], wanted: &Wanted) -> Option<(usize, Held)> {
+    let profile = match wanted {
+        Wanted::WholeGpu => {
+            let g = sets.iter().position(|s| s.is_empty())?;
+            return Some((g, WHOLE));
+        }
+        Wanted::Profile(name) => gpus
+            .first()?
+            .mig
+            .as_ref()?
+            .profiles
+            .iter()
+            .find(|p| &p.name == name)?,
+    };
+    let gpu_refs: Vec<&Gpu> = gpus.iter().collect();
+    let set_refs: Vec<&[Held]> = sets.iter().map(Vec::as_slice).collect();
+    super::pair::packed_choice(&gpu_refs, &set_refs, profile)
+}
+
+/// Name order's choice: the fitting device whose name sorts first.
+pub(super) fn by_name(gpus: &[Gpu], sets: &[Vec<Held>], wanted: &Wanted) -> Option<(usize, Held)> {
+    let Wanted::Profile(profile_name) = wanted else {
+        return ours(gpus, sets, wanted);
+    };
+    (0..gpus.len())
+        .flat_map(|g| {
+            super::fitting(&gpus[g], &sets[g], wanted)
+                .into_iter()
+                .map(move |h| (g, h))
+        })
+        .min_by_key(|(g, h)| mig_device_name(gpus[*g].minor, profile_name, h.0, h.1))
+}
+
+/// The device orders [`simulated`] replays.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Simulated {
+    /// Ours with the GPUs' real minors.
+    Ours,
+    ByName,
+}
+
+/// Failures per arrival of `order` with real minors, simulated in the same continuous-time
+/// model over `arrivals` arrivals (after a warm-up of a tenth as many).
+pub(super) fn simulated(
+    gpus: &[Gpu],
+    mix: &[(Wanted, f64)],
+    mean_lifetime: f64,
+    arrivals: usize,
+    seed: u64,
+    order: Simulated,
+) -> f64 {
+    let decide = match order {
+        Simulated::Ours => ours,
+        Simulated::ByName => by_name,
+    };
+    let total: f64 = mix.iter().map(|(_, w)| w).sum();
+    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let mut sets: Vec<Vec<Held>> = vec![Vec::new(); gpus.len()];
+    let mut live: Vec<(usize, Held)> = Vec::new();
+    let warm_up = arrivals / 10;
+    let (mut seen, mut failed) = (0usize, 0usize);
+    while seen < arrivals + warm_up {
+        // Next event: an arrival (rate 1) or one of the live requests leaving.
+        let leaving = live.len() as f64 / mean_lifetime;
+        let pick = rng.unit() * (1.0 + leaving);
+        if pick >= 1.0 && !live.is_empty() {
+            let i = (((pick - 1.0) * mean_lifetime) as usize).min(live.len() - 1);
+            let (g, held) = live.swap_remove(i);
+            if let Some(p) = sets[g].iter().position(|h| *h == held) {
+                sets[g].remove(p);
+            }
+            continue;
+        }
+        let mut pick = rng.unit() * total;
+        let Some((wanted, _)) = mix
+            .iter()
+            .find(|(_, w)| {
+                pick -= w;
+                pick < 0.0
+            })
+            .or(mix.last())
+        else {
+            return 0.0;
+        };
+        seen += 1;
+        match decide(gpus, &sets, wanted) {
+            Some((g, held)) => {
+                sets[g].push(held);
+                sets[g].sort_unstable();
+                live.push((g, held));
+            }
+            None if seen > warm_up => failed += 1,
+            None => {}
+        }
+    }
+    failed as f64 / arrivals as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use crate::gpu::sim::test_inventory as node;
+
+    #[test]
+    fn multisets_rank_and_unrank_every_state_once() {
+        let ranks = Multisets::new(5, 3);
+        assert_eq!(ranks.count(), 35);
+        let mut values = [0usize; 3];
+        for r in 0..35 {
+            ranks.unrank(r, &mut values);
+            assert!(values.windows(2).all(|w| w[0] <= w[1]), "{values:?}");
+            assert!(values.iter().all(|v| *v < 5));
+            assert_eq!(ranks.rank(&values), r);
+        }
+    }
+
+    /// Erlang's loss formula: the share of arrivals that find all `servers` busy when requests
+    /// of mean length `load` (in mean times between arrivals) each take one server.
+    fn erlang_b(servers: usize, load: f64) -> f64 {
+        (1..=servers).fold(1.0, |b, m| load * b / (m as f64 + load * b))
+    }
+
+    #[test]
+    fn whole_gpu_requests_fail_as_erlang_says() {
+        // 7g requests on three GPUs: every order is the same loss system with three servers.
+        let gpus = node("3xH100-SXM5-80GB").gpus;
+        let mix = vec![(Wanted::Profile("7g.80gb".into()), 1.0)];
+        let rates = rates(&gpus, &mix, 2.5, 100_000).expect("rates");
+        let want = erlang_b(3, 2.5);
+        assert!((rates.best - want).abs() < 1e-8, "{rates:?} want {want}");
+        assert!((rates.ours - want).abs() < 1e-8, "{rates:?} want {want}");
+        assert_eq!(rates.states, 4);
+    }
+
+    #[test]
+    fn the_best_order_is_never_worse_than_ours_and_simulation_agrees() {
+        let gpus = node("3xA30-24GB").gpus;
+        let mix = vec![
+            (Wanted::Profile("1g.6gb".into()), 5.0),
+            (Wanted::Profile("2g.12gb".into()), 3.0),
+            (Wanted::Profile("4g.24gb".into()), 2.0),
+        ];
+        let rates = rates(&gpus, &mix, 3.0, 100_000).expect("rates");
+        assert!(rates.best <= rates.ours + 1e-9, "{rates:?}");
+        // Ours with real minors, simulated: within sampling error of the exact rate.
+        let simulated_ours = simulated(&gpus, &mix, 3.0, 400_000, 7, Simulated::Ours);
+        let by_name = simulated(&gpus, &mix, 3.0, 400_000, 7, Simulated::ByName);
+        assert!(
+            (simulated_ours - rates.ours).abs() < 0.01,
+            "{simulated_ours} vs {rates:?}"
+        );
+        assert!(by_name > rates.best, "{by_name} vs {rates:?}");
+    }
+
+    #[test]
+    fn nodes_over_the_limit_are_not_solved() {
+        let gpus = node("8xH100-SXM5-80GB").gpus;
+        let mix = vec![(Wanted::Profile("1g.10gb".into()), 1.0)];
+        assert_eq!(rates(&gpus, &mix, 2.0, 10_000), None);
+    }
+}
