@@ -286,22 +286,25 @@ pub(super) struct Arrival {
     pub(super) leaves_at: usize,
 }
 
+/// One request drawn from `mix` by weight (`total`: the weights' sum).
+pub(super) fn draw<'a>(mix: &'a [(Wanted, f64)], total: f64, rng: &mut Rng) -> Option<&'a Wanted> {
+    let mut pick = rng.unit() * total;
+    mix.iter()
+        .find(|(_, w)| {
+            pick -= w;
+            pick < 0.0
+        })
+        .or(mix.last())
+        .map(|(wanted, _)| wanted)
+}
+
 /// Arrivals at each event index; an event with no arrival is a departure slot.
 pub(super) fn trace(events: usize, seed: u64, mean_lifetime: f64, mix: &Mix) -> Vec<Arrival> {
     let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
     let total: f64 = mix.entries.iter().map(|(_, w)| w).sum();
     (0..events)
         .map(|i| {
-            let mut pick = rng.unit() * total;
-            let wanted = mix
-                .entries
-                .iter()
-                .find(|(_, w)| {
-                    pick -= w;
-                    pick < 0.0
-                })
-                .or(mix.entries.last())
-                .map_or(Wanted::WholeGpu, |(p, _)| p.clone());
+            let wanted = draw(&mix.entries, total, &mut rng).map_or(Wanted::WholeGpu, Clone::clone);
             // Exponential lifetimes keep the node around full occupancy.
             let lifetime = (-rng.unit().max(1e-12).ln() * mean_lifetime).ceil() as usize;
             Arrival {

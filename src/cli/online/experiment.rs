@@ -19,21 +19,13 @@ use crate::slices::packing::limits;
 /// A placement policy on per-GPU states: the GPU and what it adds, or `None` (the request fails).
 type Decide<'a> = dyn Fn(&[Vec<Held>], &Wanted) -> Option<(usize, Held)> + 'a;
 
+/// Ours (`super::many::ours`); with `HIGH` set, whole GPUs from the top minor down.
 fn ours(gpus: &[Gpu], sets: &[Vec<Held>], wanted: &Wanted) -> Option<(usize, Held)> {
-    let profile = match wanted {
-        Wanted::WholeGpu => {
-            let g = if std::env::var("HIGH").is_ok() {
-                (0..gpus.len()).rev().find(|g| sets[*g].is_empty())?
-            } else {
-                (0..gpus.len()).find(|g| sets[*g].is_empty())?
-            };
-            return Some((g, WHOLE));
-        }
-        Wanted::Profile(name) => profile_named(gpus, name)?,
-    };
-    let gpu_refs: Vec<&Gpu> = gpus.iter().collect();
-    let set_refs: Vec<&[Held]> = sets.iter().map(Vec::as_slice).collect();
-    super::pair::packed_choice(&gpu_refs, &set_refs, profile)
+    if matches!(wanted, Wanted::WholeGpu) && std::env::var("HIGH").is_ok() {
+        let g = (0..gpus.len()).rev().find(|g| sets[*g].is_empty())?;
+        return Some((g, WHOLE));
+    }
+    super::many::ours(gpus, sets, wanted)
 }
 
 fn value(

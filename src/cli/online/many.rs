@@ -14,7 +14,7 @@
 //! node lists them by minor: where `packing::order` ties GPUs of different states it may pick
 //! another one than on the node. [`simulated`] replays ours with real minors (and name order,
 //! which depends on which GPU is which and has no multiset form) to measure that.
-use super::super::packing_study::{Rng, Wanted};
+use super::super::packing_study::{Rng, Wanted, draw};
 use super::{Gpus, Held, WHOLE, relative_update};
 use crate::gpu::Gpu;
 use crate::gpu::mig::mig_device_name;
@@ -312,6 +312,7 @@ impl Part {
         };
         for s in range {
             ranks.unrank(s, &mut values);
+            let sets: Vec<Vec<Held>> = values.iter().map(|v| one.states.sets[*v].clone()).collect();
             for (r, (wanted, _)) in mix.iter().enumerate() {
                 let mut next: Vec<u32> = Vec::new();
                 for g in 0..k {
@@ -327,8 +328,6 @@ impl Part {
                 next.dedup();
                 part.choices.extend(&next);
                 part.choice_at.push(part.choices.len() as u32);
-                let sets: Vec<Vec<Held>> =
-                    values.iter().map(|v| one.states.sets[*v].clone()).collect();
                 let decided = ours(gpus, &sets, wanted).and_then(|(g, held)| {
                     let mut after = sets[g].clone();
                     after.push(held);
@@ -356,7 +355,7 @@ impl Part {
 
 /// Where our order places `wanted` on GPUs in states `sets` (by position): whole GPUs on the
 /// first empty GPU, MIG devices through `packing::order`.
-fn ours(gpus: &[Gpu], sets: &[Vec<Held>], wanted: &Wanted) -> Option<(usize, Held)> {
+pub(super) fn ours(gpus: &[Gpu], sets: &[Vec<Held>], wanted: &Wanted) -> Option<(usize, Held)> {
     let profile = match wanted {
         Wanted::WholeGpu => {
             let g = sets.iter().position(|s| s.is_empty())?;
@@ -429,15 +428,7 @@ pub(super) fn simulated(
             }
             continue;
         }
-        let mut pick = rng.unit() * total;
-        let Some((wanted, _)) = mix
-            .iter()
-            .find(|(_, w)| {
-                pick -= w;
-                pick < 0.0
-            })
-            .or(mix.last())
-        else {
+        let Some(wanted) = draw(mix, total, &mut rng) else {
             return 0.0;
         };
         seen += 1;
