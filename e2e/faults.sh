@@ -31,22 +31,94 @@
 # the checkpoint records (compute instances included, MIG mode as before), and the spec of a
 # retried prepare names the instance that exists.
 #
+# The runs are dealt round-robin to FAULT_SHARDS shards (default 2), each its own control plane,
+# node and simulated hardware, run side by side: a run mostly waits on a driver starting or dying,
+# so two shards take about half the time on CI's two cores. The totals are checked over all shards.
+#
 # Usage: e2e/faults.sh [ROUNDS]   (default 4 rounds: 123 runs, 65 of them carving MIG devices, 25 with MPS, 14 for VMs)
 set -euo pipefail
 NAME=faults-e2e
 NODE=fault-node-1
 GPUS=sim:8xH100-SXM5-80GB
 ROUNDS=${1:-4}
-# shellcheck source=lib.sh
-source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-# shellcheck source=mps-folder.sh
-source "$(dirname "${BASH_SOURCE[0]}")/mps-folder.sh"
+SHARDS=${FAULT_SHARDS:-2}
+[[ $SHARDS =~ ^[1-9][0-9]*$ ]] || { echo "$NAME: FAULT_SHARDS must be a positive number, not '$SHARDS'" >&2; exit 2; }
+[[ $ROUNDS =~ ^[1-9][0-9]*$ ]] || { echo "$NAME: ROUNDS must be a positive number, not '$ROUNDS'" >&2; exit 2; }
 
 # Including the points where the hardware changed and the checkpoint does not know yet.
 PREPARE_STEPS=(prepare-started mig-mode-enabled prepare-gi-created-unrecorded prepare-gi-created
     prepare-ci-created-unrecorded prepare-ci-created prepare-sharing-applied prepare-vfio-bound
     prepare-mps-shm-mounted prepare-mps-started prepare-cdi-written prepare-completed)
 UNPREPARE_STEPS=(unprepare-started rollback-cdi-removed rollback-vfio-unbound mig-mode-disabled rollback-mig-destroyed)
+# FAULT_KINDS (for working on one kind; the totals below are then not checked).
+ALL_KINDS="mig full sliced mps mps-mig mps-shared pair vfio"
+KINDS=${FAULT_KINDS:-$ALL_KINDS}
+
+# check_totals RUNS MIG_RUNS VFIO_RUNS RECOVERY_KILLS PASSED KILLED_FILE: every step killed, the
+# suite's size; reports the summary line.
+check_totals() {
+    local runs=$1 mig_runs=$2 vfio_runs=$3 recovery_kills=$4 passed=$5 killed_file=$6 step summary
+    if [[ $KINDS != "$ALL_KINDS" ]]; then
+        echo "$NAME: only kinds $KINDS: $runs runs, totals not checked" >&2
+        echo "$passed passed, 0 failed"
+        exit 0
+    fi
+    for step in "${PREPARE_STEPS[@]}" "${UNPREPARE_STEPS[@]}"; do
+        awk -v s="$step" '$1 == s { n += $2 } END { exit !(n > 0) }' "$killed_file" \
+            || { echo "$NAME: FAIL: no run was killed at $step"; echo "$passed passed, 1 failed"; exit 1; }
+    done
+    echo "$NAME: kills per step: $(awk '{ n[$1] += $2 } END { for (s in n) printf "%s=%s ", s, n[s] }' "$killed_file"); second kills during recovery: $recovery_kills" >&2
+    summary_fail() { echo "$NAME: FAIL: $*" >&2; echo "$passed passed, 1 failed"; exit 1; }
+    ((recovery_kills > 0)) || summary_fail "no run was killed during recovery"
+    ((runs >= 50)) || summary_fail "only $runs runs"
+    ((mig_runs >= 50)) || summary_fail "only $mig_runs runs carved MIG devices"
+    summary="kill -9: $runs armed runs ($mig_runs carving MIG, $vfio_runs binding GPUs for VMs), every one killed at its fail point and recovered cleanly; $recovery_kills second kills during recovery"
+    echo "$NAME: $summary" >&2
+    # e2e/run-tests ends with this line beside the differentials' counts.
+    [[ -z ${GPU_DRA_TEST_REPORT:-} ]] || echo "$summary" >>"$GPU_DRA_TEST_REPORT"
+    echo "$NAME: mode: the driver as a host process (kill -9 at fail points inside prepare needs a process started with GPU_DRA_FAILPOINT armed); the image through the chart runs in e2e/install.sh" >&2
+    echo "$passed passed, 0 failed"
+    exit 0
+}
+
+# The parent: starts the shards, shows each one's log as it ends, and checks the totals.
+if [[ -z ${FAULT_SHARD:-} ]]; then
+    results=$(mktemp -d "/tmp/gpu-dra-$NAME-shards.XXXXXX")
+    declare -A shard_pid=()
+    stop_shards() {
+        local pid
+        for pid in "${shard_pid[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+        for pid in "${shard_pid[@]}"; do wait "$pid" 2>/dev/null || true; done
+        rm -rf "$results"
+    }
+    trap stop_shards EXIT
+    for ((i = 0; i < SHARDS; i++)); do
+        FAULT_SHARD=$i FAULT_SHARDS=$SHARDS FAULT_RESULT=$results/$i "$0" "$ROUNDS" >"$results/$i.log" 2>&1 &
+        shard_pid[$i]=$!
+    done
+    for ((left = SHARDS; left > 0; left--)); do
+        status=0
+        wait -n -p done_pid "${shard_pid[@]}" || status=$?
+        for i in "${!shard_pid[@]}"; do
+            [[ ${shard_pid[$i]} == "$done_pid" ]] || continue
+            unset "shard_pid[$i]"
+            cat "$results/$i.log" >&2
+            ((status == 0)) || { echo "$NAME: FAIL: shard $i of $SHARDS failed (exit $status)"; echo "0 passed, 1 failed"; exit 1; }
+        done
+    done
+    read -r runs mig_runs vfio_runs recovery_kills passed < <(cat "$results"/[0-9]*.totals |
+        awk '{ for (i = 1; i <= NF; i++) t[i] += $i } END { print t[1], t[2], t[3], t[4], t[5] }')
+    cat "$results"/[0-9]*.killed >"$results/killed"
+    check_totals "$runs" "$mig_runs" "$vfio_runs" "$recovery_kills" "$passed" "$results/killed"
+fi
+[[ $FAULT_SHARD =~ ^[0-9]+$ && $FAULT_SHARD -lt $SHARDS && -n ${FAULT_RESULT:-} ]] ||
+    { echo "$NAME: a shard needs FAULT_SHARD below FAULT_SHARDS and FAULT_RESULT (the parent sets them)" >&2; exit 2; }
+NAME=faults-e2e-$FAULT_SHARD
+# shellcheck source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+# shellcheck source=mps-folder.sh
+source "$(dirname "${BASH_SOURCE[0]}")/mps-folder.sh"
+
 # Prepare steps after which the claim is still unfinished: recovery rolls it back, and in the
 # first round a second kill hits that rollback.
 UNFINISHED_STEPS=" prepare-started prepare-vfio-bound mig-mode-enabled prepare-gi-created-unrecorded prepare-gi-created prepare-ci-created-unrecorded prepare-ci-created prepare-mps-shm-mounted prepare-mps-started prepare-cdi-written "
@@ -80,12 +152,11 @@ MPS_CONTROL=${FAKE_MPS_CONTROL:-$ROOT/target/debug/nvidia-cuda-mps-control}
 [[ -x $MPS_CONTROL ]] || (cd "$ROOT" && cargo build -q -p fakenvml --bin nvidia-cuda-mps-control) >&2
 install -m 0755 "$MPS_CONTROL" "$WORK/driver-root/usr/bin/nvidia-cuda-mps-control"
 
-# FAULT_KINDS (for working on one kind; the totals below are then not checked).
-ALL_KINDS="mig full sliced mps mps-mig mps-shared pair vfio"
-KINDS=${FAULT_KINDS:-$ALL_KINDS}
-
 declare -A killed=()
 runs=0
+# This shard's own runs (runs counts every shard's, so each run's GPU and device are the same
+# however many shards there are).
+mine=0
 mig_runs=0
 vfio_runs=0
 
@@ -298,6 +369,11 @@ shared_run() {
     ok "run $runs: two claims sharing gpu-$gpu through MPS, killed at $step: recovered cleanly"
 }
 
+# The simulated hardware's state file, as the first driver on the node writes it (a shard's first
+# run may set up a GPU's sharing before any driver ran).
+start_driver
+stop_driver
+
 for round in $(seq "$ROUNDS"); do
     for step in "${PREPARE_STEPS[@]}" "${UNPREPARE_STEPS[@]}"; do
         for kind in $KINDS; do
@@ -312,6 +388,8 @@ for round in $(seq "$ROUNDS"); do
             [[ $kind == mig && ($step == prepare-sharing-applied || $step == prepare-mps-*) ]] && continue
             [[ $kind == sliced || $kind == full ]] && [[ $step == *mig-mode* || $step == *unrecorded* || $step == prepare-mps-* ]] && continue
             runs=$((runs + 1))
+            ((runs % SHARDS == FAULT_SHARD)) || continue
+            mine=$((mine + 1))
             gpu=$((runs % 8))
             [[ $kind == vfio ]] && vfio_runs=$((vfio_runs + 1))
             if [[ $kind == mps-mig ]]; then
@@ -390,21 +468,9 @@ for round in $(seq "$ROUNDS"); do
     done
 done
 
-if [[ $KINDS != "$ALL_KINDS" ]]; then
-    log "only kinds $KINDS: $runs runs, totals not checked"
-    echo "$passed passed, 0 failed"
-    exit 0
-fi
-for step in "${PREPARE_STEPS[@]}" "${UNPREPARE_STEPS[@]}"; do
-    ((${killed[$step]:-0} > 0)) || fail "no run was killed at $step"
-done
-log "kills per step: $(for s in "${!killed[@]}"; do printf '%s=%s ' "$s" "${killed[$s]}"; done); second kills during recovery: $recovery_kills"
-((recovery_kills > 0)) || fail "no run was killed during recovery"
-((runs >= 50)) || fail "only $runs runs"
-((mig_runs >= 50)) || fail "only $mig_runs runs carved MIG devices"
-summary="kill -9: $runs armed runs ($mig_runs carving MIG, $vfio_runs binding GPUs for VMs), every one killed at its fail point and recovered cleanly; $recovery_kills second kills during recovery"
-log "$summary"
-# e2e/run-tests ends with this line beside the differentials' counts.
-[[ -z ${GPU_DRA_TEST_REPORT:-} ]] || echo "$summary" >>"$GPU_DRA_TEST_REPORT"
-log "mode: the driver as a host process (kill -9 at fail points inside prepare needs a process started with GPU_DRA_FAILPOINT armed); the image through the chart runs in e2e/install.sh"
+# For the parent: this shard's counts (runs, MIG runs, VM runs, second kills, checks passed) and
+# its kills per step.
+echo "$mine $mig_runs $vfio_runs $recovery_kills $passed" >"$FAULT_RESULT.totals"
+for step in "${!killed[@]}"; do echo "$step ${killed[$step]}"; done >"$FAULT_RESULT.killed"
+log "shard $FAULT_SHARD of $SHARDS: $mine runs, every one killed at its fail point and recovered cleanly"
 echo "$passed passed, 0 failed"

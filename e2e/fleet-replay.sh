@@ -54,12 +54,12 @@ done
 
 WORK=$(mktemp -d "/tmp/gpu-dra-$NAME.XXXXXX")
 passed=0
-DRIVER_PIDS=()
+DRIVER_PIDS=() REPLAY_PIDS=()
 log() { echo "$NAME: $*" >&2; }
 fail() {
     log "FAIL: $*"
     local f
-    for f in "$WORK"/run/*/driver.log; do
+    for f in "$WORK"/*/run/*/driver.log; do
         [[ -f $f ]] && { log "$f (tail):"; tail -n 15 "$f" >&2; }
     done
     echo "$passed passed, 1 failed"
@@ -73,11 +73,17 @@ stop_drivers() {
     DRIVER_PIDS=()
 }
 cleanup() {
+    # A signal arriving now must not cut the cleanup short.
+    trap '' TERM INT
     stop_drivers
-    # A replay runs in a subshell ($(replay ...)): its drivers and cluster are not in this
-    # shell's variables when an interrupt lands here; find them by their folder.
+    # Replays run in background subshells: their drivers and clusters are not in this shell's
+    # variables when an interrupt lands here; find them by their folders.
+    local pid dir
+    for pid in "${REPLAY_PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
     pkill -TERM -f "$WORK/gpu-dra run" 2>/dev/null || true
-    [[ -d $WORK/cluster ]] && GPU_DRA_CLUSTER_DIR=$WORK/cluster "$E2E/cluster" down >/dev/null 2>&1 || true
+    for dir in "$WORK"/*/cluster; do
+        [[ -d $dir ]] && GPU_DRA_CLUSTER_DIR=$dir "$E2E/cluster" down >/dev/null 2>&1 || true
+    done
     rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -98,7 +104,8 @@ study_args=(--events "$EVENTS" --seed "$SEED" --mean-lifetime "$LIFETIME" --mix 
 mapfile -t TRACE <"$WORK/trace"
 ((${#TRACE[@]} == EVENTS)) || fail "the trace has ${#TRACE[@]} arrivals, want $EVENTS"
 
-node_dir() { echo "$WORK/run/$1"; }
+# Each replay's folder (its cluster, its nodes): RUN, set by replay.
+node_dir() { echo "$RUN/run/$1"; }
 kubelet() { # node subcommand args...
     local n=$1
     shift
@@ -137,16 +144,18 @@ wait_republished() { # node layout
     fail "$1: the API server does not hold the order for the node's new state after 5s"
 }
 
-# replay LAYOUT NODE_COUNT: prints "failed placed"
+# replay LAYOUT NODE_COUNT: prints "failed placed"; its own cluster and nodes under
+# $WORK/LAYOUT-NODE_COUNT, so replays can run side by side.
 replay() {
     local layout=$1 count=$2 flags=(--mig dynamic)
     [[ $layout == name ]] && flags+=(--device-order name)
-    rm -rf "$WORK/run"
-    export GPU_DRA_CLUSTER_DIR=$WORK/cluster
+    RUN=$WORK/$layout-$count
+    mkdir -p "$RUN"
+    export GPU_DRA_CLUSTER_DIR=$RUN/cluster
     local nodes i n
     nodes=$(seq -f 'replay-%g' 1 "$count" | paste -sd,)
-    "$E2E/cluster" up --nodes "$nodes" >/dev/null 2>"$WORK/cluster-up.log" ||
-        { cat "$WORK/cluster-up.log" >&2; fail "the control plane did not start"; }
+    "$E2E/cluster" up --nodes "$nodes" >/dev/null 2>"$RUN/cluster-up.log" ||
+        { cat "$RUN/cluster-up.log" >&2; fail "the control plane did not start"; }
     eval "$("$E2E/cluster" env)"
     kubectl apply -f "$ROOT/deviceclasses/" >/dev/null
     for ((i = 1; i <= count; i++)); do
@@ -182,10 +191,10 @@ replay() {
             read -r _ _ leaves_j <<<"${TRACE[j]}"
             ((leaves_j <= index)) || continue
             n=${node_of[$j]}
-            kubelet "$n" unprepare --claim "default/r$j/${uid_of[$j]}" >"$WORK/out" ||
-                fail "unprepare r$j on $n: $(cat "$WORK/out")"
-            jq -e '.ok and all(.claims[]; .error == null or .error == "")' "$WORK/out" >/dev/null ||
-                fail "unprepare r$j on $n: $(cat "$WORK/out")"
+            kubelet "$n" unprepare --claim "default/r$j/${uid_of[$j]}" >"$RUN/out" ||
+                fail "unprepare r$j on $n: $(cat "$RUN/out")"
+            jq -e '.ok and all(.claims[]; .error == null or .error == "")' "$RUN/out" >/dev/null ||
+                fail "unprepare r$j on $n: $(cat "$RUN/out")"
             kubectl delete pod "r$j" --force --grace-period=0 >/dev/null 2>&1
             kubectl patch resourceclaim "r$j" --type=merge -p '{"metadata":{"finalizers":null}}' >/dev/null
             kubectl delete resourceclaim "r$j" --wait=true >/dev/null
@@ -203,10 +212,10 @@ replay() {
                 n=${state%%|*}
                 node_of[$index]=$n
                 uid_of[$index]=$(kubectl get resourceclaim "r$index" -o jsonpath='{.metadata.uid}')
-                kubelet "$n" prepare --claim "default/r$index/${uid_of[$index]}" >"$WORK/out" ||
-                    fail "prepare r$index on $n: $(cat "$WORK/out")"
-                jq -e '.ok and all(.claims[]; .error == null or .error == "")' "$WORK/out" >/dev/null ||
-                    fail "prepare r$index on $n: $(cat "$WORK/out")"
+                kubelet "$n" prepare --claim "default/r$index/${uid_of[$index]}" >"$RUN/out" ||
+                    fail "prepare r$index on $n: $(cat "$RUN/out")"
+                jq -e '.ok and all(.claims[]; .error == null or .error == "")' "$RUN/out" >/dev/null ||
+                    fail "prepare r$index on $n: $(cat "$RUN/out")"
                 placed=$((placed + 1))
                 wait_republished "$n" "$layout"
                 ;;
@@ -237,11 +246,26 @@ read -r predicted_name predicted_ours <<<"$(study)"
 [[ -n $predicted_ours ]] || fail "packing-study printed no result"
 log "trace: $EVENTS arrivals, seed $SEED, mean lifetime $LIFETIME, mix $MIX; the study predicts, on one node of $GPUS: name order $predicted_name failed, ours $predicted_ours"
 declare -A RESULT
-for layout in name ours; do
-    read -r f p <<<"$(replay "$layout" 1)"
-    RESULT[1-$layout]="$f $p"
-    log "one node, $layout order: $f failed, $p placed ($((SECONDS - T0))s)"
-done
+# replay_both NODE_COUNT: name order and ours side by side, each on its own cluster (a replay
+# mostly waits on the scheduler and the drivers); RESULT[NODE_COUNT-LAYOUT] = "failed placed".
+replay_both() {
+    local count=$1 layout pid status=0 where f p
+    for layout in name ours; do
+        replay "$layout" "$count" >"$WORK/result-$layout-$count" &
+        REPLAY_PIDS+=("$!")
+    done
+    for pid in "${REPLAY_PIDS[@]}"; do wait "$pid" || status=1; done
+    REPLAY_PIDS=()
+    ((status == 0)) || fail "a replay on $count node(s) failed (above)"
+    where="$count nodes"
+    ((count > 1)) || where="one node"
+    for layout in name ours; do
+        read -r f p <"$WORK/result-$layout-$count"
+        RESULT[$count-$layout]="$f $p"
+        log "$where, $layout order: $f failed, $p placed ($((SECONDS - T0))s)"
+    done
+}
+replay_both 1
 read -r f1 _ <<<"${RESULT[1-name]}"
 read -r f2 _ <<<"${RESULT[1-ours]}"
 [[ $f1 == "$predicted_name" && $f2 == "$predicted_ours" ]] ||
@@ -249,13 +273,9 @@ read -r f2 _ <<<"${RESULT[1-ours]}"
 ok "one node: the real scheduler placed the trace exactly as the study predicts (name order $f1 failed, ours $f2)"
 
 if ((NODES > 1)); then
-    for layout in name ours; do
-        read -r f p <<<"$(replay "$layout" "$NODES")"
-        RESULT[n-$layout]="$f $p"
-        log "$NODES nodes, $layout order: $f failed, $p placed ($((SECONDS - T0))s)"
-    done
-    read -r fn pn <<<"${RESULT[n-name]}"
-    read -r fo po <<<"${RESULT[n-ours]}"
+    replay_both "$NODES"
+    read -r fn pn <<<"${RESULT[$NODES-name]}"
+    read -r fo po <<<"${RESULT[$NODES-ours]}"
     ((fn + pn == EVENTS && fo + po == EVENTS)) || fail "arrivals lost: name $fn+$pn, ours $fo+$po of $EVENTS"
     ok "$NODES nodes × $GPUS, $EVENTS arrivals: failed placements name order $fn, ours $fo (every arrival bound or unschedulable)"
     echo "| $NODES × ${GPUS#sim:} | $EVENTS | $LIFETIME | $MIX | $fn | $fo |"

@@ -37,6 +37,8 @@ mps_pids() { mps_daemons_of "$WORK/"; }
 mps_all_pids() { mps_processes "$WORK/"; }
 mps_mounts() { awk -v w="$WORK/" 'index($5, w) == 1 { print $5 }' /proc/self/mountinfo; }
 cleanup() {
+    # A signal arriving now must not cut the cleanup short.
+    trap '' TERM INT
     stop_driver
     local pids m
     pids=$(mps_all_pids)
@@ -47,6 +49,9 @@ cleanup() {
     rm -rf "$WORK"
 }
 trap cleanup EXIT
+# Stopped by a signal (a parent script, Ctrl-C): exit through the cleanup too.
+trap 'exit 143' TERM
+trap 'exit 130' INT
 
 GPU_DRA=${GPU_DRA:-$ROOT/target/debug/gpu-dra}
 if [[ ! -x $GPU_DRA ]]; then

@@ -493,8 +493,8 @@ mod tests {
         let rates = rates(&gpus, &mix, 3.0, 100_000).expect("rates");
         assert!(rates.best <= rates.ours + 1e-9, "{rates:?}");
         // Ours with real minors, simulated: within sampling error of the exact rate.
-        let simulated_ours = simulated(&gpus, &mix, 3.0, 400_000, 7, Simulated::Ours);
-        let by_name = simulated(&gpus, &mix, 3.0, 400_000, 7, Simulated::ByName);
+        let simulated_ours = simulated(&gpus, &mix, 3.0, 150_000, 7, Simulated::Ours);
+        let by_name = simulated(&gpus, &mix, 3.0, 150_000, 7, Simulated::ByName);
         assert!(
             (simulated_ours - rates.ours).abs() < 0.01,
             "{simulated_ours} vs {rates:?}"
