@@ -26,7 +26,8 @@
 #                           [--mean-lifetime L] [--mix MIX] [--smoke]
 #   defaults: 4 nodes × sim:2xH100-SXM5-80GB, 400 events, seed 1, mean lifetime 20, mix default
 #   --smoke: 2 nodes × sim:1xH100-SXM5-80GB, 40 events, seed 2, mean lifetime 3 (on one node the
-#            study says name order 10 failed, ours 7: the check tells the orders apart; CI, ~2 min)
+#            study says name order 10 failed, ours 7: the check tells the orders apart; CI, about 2 min:
+#            the two orders run side by side, each on its own control plane)
 # Environment: GPU_DRA (driver binary, default target/debug/gpu-dra), GPU_DRA_K8S_BIN.
 set -euo pipefail
 NAME=fleet-replay

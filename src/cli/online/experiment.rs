@@ -163,6 +163,31 @@ fn env(key: &str, default: &str) -> Vec<f64> {
         .collect()
 }
 
+/// The GPUs of a sim spec.
+fn sim_gpus(spec: &str) -> Vec<Gpu> {
+    SimNode::new(spec.parse().expect("spec"), "n", None)
+        .inventory()
+        .expect("inventory")
+        .gpus
+}
+
+/// `MIX` (`profile=weight,...`, `gpu` for a whole GPU), or `default`.
+fn env_mix(default: &str) -> Vec<(Wanted, f64)> {
+    std::env::var("MIX")
+        .unwrap_or(default.into())
+        .split(',')
+        .map(|part| {
+            let (name, weight) = part.split_once('=').expect("NAME=WEIGHT");
+            let wanted = if name == "gpu" {
+                Wanted::WholeGpu
+            } else {
+                Wanted::Profile(name.into())
+            };
+            (wanted, weight.parse().expect("weight"))
+        })
+        .collect()
+}
+
 /// GPUS H100s (8 unless set) and the study's default mix.
 fn setup() -> (usize, Vec<Gpu>, Mix) {
     let n: usize = std::env::var("GPUS")
@@ -342,6 +367,21 @@ fn room(
         .sum()
 }
 
+/// A candidate's GPU's used slices, and the room (weighted by `w`) the placement takes.
+fn used_and_loss(candidate: &Candidate, w: &dyn Fn(&crate::gpu::GiProfile) -> f64) -> (i64, f64) {
+    let Candidate {
+        gpu,
+        limits: lim,
+        before,
+        after,
+        ..
+    } = candidate;
+    (
+        i64::from(before.used_slices()),
+        room(gpu, lim, before, w) - room(gpu, lim, after, w),
+    )
+}
+
 fn keyed(
     gpus: &[Gpu],
     sets: &[Vec<Held>],
@@ -350,15 +390,8 @@ fn keyed(
     w: &dyn Fn(&crate::gpu::GiProfile) -> f64,
 ) -> Option<(usize, Held)> {
     least_key(gpus, sets, wanted, |candidate| {
-        let Candidate {
-            gpu,
-            limits: lim,
-            before,
-            after,
-            ..
-        } = candidate;
-        let used = i64::from(before.used_slices());
-        let loss = ((room(gpu, lim, before, w) - room(gpu, lim, after, w)) * 1000.0).round() as i64;
+        let (used, loss) = used_and_loss(candidate, w);
+        let loss = (loss * 1000.0).round() as i64;
         match variant {
             0 => (used == 0, loss, -used, 0),
             1 => (used == 0, -used, loss, 0),
@@ -1095,23 +1128,8 @@ fn weighted_validation() {
 #[ignore]
 fn many_gpus() {
     let spec = std::env::var("SPEC").unwrap_or("4xA30-24GB".into());
-    let gpus = SimNode::new(spec.parse().expect("spec"), "n", None)
-        .inventory()
-        .expect("inventory")
-        .gpus;
-    let mix: Vec<(Wanted, f64)> = std::env::var("MIX")
-        .unwrap_or("1g.6gb=65,2g.12gb=28,4g.24gb=7".into())
-        .split(',')
-        .map(|part| {
-            let (name, weight) = part.split_once('=').expect("NAME=WEIGHT");
-            let wanted = if name == "gpu" {
-                Wanted::WholeGpu
-            } else {
-                Wanted::Profile(name.into())
-            };
-            (wanted, weight.parse().expect("weight"))
-        })
-        .collect();
+    let gpus = sim_gpus(&spec);
+    let mix = env_mix("1g.6gb=65,2g.12gb=28,4g.24gb=7");
     for lifetime in env("LIFETIMES", "2,4") {
         let started = std::time::Instant::now();
         let Some(rates) = super::many::rates(&gpus, &mix, lifetime, 20_000_000) else {
@@ -1135,4 +1153,75 @@ fn many_gpus() {
             100.0 * (1.0 - rates.ours / by_name),
         );
     }
+}
+
+/// Which of ours' decisions make its gap to the best order (`super::many::disagreements`), on
+/// nodes of identical GPUs: `SPEC`, `MIX`, `LIFETIMES`, `TOP`.
+#[test]
+#[ignore]
+fn many_disagreements() {
+    let spec = std::env::var("SPEC").unwrap_or("8xH100-SXM5-80GB".into());
+    let gpus = sim_gpus(&spec);
+    let mix = env_mix("3g.40gb=30,4g.40gb=20,7g.80gb=30");
+    let top = env("TOP", "15")[0] as usize;
+    for lifetime in env("LIFETIMES", "4") {
+        let Some((rates, lines)) =
+            super::many::disagreements(&gpus, &mix, lifetime, 20_000_000, top)
+        else {
+            println!("{spec} lifetime {lifetime}: too many states");
+            continue;
+        };
+        println!("{spec} lifetime {lifetime}: {} states", rates.states);
+        for line in lines {
+            println!("  {line}");
+        }
+    }
+}
+
+/// Empty GPUs last only while few are left: with more than `RESERVE` empty GPUs an empty GPU
+/// competes with used ones on the room a placement takes (what the exact best order does on
+/// 8×H100 with big slices: a 3g.40gb opens a new GPU rather than take the block a 4g.40gb needs).
+/// `SLACK` (room units) lets the empty GPU win only when the used GPU's placement takes that much
+/// more room. 8×H100, the default mix, the study's five traces.
+#[test]
+#[ignore]
+fn empty_reserve() {
+    let (_, gpus, mix) = setup();
+    for lifetime in env("LIFETIMES", "15,20,25") {
+        let traces = study_traces(lifetime, &mix);
+        let rate = |decide: &Decide| failed_percent(&gpus, &traces, decide);
+        print!(
+            "lifetime {lifetime}: ours {:.3}",
+            rate(&|s, w| ours(&gpus, s, w))
+        );
+        for reserve in env("RESERVES", "1,2,3,4") {
+            for slack in env("SLACKS", "0,4") {
+                let decide = |sets: &[Vec<Held>], w: &Wanted| {
+                    let empties = sets.iter().filter(|s| s.is_empty()).count() as f64;
+                    keyed_reserve(&gpus, sets, w, empties > reserve, slack as i64)
+                };
+                print!(" r{reserve}s{slack} {:.3}", rate(&decide));
+            }
+        }
+        println!();
+    }
+}
+
+fn keyed_reserve(
+    gpus: &[Gpu],
+    sets: &[Vec<Held>],
+    wanted: &Wanted,
+    open: bool,
+    slack: i64,
+) -> Option<(usize, Held)> {
+    least_key(gpus, sets, wanted, |candidate| {
+        let (used, loss) = used_and_loss(candidate, &|_| 1.0);
+        let loss = loss.round() as i64;
+        if open {
+            // Empty GPUs add the slack (a bonus when negative) to the room they lose.
+            (false, loss + if used == 0 { slack } else { 0 }, -used)
+        } else {
+            (used == 0, loss, -used)
+        }
+    })
 }

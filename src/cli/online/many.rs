@@ -206,6 +206,11 @@ impl Node {
     /// Long-run failures per arrival by relative value iteration on the uniformized process:
     /// ours' (`ours`) or the best order's (the cheapest choice each time).
     fn failures_per_arrival(&self, weights: &[f64], ours: bool) -> f64 {
+        self.relative_values(weights, ours).0
+    }
+
+    /// Failures per arrival and the relative values (per state) they were solved with.
+    fn relative_values(&self, weights: &[f64], ours: bool) -> (f64, Vec<f64>) {
         let count = self.ours.len() / self.requests.max(1);
         let mut h = vec![0.0f64; count];
         let mut next = vec![0.0f64; count];
@@ -231,7 +236,7 @@ impl Node {
                 break;
             }
         }
-        gain / arrive
+        (gain / arrive, h)
     }
 
     /// One uniformized step's expected cost-to-go from state `s`.
@@ -386,6 +391,146 @@ pub(super) fn by_name(gpus: &[Gpu], sets: &[Vec<Held>], wanted: &Wanted) -> Opti
                 .map(move |h| (g, h))
         })
         .min_by_key(|(g, h)| mig_device_name(gpus[*g].minor, profile_name, h.0, h.1))
+}
+
+/// Where ours loses to the best order, exactly: per node state and request where ours decides
+/// otherwise than the best order, the state's long-run share under ours × the request's share
+/// × how much more ours' decision costs (in the best order's relative values). These terms add
+/// up to ours' failures per arrival minus the best's, so the largest of them say which decisions
+/// make the gap. Returns the gap and the `top` largest terms, described.
+#[cfg(all(test, feature = "experiments"))]
+pub(super) fn disagreements(
+    gpus: &[Gpu],
+    mix: &[(Wanted, f64)],
+    mean_lifetime: f64,
+    max_states: usize,
+    top: usize,
+) -> Option<(ManyRates, Vec<String>)> {
+    let first = gpus.first()?;
+    let total: f64 = mix.iter().map(|(_, w)| w).sum();
+    let weights: Vec<f64> = mix.iter().map(|(_, w)| w / total).collect();
+    let one = Gpus::solve(first, mix, mean_lifetime, max_states)?;
+    let node = Node::build(gpus, &one, mix, mean_lifetime, max_states)?;
+    let requests = node.requests;
+    let count = node.ours.len() / requests;
+    let (best, h) = node.relative_values(&weights, false);
+    let ours = node.failures_per_arrival(&weights, true);
+    // Ours' stationary distribution, by power iteration on the uniformized chain.
+    let arrive = 1.0 / node.rate;
+    let leave = node.leave_rate / node.rate;
+    let mut pi = vec![1.0 / count as f64; count];
+    let mut next = vec![0.0; count];
+    for _ in 0..200_000 {
+        next.iter_mut().for_each(|x| *x = 0.0);
+        for s in 0..count {
+            let mass = pi[s];
+            let mut stay = 1.0 - arrive;
+            for (r, w) in weights.iter().enumerate() {
+                match node.ours[s * requests + r] {
+                    NONE => stay += arrive * w,
+                    d => next[d as usize] += mass * arrive * w,
+                }
+            }
+            let (from, to) = (
+                node.departure_at[s] as usize,
+                node.departure_at[s + 1] as usize,
+            );
+            for (d, many) in &node.departures[from..to] {
+                let p = leave * f64::from(*many);
+                next[*d as usize] += mass * p;
+                stay -= p;
+            }
+            next[s] += mass * stay;
+        }
+        let change: f64 = pi.iter().zip(&next).map(|(a, b)| (a - b).abs()).sum();
+        std::mem::swap(&mut pi, &mut next);
+        if change < 1e-11 {
+            break;
+        }
+    }
+    let describe = |s: usize| -> String {
+        let ranks = Multisets::new(one.states.sets.len(), gpus.len());
+        let mut values = vec![0usize; gpus.len()];
+        ranks.unrank(s, &mut values);
+        values
+            .iter()
+            .map(|v| {
+                let set = &one.states.sets[*v];
+                if set.is_empty() {
+                    return "-".to_string();
+                }
+                set.iter()
+                    .map(|(id, start)| {
+                        let name = first
+                            .mig
+                            .as_ref()
+                            .and_then(|m| m.profile_by_id(*id))
+                            .map_or("gpu".to_string(), |p| p.name.clone());
+                        format!("{name}@{start}")
+                    })
+                    .collect::<Vec<_>>()
+                    .join("+")
+            })
+            .collect::<Vec<_>>()
+            .join(" | ")
+    };
+    let mut terms: Vec<(f64, usize, usize, u32, u32)> = Vec::new();
+    for s in 0..count {
+        for (r, w) in weights.iter().enumerate() {
+            let at = s * requests + r;
+            let (from, to) = (node.choice_at[at] as usize, node.choice_at[at + 1] as usize);
+            let best_next = node.choices[from..to]
+                .iter()
+                .copied()
+                .min_by(|a, b| h[*a as usize].total_cmp(&h[*b as usize]));
+            let cost = |d: Option<u32>| d.map_or(1.0 + h[s], |d| h[d as usize]);
+            let ours_next = (node.ours[at] != NONE).then_some(node.ours[at]);
+            let term = pi[s] * w * (cost(ours_next) - cost(best_next));
+            if term > 1e-15 {
+                terms.push((term, s, r, node.ours[at], best_next.unwrap_or(NONE)));
+            }
+        }
+    }
+    terms.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let gap: f64 = terms.iter().map(|t| t.0).sum();
+    let mut lines = vec![format!(
+        "ours {:.4}%, best {:.4}%, gap {:.4} points; the decisions' terms add up to {:.4} points over {} (state, request) pairs",
+        100.0 * ours,
+        100.0 * best,
+        100.0 * (ours - best),
+        100.0 * gap,
+        terms.len()
+    )];
+    for (term, s, r, o, b) in terms.into_iter().take(top) {
+        let label = match &mix[r].0 {
+            Wanted::WholeGpu => "gpu".to_string(),
+            Wanted::Profile(p) => p.clone(),
+        };
+        let show = |d: u32| {
+            if d == NONE {
+                "FAIL".to_string()
+            } else {
+                describe(d as usize)
+            }
+        };
+        lines.push(format!(
+            "{:.4} points ({:.1}% of the gap), state share {:.4}: {label} on [{}]\n    ours → [{}]\n    best → [{}]",
+            100.0 * term,
+            100.0 * term / gap.max(1e-300),
+            pi[s],
+            describe(s),
+            show(o),
+            show(b),
+        ));
+    }
+    Some((
+        ManyRates {
+            ours,
+            best,
+            states: count,
+        },
+        lines,
+    ))
 }
 
 /// The device orders [`simulated`] replays.
