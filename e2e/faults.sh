@@ -56,6 +56,12 @@ KINDS=${FAULT_KINDS:-$ALL_KINDS}
 
 # check_totals RUNS MIG_RUNS VFIO_RUNS RECOVERY_KILLS PASSED KILLED_FILE: every step killed, the
 # suite's size; reports the summary line.
+# parent_fail PASSED MESSAGE: the parent's failure report (lib.sh's fail is the shards').
+parent_fail() {
+    echo "$NAME: FAIL: $2" >&2
+    echo "$1 passed, 1 failed"
+    exit 1
+}
 check_totals() {
     local runs=$1 mig_runs=$2 vfio_runs=$3 recovery_kills=$4 passed=$5 killed_file=$6 step summary
     if [[ $KINDS != "$ALL_KINDS" ]]; then
@@ -65,13 +71,12 @@ check_totals() {
     fi
     for step in "${PREPARE_STEPS[@]}" "${UNPREPARE_STEPS[@]}"; do
         awk -v s="$step" '$1 == s { n += $2 } END { exit !(n > 0) }' "$killed_file" \
-            || { echo "$NAME: FAIL: no run was killed at $step"; echo "$passed passed, 1 failed"; exit 1; }
+            || parent_fail "$passed" "no run was killed at $step"
     done
     echo "$NAME: kills per step: $(awk '{ n[$1] += $2 } END { for (s in n) printf "%s=%s ", s, n[s] }' "$killed_file"); second kills during recovery: $recovery_kills" >&2
-    summary_fail() { echo "$NAME: FAIL: $*" >&2; echo "$passed passed, 1 failed"; exit 1; }
-    ((recovery_kills > 0)) || summary_fail "no run was killed during recovery"
-    ((runs >= 50)) || summary_fail "only $runs runs"
-    ((mig_runs >= 50)) || summary_fail "only $mig_runs runs carved MIG devices"
+    ((recovery_kills > 0)) || parent_fail "$passed" "no run was killed during recovery"
+    ((runs >= 50)) || parent_fail "$passed" "only $runs runs"
+    ((mig_runs >= 50)) || parent_fail "$passed" "only $mig_runs runs carved MIG devices"
     summary="kill -9: $runs armed runs ($mig_runs carving MIG, $vfio_runs binding GPUs for VMs), every one killed at its fail point and recovered cleanly; $recovery_kills second kills during recovery"
     echo "$NAME: $summary" >&2
     # e2e/run-tests ends with this line beside the differentials' counts.
@@ -103,7 +108,7 @@ if [[ -z ${FAULT_SHARD:-} ]]; then
             [[ ${shard_pid[$i]} == "$done_pid" ]] || continue
             unset "shard_pid[$i]"
             cat "$results/$i.log" >&2
-            ((status == 0)) || { echo "$NAME: FAIL: shard $i of $SHARDS failed (exit $status)"; echo "0 passed, 1 failed"; exit 1; }
+            ((status == 0)) || parent_fail 0 "shard $i of $SHARDS failed (exit $status)"
         done
     done
     read -r runs mig_runs vfio_runs recovery_kills passed < <(cat "$results"/[0-9]*.totals |

@@ -448,8 +448,8 @@ pub(super) fn disagreements(
             break;
         }
     }
+    let ranks = Multisets::new(one.states.sets.len(), gpus.len());
     let describe = |s: usize| -> String {
-        let ranks = Multisets::new(one.states.sets.len(), gpus.len());
         let mut values = vec![0usize; gpus.len()];
         ranks.unrank(s, &mut values);
         values
