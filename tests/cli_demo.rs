@@ -134,6 +134,34 @@ fn packing_study_compares_both_orders() {
     ]);
     assert!(!ok);
     assert!(err.contains("--best-order-many"), "{err}");
+    // Any node of identical GPUs: the proven floor beside name order and ours, simulated.
+    let (ok, out, err) = gpu_dra(&[
+        "packing-study",
+        "--gpus",
+        "sim:3xA30-24GB",
+        "--best-order-bound",
+        "--events",
+        "20",
+        "--mix",
+        "1g.6gb=5,2g.12gb=3,4g.24gb=2",
+        "--mean-lifetime",
+        "2",
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("mean lifetime 2: name order") && out.contains("no order fails fewer than"),
+        "{out}"
+    );
+    let (ok, _, err) = gpu_dra(&[
+        "packing-study",
+        "--gpus",
+        "sim:1xH100-SXM5-80GB,1xA30-24GB",
+        "--best-order-bound",
+        "--events",
+        "10",
+    ]);
+    assert!(!ok);
+    assert!(err.contains("--best-order-bound"), "{err}");
     let (ok, _, err) = gpu_dra(&["packing-study", "--best-order-pairs", "--events", "10"]);
     assert!(!ok);
     assert!(err.contains("--best-order-pairs"), "{err}");

@@ -18,6 +18,7 @@ use crate::slices::packing::{Usage, limits};
 #[cfg(all(test, feature = "experiments"))]
 mod experiment;
 
+mod bound;
 mod many;
 mod pair;
 
@@ -272,6 +273,20 @@ pub(super) fn many_rates(
     max_states: usize,
 ) -> Option<many::ManyRates> {
     many::rates(gpus, mix, mean_lifetime, max_states)
+}
+
+/// Most rounds of cutting planes for [`best_order_bound`] (8×H100 with the default mix: about
+/// 30).
+const BOUND_ROUNDS: usize = 500;
+
+/// A lower bound on the best order's failures per arrival on a node of identical MIG GPUs of
+/// any size, in continuous time ([`bound`]).
+pub(super) fn best_order_bound(
+    gpus: &[Gpu],
+    mix: &[(Wanted, f64)],
+    mean_lifetime: f64,
+) -> Result<bound::Bound, bound::BoundError> {
+    bound::best_order_bound(gpus, mix, mean_lifetime, 100_000, BOUND_ROUNDS, &mut |_| {})
 }
 
 /// Name order's and ours' (with the GPUs' real minors, where the exact solution lists GPUs by

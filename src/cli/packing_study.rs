@@ -76,6 +76,14 @@ pub struct PackingStudyArgs {
     /// 736,281; a minute or two per mix and lifetime in a release build).
     #[arg(long)]
     pub best_order_many: bool,
+    /// Also bound the best order from below on a node of identical MIG-capable GPUs of any
+    /// size (8×H100 with the default mix included), in the same continuous-time model: a linear
+    /// program over one GPU's states and the node's totals, solved by cutting planes and
+    /// checked exactly against every node state (`src/cli/online/bound.rs`), beside name order
+    /// and ours simulated over 100 × --events arrivals. Minutes per mix and lifetime for 8×H100
+    /// in a release build.
+    #[arg(long)]
+    pub best_order_bound: bool,
 }
 
 fn parse_spec(s: &str) -> Result<SimSpec, String> {
@@ -665,14 +673,19 @@ pub fn run(args: PackingStudyArgs) -> Result<ExitCode, CliError> {
             args.gpus
         )));
     }
-    if args.best_order_many
+    if (args.best_order_many || args.best_order_bound)
         && !base
             .gpus
             .iter()
             .all(|g| g.mig.is_some() && g.mig == base.gpus[0].mig)
     {
         return Err(CliError::Usage(format!(
-            "--best-order-many: --gpus sim:{} is not a node of identical MIG-capable GPUs",
+            "--best-order-{}: --gpus sim:{} is not a node of identical MIG-capable GPUs",
+            if args.best_order_many {
+                "many"
+            } else {
+                "bound"
+            },
             args.gpus
         )));
     }
@@ -820,8 +833,69 @@ pub fn run(args: PackingStudyArgs) -> Result<ExitCode, CliError> {
             );
         }
     }
+    if args.best_order_bound {
+        for mix in &mixes {
+            print_bound(
+                &base.gpus,
+                mix,
+                &lifetimes,
+                args.events.saturating_mul(MANY_SIMULATED_PER_EVENT),
+            )?;
+        }
+    }
     println!("  ({:.1} s)", started.elapsed().as_secs_f64());
     Ok(ExitCode::SUCCESS)
+}
+
+/// The lower bound on the best order (`online::bound`) beside name order and ours, simulated,
+/// in continuous time.
+fn print_bound(
+    gpus: &[crate::gpu::Gpu],
+    mix: &Mix,
+    lifetimes: &[f64],
+    simulated: usize,
+) -> Result<(), CliError> {
+    println!(
+        "  mix {} in continuous time, the best order bounded from below (name order and ours simulated over {simulated} arrivals):",
+        mix.name
+    );
+    for lifetime in lifetimes {
+        let started = std::time::Instant::now();
+        let bound = online::best_order_bound(gpus, &mix.entries, *lifetime).map_err(|e| {
+            CliError::Usage(format!("--best-order-bound: mean lifetime {lifetime}: {e}"))
+        })?;
+        let (by_name, ours) = online::many_simulated(gpus, &mix.entries, *lifetime, simulated);
+        let percent = |rate: f64| format!("{:.3}%", 100.0 * rate);
+        let most_below_name = if by_name > 0.0 {
+            1.0 - bound.best_at_least / by_name
+        } else {
+            0.0
+        };
+        println!(
+            "    mean lifetime {lifetime}: name order {}, ours {}; no order fails fewer than {} (these values could prove at most {}; {} values for {} GPU states, {} rounds, {} node states as cuts, {:.0} s); ours at most {} above the best order; the best order at most {:.1}% below name order{}",
+            percent(by_name),
+            percent(ours),
+            percent(bound.best_at_least),
+            percent(bound.could_prove),
+            bound.value_classes,
+            bound.gpu_states,
+            bound.rounds,
+            bound.cuts,
+            started.elapsed().as_secs_f64(),
+            if bound.best_at_least > 0.0 {
+                format!("{:.1}%", 100.0 * (ours / bound.best_at_least - 1.0))
+            } else {
+                "–".into()
+            },
+            100.0 * most_below_name,
+            if most_below_name < 0.3 {
+                " (30% fewer is out of reach for any order)"
+            } else {
+                ""
+            },
+        );
+    }
+    Ok(())
 }
 
 /// Most node states `--best-order-many` solves.

@@ -125,7 +125,7 @@ pub(super) fn rates(
 }
 
 /// Per GPU state: the states one departure leads to (one entry per live request).
-fn one_departure(one: &Gpus) -> Vec<Vec<usize>> {
+pub(super) fn one_departure(one: &Gpus) -> Vec<Vec<usize>> {
     one.states
         .sets
         .iter()
