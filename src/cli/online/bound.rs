@@ -89,31 +89,24 @@ struct One {
 
 impl One {
     fn new(gpu: &Gpu, one: &Gpus) -> Self {
-        // The memory slices one live instance holds, as bits (two instances never share one).
-        let bits = |held: &(u32, u32)| -> u32 {
-            let Some(mig) = gpu.mig.as_ref() else {
-                return 0;
-            };
-            let all = mig
-                .profiles
-                .iter()
-                .flat_map(|p| p.placements.iter().map(|pl| pl.end()))
-                .max()
-                .unwrap_or(0);
-            let span = |start: u32, size: u32| (((1u64 << size) - 1) << start) as u32;
-            if *held == WHOLE {
-                return span(0, all);
-            }
-            mig.profile_by_id(held.0)
-                .and_then(|p| p.placements.iter().find(|pl| pl.start == held.1))
-                .map_or(0, |pl| span(pl.start, pl.size))
-        };
-        let held: Vec<u32> = one
-            .states
-            .sets
+        // The memory slices one live instance holds (a whole GPU: all of them).
+        let all = gpu
+            .mig
             .iter()
-            .map(|set| set.iter().fold(0, |b, h| b | bits(h)))
-            .collect();
+            .flat_map(|m| m.profiles.iter())
+            .flat_map(|p| p.placements.iter().map(|pl| pl.end()))
+            .max()
+            .unwrap_or(0);
+        let slices = |held: &(u32, u32)| -> usize {
+            if *held == WHOLE {
+                return all as usize;
+            }
+            gpu.mig
+                .as_ref()
+                .and_then(|m| m.profile_by_id(held.0))
+                .and_then(|p| p.placements.iter().find(|pl| pl.start == held.1))
+                .map_or(0, |pl| pl.size as usize)
+        };
         let fits = one
             .choices
             .iter()
@@ -127,7 +120,12 @@ impl One {
             .collect();
         Self {
             fits,
-            size: held.iter().map(|b| b.count_ones() as usize).collect(),
+            size: one
+                .states
+                .sets
+                .iter()
+                .map(|set| set.iter().map(slices).sum())
+                .collect(),
             leaving: super::many::one_departure(one),
             choices: one.choices.clone(),
             class: (0..one.states.sets.len()).collect(),
@@ -876,7 +874,7 @@ mod tests {
     }
 
     /// Every multiset of `k` states below `n`.
-    fn multisets(n: usize, k: usize) -> Vec<Vec<usize>> {
+    pub(super) fn multisets(n: usize, k: usize) -> Vec<Vec<usize>> {
         if k == 0 {
             return vec![Vec::new()];
         }
@@ -969,26 +967,9 @@ mod tests {
 mod experiment {
     use std::collections::HashMap;
 
-    use super::tests::mix;
+    use super::tests::{mix, multisets};
     use super::*;
     use crate::gpu::sim::test_inventory as node;
-
-    fn multisets(n: usize, k: usize) -> Vec<Vec<usize>> {
-        fn grow(n: usize, k: usize, from: usize, at: &mut Vec<usize>, out: &mut Vec<Vec<usize>>) {
-            if at.len() == k {
-                out.push(at.clone());
-                return;
-            }
-            for s in from..n {
-                at.push(s);
-                grow(n, k, s, at, out);
-                at.pop();
-            }
-        }
-        let mut out = Vec::new();
-        grow(n, k, 0, &mut Vec::new(), &mut out);
-        out
-    }
 
     type Key = Vec<u64>;
 
