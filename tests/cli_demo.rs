@@ -149,7 +149,9 @@ fn packing_study_compares_both_orders() {
     ]);
     assert!(ok, "{err}");
     assert!(
-        out.contains("mean lifetime 2: name order") && out.contains("no order fails fewer than"),
+        out.contains("mean lifetime 2: name order")
+            && out.contains("no order fails fewer than")
+            && out.contains("re-placing instances freely"),
         "{out}"
     );
     let (ok, _, err) = gpu_dra(&[

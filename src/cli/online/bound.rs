@@ -68,6 +68,8 @@ pub(in crate::cli) enum BoundError {
     TooManyRequests(usize),
     #[error("one GPU has more than {0} states")]
     TooManyStates(usize),
+    #[error("a node of {0} GPUs holds more than 255 instances of one profile")]
+    TooManyInstances(usize),
     #[error("the linear program was not solved: {0}")]
     NotSolved(String),
 }
@@ -597,6 +599,23 @@ fn failed_weight(failing: u32, weights: &[f64]) -> f64 {
         .sum()
 }
 
+/// The node's first GPU, if all are the same MIG GPU, and the mix's weights as shares, if any.
+pub(super) fn checked<'g>(
+    gpus: &'g [Gpu],
+    mix: &[(Wanted, f64)],
+    mean_lifetime: f64,
+) -> Result<(&'g Gpu, Vec<f64>), BoundError> {
+    let first = gpus.first().ok_or(BoundError::NotIdentical)?;
+    if first.mig.is_none() || gpus.iter().any(|g| g.mig != first.mig) {
+        return Err(BoundError::NotIdentical);
+    }
+    let total: f64 = mix.iter().map(|(_, w)| w).sum();
+    if total <= 0.0 || mean_lifetime <= 0.0 {
+        return Err(BoundError::EmptyMix);
+    }
+    Ok((first, mix.iter().map(|(_, w)| w / total).collect()))
+}
+
 /// The bound on `gpus` (identical MIG GPUs) under `mix`, for one GPU of at most `max_states`
 /// states, after at most `rounds` rounds of cutting planes.
 pub(in crate::cli) fn best_order_bound(
@@ -607,19 +626,11 @@ pub(in crate::cli) fn best_order_bound(
     rounds: usize,
     progress: &mut dyn FnMut(&Bound),
 ) -> Result<Bound, BoundError> {
-    let first = gpus.first().ok_or(BoundError::NotIdentical)?;
-    if first.mig.is_none() || gpus.iter().any(|g| g.mig != first.mig) {
-        return Err(BoundError::NotIdentical);
-    }
-    let total: f64 = mix.iter().map(|(_, w)| w).sum();
-    if total <= 0.0 || mean_lifetime <= 0.0 {
-        return Err(BoundError::EmptyMix);
-    }
+    let (first, weights) = checked(gpus, mix, mean_lifetime)?;
     let requests = mix.len();
     if requests > 8 {
         return Err(BoundError::TooManyRequests(requests));
     }
-    let weights: Vec<f64> = mix.iter().map(|(_, w)| w / total).collect();
     let solved = Gpus::solve(first, mix, mean_lifetime, max_states)
         .ok_or(BoundError::TooManyStates(max_states))?;
     let mut one = One::new(first, &solved);

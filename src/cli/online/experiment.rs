@@ -139,7 +139,7 @@ fn failed_percent(
 }
 
 /// The MIG profile named `name` on the node's (identical) GPUs.
-fn profile_named<'a>(gpus: &'a [Gpu], name: &str) -> Option<&'a crate::gpu::GiProfile> {
+pub(super) fn profile_named<'a>(gpus: &'a [Gpu], name: &str) -> Option<&'a crate::gpu::GiProfile> {
     gpus.first()?
         .mig
         .as_ref()?

@@ -555,6 +555,21 @@ pub(super) fn simulated(
         Simulated::Ours => ours,
         Simulated::ByName => by_name,
     };
+    simulated_with(gpus, mix, mean_lifetime, arrivals, seed, &decide)
+}
+
+/// Where a decision rule places a request on GPUs in states `sets` (by position).
+type Decide<'a> = dyn Fn(&[Gpu], &[Vec<Held>], &Wanted) -> Option<(usize, Held)> + 'a;
+
+/// [`simulated`] with any decision rule.
+fn simulated_with(
+    gpus: &[Gpu],
+    mix: &[(Wanted, f64)],
+    mean_lifetime: f64,
+    arrivals: usize,
+    seed: u64,
+    decide: &Decide<'_>,
+) -> f64 {
     let total: f64 = mix.iter().map(|(_, w)| w).sum();
     let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
     let mut sets: Vec<Vec<Held>> = vec![Vec::new(); gpus.len()];
@@ -591,7 +606,7 @@ pub(super) fn simulated(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     use crate::gpu::sim::test_inventory as node;
@@ -611,7 +626,7 @@ mod tests {
 
     /// Erlang's loss formula: the share of arrivals that find all `servers` busy when requests
     /// of mean length `load` (in mean times between arrivals) each take one server.
-    fn erlang_b(servers: usize, load: f64) -> f64 {
+    pub(in crate::cli) fn erlang_b(servers: usize, load: f64) -> f64 {
         (1..=servers).fold(1.0, |b, m| load * b / (m as f64 + load * b))
     }
 
@@ -645,6 +660,89 @@ mod tests {
             "{simulated_ours} vs {rates:?}"
         );
         assert!(by_name > rates.best, "{by_name} vs {rates:?}");
+    }
+
+    /// Spreading instead of packing: each MIG request on the fitting GPU with the most free
+    /// memory slices (ours' placement within it), once the node holds at least `from` of its
+    /// memory slices (ours below). At heavy load the node that re-places its instances freely
+    /// fails least by turning big requests away (`repacked`); spreading is how an order could
+    /// do the same, by leaving no GPU empty enough for them.
+    #[cfg(feature = "experiments")]
+    #[test]
+    #[ignore = "an experiment"]
+    fn spreading_at_heavy_load() {
+        let gpus = node("8xH100-SXM5-80GB").gpus;
+        let mix: Vec<(Wanted, f64)> = [
+            ("1g.10gb", 35.0),
+            ("1g.20gb", 10.0),
+            ("2g.20gb", 20.0),
+            ("3g.40gb", 20.0),
+            ("4g.40gb", 8.0),
+            ("7g.80gb", 7.0),
+        ]
+        .iter()
+        .map(|(p, w)| (Wanted::Profile((*p).into()), *w))
+        .collect();
+        let slices = |gpu: &Gpu, set: &[Held]| -> u32 {
+            set.iter()
+                .filter_map(|h| {
+                    let profile = gpu.mig.as_ref()?.profile_by_id(h.0)?;
+                    profile
+                        .placements
+                        .iter()
+                        .find(|pl| pl.start == h.1)
+                        .map(|pl| pl.size)
+                })
+                .sum()
+        };
+        let arrivals: usize = std::env::var("ARRIVALS")
+            .ok()
+            .and_then(|a| a.parse().ok())
+            .unwrap_or(300_000);
+        for lifetime in [15.0, 20.0, 25.0, 30.0] {
+            let ours_rate = simulated(&gpus, &mix, lifetime, arrivals, 1, Simulated::Ours);
+            let mut line = format!("lifetime {lifetime}: ours {:.3}%", 100.0 * ours_rate);
+            for from in [0u32, 40, 48, 56] {
+                let decide = |gpus: &[Gpu], sets: &[Vec<Held>], wanted: &Wanted| {
+                    let held: u32 = gpus.iter().zip(sets).map(|(g, s)| slices(g, s)).sum();
+                    let Wanted::Profile(name) = wanted else {
+                        return ours(gpus, sets, wanted);
+                    };
+                    if held < from {
+                        return ours(gpus, sets, wanted);
+                    }
+                    let profile = super::super::experiment::profile_named(gpus, name)?;
+                    (0..gpus.len())
+                        .filter_map(|g| {
+                            super::super::pair::packed_choice(&[&gpus[g]], &[&sets[g]], profile)
+                                .map(|(_, h)| (g, h))
+                        })
+                        .min_by_key(|(g, _)| (slices(&gpus[*g], &sets[*g]), *g))
+                };
+                let rate = simulated_with(&gpus, &mix, lifetime, arrivals, 1, &decide);
+                line += &format!(", spread from {from} slices {:.3}%", 100.0 * rate);
+                // Only the empty GPUs: a MIG request takes one whenever there is one, so that
+                // 7g requests find none, and is packed otherwise.
+                let empty_first = |gpus: &[Gpu], sets: &[Vec<Held>], wanted: &Wanted| {
+                    let held: u32 = gpus.iter().zip(sets).map(|(g, s)| slices(g, s)).sum();
+                    let Wanted::Profile(name) = wanted else {
+                        return ours(gpus, sets, wanted);
+                    };
+                    let empty = sets.iter().position(Vec::is_empty);
+                    match empty {
+                        Some(g) if held >= from => {
+                            let profile = super::super::experiment::profile_named(gpus, name)?;
+                            super::super::pair::packed_choice(&[&gpus[g]], &[&sets[g]], profile)
+                                .map(|(_, h)| (g, h))
+                        }
+                        _ => ours(gpus, sets, wanted),
+                    }
+                };
+                let rate = simulated_with(&gpus, &mix, lifetime, arrivals, 1, &empty_first);
+                line += &format!(" (empty GPUs first {:.3}%)", 100.0 * rate);
+            }
+            eprintln!("{line}");
+        }
     }
 
     #[test]
