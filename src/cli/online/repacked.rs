@@ -369,6 +369,9 @@ mod tests {
         );
     }
 
+    /// The floor on 8×H100 (`SPEC`, `MIX`, `LIFETIMES`), beside the node that re-places freely
+    /// but turns away only the requests of each `TURN_AWAY` bit mask (`0`: none).
+    #[cfg(feature = "experiments")]
     #[test]
     #[ignore = "an experiment"]
     fn repacked_on_eight() {
