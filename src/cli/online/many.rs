@@ -672,17 +672,7 @@ pub(super) mod tests {
     #[ignore = "an experiment"]
     fn spreading_at_heavy_load() {
         let gpus = node("8xH100-SXM5-80GB").gpus;
-        let mix: Vec<(Wanted, f64)> = [
-            ("1g.10gb", 35.0),
-            ("1g.20gb", 10.0),
-            ("2g.20gb", 20.0),
-            ("3g.40gb", 20.0),
-            ("4g.40gb", 8.0),
-            ("7g.80gb", 7.0),
-        ]
-        .iter()
-        .map(|(p, w)| (Wanted::Profile((*p).into()), *w))
-        .collect();
+        let mix = super::super::repacked::tests::default_mix();
         let slices = |gpu: &Gpu, set: &[Held]| -> u32 {
             set.iter()
                 .filter_map(|h| {
