@@ -42,7 +42,7 @@ pub struct VfioDeviceConfig {
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct IommuConfig {
     /// `LegacyOnly` (default; `/dev/vfio/<group>`) or `PreferIommuFD` (the function's
-    /// `/dev/vfio/devices/vfioN` cdev when the node has iommufd). Checked in [`validate`] so
+    /// `/dev/vfio/devices/vfioN` cdev when the node has iommufd). Checked in `validate` so
     /// the error names the field.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backend_policy: Option<String>,

@@ -571,7 +571,7 @@ impl NvmlBackend {
 
     /// Every full GPU, its MIG profiles and placements and the MIG devices that exist. The first
     /// call reads everything; later ones re-read the MIG state of stale GPUs only. A GPU that does
-    /// not answer never fails the call: it keeps its last view (see [`CachedGpu::shown`]).
+    /// not answer never fails the call: it keeps its last view (see `CachedGpu::shown`).
     ///
     /// A GPU an operation holds now is shown as last read if that view is current (the operation
     /// has changed nothing yet, e.g. it only reads, or it has not started its MIG call); if it is

@@ -7,7 +7,7 @@
 //! before the devices it serves are destroyed or given their compute mode back; a shared GPU's
 //! only when its last claim leaves. Adopt: at start, daemons no prepared claim needs are stopped
 //! and those prepared claims need but that no longer answer are started again ([`adopt`]), and
-//! [`daemons_of`] tells a running driver which to check ([`crate::prepare::DeviceState::repair_mps`]).
+//! [`daemons_of`] tells a running driver which to check ([`crate::prepare::state::DeviceState::repair_mps`]).
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::{ClaimDevice, DeviceEffect, Host};
