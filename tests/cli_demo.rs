@@ -151,8 +151,34 @@ fn packing_study_compares_both_orders() {
     assert!(
         out.contains("mean lifetime 2: name order")
             && out.contains("no order fails fewer than")
-            && out.contains("re-placing instances freely"),
+            && out.contains("re-placing instances freely")
+            && !out.contains("values that add up"),
         "{out}"
+    );
+    // The second floor only when asked for, and only with the first.
+    let (ok, out, err) = gpu_dra(&[
+        "packing-study",
+        "--gpus",
+        "sim:3xA30-24GB",
+        "--best-order-bound",
+        "--additive-bound",
+        "--events",
+        "20",
+        "--mix",
+        "1g.6gb=5,2g.12gb=3,4g.24gb=2",
+        "--mean-lifetime",
+        "2",
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("re-placing instances freely") && out.contains("values that add up over GPUs"),
+        "{out}"
+    );
+    let (ok, _, err) = gpu_dra(&["packing-study", "--additive-bound", "--events", "10"]);
+    assert!(!ok);
+    assert!(
+        err.contains("--additive-bound") && err.contains("--best-order-bound"),
+        "{err}"
     );
     let (ok, _, err) = gpu_dra(&[
         "packing-study",

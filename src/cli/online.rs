@@ -23,6 +23,8 @@ mod many;
 mod pair;
 mod repacked;
 
+pub(super) use bound::BoundError;
+
 /// What one live request holds: a profile id and placement start, or [`WHOLE`].
 type Held = (u32, u32);
 
@@ -281,7 +283,8 @@ pub(super) fn many_rates(
 const BOUND_ROUNDS: usize = 500;
 
 /// A lower bound on the best order's failures per arrival on a node of identical MIG GPUs of
-/// any size, in continuous time ([`bound`]).
+/// any size, in continuous time, from values that add up over GPUs ([`bound`];
+/// `--additive-bound`).
 pub(super) fn best_order_bound(
     gpus: &[Gpu],
     mix: &[(Wanted, f64)],
@@ -294,8 +297,8 @@ pub(super) fn best_order_bound(
 /// and whole GPUs: 781,737).
 const REPACKED_STATES: usize = 5_000_000;
 
-/// A second floor on the best order's failures: the node that re-places its instances freely
-/// and may turn requests away, solved to within 0.01% ([`repacked`]).
+/// The floor `--best-order-bound` reports: the node that re-places its instances freely and
+/// may turn requests away, solved to within 0.01% ([`repacked`]).
 pub(super) fn repacked_bound(
     gpus: &[Gpu],
     mix: &[(Wanted, f64)],
