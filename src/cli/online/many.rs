@@ -735,6 +735,52 @@ pub(super) mod tests {
         }
     }
 
+    /// Trunk reservation: a 7g request (a whole GPU's worth) is turned away while `R` or fewer
+    /// GPUs are empty, so that the last empty GPUs take the small requests it would have cost.
+    #[cfg(feature = "experiments")]
+    #[test]
+    #[ignore = "an experiment"]
+    fn reserving_empty_gpus() {
+        let gpus = node(&std::env::var("SPEC").unwrap_or_else(|_| "8xH100-SXM5-80GB".into())).gpus;
+        let mix = super::super::repacked::tests::env_mix(
+            "1g.10gb=35,1g.20gb=10,2g.20gb=20,3g.40gb=20,4g.40gb=8,7g.80gb=7",
+        );
+        let arrivals: usize = std::env::var("ARRIVALS")
+            .ok()
+            .and_then(|a| a.parse().ok())
+            .unwrap_or(1_000_000);
+        let mig = gpus[0].mig.as_ref().expect("MIG");
+        let slices = mig
+            .profiles
+            .iter()
+            .flat_map(|p| p.placements.iter().map(|pl| pl.end()))
+            .max()
+            .unwrap_or(0);
+        let whole_gpu = |gpus: &[Gpu], wanted: &Wanted| match wanted {
+            Wanted::WholeGpu => true,
+            Wanted::Profile(name) => super::super::experiment::profile_named(gpus, name)
+                .is_some_and(|p| p.placements.iter().all(|pl| pl.size == slices)),
+        };
+        let env_list = super::super::repacked::tests::env_list::<f64>;
+        for lifetime in env_list("LIFETIMES", "15,20,25,30") {
+            let ours_rate = simulated(&gpus, &mix, lifetime, arrivals, 1, Simulated::Ours);
+            let mut line = format!("lifetime {lifetime}: ours {:.3}%", 100.0 * ours_rate);
+            let reserves = super::super::repacked::tests::env_list::<usize>("RESERVES", "1,2,3");
+            for reserve in reserves {
+                let decide = |gpus: &[Gpu], sets: &[Vec<Held>], wanted: &Wanted| {
+                    let empty = sets.iter().filter(|s| s.is_empty()).count();
+                    if empty <= reserve && whole_gpu(gpus, wanted) {
+                        return None;
+                    }
+                    ours(gpus, sets, wanted)
+                };
+                let rate = simulated_with(&gpus, &mix, lifetime, arrivals, 1, &decide);
+                line += &format!(", reserve {reserve}: {:.3}%", 100.0 * rate);
+            }
+            eprintln!("{line}");
+        }
+    }
+
     #[test]
     fn nodes_over_the_limit_are_not_solved() {
         let gpus = node("8xH100-SXM5-80GB").gpus;

@@ -425,9 +425,22 @@ pub(super) mod tests {
         }
     }
 
+    /// The comma-separated values in the environment variable `name`, or `default`.
+    #[cfg(feature = "experiments")]
+    pub(in crate::cli::online) fn env_list<T: std::str::FromStr>(
+        name: &str,
+        default: &str,
+    ) -> Vec<T> {
+        std::env::var(name)
+            .unwrap_or_else(|_| default.into())
+            .split(',')
+            .map(|v| v.parse().unwrap_or_else(|_| panic!("{name}: {v:?}")))
+            .collect()
+    }
+
     /// The mix in `MIX` (`profile=weight,...`, `gpu` for a whole GPU), or `default`.
     #[cfg(feature = "experiments")]
-    pub(super) fn env_mix(default: &str) -> Vec<(Wanted, f64)> {
+    pub(in crate::cli::online) fn env_mix(default: &str) -> Vec<(Wanted, f64)> {
         std::env::var("MIX")
             .unwrap_or_else(|_| default.into())
             .split(',')
@@ -452,20 +465,11 @@ pub(super) mod tests {
         let spec = std::env::var("SPEC").unwrap_or_else(|_| "8xH100-SXM5-80GB".into());
         let gpus = node(&spec).gpus;
         let mix = env_mix("1g.10gb=35,1g.20gb=10,2g.20gb=20,3g.40gb=20,4g.40gb=8,7g.80gb=7");
-        for lifetime in std::env::var("LIFETIMES")
-            .unwrap_or_else(|_| "15,20,25,30".into())
-            .split(',')
-        {
-            let lifetime: f64 = lifetime.parse().expect("lifetime");
+        for lifetime in env_list::<f64>("LIFETIMES", "15,20,25,30") {
             let started = std::time::Instant::now();
             let r = repacked_bound(&gpus, &mix, lifetime, 10_000_000, (1e-4, 100_000), u32::MAX);
             eprintln!("lifetime {lifetime}: {r:?}");
-            let masks: Vec<u32> = std::env::var("TURN_AWAY")
-                .unwrap_or_else(|_| "0".into())
-                .split(',')
-                .map(|m| m.parse().expect("mask"))
-                .collect();
-            for mask in masks {
+            for mask in env_list::<u32>("TURN_AWAY", "0") {
                 let some = repacked_bound(&gpus, &mix, lifetime, 10_000_000, (1e-4, 100_000), mask);
                 eprintln!("  turning away requests {mask:#b} only: {some:?}");
             }
@@ -801,11 +805,7 @@ mod pinned {
         let spec = std::env::var("SPEC").unwrap_or_else(|_| "4xH100-SXM5-80GB".into());
         let gpus = node(&spec).gpus;
         let mix = tests::env_mix("1g.20gb=45,2g.20gb=20,3g.40gb=20,4g.40gb=8,7g.80gb=7");
-        for lifetime in std::env::var("LIFETIMES")
-            .unwrap_or_else(|_| "3,4,6,8".into())
-            .split(',')
-        {
-            let lifetime: f64 = lifetime.parse().expect("lifetime");
+        for lifetime in tests::env_list::<f64>("LIFETIMES", "3,4,6,8") {
             let started = std::time::Instant::now();
             let plain =
                 repacked_bound(&gpus, &mix, lifetime, 10_000_000, (1e-6, 100_000), u32::MAX)
