@@ -741,10 +741,8 @@ pub(super) mod tests {
     #[test]
     #[ignore = "an experiment"]
     fn reserving_empty_gpus() {
-        let gpus = node(&std::env::var("SPEC").unwrap_or_else(|_| "8xH100-SXM5-80GB".into())).gpus;
-        let mix = super::super::repacked::tests::env_mix(
-            "1g.10gb=35,1g.20gb=10,2g.20gb=20,3g.40gb=20,4g.40gb=8,7g.80gb=7",
-        );
+        use super::super::repacked::tests::{DEFAULT_MIX, env_node};
+        let (gpus, mix) = env_node("8xH100-SXM5-80GB", DEFAULT_MIX);
         let arrivals: usize = std::env::var("ARRIVALS")
             .ok()
             .and_then(|a| a.parse().ok())

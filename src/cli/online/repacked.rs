@@ -220,48 +220,39 @@ impl Counts {
             .unwrap_or(0);
         // Above the largest total rate, so that every state keeps some of itself (aperiodic).
         let uniform = 1.0 + f64::from(most_live) * leave_rate + 0.1;
-        let mut h = vec![0.0f64; n];
-        let mut drift = vec![0.0f64; n];
-        let mut floor = 0.0;
-        let mut ceiling = 1.0;
-        let mut iterations = 0;
-        while iterations < max_iterations {
-            iterations += 1;
-            for (i, slot) in drift.iter_mut().enumerate() {
-                let here = h[i];
-                let mut rate = 0.0;
-                for (r, w) in weights.iter().enumerate() {
-                    let mut cheapest = if turn_away & (1 << r) != 0 {
-                        1.0
-                    } else {
-                        f64::INFINITY
-                    };
-                    for k in &takes[r] {
-                        let j = self.more[i * self.kinds + k];
-                        if j != u32::MAX {
-                            cheapest = f64::min(cheapest, h[j as usize] - here);
+        let limits = (tolerance, max_iterations);
+        let (floor, ceiling, iterations) =
+            relative_value_iteration(n, uniform, limits, |h, drift| {
+                for (i, slot) in drift.iter_mut().enumerate() {
+                    let here = h[i];
+                    let mut rate = 0.0;
+                    for (r, w) in weights.iter().enumerate() {
+                        let mut cheapest = if turn_away & (1 << r) != 0 {
+                            1.0
+                        } else {
+                            f64::INFINITY
+                        };
+                        for k in &takes[r] {
+                            let j = self.more[i * self.kinds + k];
+                            if j != u32::MAX {
+                                cheapest = f64::min(cheapest, h[j as usize] - here);
+                            }
+                        }
+                        if cheapest == f64::INFINITY {
+                            cheapest = 1.0;
+                        }
+                        rate += w * cheapest;
+                    }
+                    for k in 0..self.kinds {
+                        let live = self.counts[i * self.kinds + k];
+                        if live > 0 {
+                            let j = self.fewer[i * self.kinds + k] as usize;
+                            rate += f64::from(live) * leave_rate * (h[j] - here);
                         }
                     }
-                    if cheapest == f64::INFINITY {
-                        cheapest = 1.0;
-                    }
-                    rate += w * cheapest;
+                    *slot = rate;
                 }
-                for k in 0..self.kinds {
-                    let live = self.counts[i * self.kinds + k];
-                    if live > 0 {
-                        let j = self.fewer[i * self.kinds + k] as usize;
-                        rate += f64::from(live) * leave_rate * (h[j] - here);
-                    }
-                }
-                *slot = rate;
-            }
-            let done;
-            (floor, ceiling, done) = relative_step(&mut h, &drift, uniform, tolerance);
-            if done {
-                break;
-            }
-        }
+            });
         Repacked {
             best_at_least: floor.max(0.0),
             repacked_at_most: ceiling,
@@ -271,26 +262,52 @@ impl Counts {
     }
 }
 
-/// After one round of `drift` (`B h` per state): its least and largest, and whether they are
-/// within `tolerance` (relative); if not, `h` moves by it, anchored at state 0 (the empty node)
-/// so that the values stay bounded.
-fn relative_step(h: &mut [f64], drift: &[f64], uniform: f64, tolerance: f64) -> (f64, f64, bool) {
-    let floor = drift.iter().copied().fold(f64::INFINITY, f64::min);
-    let ceiling = drift.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    if ceiling - floor <= tolerance * ceiling.abs().max(1e-12) {
-        return (floor, ceiling, true);
+/// Relative value iteration, uniformized at `uniform` (above every state's total rate, so that
+/// each keeps some of itself): `drift_of(h, out)` writes `B h` per state, the cheapest rate of
+/// failures plus the drift of `h`, and `h` moves by it, anchored at state 0 (the empty node) so
+/// that the values stay bounded, until the least and largest `B h` are within `tolerance`
+/// (relative) or for `max_iterations`. The least `B h` over the states is at most the optimum
+/// whatever `h` is (averaged over the optimal run's states it is at most its rate), and the
+/// largest at least. Returns both and the iterations.
+fn relative_value_iteration(
+    states: usize,
+    uniform: f64,
+    (tolerance, max_iterations): (f64, usize),
+    mut drift_of: impl FnMut(&[f64], &mut [f64]),
+) -> (f64, f64, usize) {
+    let mut h = vec![0.0f64; states];
+    let mut drift = vec![0.0f64; states];
+    let (mut floor, mut ceiling, mut iterations) = (0.0, 1.0, 0);
+    while iterations < max_iterations {
+        iterations += 1;
+        drift_of(&h, &mut drift);
+        floor = drift.iter().copied().fold(f64::INFINITY, f64::min);
+        ceiling = drift.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        if ceiling - floor <= tolerance * ceiling.abs().max(1e-12) {
+            break;
+        }
+        let anchor = drift.first().copied().unwrap_or(0.0);
+        for (v, d) in h.iter_mut().zip(&drift) {
+            *v += (d - anchor) / uniform;
+        }
     }
-    let anchor = drift.first().copied().unwrap_or(0.0);
-    for (v, d) in h.iter_mut().zip(drift) {
-        *v += (d - anchor) / uniform;
-    }
-    (floor, ceiling, false)
+    (floor, ceiling, iterations)
 }
 
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
     use crate::gpu::sim::test_inventory as node;
+
+    /// The study's default mix, as `MIX` is written.
+    #[cfg(feature = "experiments")]
+    pub(in crate::cli::online) const DEFAULT_MIX: &str =
+        "1g.10gb=35,1g.20gb=10,2g.20gb=20,3g.40gb=20,4g.40gb=8,7g.80gb=7";
+
+    /// The default mix less 1g.10gb, whose best order is solved exactly on 4×H100.
+    #[cfg(feature = "experiments")]
+    pub(in crate::cli::online) const FOUR_H100_MIX: &str =
+        "1g.20gb=45,2g.20gb=20,3g.40gb=20,4g.40gb=8,7g.80gb=7";
 
     /// The study's default mix, as H100 profiles.
     #[cfg(feature = "experiments")]
@@ -425,6 +442,16 @@ pub(super) mod tests {
         }
     }
 
+    /// The GPUs of the node in `SPEC` and the mix in `MIX`, or the defaults.
+    #[cfg(feature = "experiments")]
+    pub(in crate::cli::online) fn env_node(
+        spec: &str,
+        mix: &str,
+    ) -> (Vec<Gpu>, Vec<(Wanted, f64)>) {
+        let spec = std::env::var("SPEC").unwrap_or_else(|_| spec.into());
+        (node(&spec).gpus, env_mix(mix))
+    }
+
     /// The comma-separated values in the environment variable `name`, or `default`.
     #[cfg(feature = "experiments")]
     pub(in crate::cli::online) fn env_list<T: std::str::FromStr>(
@@ -462,9 +489,7 @@ pub(super) mod tests {
     #[test]
     #[ignore = "an experiment"]
     fn repacked_on_eight() {
-        let spec = std::env::var("SPEC").unwrap_or_else(|_| "8xH100-SXM5-80GB".into());
-        let gpus = node(&spec).gpus;
-        let mix = env_mix("1g.10gb=35,1g.20gb=10,2g.20gb=20,3g.40gb=20,4g.40gb=8,7g.80gb=7");
+        let (gpus, mix) = env_node("8xH100-SXM5-80GB", DEFAULT_MIX);
         for lifetime in env_list::<f64>("LIFETIMES", "15,20,25,30") {
             let started = std::time::Instant::now();
             let r = repacked_bound(&gpus, &mix, lifetime, 10_000_000, (1e-4, 100_000), u32::MAX);
@@ -578,57 +603,49 @@ mod empty_tracked {
         let leave_rate = 1.0 / mean_lifetime;
         let most_live = states.iter().map(|(p, _)| total(*p)).max().unwrap_or(0);
         let uniform = 1.0 + f64::from(most_live) * leave_rate + 0.1;
-        let mut h = vec![0.0f64; n];
-        let mut drift = vec![0.0f64; n];
-        let (mut floor, mut ceiling) = (0.0, 1.0);
-        let mut iterations = 0;
-        while iterations < 100_000 {
-            iterations += 1;
-            for (i, slot) in drift.iter_mut().enumerate() {
-                let here = h[i];
-                let empty = states[i].1;
-                let value = |j: u32| {
-                    if j == NONE {
-                        f64::INFINITY
-                    } else {
-                        h[j as usize] - here
+        let limits = (tolerance, 100_000);
+        let (floor, ceiling, iterations) =
+            relative_value_iteration(n, uniform, limits, |h, drift| {
+                for (i, slot) in drift.iter_mut().enumerate() {
+                    let here = h[i];
+                    let empty = states[i].1;
+                    let value = |j: u32| {
+                        if j == NONE {
+                            f64::INFINITY
+                        } else {
+                            h[j as usize] - here
+                        }
+                    };
+                    let mut rate = 0.0;
+                    for (r, w) in weights.iter().enumerate() {
+                        // With an empty GPU every request is placed; without, it may be turned away.
+                        let mut cheapest = if empty > 0 { f64::INFINITY } else { 1.0 };
+                        for k in &takes[r] {
+                            cheapest = cheapest
+                                .min(value(onto_empty[i * n_kinds + k]))
+                                .min(value(beside[i * n_kinds + k]));
+                        }
+                        if cheapest == f64::INFINITY {
+                            cheapest = 1.0;
+                        }
+                        rate += w * cheapest;
                     }
-                };
-                let mut rate = 0.0;
-                for (r, w) in weights.iter().enumerate() {
-                    // With an empty GPU every request is placed; without, it may be turned away.
-                    let mut cheapest = if empty > 0 { f64::INFINITY } else { 1.0 };
-                    for k in &takes[r] {
-                        cheapest = cheapest
-                            .min(value(onto_empty[i * n_kinds + k]))
-                            .min(value(beside[i * n_kinds + k]));
+                    for k in 0..n_kinds {
+                        let live = counts[i * n_kinds + k];
+                        if live > 0 {
+                            let next = value(leaves_busy[i * n_kinds + k])
+                                .min(value(leaves_empty[i * n_kinds + k]));
+                            assert!(
+                                next.is_finite(),
+                                "state {:?} kind {k}: nowhere to go",
+                                states[i]
+                            );
+                            rate += f64::from(live) * leave_rate * next;
+                        }
                     }
-                    if cheapest == f64::INFINITY {
-                        cheapest = 1.0;
-                    }
-                    rate += w * cheapest;
+                    *slot = rate;
                 }
-                for k in 0..n_kinds {
-                    let live = counts[i * n_kinds + k];
-                    if live > 0 {
-                        let next = value(leaves_busy[i * n_kinds + k])
-                            .min(value(leaves_empty[i * n_kinds + k]));
-                        assert!(
-                            next.is_finite(),
-                            "state {:?} kind {k}: nowhere to go",
-                            states[i]
-                        );
-                        rate += f64::from(live) * leave_rate * next;
-                    }
-                }
-                *slot = rate;
-            }
-            let done;
-            (floor, ceiling, done) = relative_step(&mut h, &drift, uniform, tolerance);
-            if done {
-                break;
-            }
-        }
+            });
         (floor.max(0.0), ceiling, n, iterations)
     }
 
@@ -667,7 +684,6 @@ mod empty_tracked {
 #[cfg(all(test, feature = "experiments"))]
 mod pinned {
     use super::*;
-    use crate::gpu::sim::test_inventory as node;
 
     const NONE: u32 = u32::MAX;
 
@@ -768,11 +784,8 @@ mod pinned {
             .unwrap_or(0);
         let leave_rate = 1.0 / mean_lifetime;
         let uniform = 1.0 + f64::from(most_live) * leave_rate + 0.1;
-        let mut h = vec![0.0f64; n];
-        let mut drift = vec![0.0f64; n];
-        let (mut floor, mut iterations) = (0.0, 0);
-        while iterations < 100_000 {
-            iterations += 1;
+        let limits = (tolerance, 100_000);
+        let (floor, _, iterations) = relative_value_iteration(n, uniform, limits, |h, drift| {
             for (i, slot) in drift.iter_mut().enumerate() {
                 let here = h[i];
                 let mut rate = 0.0;
@@ -788,12 +801,7 @@ mod pinned {
                 }
                 *slot = rate;
             }
-            let done;
-            (floor, _, done) = relative_step(&mut h, &drift, uniform, tolerance);
-            if done {
-                break;
-            }
-        }
+        });
         (floor.max(0.0), n, iterations)
     }
 
@@ -802,9 +810,7 @@ mod pinned {
     #[test]
     #[ignore = "an experiment"]
     fn pinned_floor() {
-        let spec = std::env::var("SPEC").unwrap_or_else(|_| "4xH100-SXM5-80GB".into());
-        let gpus = node(&spec).gpus;
-        let mix = tests::env_mix("1g.20gb=45,2g.20gb=20,3g.40gb=20,4g.40gb=8,7g.80gb=7");
+        let (gpus, mix) = tests::env_node("4xH100-SXM5-80GB", tests::FOUR_H100_MIX);
         for lifetime in tests::env_list::<f64>("LIFETIMES", "3,4,6,8") {
             let started = std::time::Instant::now();
             let plain =
@@ -830,5 +836,119 @@ mod pinned {
         tests::between_the_best_order_and_the_plain_floor(|gpus, mix, lifetime| {
             floor(gpus, mix, lifetime, 1e-7).0
         });
+    }
+}
+
+/// Between the plain floor and the pinned one, tried: the GPUs in two groups, instances
+/// re-placed freely within their group but never moved to the other. Every order's run is one of
+/// its runs, so it is a floor; its state is one count vector per group.
+#[cfg(all(test, feature = "experiments"))]
+mod grouped {
+    use super::*;
+
+    /// The floor, the ceiling, the states and the iterations, with `split` GPUs in the first
+    /// group and the rest in the second.
+    fn floor(
+        gpus: &[Gpu],
+        mix: &[(Wanted, f64)],
+        mean_lifetime: f64,
+        split: usize,
+        (tolerance, max_iterations): (f64, usize),
+    ) -> (f64, f64, usize, usize) {
+        let (first, weights) = super::super::bound::checked(gpus, mix, mean_lifetime).expect("mix");
+        let one = Gpus::solve(first, mix, mean_lifetime, 100_000).expect("one GPU");
+        let kinds = Kinds::of(&one).expect("kinds");
+        let a = Counts::new(&one, &kinds, split, 10_000_000).expect("first group");
+        let b = Counts::new(&one, &kinds, gpus.len() - split, 10_000_000).expect("second group");
+        let nk = kinds.len();
+        let (na, nb) = (a.counts.len() / nk, b.counts.len() / nk);
+        let n = na * nb;
+        let leave = 1.0 / mean_lifetime;
+        let most = |c: &Counts| {
+            c.counts
+                .chunks(nk)
+                .map(|v| v.iter().sum::<u32>())
+                .max()
+                .unwrap_or(0)
+        };
+        let uniform = 1.0 + f64::from(most(&a) + most(&b)) * leave + 0.1;
+        let takes = &kinds.takes;
+        let step = |s: usize, h: &[f64]| -> f64 {
+            let (ia, ib) = (s / nb, s % nb);
+            let here = h[s];
+            let mut rate = 0.0;
+            for (r, w) in weights.iter().enumerate() {
+                let mut cheapest = 1.0f64;
+                for k in &takes[r] {
+                    let ja = a.more[ia * nk + k];
+                    if ja != u32::MAX {
+                        cheapest = cheapest.min(h[ja as usize * nb + ib] - here);
+                    }
+                    let jb = b.more[ib * nk + k];
+                    if jb != u32::MAX {
+                        cheapest = cheapest.min(h[ia * nb + jb as usize] - here);
+                    }
+                }
+                rate += w * cheapest;
+            }
+            for k in 0..nk {
+                let live = a.counts[ia * nk + k];
+                if live > 0 {
+                    let j = a.fewer[ia * nk + k] as usize * nb + ib;
+                    rate += f64::from(live) * leave * (h[j] - here);
+                }
+                let live = b.counts[ib * nk + k];
+                if live > 0 {
+                    let j = ia * nb + b.fewer[ib * nk + k] as usize;
+                    rate += f64::from(live) * leave * (h[j] - here);
+                }
+            }
+            rate
+        };
+        let limits = (tolerance, max_iterations);
+        let (low, high, iterations) = relative_value_iteration(n, uniform, limits, |h, drift| {
+            let half = n.div_ceil(2);
+            std::thread::scope(|scope| {
+                let (left, right) = drift.split_at_mut(half);
+                scope.spawn(move || {
+                    for (i, slot) in left.iter_mut().enumerate() {
+                        *slot = step(i, h);
+                    }
+                });
+                for (i, slot) in right.iter_mut().enumerate() {
+                    *slot = step(half + i, h);
+                }
+            });
+        });
+        (low.max(0.0), high, n, iterations)
+    }
+
+    #[test]
+    fn below_the_best_order_and_above_the_plain_floor() {
+        tests::between_the_best_order_and_the_plain_floor(|gpus, mix, lifetime| {
+            floor(gpus, mix, lifetime, 1, (1e-7, 1_000_000)).0
+        });
+    }
+
+    #[test]
+    #[ignore = "an experiment"]
+    fn grouped_floor() {
+        let (gpus, mix) = tests::env_node("4xH100-SXM5-80GB", tests::FOUR_H100_MIX);
+        let tolerance: f64 = tests::env_list("TOLERANCE", "1e-4")[0];
+        let max_iterations: usize = tests::env_list("ITERATIONS", "100000")[0];
+        for lifetime in tests::env_list::<f64>("LIFETIMES", "3,6,12") {
+            for split in tests::env_list::<usize>("SPLITS", "1,2") {
+                let started = std::time::Instant::now();
+                let got = floor(&gpus, &mix, lifetime, split, (tolerance, max_iterations));
+                eprintln!(
+                    "lifetime {lifetime}, split {split}: floor {:.4}%, ceiling {:.4}% ({} states, {} iterations) in {:.0} s",
+                    100.0 * got.0,
+                    100.0 * got.1,
+                    got.2,
+                    got.3,
+                    started.elapsed().as_secs_f64()
+                );
+            }
+        }
     }
 }
