@@ -39,6 +39,17 @@ pub struct SimModel {
     pub mig: Option<MigTable>,
 }
 
+impl SimModel {
+    /// What `nvmlDeviceGetAddressingMode` reports: ATS where NVLink-C2C ties the GPU to a Grace
+    /// CPU (GB200); elsewhere the simulated platform does not support the query, as on hosts
+    /// without coherent CPU–GPU memory.
+    pub fn addressing_mode(&self) -> Option<super::model::AddressingMode> {
+        self.key
+            .starts_with("GB200")
+            .then_some(super::model::AddressingMode::Ats)
+    }
+}
+
 /// The MIG geometry of a product.
 #[derive(Debug)]
 pub struct MigTable {

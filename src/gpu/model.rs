@@ -106,6 +106,47 @@ impl Architecture {
     }
 }
 
+/// `nvmlDeviceAddressingModeType_t`: how the GPU addresses system-allocated memory (`malloc`,
+/// `mmap`), published as the `addressingMode` attribute under go-nvlib's names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AddressingMode {
+    /// Supported by the platform but inactive.
+    None,
+    /// Heterogeneous Memory Management: the driver mirrors the CPU's page tables.
+    Hmm,
+    /// Address Translation Services: the GPU walks the CPU's page tables (NVLink-C2C to Grace).
+    Ats,
+}
+
+impl AddressingMode {
+    /// NVML's `NVML_DEVICE_ADDRESSING_MODE_*` value.
+    pub fn from_nvml(value: u32) -> Option<Self> {
+        match value {
+            0 => Some(Self::None),
+            1 => Some(Self::Hmm),
+            2 => Some(Self::Ats),
+            _ => None,
+        }
+    }
+
+    pub fn to_nvml(self) -> u32 {
+        match self {
+            Self::None => 0,
+            Self::Hmm => 1,
+            Self::Ats => 2,
+        }
+    }
+
+    /// The attribute value NVIDIA's driver publishes (go-nvlib's `GetAddressingModeAsString`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::None => "None",
+            Self::Hmm => "HMM",
+            Self::Ats => "ATS",
+        }
+    }
+}
+
 /// One physical GPU.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Gpu {
@@ -125,6 +166,10 @@ pub struct Gpu {
     /// `pci<domain>:<bus>` of the root complex, when known.
     pub pcie_root: Option<String>,
     pub numa_node: Option<i64>,
+    /// How the GPU reaches system-allocated memory (`nvmlDeviceGetAddressingMode`); `None` where
+    /// the platform does not support the query (older drivers, GPUs without coherent memory).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub addressing_mode: Option<AddressingMode>,
     /// `None` when the GPU is not MIG-capable.
     pub mig: Option<MigInfo>,
 }

@@ -824,6 +824,9 @@ impl NvmlBackend {
             ) => None,
             Err(e) => return Err(nvml_err(&at("NUMA node"), e)),
         };
+        // SAFETY: the handle belongs to `self.nvml`.
+        let addressing_mode = unsafe { nvml_raw::addressing_mode(&self.nvml, handle.0) }
+            .map_err(|e| raw_err(&at("addressing mode"), e))?;
         Ok(CachedGpu {
             handle,
             gpu: Gpu {
@@ -846,6 +849,7 @@ impl NvmlBackend {
                 pcie_root: pcie_root(&self.sysfs_root, &pci_bus_id),
                 pci_bus_id,
                 numa_node,
+                addressing_mode,
                 mig: None,
             },
             profiles: [None, None],

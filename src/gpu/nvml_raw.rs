@@ -33,6 +33,15 @@ fn check(function: &'static str, ret: nvmlReturn_t) -> Result<(), RawError> {
     }
 }
 
+/// `Ok(false)` for NVML_ERROR_NOT_SUPPORTED: the platform has no such feature.
+fn supported(function: &'static str, ret: nvmlReturn_t) -> Result<bool, RawError> {
+    const NOT_SUPPORTED: nvmlReturn_t = 3;
+    if ret == NOT_SUPPORTED {
+        return Ok(false);
+    }
+    check(function, ret).map(|()| true)
+}
+
 macro_rules! symbol {
     ($nvml:expr, $name:ident) => {
         $nvml.lib().$name.as_ref().map_err(|_| RawError {
@@ -40,6 +49,39 @@ macro_rules! symbol {
             code: MISSING_SYMBOL,
         })?
     };
+}
+
+/// `nvmlDeviceGetAddressingMode`: how the GPU addresses system memory. `Ok(None)` where the
+/// platform does not support it (NOT_SUPPORTED, or a missing symbol on drivers before R565),
+/// as go-nvlib treats both.
+///
+/// # Safety
+/// `device` must be a valid handle obtained from `nvml`.
+pub unsafe fn addressing_mode(
+    nvml: &Nvml,
+    device: nvmlDevice_t,
+) -> Result<Option<super::model::AddressingMode>, RawError> {
+    const NAME: &str = "nvmlDeviceGetAddressingMode";
+    let Ok(call) = nvml.lib().nvmlDeviceGetAddressingMode.as_ref() else {
+        return Ok(None);
+    };
+    let mut mode = nvml_wrapper_sys::bindings::nvmlDeviceAddressingMode_t {
+        // nvmlDeviceAddressingMode_v1: sizeof(struct) | 1 << 24.
+        version: (std::mem::size_of::<nvml_wrapper_sys::bindings::nvmlDeviceAddressingMode_t>()
+            as u32)
+            | (1 << 24),
+        value: 0,
+    };
+    // SAFETY: `mode` is a valid out-pointer for the call's duration.
+    if !supported(NAME, unsafe { call(device, &mut mode) })? {
+        return Ok(None);
+    }
+    super::model::AddressingMode::from_nvml(mode.value)
+        .map(Some)
+        .ok_or(RawError {
+            function: NAME,
+            code: mode.value,
+        })
 }
 
 /// `nvmlDeviceGetGpuFabricInfo`: the GPU's multi-node NVLink registration. `Ok(None)` where
@@ -52,7 +94,6 @@ pub unsafe fn fabric_info(
     device: nvmlDevice_t,
 ) -> Result<Option<super::model::FabricInfo>, RawError> {
     const NAME: &str = "nvmlDeviceGetGpuFabricInfo";
-    const NOT_SUPPORTED: u32 = 3;
     let Ok(call) = nvml.lib().nvmlDeviceGetGpuFabricInfo.as_ref() else {
         return Ok(None);
     };
@@ -63,15 +104,8 @@ pub unsafe fn fabric_info(
         state: 0,
     };
     // SAFETY: `info` is a valid out-pointer for the call's duration.
-    match unsafe { call(device, &mut info) } {
-        0 => {}
-        NOT_SUPPORTED => return Ok(None),
-        code => {
-            return Err(RawError {
-                function: NAME,
-                code,
-            });
-        }
+    if !supported(NAME, unsafe { call(device, &mut info) })? {
+        return Ok(None);
     }
     let Some(state) = super::model::FabricState::from_nvml(info.state) else {
         return Err(RawError {

@@ -1587,6 +1587,7 @@ fn sim_gpu(model: &SimModel, index: u32, node_name: &str, state: Option<&SimGpuS
         pci_bus_id,
         pcie_root: Some(pcie_root),
         numa_node: Some(numa_node),
+        addressing_mode: model.addressing_mode(),
         mig,
     }
 }

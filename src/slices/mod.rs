@@ -444,6 +444,9 @@ fn parent_attributes(inventory: &NodeInventory, gpu: &Gpu) -> BTreeMap<String, D
     if let Some(node) = gpu.numa_node {
         attributes.insert(NUMA_NODE.to_string(), int(node));
     }
+    if let Some(mode) = gpu.addressing_mode {
+        attributes.insert("addressingMode".to_string(), string(mode.as_str()));
+    }
     attributes
 }
 
@@ -740,6 +743,32 @@ mod tests {
             attr(&devices[7], "resource.kubernetes.io/numaNode").int,
             Some(1)
         );
+        // No coherent CPU memory on this platform: NVML does not support the query, so the
+        // attribute is left out, as NVIDIA's driver leaves it.
+        assert!(devices.iter().all(|d| {
+            d.attributes
+                .as_ref()
+                .is_some_and(|a| !a.contains_key("addressingMode"))
+        }));
+    }
+
+    #[test]
+    fn grace_attached_gpus_and_their_mig_devices_publish_their_addressing_mode() {
+        let options = SliceOptions::new(DEFAULT_DRIVER_NAME, "n1");
+        let slices = build(&inventory("sim:2xGB200-186GB"), &options).expect("valid");
+        let devices: Vec<&Device> = slices
+            .iter()
+            .flat_map(|s| s.spec.devices.iter().flatten())
+            .collect();
+        assert!(devices.iter().any(|d| d.name.contains("-mig-")));
+        for d in devices {
+            assert_eq!(
+                attr(d, "addressingMode").string.as_deref(),
+                Some("ATS"),
+                "{}",
+                d.name
+            );
+        }
     }
 
     #[test]

@@ -61,6 +61,9 @@ const ARGUMENT_VERSION_MISMATCH: Ret = 25;
 const UNKNOWN: Ret = 999;
 
 const MEMORY_V2_VERSION: c_uint = (std::mem::size_of::<nvmlMemory_v2_t>() as c_uint) | (2 << 24);
+const ADDRESSING_MODE_V1_VERSION: c_uint =
+    (std::mem::size_of::<nvml_wrapper_sys::bindings::nvmlDeviceAddressingMode_t>() as c_uint)
+        | (1 << 24);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum DeviceKey {
@@ -715,14 +718,11 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
             let Some(gpu) = fake.gpu(minor) else {
                 return NOT_FOUND;
             };
-            if memory.is_null() {
-                return INVALID_ARGUMENT;
-            }
-            // SAFETY: non-null, caller-owned struct; its version word tells its layout.
-            let info = unsafe { &mut *memory };
-            if info.version != MEMORY_V2_VERSION {
-                return ARGUMENT_VERSION_MISMATCH;
-            }
+            // SAFETY: the caller's struct, valid for the call.
+            let info = match unsafe { versioned_out(memory, |m| m.version, MEMORY_V2_VERSION) } {
+                Ok(info) => info,
+                Err(ret) => return ret,
+            };
             let reserved = 512 << 20;
             info.total = gpu.memory_bytes;
             info.reserved = reserved;
@@ -953,6 +953,58 @@ pub unsafe extern "C" fn nvmlDeviceGetNumaNodeId(device: nvmlDevice_t, node: *mu
             match gpu.numa_node {
                 Some(n) => {
                     out!(node, n as c_uint);
+                    SUCCESS
+                }
+                None => NOT_SUPPORTED,
+            }
+        },
+    )
+}
+
+/// The caller's versioned out-struct, or what NVML returns for a null pointer or a version it
+/// does not know.
+///
+/// # Safety
+/// `ptr` is null or points to a caller-owned `T` valid for the call's duration.
+unsafe fn versioned_out<'a, T>(
+    ptr: *mut T,
+    version_of: fn(&T) -> c_uint,
+    want: c_uint,
+) -> Result<&'a mut T, Ret> {
+    if ptr.is_null() {
+        return Err(INVALID_ARGUMENT);
+    }
+    // SAFETY: non-null, caller-owned struct; its version word tells its layout.
+    let out = unsafe { &mut *ptr };
+    if version_of(out) != want {
+        return Err(ARGUMENT_VERSION_MISMATCH);
+    }
+    Ok(out)
+}
+
+/// The simulated model's addressing mode; NOT_SUPPORTED where the platform has none.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetAddressingMode(
+    device: nvmlDevice_t,
+    mode: *mut nvml_wrapper_sys::bindings::nvmlDeviceAddressingMode_t,
+) -> Ret {
+    on_gpu(
+        "nvmlDeviceGetAddressingMode",
+        device,
+        false,
+        |fake, _, minor| {
+            let Some(gpu) = fake.gpu(minor) else {
+                return NOT_FOUND;
+            };
+            // SAFETY: the caller's struct, valid for the call.
+            let out =
+                match unsafe { versioned_out(mode, |m| m.version, ADDRESSING_MODE_V1_VERSION) } {
+                    Ok(out) => out,
+                    Err(ret) => return ret,
+                };
+            match gpu.addressing_mode {
+                Some(m) => {
+                    out.value = m.to_nvml();
                     SUCCESS
                 }
                 None => NOT_SUPPORTED,

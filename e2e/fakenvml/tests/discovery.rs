@@ -110,6 +110,12 @@ fn newer_models_match_with_mig_on() {
         },
     );
     assert_eq!(nvml.gpus[5].brand, "NvidiaRTX");
+    // nvmlDeviceGetAddressingMode: ATS on the Grace-attached GB200, NOT_SUPPORTED elsewhere.
+    assert_eq!(
+        nvml.gpus[1].addressing_mode,
+        Some(gpu_dra::gpu::AddressingMode::Ats)
+    );
+    assert_eq!(nvml.gpus[0].addressing_mode, None);
     assert_eq!(
         nvml.gpus[0].mig.as_ref().expect("B200").profiles.len(),
         sim.gpus[0].mig.as_ref().expect("B200").profiles.len()
@@ -216,6 +222,7 @@ const STATIC_CALLS: &[&str] = &[
     "nvmlDeviceGetMemoryInfo_v2",
     "nvmlDeviceGetPciInfo_v3",
     "nvmlDeviceGetNumaNodeId",
+    "nvmlDeviceGetAddressingMode",
     "nvmlDeviceGetGpuInstanceProfileInfo",
     "nvmlDeviceGetGpuInstancePossiblePlacements_v2",
     "nvmlSystemGetDriverVersion",
