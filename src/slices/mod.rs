@@ -497,6 +497,11 @@ fn static_mig_device(
             capacities
                 .into_iter()
                 .map(|(k, v)| (k.to_string(), capacity(v)))
+                // The memory slices it holds, one each, as NVIDIA's driver announces them.
+                .chain(
+                    (instance.placement.start..instance.placement.end())
+                        .map(|i| (format!("memorySlice{i}"), capacity(1))),
+                )
                 .collect(),
         ),
         ..Device::default()
@@ -827,6 +832,24 @@ mod tests {
         assert_eq!(cap("copyEngines").as_deref(), Some("3"));
         assert_eq!(cap("decoders").as_deref(), Some("2"));
         assert_eq!(cap("memory").as_deref(), Some("19968Mi"));
+        // 3g.20gb at 4 on an 8-slice A100 holds memory slices 4–7.
+        let slices_held: Vec<&str> = mig
+            .capacity
+            .iter()
+            .flat_map(|c| c.keys())
+            .filter(|k| k.starts_with("memorySlice"))
+            .map(String::as_str)
+            .collect();
+        assert_eq!(
+            slices_held,
+            [
+                "memorySlice4",
+                "memorySlice5",
+                "memorySlice6",
+                "memorySlice7"
+            ]
+        );
+        assert_eq!(cap("memorySlice4").as_deref(), Some("1"));
         assert_eq!(
             attr(&devices[3], "productName").string.as_deref(),
             Some("Tesla T4")
