@@ -36,7 +36,7 @@ fn product_facts_are_what_nvml_reports() {
         u32,
         Option<u32>,
     );
-    let expected: [Row; 8] = [
+    let expected: [Row; 9] = [
         (
             "B200-SXM6-180GB",
             "NVIDIA B200",
@@ -115,6 +115,17 @@ fn product_facts_are_what_nvml_reports() {
             (8, 6),
             23028,
             0x2236_10DE,
+            None,
+        ),
+        // Unified memory: NVML reports no framebuffer (0 in the catalog).
+        (
+            "GB10",
+            "NVIDIA GB10",
+            "Nvidia",
+            Architecture::Blackwell,
+            (12, 1),
+            0,
+            0x2E12_10DE,
             None,
         ),
     ];

@@ -102,10 +102,11 @@ pub fn run(args: DemoArgs) -> Result<ExitCode, CliError> {
             None => "no MIG".into(),
         };
         println!(
-            "   gpu-{:<2} {:<24} {:>7} MiB  {:<12} {}",
+            "   gpu-{:<2} {:<24} {:>11}  {:<12} {}",
             gpu.minor,
             gpu.product_name,
-            gpu.memory_bytes >> 20,
+            gpu.memory_bytes
+                .map_or_else(|| "unified".to_string(), |b| format!("{} MiB", b >> 20)),
             gpu.architecture.as_str(),
             mig
         );

@@ -32,7 +32,8 @@ pub struct SimModel {
     pub brand: u32,
     pub architecture: Architecture,
     pub compute_capability: Version2,
-    /// `nvmlDeviceGetMemoryInfo_v2().total`, in MiB.
+    /// `nvmlDeviceGetMemoryInfo_v2().total`, in MiB; `0` for unified memory (GB10), where NVML
+    /// reports no framebuffer (both memory-info calls return NOT_SUPPORTED).
     pub memory_mib: u64,
     /// `pciDeviceId` (device << 16 | vendor).
     pub pci_device_id: u32,
@@ -40,12 +41,16 @@ pub struct SimModel {
 }
 
 impl SimModel {
+    /// What NVML reports as the GPU's memory: `None` on unified memory.
+    pub fn memory_bytes(&self) -> Option<u64> {
+        (self.memory_mib > 0).then_some(self.memory_mib << 20)
+    }
+
     /// What `nvmlDeviceGetAddressingMode` reports: ATS where NVLink-C2C ties the GPU to a Grace
-    /// CPU (GB200); elsewhere the simulated platform does not support the query, as on hosts
-    /// without coherent CPU–GPU memory.
+    /// CPU (GB200, GB10); elsewhere the simulated platform does not support the query, as on
+    /// hosts without coherent CPU–GPU memory.
     pub fn addressing_mode(&self) -> Option<super::model::AddressingMode> {
-        self.key
-            .starts_with("GB200")
+        (self.key.starts_with("GB200") || self.key.starts_with("GB10"))
             .then_some(super::model::AddressingMode::Ats)
     }
 }
@@ -450,6 +455,20 @@ pub static MODELS: &[SimModel] = &[
             memory_slices: 8,
             profiles: GB200_186GB,
         }),
+    },
+    // DGX Spark and other GB10 systems: name from `nvidia-smi`; CC 12.1 (sm_121); unified
+    // LPDDR5X shared with the Grace CPU, so NVML reports no framebuffer (`Memory-Usage: Not
+    // Supported`, a documented DGX Spark known issue); PCI 0x2E12, in the 0x2E00–0x2E3F range
+    // the Linux kernel's DGX Spark iGPU quirk covers (NVIDIA/NV-Kernels#396); no MIG.
+    SimModel {
+        key: "GB10",
+        product_name: "NVIDIA GB10",
+        brand: BRAND_NVIDIA,
+        architecture: Architecture::Blackwell,
+        compute_capability: Version2::new(12, 1),
+        memory_mib: 0,
+        pci_device_id: 0x2E12_10DE,
+        mig: None,
     },
     // Name and 97887 MiB: `nvidia-smi -L` / `--query-gpu` of Server Edition nodes; CC 12.0 from
     // CUDA; PCI 0x2BB5 (pci.ids, mig-parted, bottlerocket-kernel-kit#300). Brand NVIDIA_RTX is

@@ -160,7 +160,9 @@ pub struct Gpu {
     pub brand: String,
     pub architecture: Architecture,
     pub cuda_compute_capability: Version2,
-    pub memory_bytes: u64,
+    /// `None` on unified memory (GB10): NVML reports no framebuffer, and the GPU is published
+    /// without a `memory` capacity, as NVIDIA's driver publishes it.
+    pub memory_bytes: Option<u64>,
     /// Lower-case `dddd:bb:dd.f`.
     pub pci_bus_id: String,
     /// `pci<domain>:<bus>` of the root complex, when known.

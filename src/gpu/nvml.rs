@@ -845,7 +845,7 @@ impl NvmlBackend {
                     cc.major.max(0) as u32,
                     cc.minor.max(0) as u32,
                 ),
-                memory_bytes: 0,
+                memory_bytes: None,
                 pcie_root: pcie_root(&self.sysfs_root, &pci_bus_id),
                 pci_bus_id,
                 numa_node,
@@ -863,10 +863,12 @@ impl NvmlBackend {
         let minor = gpu.gpu.minor;
         // SAFETY: the handle belongs to `self.nvml`.
         let device = unsafe { nvml_wrapper::Device::new(gpu.handle.0, &self.nvml) };
-        let memory_bytes = device
-            .memory_info()
-            .map_err(|e| read_err(minor, "read memory", e))?
-            .total;
+        let memory_bytes = match device.memory_info() {
+            Ok(memory) => Some(memory.total),
+            // Unified memory (GB10): there is no framebuffer to report.
+            Err(NvmlError::NotSupported) => None,
+            Err(e) => return Err(read_err(minor, "read memory", e)),
+        };
         // MIG profile names derive from the memory size; restored if the MIG read fails, so the
         // view stays the last complete one.
         let unknown = std::mem::replace(&mut gpu.gpu.memory_bytes, memory_bytes);
@@ -1024,9 +1026,11 @@ impl NvmlBackend {
                     ));
                 }
             };
-            let Some(name) =
-                mig::profile_name(profile_enum, info.memory_size_mb, gpu.gpu.memory_bytes)
-            else {
+            let Some(name) = mig::profile_name(
+                profile_enum,
+                info.memory_size_mb,
+                gpu.gpu.memory_bytes.unwrap_or_default(),
+            ) else {
                 continue;
             };
             // SAFETY: a live full-GPU handle of `self.nvml`.
@@ -1285,7 +1289,12 @@ impl super::GpuControl for NvmlBackend {
             // SAFETY: the handle belongs to `self.nvml`.
             let device = unsafe { nvml_wrapper::Device::new(gpu.handle.0, &self.nvml) };
             let fail = |e| nvml_err(&format!("GPU {minor}: {OP}"), e);
-            let memory_used_bytes = device.memory_info().map_err(fail)?.used;
+            let memory_used_bytes = match device.memory_info() {
+                Ok(memory) => Some(memory.used),
+                // Unified memory: what the processes hold is what NVML tells.
+                Err(NvmlError::NotSupported) => None,
+                Err(e) => return Err(fail(e)),
+            };
             // Not in MIG mode (NVML has no per-GPU-instance utilization).
             let utilization_percent = match device.utilization_rates() {
                 Ok(u) => Some(u.gpu),
@@ -1309,7 +1318,8 @@ impl super::GpuControl for NvmlBackend {
                 Err(e) => return Err(fail(e)),
             };
             Ok(super::usage::GpuUsage {
-                memory_used_bytes,
+                memory_used_bytes: memory_used_bytes
+                    .unwrap_or_else(|| processes.iter().filter_map(|p| p.memory_used_bytes).sum()),
                 utilization_percent,
                 processes,
             })

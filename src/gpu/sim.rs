@@ -404,7 +404,11 @@ impl SimNode {
         let model = self.model(minor, "set memory limits")?;
         let fail = |failure| memory_limit_err(minor, cgroup, failure);
         let id = cgroup_id(cgroup).ok_or_else(|| fail(MemoryLimitFailure::OperatingSystem))?;
-        super::memory_limit::check(limit, model.memory_mib << 20).map_err(fail)?;
+        // Unified memory has no framebuffer to limit.
+        let memory = model
+            .memory_bytes()
+            .ok_or_else(|| fail(MemoryLimitFailure::NotSupported))?;
+        super::memory_limit::check(limit, memory).map_err(fail)?;
         self.write(|state| {
             let gpu = gpu_even_if_lost(state, minor)
                 .ok_or_else(|| fail(MemoryLimitFailure::NotSupported))?;
@@ -1583,7 +1587,7 @@ fn sim_gpu(model: &SimModel, index: u32, node_name: &str, state: Option<&SimGpuS
         brand: catalog::brand_name(model.brand).to_string(),
         architecture: model.architecture,
         cuda_compute_capability: model.compute_capability,
-        memory_bytes: model.memory_mib << 20,
+        memory_bytes: model.memory_bytes(),
         pci_bus_id,
         pcie_root: Some(pcie_root),
         numa_node: Some(numa_node),

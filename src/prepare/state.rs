@@ -1117,7 +1117,7 @@ fn device_memory(book: &Book, uuid: &str) -> u64 {
         .iter()
         .find_map(|g| {
             if g.uuid == uuid {
-                return Some(g.memory_bytes);
+                return g.memory_bytes;
             }
             let mig = g.mig.as_ref()?;
             let instance = mig.instances.iter().find(|i| i.uuid == uuid)?;

@@ -72,7 +72,11 @@ pub fn apply(device: &mut Device, mode: ConsumableShares) {
     if mode == ConsumableShares::Off {
         return;
     }
-    let capacities = device.capacity.get_or_insert_with(Default::default);
+    // A GPU that reports no memory (unified memory, GB10) stays exclusive: its claims' MPS
+    // clients would get no memory limit to divide.
+    let Some(capacities) = device.capacity.as_mut() else {
+        return;
+    };
     let Some(memory) = capacities.get("memory") else {
         return;
     };

@@ -457,10 +457,9 @@ fn full_gpu_device(inventory: &NodeInventory, gpu: &Gpu) -> Device {
     Device {
         name: gpu_device_name(gpu.minor),
         attributes: Some(attributes),
-        capacity: Some(BTreeMap::from([(
-            "memory".to_string(),
-            capacity(gpu.memory_bytes),
-        )])),
+        capacity: gpu
+            .memory_bytes
+            .map(|bytes| BTreeMap::from([("memory".to_string(), capacity(bytes))])),
         ..Device::default()
     }
 }
@@ -755,6 +754,38 @@ mod tests {
                 .as_ref()
                 .is_some_and(|a| !a.contains_key("addressingMode"))
         }));
+    }
+
+    #[test]
+    fn unified_memory_gpus_are_published_without_a_memory_capacity() {
+        let spark = inventory("sim:1xGB10");
+        let devices = content(&spark, &SliceOptions::new(DEFAULT_DRIVER_NAME, "spark")).devices;
+        assert_eq!(devices.len(), 1);
+        let gpu = &devices[0];
+        assert_eq!(gpu.name, "gpu-0");
+        assert_eq!(
+            attr(gpu, "productName").string.as_deref(),
+            Some("NVIDIA GB10")
+        );
+        assert_eq!(
+            attr(gpu, "cudaComputeCapability").version.as_deref(),
+            Some("12.1.0")
+        );
+        assert_eq!(attr(gpu, "addressingMode").string.as_deref(), Some("ATS"));
+        assert_eq!(gpu.capacity, None);
+        // Consumable shares divide memory; a GPU that reports none stays exclusive.
+        for mode in [
+            consumable::ConsumableShares::Memory,
+            consumable::ConsumableShares::Shares(4),
+        ] {
+            let options = SliceOptions {
+                consumable: mode,
+                ..SliceOptions::new(DEFAULT_DRIVER_NAME, "spark")
+            };
+            let shared = content(&spark, &options).devices;
+            assert_eq!(shared[0].allow_multiple_allocations, None, "{mode}");
+            assert_eq!(shared[0].capacity, None, "{mode}");
+        }
     }
 
     #[test]

@@ -723,11 +723,14 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
                 Ok(info) => info,
                 Err(ret) => return ret,
             };
+            let Some(total) = gpu.memory_bytes else {
+                return NOT_SUPPORTED;
+            };
             let reserved = 512 << 20;
-            info.total = gpu.memory_bytes;
+            info.total = total;
             info.reserved = reserved;
             info.used = used;
-            info.free = gpu.memory_bytes.saturating_sub(reserved + used);
+            info.free = total.saturating_sub(reserved + used);
             SUCCESS
         },
     )
@@ -831,11 +834,14 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
             let Some(gpu) = fake.gpu(minor) else {
                 return NOT_FOUND;
             };
+            let Some(total) = gpu.memory_bytes else {
+                return NOT_SUPPORTED;
+            };
             out!(
                 memory,
                 nvmlMemory_t {
-                    total: gpu.memory_bytes,
-                    free: gpu.memory_bytes.saturating_sub(used),
+                    total,
+                    free: total.saturating_sub(used),
                     used
                 }
             );

@@ -100,7 +100,7 @@ fn mixed_fleet_with_static_mig_matches() {
 fn newer_models_match_with_mig_on() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (sim, nvml) = discover_both(
-        "sim:1xB200-SXM6-180GB,1xGB200-186GB,1xH100-PCIE-80GB,1xH100-NVL-94GB,1xH20-96GB,1xRTX-PRO-6000-BSE-96GB,1xL40S,1xA10",
+        "sim:1xB200-SXM6-180GB,1xGB200-186GB,1xH100-PCIE-80GB,1xH100-NVL-94GB,1xH20-96GB,1xRTX-PRO-6000-BSE-96GB,1xL40S,1xA10,1xGB10",
         "n3",
         &dir.path().join("s.json"),
         |node| {
@@ -116,6 +116,10 @@ fn newer_models_match_with_mig_on() {
         Some(gpu_dra::gpu::AddressingMode::Ats)
     );
     assert_eq!(nvml.gpus[0].addressing_mode, None);
+    // Unified memory: no framebuffer through NVML (both memory-info calls NOT_SUPPORTED).
+    assert_eq!(nvml.gpus[8].product_name, "NVIDIA GB10");
+    assert_eq!(nvml.gpus[8].memory_bytes, None);
+    assert_eq!(nvml.gpus[2].memory_bytes, Some(81559 << 20));
     assert_eq!(
         nvml.gpus[0].mig.as_ref().expect("B200").profiles.len(),
         sim.gpus[0].mig.as_ref().expect("B200").profiles.len()
@@ -551,7 +555,7 @@ fn gpu_use_through_nvml_is_the_simulators() {
     use gpu_dra::gpu::GpuControl;
     use gpu_dra::gpu::sim::SimProcess;
     use gpu_dra::gpu::usage::ProcessUsage;
-    const SPEC: &str = "sim:2xH100-SXM5-80GB";
+    const SPEC: &str = "sim:2xH100-SXM5-80GB,1xGB10";
     let _guard = ENV.lock().unwrap_or_else(|p| p.into_inner());
     let dir = tempfile::tempdir().expect("tempdir");
     let state = dir.path().join("s.json");
@@ -583,6 +587,8 @@ fn gpu_use_through_nvml_is_the_simulators() {
         .expect("process");
     sim.set_process(1, 21, Some(process(21, Some(gi), 500, 50)))
         .expect("process on the MIG device");
+    sim.set_process(2, 31, Some(process(31, None, 2000, 10)))
+        .expect("process on the unified-memory GPU");
     assert!(
         sim.set_process(1, 22, Some(process(22, None, 1, 1)))
             .is_err(),
@@ -595,7 +601,7 @@ fn gpu_use_through_nvml_is_the_simulators() {
         std::env::set_var("FAKE_NVML_STATE", &state);
     }
     let nvml = NvmlBackend::open(Some(&fake_library()), "/nonexistent".into()).expect("NVML init");
-    for minor in [0, 1] {
+    for minor in [0, 1, 2] {
         assert_eq!(
             GpuControl::usage(&nvml, minor).expect("usage through NVML"),
             GpuControl::usage(&sim, minor).expect("usage in the simulator"),
@@ -608,6 +614,14 @@ fn gpu_use_through_nvml_is_the_simulators() {
     let mig = GpuControl::usage(&nvml, 1).expect("usage");
     assert_eq!(mig.utilization_percent, None, "NVML has none in MIG mode");
     assert_eq!(mig.gpu_instance_memory(gi), 500 << 20);
+    // Unified memory (GB10): NVML's memory calls are NOT_SUPPORTED; the processes' memory is
+    // what it tells.
+    assert_eq!(
+        GpuControl::usage(&nvml, 2)
+            .expect("usage")
+            .memory_used_bytes,
+        2000 << 20
+    );
     // Ended: gone from NVML's list.
     sim.set_process(0, 12, None).expect("end");
     assert_eq!(
