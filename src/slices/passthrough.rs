@@ -51,6 +51,10 @@ pub fn eligibility<'a>(
                 Err("the node has no IOMMU groups (IOMMU off in firmware or kernel)".to_string())
             } else if let Some(reason) = function.group_blocker() {
                 Err(reason)
+            } else if let Some(product) = grace_attached(inventory, function) {
+                Err(format!(
+                    "{product} is Grace-attached: a virtual machine needs Linux's nvgrace-gpu-vfio-pci variant driver, which gpu-dra does not bind yet (only vfio-pci)"
+                ))
             } else {
                 match function.driver.as_deref() {
                     Some("vfio-pci") => Ok(()),
@@ -78,6 +82,25 @@ fn offered_whole(gpu: &Gpu, modes: &BTreeMap<u32, GpuMode>) -> Result<(), String
         GpuMode::Static => Err("its MIG devices are offered (static MIG)".into()),
         GpuMode::Unusable => Err("it is not offered at all (MIG mode with MIG devices off)".into()),
     }
+}
+
+/// PCI device IDs of GPUs tied to a Grace CPU by NVLink-C2C, for a function NVML no longer sees
+/// (bound to VFIO): GH200 (0x2342) and GB200 (0x2941).
+const GRACE_ATTACHED_DEVICE_IDS: [u16; 2] = [0x2342, 0x2941];
+
+/// The product, if the GPU is tied to a Grace CPU (GH200, GB200, GB300): what NVML calls it,
+/// else the PCI device ID.
+fn grace_attached(inventory: &NodeInventory, function: &PciGpu) -> Option<String> {
+    if let Some(gpu) = nvml_gpu(inventory, function) {
+        let name = &gpu.product_name;
+        return ["GH200", "GB200", "GB300"]
+            .iter()
+            .any(|grace| name.contains(grace))
+            .then(|| name.clone());
+    }
+    GRACE_ATTACHED_DEVICE_IDS
+        .contains(&function.device_id)
+        .then(|| format!("PCI device {:#06x}", function.device_id))
 }
 
 fn nvml_gpu<'a>(inventory: &'a NodeInventory, function: &PciGpu) -> Option<&'a Gpu> {
@@ -170,6 +193,28 @@ pub fn vfio_device(inventory: &NodeInventory, function: &PciGpu) -> Device {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn grace_attached_gpus_are_not_offered_to_virtual_machines() {
+        use crate::gpu::{DiscoveryConfig, GpuSource};
+        let source: GpuSource = "sim:1xH100-SXM5-80GB,1xGB200-186GB".parse().expect("spec");
+        let inventory = crate::gpu::discover(&DiscoveryConfig {
+            sysfs_root: "/nonexistent".into(),
+            ..DiscoveryConfig::new(source, "n1")
+        })
+        .expect("discover");
+        let verdicts: Vec<Result<(), String>> = eligibility(&inventory, &BTreeMap::new())
+            .into_iter()
+            .map(|(_, verdict)| verdict)
+            .collect();
+        assert_eq!(verdicts.len(), 2);
+        assert_eq!(verdicts[0], Ok(()));
+        let refused = verdicts[1].as_ref().expect_err("GB200");
+        assert!(
+            refused.contains("NVIDIA GB200") && refused.contains("nvgrace-gpu-vfio-pci"),
+            "{refused}"
+        );
+    }
 
     #[test]
     fn names_round_trip() {
