@@ -290,6 +290,19 @@ ok "a worker on cd-c (clique 2) never joins: its prepare fails naming its clique
 cd_kubelet cd-c unprepare --claim "$(claim_ref nvbandwidth-test-worker-c)" >/dev/null || fail "unprepare on cd-c"
 [[ $(imex_daemons | wc -l) == 4 ]] || fail "IMEX daemons after cd-c's unprepare: $(imex_daemons | wc -l), want 4"
 
+# ---------------------------------------------------------------- 3a. the fabric moves a node
+# Fabric partitioning moves cd-c into clique 1 while its plugin runs, then back: the plugin reads
+# its clique again at each round and its published channel follows.
+move_cd_c() { "$GPU_DRA" sim --gpus "$GPUS" --node-name cd-c --sim-state "$(node_dir cd-c)/hw.json" \
+    fabric --cluster-uuid 7f1f1a8e-5b7d-4c1e-9a34-0c2e6d0b7201 --clique-id "$1" >/dev/null; }
+cd_c_clique() { kubectl get resourceslices -o json | jq -r '[.items[] | select(.spec.driver == "compute-domain.nvidia.com" and .spec.nodeName == "cd-c") | .spec.devices[0].attributes.cliqueID.string] | first'; }
+move_cd_c 1
+export -f cd_c_clique
+wait_for "cd-c's channel in clique 1" 30 bash -c "[[ \$(cd_c_clique) == $CLIQUE1 ]]"
+move_cd_c 2
+wait_for "cd-c's channel back in clique 2" 30 bash -c "[[ \$(cd_c_clique) == $CLIQUE2 ]]"
+ok "the fabric moves cd-c to clique 1 and back while its plugin runs: its published channel's cliqueID follows each move"
+
 # ---------------------------------------------------------------- 3b. host-managed IMEX
 # cd-c's plugin with --imex-mode host-managed: the admin runs nvidia-imex on the host with a
 # command socket (here: the fake one, chrooted into cd-c's driver root, its socket inside it).

@@ -154,6 +154,22 @@ impl ChannelPlugin {
         Ok(clique)
     }
 
+    /// Reads the node's clique again: fabric partitioning can move a node to another clique
+    /// while the driver runs. A read that fails or finds none keeps the last known clique.
+    pub fn refresh_clique(&self) {
+        let read = node_clique(self.gpus.as_ref());
+        let mut known = self.clique.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(next) = next_clique(known.as_deref(), read) {
+            match known.as_deref() {
+                Some(previous) => {
+                    tracing::info!(previous, clique = next, "the node's NVLink clique changed");
+                }
+                None => tracing::info!(clique = next, "the node's NVLink clique"),
+            }
+            *known = Some(next);
+        }
+    }
+
     /// The node's pool: channel 0, with NVIDIA's attributes and the node's clique once known.
     pub fn slices(&self) -> Vec<ResourceSlice> {
         let clique = self
@@ -671,6 +687,7 @@ impl ChannelPlugin {
                 tracing::warn!(error = %e, "cannot stop an IMEX daemon no claim holds");
             }
         }
+        self.refresh_clique();
         let Ok(clique) = self.clique() else {
             return;
         };
@@ -818,9 +835,36 @@ pub fn node_clique(gpus: &dyn crate::gpu::GpuControl) -> Result<String, String> 
     }
 }
 
+/// The clique to keep after reading `read` where `known` was known: the first one read (even
+/// none, a node without multi-node NVLink), then only another clique; a failed read or none
+/// keeps the last.
+fn next_clique<E>(known: Option<&str>, read: Result<String, E>) -> Option<String> {
+    let read = read.ok()?;
+    match known {
+        None => Some(read),
+        Some(known) if !read.is_empty() && read != known => Some(read),
+        Some(_) => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_node_moved_to_another_clique_takes_it_and_a_failed_read_keeps_the_last() {
+        let ok = |c: &str| Ok::<String, String>(c.to_string());
+        assert_eq!(next_clique(None, ok("uuid.7")), Some("uuid.7".into()));
+        assert_eq!(next_clique(None, ok("")), Some(String::new()));
+        assert_eq!(next_clique(None, Err("registering")), None);
+        assert_eq!(
+            next_clique(Some("uuid.7"), ok("uuid.9")),
+            Some("uuid.9".into())
+        );
+        assert_eq!(next_clique(Some("uuid.7"), ok("uuid.7")), None);
+        assert_eq!(next_clique(Some("uuid.7"), ok("")), None);
+        assert_eq!(next_clique(Some("uuid.7"), Err("lost")), None);
+    }
 
     #[test]
     fn books_of_older_versions_still_load() {
