@@ -292,7 +292,9 @@ cd_kubelet cd-c unprepare --claim "$(claim_ref nvbandwidth-test-worker-c)" >/dev
 
 # ---------------------------------------------------------------- 3a. the fabric moves a node
 # Fabric partitioning moves cd-c into clique 1 while its plugin runs, then back: the plugin reads
-# its clique again at each round and its published channel follows.
+# its clique again at each round and its published channel follows. cd-c is one of the
+# host-process nodes (kubelet-sim over its socket), not the image through the chart: the real
+# node's GPUs have one fabric, and moving it needs the simulator's state file.
 move_cd_c() { "$GPU_DRA" sim --gpus "$GPUS" --node-name cd-c --sim-state "$(node_dir cd-c)/hw.json" \
     fabric --cluster-uuid 7f1f1a8e-5b7d-4c1e-9a34-0c2e6d0b7201 --clique-id "$1" >/dev/null; }
 cd_c_clique() { kubectl get resourceslices -o json | jq -r '[.items[] | select(.spec.driver == "compute-domain.nvidia.com" and .spec.nodeName == "cd-c") | .spec.devices[0].attributes.cliqueID.string] | first'; }

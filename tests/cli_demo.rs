@@ -103,18 +103,21 @@ fn packing_study_compares_both_orders() {
     );
     // Several GPUs with few states each: the exact best order in continuous time, ours beside
     // it and (simulated) with real minors.
-    let (ok, out, err) = gpu_dra(&[
-        "packing-study",
-        "--gpus",
-        "sim:3xA30-24GB",
-        "--best-order-many",
-        "--events",
-        "20",
-        "--mix",
-        "1g.6gb=5,2g.12gb=3,4g.24gb=2",
-        "--mean-lifetime",
-        "2",
-    ]);
+    // Three A30s with a small mix: every node state is solved in a moment.
+    let a30_study = |flags: &[&str]| {
+        let mut args = vec!["packing-study", "--gpus", "sim:3xA30-24GB"];
+        args.extend_from_slice(flags);
+        args.extend([
+            "--events",
+            "20",
+            "--mix",
+            "1g.6gb=5,2g.12gb=3,4g.24gb=2",
+            "--mean-lifetime",
+            "2",
+        ]);
+        gpu_dra(&args)
+    };
+    let (ok, out, err) = a30_study(&["--best-order-many"]);
     assert!(ok, "{err}");
     assert!(
         out.contains("in continuous time, every node state solved"),
@@ -135,18 +138,7 @@ fn packing_study_compares_both_orders() {
     assert!(!ok);
     assert!(err.contains("--best-order-many"), "{err}");
     // Any node of identical GPUs: the proven floor beside name order and ours, simulated.
-    let (ok, out, err) = gpu_dra(&[
-        "packing-study",
-        "--gpus",
-        "sim:3xA30-24GB",
-        "--best-order-bound",
-        "--events",
-        "20",
-        "--mix",
-        "1g.6gb=5,2g.12gb=3,4g.24gb=2",
-        "--mean-lifetime",
-        "2",
-    ]);
+    let (ok, out, err) = a30_study(&["--best-order-bound"]);
     assert!(ok, "{err}");
     assert!(
         out.contains("mean lifetime 2: name order")
@@ -156,19 +148,7 @@ fn packing_study_compares_both_orders() {
         "{out}"
     );
     // The second floor only when asked for, and only with the first.
-    let (ok, out, err) = gpu_dra(&[
-        "packing-study",
-        "--gpus",
-        "sim:3xA30-24GB",
-        "--best-order-bound",
-        "--additive-bound",
-        "--events",
-        "20",
-        "--mix",
-        "1g.6gb=5,2g.12gb=3,4g.24gb=2",
-        "--mean-lifetime",
-        "2",
-    ]);
+    let (ok, out, err) = a30_study(&["--best-order-bound", "--additive-bound"]);
     assert!(ok, "{err}");
     assert!(
         out.contains("re-placing instances freely") && out.contains("values that add up over GPUs"),
