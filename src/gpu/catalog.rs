@@ -46,12 +46,18 @@ impl SimModel {
         (self.memory_mib > 0).then_some(self.memory_mib << 20)
     }
 
-    /// What `nvmlDeviceGetAddressingMode` reports: ATS where NVLink-C2C ties the GPU to a Grace
-    /// CPU (GB200, GB10); elsewhere the simulated platform does not support the query, as on
-    /// hosts without coherent CPU–GPU memory.
+    /// What `nvmlDeviceGetAddressingMode` reports (Turing and newer, R580 drivers): ATS where
+    /// NVLink-C2C ties the GPU to a Grace CPU (GB200, GB10); elsewhere `None`, what a real H200
+    /// on driver 580.159.04 answered (HMM on hosts whose kernel mirrors page tables for it).
     pub fn addressing_mode(&self) -> Option<super::model::AddressingMode> {
-        (self.key.starts_with("GB200") || self.key.starts_with("GB10"))
-            .then_some(super::model::AddressingMode::Ats)
+        use super::model::AddressingMode;
+        Some(
+            if self.key.starts_with("GB200") || self.key.starts_with("GB10") {
+                AddressingMode::Ats
+            } else {
+                AddressingMode::None
+            },
+        )
     }
 }
 
@@ -200,14 +206,16 @@ static H100_80GB: &[ProfileRow] = &[
     row(9, 15, 1, 4, 20096, [26, 1, 1, 0, 1, 0], 2, EIGHT_EVEN),
 ];
 
+// H200 141GB, driver 580.159.04: read through NVML on a real H200 (MIG mode off, 2026-12-04;
+// `tests/real_gpus.rs` holds that reading): every row, memory, engine count and placement.
 static H200_141GB: &[ProfileRow] = &[
     row(0, 19, 1, 7, 16384, [16, 1, 1, 0, 1, 0], 1, EIGHT_1G),
-    row(1, 14, 2, 3, 33024, [32, 2, 2, 0, 2, 0], 2, EIGHT_2G),
-    row(2, 9, 3, 2, 71168, [60, 3, 3, 0, 3, 0], 4, EIGHT_HALVES),
-    row(3, 5, 4, 1, 71168, [64, 4, 4, 0, 4, 0], 4, ZERO),
-    row(4, 0, 7, 1, 143104, [132, 8, 7, 0, 7, 1], 8, ZERO),
+    row(1, 14, 2, 3, 33280, [32, 2, 2, 0, 2, 0], 2, EIGHT_2G),
+    row(2, 9, 3, 2, 71424, [60, 3, 3, 0, 3, 0], 4, EIGHT_HALVES),
+    row(3, 5, 4, 1, 71424, [64, 4, 4, 0, 4, 0], 4, ZERO),
+    row(4, 0, 7, 1, 143360, [132, 8, 7, 0, 7, 1], 8, ZERO),
     row(7, 20, 1, 1, 16384, [16, 1, 1, 0, 1, 1], 1, EIGHT_1G),
-    row(9, 15, 1, 4, 33024, [26, 1, 1, 0, 1, 0], 2, EIGHT_EVEN),
+    row(9, 15, 1, 4, 33280, [26, 1, 1, 0, 1, 0], 2, EIGHT_EVEN),
 ];
 
 // H100 PCIe 80GB, driver 570.169: a public `nvidia-smi mig -lgip` transcript of a Scaleway
@@ -266,8 +274,9 @@ static H20_96GB: &[ProfileRow] = &[
 // - NVDEC/JPEG = compute slices (B200 has 7 of each; real 1g/2g rows show 1/1 and 2/2);
 // - SMs: 4g = 2 x 2g (true of every measured 8-slice part), 3g = 4g x 60/64 (Hopper's measured
 //   3g:4g) rounded down to an even count, 7g = all 148 SMs (the guide says "Full"; 148 from CUDA);
-// - memory: 7g = 99.5% of the 183359 MiB total rounded to 256 MiB (H100: 81152, H200: 143104 by
-//   the same rule), 3g/4g = 7g/2 - 256 MiB (H100/H200/H100 NVL are within 128 MiB of that).
+// - memory: 7g = 99.5% of the 183359 MiB total rounded to 256 MiB (right for H100's 81152; a
+//   real H200 gives 143360, 256 MiB above the rule), 3g/4g = 7g/2 - 256 MiB (H100/H100 NVL are
+//   within 128 MiB of that; H200 is 7g/2 - 256). So these rows may be off by about 256 MiB.
 static B200_180GB: &[ProfileRow] = &[
     row(0, 19, 1, 7, 22528, [18, 2, 1, 0, 1, 0], 1, EIGHT_1G),
     row(1, 14, 2, 3, 45312, [36, 4, 2, 0, 2, 0], 2, EIGHT_2G),

