@@ -100,6 +100,7 @@ fn bench_driver(
             here: driver_root.clone(),
             host: driver_root,
             hook: None,
+            firmware: Default::default(),
         }),
     };
     let (state, _) = DeviceState::open(config, sim).expect("open");

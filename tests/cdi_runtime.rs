@@ -85,6 +85,7 @@ fn driver_config(
             // As on a GPU-operator node, the host may see the root elsewhere than this process.
             host: driver_root.to_path_buf(),
             hook: None,
+            firmware: Default::default(),
         }),
     }
 }

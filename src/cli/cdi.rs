@@ -11,7 +11,7 @@ use super::slices::{GpuArgs, OutputFormat, write_document};
 use crate::gpu::mig::{gpu_device_name, mig_device_name, parse_mig_device_name};
 use crate::gpu::{self, NodeInventory};
 use crate::prepare::cdi::{CdiDevice, CdiStore};
-use crate::prepare::driver_files::DriverRoot;
+use crate::prepare::driver_files::{DriverRoot, FirmwareSearch};
 
 #[derive(Debug, Args)]
 #[command(
@@ -61,6 +61,7 @@ pub fn run(args: CdiArgs) -> Result<ExitCode, CliError> {
         here: args.nvidia_driver_root.clone(),
         host: args.nvidia_driver_root.clone(),
         hook: args.nvidia_cdi_hook_path.clone(),
+        firmware: FirmwareSearch::from_host(&args.gpu.sysfs_root),
     };
     let files = root
         .discover(&inventory.driver_version)

@@ -131,6 +131,7 @@ pub fn run(args: DemoArgs) -> Result<ExitCode, CliError> {
                 here: driver_root.clone(),
                 host: driver_root,
                 hook: None,
+                firmware: Default::default(),
             }),
             driver_name: DRIVER.into(),
             mig_policy: MigPolicy::Auto,

@@ -264,6 +264,7 @@ impl RunArgs {
             here: self.container_driver_root().to_path_buf(),
             host: self.nvidia_driver_root.clone(),
             hook: self.nvidia_cdi_hook_path.clone(),
+            firmware: crate::prepare::driver_files::FirmwareSearch::from_host(&self.gpu.sysfs_root),
         }))
     }
 

@@ -16,7 +16,15 @@ pub const LIBRARY_DIRS: [&str; 6] = [
     "lib64",
     "lib",
 ];
-const BINARY_DIRS: [&str; 3] = ["usr/bin", "bin", "usr/sbin"];
+/// The toolkit's default `PATH`, the search of NVIDIA's driver in its container (first wins).
+const BINARY_DIRS: [&str; 6] = [
+    "usr/local/sbin",
+    "usr/local/bin",
+    "usr/sbin",
+    "usr/bin",
+    "sbin",
+    "bin",
+];
 /// The utility binaries NVIDIA's CDI specs mount.
 pub const BINARIES: [&str; 5] = [
     "nvidia-smi",
@@ -29,7 +37,8 @@ const SOCKETS: [&str; 2] = [
     "run/nvidia-persistenced/socket",
     "run/nvidia-fabricmanager/socket",
 ];
-const FIRMWARE_DIRS: [&str; 2] = ["lib/firmware/nvidia", "usr/lib/firmware/nvidia"];
+/// The GSP and microcode firmware of driver `<version>`, under `<search dir>/nvidia/<version>/`.
+const FIRMWARE_PATTERNS: [(&str, &str); 2] = [("gsp", ".bin"), ("ucodes", ".bin")];
 /// ICD and vendor files (the toolkit's list): path under a config folder (`etc/` or
 /// `usr/share/` of the driver root, searched in that order) and the folder containers see it in.
 const CONFIGS: [(&str, &str); 13] = [
@@ -70,6 +79,9 @@ const LEGACY_NVVM: &str = "libnvidia-nvvm70.so.";
 const DEV_LINKED: [&str; 2] = ["libcuda", "libnvidia-opticalflow"];
 /// Subfolders of a library folder whose links point at driver libraries (GBM's backend).
 const LINK_SUBDIRS: [&str; 1] = ["gbm"];
+/// GBM loads the driver's backend through this link beside the allocator library; the toolkit
+/// makes it in every container that gets `libnvidia-allocator`, whether or not the host has it.
+const GBM_BACKEND: (&str, &str) = ("libnvidia-allocator.so.", "gbm/nvidia-drm_gbm.so");
 /// The toolkit hook's commands a spec uses only where the node's hook has them (read from the
 /// binary, which names its commands); `create-symlinks` and `update-ldcache` every hook has.
 pub const HOOK_COMMANDS: [&str; 4] = [
@@ -160,6 +172,55 @@ pub struct DriverRoot {
     pub host: PathBuf,
     /// `--nvidia-cdi-hook-path`: the toolkit's hook on the host, overriding the search.
     pub hook: Option<PathBuf>,
+    /// Where the kernel loads the driver's firmware from.
+    pub firmware: FirmwareSearch,
+}
+
+/// The folders the kernel loads firmware from (its `fw_path`), which the container toolkit
+/// searches too, each under the driver root: the `firmware_class.path` an admin set, then
+/// `/lib/firmware/updates/<release>`, `/lib/firmware/updates`, `/lib/firmware/<release>`,
+/// `/lib/firmware`. Some images keep the driver's firmware only under the custom path (a real
+/// H200 VM: `/usr/local/nvidia/firmware`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FirmwareSearch {
+    /// `/sys/module/firmware_class/parameters/path`, when set.
+    pub custom: Option<PathBuf>,
+    /// The running kernel's release (`uname -r`).
+    pub kernel_release: Option<String>,
+}
+
+impl FirmwareSearch {
+    /// Reads the host's settings: sysfs (the kernel's own, also inside a container) and the
+    /// kernel release.
+    pub fn from_host(sysfs_root: &Path) -> Self {
+        let read = |path: &Path| {
+            std::fs::read_to_string(path)
+                .ok()
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+        };
+        Self {
+            custom: read(&sysfs_root.join("module/firmware_class/parameters/path"))
+                .map(PathBuf::from),
+            kernel_release: read(Path::new("/proc/sys/kernel/osrelease")),
+        }
+    }
+
+    /// The search folders, relative to the driver root, in the kernel's order.
+    fn dirs(&self) -> Vec<PathBuf> {
+        let mut dirs = Vec::new();
+        if let Some(custom) = self.custom.as_deref().and_then(relative) {
+            dirs.push(custom);
+        }
+        let release = self.kernel_release.as_deref().filter(|r| !r.contains('/'));
+        for base in ["lib/firmware/updates", "lib/firmware"] {
+            if let Some(release) = release {
+                dirs.push(Path::new(base).join(release));
+            }
+            dirs.push(PathBuf::from(base));
+        }
+        dirs
+    }
 }
 
 impl DriverRoot {
@@ -189,16 +250,19 @@ impl DriverRoot {
             })
             .map(|rel| self.file(&rel))
             .collect();
-        let mut firmware = Vec::new();
-        for dir in FIRMWARE_DIRS {
-            let rel = Path::new(dir).join(version);
+        // Every match in every search folder, as the toolkit mounts them.
+        let mut firmware: Vec<DriverFile> = Vec::new();
+        for dir in self.firmware.dirs() {
+            let rel = dir.join("nvidia").join(version);
             for name in self.list(&rel)? {
-                if name.ends_with(".bin") && self.here.join(&rel).join(&name).is_file() {
-                    firmware.push(self.file(&rel.join(name)));
+                let wanted = FIRMWARE_PATTERNS
+                    .iter()
+                    .any(|(prefix, suffix)| name.starts_with(prefix) && name.ends_with(suffix));
+                let file = self.file(&rel.join(&name));
+                if wanted && self.here.join(&rel).join(&name).is_file() && !firmware.contains(&file)
+                {
+                    firmware.push(file);
                 }
-            }
-            if !firmware.is_empty() {
-                break;
             }
         }
         let sockets = SOCKETS
@@ -357,6 +421,19 @@ impl DriverRoot {
                         target: target.clone(),
                     });
                 }
+            }
+        }
+        for target in &targets {
+            let (prefix, link_name) = GBM_BACKEND;
+            let is_allocator = target
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with(prefix));
+            let link = target.with_file_name(link_name);
+            if is_allocator && !links.iter().any(|l| l.link == link) {
+                links.push(LibraryLink {
+                    link,
+                    target: target.clone(),
+                });
             }
         }
         links.sort();
@@ -723,6 +800,107 @@ mod tests {
             here: dir.to_path_buf(),
             host: PathBuf::from("/run/nvidia/driver"),
             hook: None,
+            firmware: FirmwareSearch::default(),
+        }
+    }
+
+    #[test]
+    fn firmware_is_found_where_the_kernel_loads_it_from() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        write_fake_driver_root(dir.path(), VERSION).expect("fake root");
+        // Moved to an admin's firmware_class.path, beside a kernel-specific update.
+        std::fs::create_dir_all(dir.path().join("usr/local/nvidia")).expect("mkdir");
+        std::fs::rename(
+            dir.path().join("lib/firmware"),
+            dir.path().join("usr/local/nvidia/firmware"),
+        )
+        .expect("move firmware");
+        let update = dir
+            .path()
+            .join("lib/firmware/updates/6.8.0-1/nvidia")
+            .join(VERSION);
+        std::fs::create_dir_all(&update).expect("updates");
+        for name in ["ucodes_gh100.bin", "README.txt", "other.bin"] {
+            std::fs::write(update.join(name), b"").expect("write");
+        }
+        let mut root = root(dir.path());
+        let found = |root: &DriverRoot| -> Vec<String> {
+            let files = root.discover(VERSION).expect("discover");
+            files
+                .firmware
+                .iter()
+                .map(|f| f.container_path.display().to_string())
+                .collect()
+        };
+        // The kernel's default folders alone: the updates folder of another kernel is not one.
+        assert_eq!(found(&root), Vec::<String>::new());
+        root.firmware = FirmwareSearch {
+            custom: Some("/usr/local/nvidia/firmware".into()),
+            kernel_release: Some("6.8.0-1".into()),
+        };
+        assert_eq!(
+            found(&root),
+            [
+                format!("/usr/local/nvidia/firmware/nvidia/{VERSION}/gsp_ga10x.bin"),
+                format!("/usr/local/nvidia/firmware/nvidia/{VERSION}/gsp_tu10x.bin"),
+                format!("/lib/firmware/updates/6.8.0-1/nvidia/{VERSION}/ucodes_gh100.bin"),
+            ]
+        );
+        let files = root.discover(VERSION).expect("discover");
+        assert_eq!(
+            files.firmware[0].host_path,
+            Path::new("/run/nvidia/driver/usr/local/nvidia/firmware/nvidia")
+                .join(VERSION)
+                .join("gsp_ga10x.bin")
+        );
+    }
+
+    #[test]
+    fn firmware_search_reads_the_hosts_settings() {
+        let sys = tempfile::tempdir().expect("tempdir");
+        assert_eq!(FirmwareSearch::from_host(sys.path()).custom, None);
+        let params = sys.path().join("module/firmware_class/parameters");
+        std::fs::create_dir_all(&params).expect("mkdir");
+        std::fs::write(params.join("path"), "\n").expect("write");
+        assert_eq!(FirmwareSearch::from_host(sys.path()).custom, None);
+        std::fs::write(params.join("path"), "/usr/local/nvidia/firmware\n").expect("write");
+        let search = FirmwareSearch::from_host(sys.path());
+        assert_eq!(
+            search.custom,
+            Some(PathBuf::from("/usr/local/nvidia/firmware"))
+        );
+        // The kernel's order: custom, updates/<release>, updates, <release>, plain.
+        let search = FirmwareSearch {
+            kernel_release: Some("6.18.4".into()),
+            ..search
+        };
+        assert_eq!(
+            search.dirs(),
+            [
+                "usr/local/nvidia/firmware",
+                "lib/firmware/updates/6.18.4",
+                "lib/firmware/updates",
+                "lib/firmware/6.18.4",
+                "lib/firmware",
+            ]
+            .map(PathBuf::from)
+        );
+    }
+
+    #[test]
+    fn the_gbm_backend_link_is_made_where_the_host_has_none() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        write_fake_driver_root(dir.path(), VERSION).expect("fake root");
+        let lib_dir = Path::new("/usr/lib/x86_64-linux-gnu");
+        let gbm = lib_dir.join("gbm/nvidia-drm_gbm.so");
+        let allocator = lib_dir.join(format!("libnvidia-allocator.so.{VERSION}"));
+        let with_host_link = root(dir.path()).discover(VERSION).expect("discover");
+        std::fs::remove_dir_all(dir.path().join("usr/lib/x86_64-linux-gnu/gbm")).expect("rm gbm");
+        let without = root(dir.path()).discover(VERSION).expect("discover");
+        for files in [&with_host_link, &without] {
+            let links: Vec<_> = files.links.iter().filter(|l| l.link == gbm).collect();
+            assert_eq!(links.len(), 1, "{:?}", files.links);
+            assert_eq!(links[0].target, allocator);
         }
     }
 

@@ -67,6 +67,7 @@ impl Node {
                 here: root.clone(),
                 host: root,
                 hook: None,
+                firmware: Default::default(),
             }),
         };
         Self { dir, config, sim }
