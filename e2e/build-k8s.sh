@@ -76,8 +76,9 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
 done
 
 sources_hash() {
-    # Every input of a module's tools: its module files plus all its non-test Go sources.
-    (cd "$1" && find . -name '*.go' ! -name '*_test.go' -print0 | LC_ALL=C sort -z \
+    # Every input of a module's tools: its module files, all its non-test Go sources and the
+    # files they embed (*.tsv).
+    (cd "$1" && find . \( -name '*.go' ! -name '*_test.go' -o -name '*.tsv' \) -print0 | LC_ALL=C sort -z \
         | xargs -0 sha256sum; sha256sum go.mod go.sum) | sha256sum | cut -d' ' -f1
 }
 tools_hash() { sources_hash "$HARNESS"; }

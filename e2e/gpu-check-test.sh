@@ -13,8 +13,9 @@
 #
 # What this proves: the kit's plumbing (the bundled loader, the static runc and hook, both CDI
 # specs applied by the CDI library and run by runc, NVIDIA's update-ldcache hook building the
-# container's ld cache, the comparison and its parsing). What it cannot: that the real NVML,
-# nvidia-smi and libcuda agree, which only a run on a GPU shows (README, "Checking a real GPU").
+# container's ld cache, both comparisons and their parsing: the devices against nvidia-smi, our
+# spec against nvidia-ctk's). What it cannot: that the real NVML, nvidia-smi, libcuda and driver
+# files agree, which only a run on a GPU shows (README, "Checking a real GPU").
 #
 # Needs root, gcc, and the workspace built (cargo build --workspace: gpu-dra and the fake NVML).
 # Reports TAP-like lines ending with "N passed, N failed".
@@ -110,8 +111,8 @@ OUT=$WORK/out
 run_on_fakes "$OUT" "$WORK/run.out"
 cat "$WORK/run.out" >&2
 [[ $rc -eq 0 ]] || fail "the kit on the fakes: exit $rc"
-grep -q 'gpu-check: all 6 steps passed' "$WORK/run.out" || fail "not all six steps passed"
-ok "all six steps passed on the fakes"
+grep -q 'gpu-check: all 7 steps passed' "$WORK/run.out" || fail "not all seven steps passed"
+ok "all seven steps passed on the fakes"
 grep -q '^ok *gpu-0 MIG placements (profile id:start): 0:0 5:0 9:0 9:4 14:0 14:2 14:4 15:0 15:2 15:4 15:6 19:0' "$WORK/run.out" \
     || fail "the H100's MIG placements were not compared with mig -lgipp"
 grep -q '^2 GPUs compared, 0 mismatches' "$WORK/run.out" || fail "comparison count line"
@@ -129,15 +130,21 @@ ok "the probe ran in runc with our spec and with nvidia-ctk's on the first GPU n
 grep -q '"faultEvents": "registered"' "$OUT/health.json" && grep -q '"recoveryAction": "None"' "$OUT/health.json" \
     || fail "health report: $(cat "$OUT/health.json")"
 ok "health: events registered, recovery action read"
+grep -q '^   PASS  7 parity' "$WORK/run.out" \
+    && grep -q '^CDI vs nvidia-ctk: [0-9]* entries compared, [0-9]* differences explained, 0 mismatches$' "$OUT/parity.txt" \
+    && grep -q '^explained only nvidia: env NVIDIA_VISIBLE_DEVICES=void ' "$OUT/parity.txt" \
+    || fail "parity of our spec and nvidia-ctk's: $(cat "$OUT/parity.txt" 2>/dev/null)"
+ok "parity: $(tail -1 "$OUT/parity.txt")"
 
-# Every GPU in MIG mode: the probes are skipped, not failed (CUDA runs only in MIG devices).
+# Every GPU in MIG mode: the probes and the parity check are skipped, not failed (CUDA runs only
+# in MIG devices).
 sim mig-mode --gpu 1 --enabled true
 sim reset --gpu 1
 run_on_fakes "$WORK/out-mig" "$WORK/run-mig.out"
-[[ $rc -eq 0 ]] && grep -q 'gpu-check: no step failed; 2 skipped' "$WORK/run-mig.out" \
-    && grep -q '^   SKIP  5 probe' "$WORK/run-mig.out" \
-    || { cat "$WORK/run-mig.out" >&2; fail "every GPU in MIG mode: exit $rc, want 0 with both probes skipped"; }
-ok "every GPU in MIG mode: both probes skipped with the reason, nothing failed"
+[[ $rc -eq 0 ]] && grep -q 'gpu-check: no step failed; 3 skipped' "$WORK/run-mig.out" \
+    && grep -q '^   SKIP  5 probe' "$WORK/run-mig.out" && grep -q '^   SKIP  7 parity' "$WORK/run-mig.out" \
+    || { cat "$WORK/run-mig.out" >&2; fail "every GPU in MIG mode: exit $rc, want 0 with both probes and parity skipped"; }
+ok "every GPU in MIG mode: both probes and the parity check skipped with the reason, nothing failed"
 
 # A difference is caught, not waved through.
 sed 's/<uuid>GPU-/<uuid>GPU-0/' "$OUT/smi.xml" >"$WORK/smi-changed.xml"
@@ -148,6 +155,19 @@ set -e
 [[ $rc -eq 1 ]] && grep -q '^MISMATCH  gpu-0 uuid' "$WORK/changed.out" && grep -q '2 mismatches' "$WORK/changed.out" \
     || { cat "$WORK/changed.out" >&2; fail "a changed UUID: exit $rc, want 1 with two mismatches"; }
 ok "a UUID nvidia-smi reports differently is a mismatch (exit 1)"
+mkdir "$WORK/cdi-changed"
+jq '.devices[0].containerEdits.mounts += [{"hostPath": "/extra", "containerPath": "/extra", "options": ["ro", "bind"]}]' \
+    "$OUT/cdi-ours/k8s.gpu.nvidia.com-gpu-check.json" >"$WORK/cdi-changed/ours.json"
+set +e
+"$KIT/bin/gpu-check-compare" --cdi-ours "$WORK/cdi-changed/ours.json" \
+    --cdi-ours-device "$(jq -r '.devices[0].name' "$WORK/cdi-changed/ours.json")" \
+    --cdi-nvidia "$OUT/cdi-nvidia/nvidia.json" --cdi-nvidia-device 1 >"$WORK/cdi-changed.out"
+rc=$?
+set -e
+[[ $rc -eq 1 ]] && grep -q '^MISMATCH  only ours: mount /extra /extra bind,ro$' "$WORK/cdi-changed.out" \
+    && grep -q ', 1 mismatches$' "$WORK/cdi-changed.out" \
+    || { cat "$WORK/cdi-changed.out" >&2; fail "an extra mount in our spec: exit $rc, want 1 with one mismatch"; }
+ok "a mount only our spec has is a mismatch (exit 1)"
 
 # Nothing of the runs is left behind: no container, no mount.
 [[ -z $(ls "$OUT/runc-state" 2>/dev/null) ]] || fail "runc containers left: $(ls "$OUT/runc-state")"

@@ -25,7 +25,12 @@
 #               one device, 1 GiB cuMemAlloc, memset, copy back) in a runc container whose rootfs
 #               has none of the driver: only what our CDI spec gives it, applied by the CDI library
 #   6. nvidia   the same probe with the spec `nvidia-ctk cdi generate` writes for that GPU
-#               (both probes are skipped, not failed, when every GPU is in MIG mode)
+#   7. parity   what a container holding that GPU gets from each of the two specs, entry by entry
+#               (env, device nodes, mounts, the links the hook makes followed to where they end,
+#               ld cache folders, other hooks): every difference explained by design or a failure
+#               (gpu-check-compare --cdi-ours, as tests/cdi_nvidia_ctk.rs on the simulator)
+#
+# Steps 5 to 7 are skipped, not failed, when every GPU is in MIG mode.
 #
 # The kit's binaries are static where they can be (runc, cdi-inject, gpu-check-compare, NVIDIA's
 # nvidia-cdi-hook); gpu-dra and nvidia-ctk load the driver's NVML with dlopen, so they run on the
@@ -102,6 +107,9 @@ build_kit() {
 # ---------------------------------------------------------------------------------------------
 KIT=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
+# The PATH a container gets by default (the probe's; nvidia-ctk's, step 6).
+DEFAULT_PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+
 # Through the kit's own loader and glibc (they dlopen the driver's NVML).
 dyn() { "$KIT/lib/ld-linux-x86-64.so.2" --library-path "$KIT/lib" "$KIT/dyn/$1" "${@:2}"; }
 
@@ -135,7 +143,7 @@ make_bundle() {
     "terminal": false,
     "user": {"uid": 0, "gid": 0},
     "args": ["/cuda-probe", "$PROBE_MIB"],
-    "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+    "env": ["PATH=$DEFAULT_PATH"],
     "cwd": "/",
     "capabilities": {
       "bounding": ["CAP_AUDIT_WRITE", "CAP_KILL", "CAP_NET_BIND_SERVICE"],
@@ -304,16 +312,44 @@ run_checks() {
     fi
 
     echo "== 6. nvidia: the same probe with nvidia-ctk's spec (nvidia.com/gpu=${probe_index:-?})"
+    # nvidia-ctk with the default PATH: NVIDIA's DRA driver runs nvcdi in a container whose PATH
+    # is the default one, so it looks for the driver's binaries only in the toolkit's default
+    # folders under the driver root (and the same folders at /). Here on the host, a PATH with
+    # more (/usr/local/nvidia/bin on some images) would make it find binaries NVIDIA's driver
+    # would not. The assignment before the function call is exported to what dyn runs, for this
+    # call only (bash).
+    local nvidia_spec=
     if [[ -z $probe_index ]]; then
         record "6 probe (nvidia-ctk's spec)" SKIP
-    elif dyn nvidia-ctk cdi generate --mode nvml --format json --device-name-strategy index \
-        --driver-root "$DRIVER_ROOT" --dev-root "$DEV_ROOT" --nvidia-cdi-hook-path "$KIT/bin/nvidia-cdi-hook" \
-        --output "$OUT/cdi-nvidia/nvidia.json" >"$OUT/nvidia-ctk.log" 2>&1 \
-        && probe nvidia "$OUT/cdi-nvidia" "nvidia.com/gpu=$probe_index"; then
-        record "6 probe (nvidia-ctk's spec)" PASS
     else
-        tail -n 20 "$OUT/nvidia-ctk.log"
-        record "6 probe (nvidia-ctk's spec)" FAIL
+        if PATH=$DEFAULT_PATH dyn nvidia-ctk cdi generate --mode nvml --format json --device-name-strategy index \
+            --driver-root "$DRIVER_ROOT" --dev-root "$DEV_ROOT" --nvidia-cdi-hook-path "$KIT/bin/nvidia-cdi-hook" \
+            --output "$OUT/cdi-nvidia/nvidia.json" >"$OUT/nvidia-ctk.log" 2>&1; then
+            nvidia_spec=$OUT/cdi-nvidia/nvidia.json
+        fi
+        if [[ -n $nvidia_spec ]] && probe nvidia "$OUT/cdi-nvidia" "nvidia.com/gpu=$probe_index"; then
+            record "6 probe (nvidia-ctk's spec)" PASS
+        else
+            tail -n 20 "$OUT/nvidia-ctk.log"
+            record "6 probe (nvidia-ctk's spec)" FAIL
+        fi
+    fi
+
+    # Our device by its name in the spec (the CDI name without its kind), nvidia-ctk's by index.
+    echo "== 7. parity: what a container holding that GPU gets from our spec and from nvidia-ctk's"
+    if [[ -z $probe_index ]]; then
+        echo "every GPU is in MIG mode: there is no spec of a whole GPU to compare"
+        record "7 parity" SKIP
+    elif [[ -z $ours_device || -z $nvidia_spec ]]; then
+        [[ -n $ours_device ]] || echo "no spec of ours to compare (step 4 failed)"
+        [[ -n $nvidia_spec ]] || echo "no spec of nvidia-ctk's to compare (nvidia-ctk failed in step 6)"
+        record "7 parity" FAIL
+    elif "$KIT/bin/gpu-check-compare" --cdi-ours "$OUT/cdi-ours/k8s.gpu.nvidia.com-gpu-check.json" \
+        --cdi-ours-device "${ours_device#*=}" --cdi-nvidia "$nvidia_spec" --cdi-nvidia-device "$probe_index" \
+        2>&1 | tee "$OUT/parity.txt"; then
+        record "7 parity" PASS
+    else
+        record "7 parity" FAIL
     fi
 
     local failed=0 i

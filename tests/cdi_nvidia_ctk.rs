@@ -26,40 +26,25 @@ use serde_json::Value;
 
 const GPU_DRA: &str = env!("CARGO_BIN_EXE_gpu-dra");
 
-/// `(side, entry, why)`: `side` is `nvidia` (only NVIDIA's spec has it) or `ours`; `entry` a glob
-/// (`*`: any text) over the entries as `compare` names them.
-const EXPLAINED: &[(&str, &str, &str)] = &[
-    (
-        "nvidia",
-        "env NVIDIA_VISIBLE_DEVICES=void",
-        "ours names the claim's devices (NVIDIA_VISIBLE_DEVICES=<UUIDs>, README 'What a container gets'); NVIDIA's `void` and its /dev/null mount keep a legacy-mode nvidia-container-runtime from injecting devices itself",
-    ),
-    (
-        "nvidia",
-        "mount /var/run/nvidia-container-devices/void *",
-        "as NVIDIA_VISIBLE_DEVICES=void",
-    ),
-    (
-        "ours",
-        "env NVIDIA_VISIBLE_DEVICES=*",
-        "as NVIDIA_VISIBLE_DEVICES=void",
-    ),
-    (
-        "nvidia",
-        "device-node /dev/nvidia-modeset *",
-        "the display driver's modesetting node: compute, video and offscreen EGL/Vulkan do not open it; ours gives a claim only what CUDA needs of the control nodes",
-    ),
-    (
-        "nvidia",
-        "hook apply-cuda-memory-limits *",
-        "NVIDIA puts it in every full GPU's edits (a no-op without NVIDIA_GPU_MEMORY_*); ours only in the specs of claims that consumed memory, where the node enforces it (README 'Consumed memory enforced by the GPU')",
-    ),
-    (
-        "nvidia",
-        "link /usr/lib/x86_64-linux-gnu/libGLX_indirect.so.0 *",
-        "glvnd's indirect-GLX vendor link, for an X server rendering for remote clients; no X server runs in a claim's containers",
-    ),
-];
+/// The deliberate differences, `(side, entry, why)`: `side` is `nvidia` (only NVIDIA's spec has
+/// it) or `ours`; `entry` a glob (`*`: any text) over the entries as `compare` names them. One
+/// table for this test and the real-GPU kit's comparison (`gpu-check-compare`).
+const EXPLAINED_TSV: &str =
+    include_str!("../e2e/harness/cmd/gpu-check-compare/cdi-differences.tsv");
+
+fn explained() -> Vec<(&'static str, &'static str, &'static str)> {
+    EXPLAINED_TSV
+        .lines()
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|line| {
+            let cols: Vec<&str> = line.split('\t').collect();
+            match cols[..] {
+                [side @ ("nvidia" | "ours"), entry, why] => (side, entry, why),
+                _ => panic!("cdi-differences.tsv: bad row {line:?}"),
+            }
+        })
+        .collect()
+}
 
 fn tool(var: &str) -> PathBuf {
     PathBuf::from(std::env::var_os(var).unwrap_or_else(|| {
@@ -403,7 +388,8 @@ fn our_cdi_specs_give_what_nvidia_ctk_gives_or_the_difference_is_explained() {
         // Blackwell: a whole B200.
         ("sim:1xB200-SXM6-180GB", &[]),
     ];
-    let mut explanations = differential::Explanations::new(EXPLAINED);
+    let table = explained();
+    let mut explanations = differential::Explanations::new(&table);
     let (mut devices, mut compared) = (0, 0);
     for (spec, carves) in scenarios {
         let node = Node::new(spec, carves);

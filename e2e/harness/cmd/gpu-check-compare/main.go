@@ -1,27 +1,40 @@
-// gpu-check-compare: the GPUs gpu-dra publishes (`gpu-dra slices -o json`) against what
-// nvidia-smi reports on the same machine (`nvidia-smi -q -x`, and `nvidia-smi mig -lgipp` where
-// MIG mode is on). Run by e2e/gpu-check.sh on a machine with a real GPU; only reads files.
+// gpu-check-compare: two read-only comparisons e2e/gpu-check.sh runs on a machine with a real GPU.
 //
 //	gpu-check-compare --slices FILE --smi FILE [--lgipp FILE]
+//	gpu-check-compare --cdi-ours FILE --cdi-ours-device NAME --cdi-nvidia FILE --cdi-nvidia-device NAME
 //
-// Per GPU (matched by minor number): UUID, product name, architecture, PCI bus ID, memory (whole
-// GPUs: nvidia-smi's FB total in MiB against our `memory` capacity), driver and CUDA versions,
-// MIG capability (nvidia-smi's current MIG mode is N/A exactly when the GPU cannot do MIG), the
-// MIG devices that exist (static offer) and, where MIG mode is on and none exist, every
-// placement of every profile (dynamic offer) against -lgipp. One line per check, "ok" or
+// The first (step 2): the GPUs gpu-dra publishes (`gpu-dra slices -o json`) against what
+// nvidia-smi reports on the same machine (`nvidia-smi -q -x`, and `nvidia-smi mig -lgipp` where
+// MIG mode is on). Per GPU (matched by minor number): UUID, product name, architecture, PCI bus
+// ID, memory (whole GPUs: nvidia-smi's FB total in MiB against our `memory` capacity), driver and
+// CUDA versions, MIG capability (nvidia-smi's current MIG mode is N/A exactly when the GPU cannot
+// do MIG), the MIG devices that exist (static offer) and, where MIG mode is on and none exist,
+// every placement of every profile (dynamic offer) against -lgipp. One line per check, "ok" or
 // "MISMATCH"; "explained" where a difference is by design and the line says why.
+//
+// The second (step 7, parity): what a container holding one GPU gets from our CDI spec
+// (`gpu-dra cdi`) against what it gets from NVIDIA's (`nvidia-ctk cdi generate`), entry by entry
+// as tests/cdi_nvidia_ctk.rs compares them on the simulator: the spec's common edits plus the
+// device's, as env, device nodes, mounts (options sorted), the links the create-symlinks hook
+// makes (each followed through the others to where it ends), the update-ldcache folders and
+// every other hook. A device NAME may carry its kind (`k8s.gpu.nvidia.com/claim=NAME`). One line
+// per entry only one side has: "explained" where a row of cdiExplained matches it (the line says
+// why), else "MISMATCH"; then the count line. A row that matches nothing is fine here (a real
+// node need not have every case the simulator's driver root has).
 //
 // Exit status: 0 all checks ok or explained; 1 a mismatch; 2 usage or an input that does not
 // parse (a format this tool does not know must not pass as "no differences").
 package main
 
 import (
+	_ "embed"
 	"encoding/json"
 	"encoding/xml"
 	"flag"
 	"fmt"
 	"io"
 	"os"
+	"path"
 	"regexp"
 	"sort"
 	"strconv"
@@ -91,14 +104,41 @@ func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
+const usage = `usage: gpu-check-compare --slices FILE --smi FILE [--lgipp FILE]
+       gpu-check-compare --cdi-ours FILE --cdi-ours-device NAME --cdi-nvidia FILE --cdi-nvidia-device NAME`
+
 func run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("gpu-check-compare", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	slicesPath := fs.String("slices", "", "gpu-dra slices -o json output")
 	smiPath := fs.String("smi", "", "nvidia-smi -q -x output")
 	lgippPath := fs.String("lgipp", "", "nvidia-smi mig -lgipp output (where MIG mode is on)")
-	if err := fs.Parse(args); err != nil || *slicesPath == "" || *smiPath == "" || fs.NArg() > 0 {
-		fmt.Fprintln(stderr, "usage: gpu-check-compare --slices FILE --smi FILE [--lgipp FILE]")
+	oursPath := fs.String("cdi-ours", "", "our CDI spec (gpu-dra cdi)")
+	oursDevice := fs.String("cdi-ours-device", "", "the device of --cdi-ours to compare")
+	nvidiaPath := fs.String("cdi-nvidia", "", "NVIDIA's CDI spec (nvidia-ctk cdi generate)")
+	nvidiaDevice := fs.String("cdi-nvidia-device", "", "the device of --cdi-nvidia to compare")
+	if err := fs.Parse(args); err != nil || fs.NArg() > 0 {
+		fmt.Fprintln(stderr, usage)
+		return 2
+	}
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	smiMode := given["slices"] || given["smi"] || given["lgipp"]
+	cdiMode := given["cdi-ours"] || given["cdi-ours-device"] || given["cdi-nvidia"] || given["cdi-nvidia-device"]
+	switch {
+	case smiMode && cdiMode:
+		fmt.Fprintln(stderr, "gpu-check-compare: --slices/--smi/--lgipp and --cdi-* are two modes: give one")
+		fmt.Fprintln(stderr, usage)
+		return 2
+	case cdiMode:
+		if *oursPath == "" || *oursDevice == "" || *nvidiaPath == "" || *nvidiaDevice == "" {
+			fmt.Fprintln(stderr, usage)
+			return 2
+		}
+		return runCDI(*oursPath, *oursDevice, *nvidiaPath, *nvidiaDevice, stdout, stderr)
+	}
+	if *slicesPath == "" || *smiPath == "" {
+		fmt.Fprintln(stderr, usage)
 		return 2
 	}
 	fail := func(format string, a ...any) int {
@@ -336,4 +376,298 @@ func placements(set map[placement]bool) string {
 		parts[i] = fmt.Sprintf("%d:%d", p.profile, p.start)
 	}
 	return strings.Join(parts, " ")
+}
+
+// cdiSpec is the part of a CDI spec (tags.cncf.io/container-device-interface/specs-go) that
+// says what a container gets.
+type cdiSpec struct {
+	CDIVersion     string      `json:"cdiVersion"`
+	Kind           string      `json:"kind"`
+	Devices        []cdiDevice `json:"devices"`
+	ContainerEdits cdiEdits    `json:"containerEdits"`
+}
+
+type cdiDevice struct {
+	Name           string   `json:"name"`
+	ContainerEdits cdiEdits `json:"containerEdits"`
+}
+
+type cdiEdits struct {
+	Env         []string `json:"env"`
+	DeviceNodes []struct {
+		Path     string `json:"path"`
+		HostPath string `json:"hostPath"`
+	} `json:"deviceNodes"`
+	Mounts []struct {
+		HostPath      string   `json:"hostPath"`
+		ContainerPath string   `json:"containerPath"`
+		Options       []string `json:"options"`
+	} `json:"mounts"`
+	Hooks []struct {
+		HookName string   `json:"hookName"`
+		Path     string   `json:"path"`
+		Args     []string `json:"args"`
+	} `json:"hooks"`
+}
+
+// cdiDifferencesTSV: the differences between our spec and nvidia-ctk's that are by design, shared
+// with tests/cdi_nvidia_ctk.rs. side is the one spec that has the entry ("nvidia" or "ours");
+// entry a glob (`*`: any text) over the entries as cdiEntries names them.
+//
+//go:embed cdi-differences.tsv
+var cdiDifferencesTSV string
+
+type cdiDifference struct{ side, entry, why string }
+
+// cdiExplained is cdiDifferencesTSV parsed; a malformed row stops the tool at start.
+var cdiExplained = parseCDIDifferences(cdiDifferencesTSV)
+
+func parseCDIDifferences(text string) []cdiDifference {
+	var rows []cdiDifference
+	for n, line := range strings.Split(text, "\n") {
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		cols := strings.Split(line, "\t")
+		if len(cols) != 3 || (cols[0] != "nvidia" && cols[0] != "ours") {
+			panic(fmt.Sprintf("cdi-differences.tsv line %d: want side<TAB>entry<TAB>why with side nvidia or ours, got %q", n+1, line))
+		}
+		rows = append(rows, cdiDifference{cols[0], cols[1], cols[2]})
+	}
+	return rows
+}
+
+// runCDI compares what a container holding one device gets from our spec and from NVIDIA's.
+func runCDI(oursPath, oursDevice, nvidiaPath, nvidiaDevice string, stdout, stderr io.Writer) int {
+	ours, err := specEntries("--cdi-ours", oursPath, oursDevice)
+	if err == nil {
+		var theirs map[string]bool
+		if theirs, err = specEntries("--cdi-nvidia", nvidiaPath, nvidiaDevice); err == nil {
+			if compareCDI(ours, theirs, stdout) > 0 {
+				return 1
+			}
+			return 0
+		}
+	}
+	fmt.Fprintf(stderr, "gpu-check-compare: %v\n", err)
+	return 2
+}
+
+// compareCDI prints each entry only one side has, then the count line; returns the mismatches.
+func compareCDI(ours, theirs map[string]bool, out io.Writer) int {
+	union := map[string]bool{}
+	for e := range ours {
+		union[e] = true
+	}
+	for e := range theirs {
+		union[e] = true
+	}
+	explained, mismatches := 0, 0
+	for _, side := range []struct {
+		name      string
+		has, lack map[string]bool
+	}{{"nvidia", theirs, ours}, {"ours", ours, theirs}} {
+		only := []string{}
+		for e := range side.has {
+			if !side.lack[e] {
+				only = append(only, e)
+			}
+		}
+		sort.Strings(only)
+	entries:
+		for _, e := range only {
+			for _, row := range cdiExplained {
+				if row.side == side.name && glob(row.entry, e) {
+					explained++
+					fmt.Fprintf(out, "explained only %s: %s (%s)\n", side.name, e, row.why)
+					continue entries
+				}
+			}
+			mismatches++
+			fmt.Fprintf(out, "MISMATCH  only %s: %s\n", side.name, e)
+		}
+	}
+	fmt.Fprintf(out, "CDI vs nvidia-ctk: %d entries compared, %d differences explained, %d mismatches\n",
+		len(union), explained, mismatches)
+	return mismatches
+}
+
+// specEntries reads the spec at file (given as option) and names what a container holding its
+// device name (with or without the spec's kind before a `=`) gets.
+func specEntries(option, file, name string) (map[string]bool, error) {
+	raw, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %v", option, err)
+	}
+	var spec cdiSpec
+	if err := json.Unmarshal(raw, &spec); err != nil {
+		return nil, fmt.Errorf("%s %s: %v", option, file, err)
+	}
+	if spec.CDIVersion == "" || spec.Kind == "" {
+		return nil, fmt.Errorf("%s %s: no cdiVersion or kind: not a CDI spec", option, file)
+	}
+	if kind, short, ok := strings.Cut(name, "="); ok {
+		if kind != spec.Kind {
+			return nil, fmt.Errorf("%s %s: device %q: the spec's kind is %q", option, file, name, spec.Kind)
+		}
+		name = short
+	}
+	names := []string{}
+	for i := range spec.Devices {
+		if spec.Devices[i].Name != name {
+			names = append(names, spec.Devices[i].Name)
+			continue
+		}
+		entries, err := cdiEntries(&spec, i)
+		if err != nil {
+			return nil, fmt.Errorf("%s %s: %v", option, file, err)
+		}
+		if len(entries) == 0 {
+			return nil, fmt.Errorf("%s %s: device %q: its edits give a container nothing", option, file, name)
+		}
+		return entries, nil
+	}
+	return nil, fmt.Errorf("%s %s: devices: no device named %q (it has %q)", option, file, name, names)
+}
+
+// cdiEntries names what a container holding spec.Devices[device] gets from the spec's common
+// edits and the device's, as tests/cdi_nvidia_ctk.rs's `entries` does. Beyond it: a device node
+// without hostPath is at its path (the CDI default), and a hook argument that is not a --link
+// (create-symlinks) or --folder (update-ldcache) is kept in a hook entry, not dropped.
+func cdiEntries(spec *cdiSpec, device int) (map[string]bool, error) {
+	out := map[string]bool{}
+	links := map[string]string{}
+	for _, edits := range []struct {
+		field string
+		edits *cdiEdits
+	}{
+		{"containerEdits", &spec.ContainerEdits},
+		{fmt.Sprintf("devices[%d].containerEdits", device), &spec.Devices[device].ContainerEdits},
+	} {
+		e := edits.edits
+		for i, env := range e.Env {
+			if name, _, ok := strings.Cut(env, "="); !ok || name == "" {
+				return nil, fmt.Errorf("%s.env[%d] %q: not NAME=VALUE", edits.field, i, env)
+			}
+			out["env "+env] = true
+		}
+		for i, node := range e.DeviceNodes {
+			if node.Path == "" {
+				return nil, fmt.Errorf("%s.deviceNodes[%d].path: empty", edits.field, i)
+			}
+			host := node.HostPath
+			if host == "" {
+				host = node.Path
+			}
+			out["device-node "+node.Path+" "+host] = true
+		}
+		for i, mount := range e.Mounts {
+			if mount.ContainerPath == "" || mount.HostPath == "" {
+				return nil, fmt.Errorf("%s.mounts[%d]: containerPath %q, hostPath %q: both are needed",
+					edits.field, i, mount.ContainerPath, mount.HostPath)
+			}
+			options := append([]string(nil), mount.Options...)
+			sort.Strings(options)
+			out["mount "+mount.ContainerPath+" "+mount.HostPath+" "+strings.Join(options, ",")] = true
+		}
+		for i, hook := range e.Hooks {
+			field := fmt.Sprintf("%s.hooks[%d]", edits.field, i)
+			if hook.HookName == "" || len(hook.Args) == 0 {
+				return nil, fmt.Errorf("%s: hookName %q, args %q: both are needed", field, hook.HookName, hook.Args)
+			}
+			args := hook.Args[1:]
+			var command string
+			if len(args) > 0 {
+				command, args = args[0], args[1:]
+			}
+			switch command {
+			case "create-symlinks":
+				values, other, err := flagValues(args, "link")
+				if err != nil {
+					return nil, fmt.Errorf("%s.args: %v", field, err)
+				}
+				for _, v := range values {
+					target, link, ok := strings.Cut(v, "::")
+					if !ok || target == "" || !path.IsAbs(link) {
+						return nil, fmt.Errorf("%s.args: --link %q: not TARGET::/LINK", field, v)
+					}
+					link = path.Clean(link)
+					if !path.IsAbs(target) {
+						target = path.Join(path.Dir(link), target)
+					}
+					links[link] = path.Clean(target)
+				}
+				if len(other) > 0 {
+					out[fmt.Sprintf("hook create-symlinks %s (%s)", strings.Join(other, " "), hook.HookName)] = true
+				}
+			case "update-ldcache":
+				values, other, err := flagValues(args, "folder")
+				if err != nil {
+					return nil, fmt.Errorf("%s.args: %v", field, err)
+				}
+				for _, v := range values {
+					out["ldcache-folder "+v] = true
+				}
+				if len(other) > 0 {
+					out[fmt.Sprintf("hook update-ldcache %s (%s)", strings.Join(other, " "), hook.HookName)] = true
+				}
+			default:
+				out[fmt.Sprintf("hook %s (%s)", strings.Join(hook.Args[1:], " "), hook.HookName)] = true
+			}
+		}
+	}
+	// A link is the file it ends at, however many links lead there.
+	for link, target := range links {
+		end := target
+		for range 8 {
+			next, ok := links[end]
+			if !ok {
+				break
+			}
+			end = next
+		}
+		out["link "+link+" -> "+end] = true
+	}
+	return out, nil
+}
+
+// flagValues splits args into the values of --name (as `--name V` or `--name=V`) and the rest.
+func flagValues(args []string, name string) (values, other []string, err error) {
+	for i := 0; i < len(args); i++ {
+		switch a := args[i]; {
+		case a == "--"+name:
+			if i+1 == len(args) {
+				return nil, nil, fmt.Errorf("--%s without a value", name)
+			}
+			values = append(values, args[i+1])
+			i++
+		case strings.HasPrefix(a, "--"+name+"="):
+			values = append(values, strings.TrimPrefix(a, "--"+name+"="))
+		default:
+			other = append(other, a)
+		}
+	}
+	return values, other, nil
+}
+
+// glob reports whether text matches pattern, where `*` stands for any text (as
+// tests/differential's glob).
+func glob(pattern, text string) bool {
+	parts := strings.Split(pattern, "*")
+	if len(parts) == 1 {
+		return pattern == text
+	}
+	first, last := parts[0], parts[len(parts)-1]
+	if !strings.HasPrefix(text, first) || len(text) < len(first)+len(last) || !strings.HasSuffix(text, last) {
+		return false
+	}
+	rest := text[len(first) : len(text)-len(last)]
+	for _, part := range parts[1 : len(parts)-1] {
+		at := strings.Index(rest, part)
+		if at < 0 {
+			return false
+		}
+		rest = rest[at+len(part):]
+	}
+	return true
 }
