@@ -206,8 +206,8 @@ impl RunArgs {
             .unwrap_or(&self.nvidia_driver_root)
     }
 
-    /// libnvidia-ml.so.1 under the driver root, unless given explicitly or the root is `/` (the
-    /// loader's own search finds it there).
+    /// libnvidia-ml.so.1 under the driver root (through its ld cache, then the toolkit's library
+    /// folders), unless given explicitly or the root is `/` (the loader's own search finds it).
     fn nvml_library(&self) -> Result<Option<PathBuf>, CliError> {
         if self.gpu.nvml_lib.is_some() || !matches!(self.gpu.gpus, GpuSource::Nvml) {
             return Ok(self.gpu.nvml_lib.clone());
@@ -216,14 +216,11 @@ impl RunArgs {
         if root == Path::new("/") {
             return Ok(None);
         }
-        NVML_LIBRARY_DIRS
-            .iter()
-            .map(|dir| root.join(dir).join("libnvidia-ml.so.1"))
-            .find(|path| path.exists())
+        crate::prepare::driver_files::find_library(root, "libnvidia-ml.so.1")
             .map(Some)
             .ok_or_else(|| {
                 CliError::Usage(format!(
-                    "--nvidia-driver-root: no libnvidia-ml.so.1 under {} (looked in {})",
+                    "--nvidia-driver-root: no libnvidia-ml.so.1 under {} (looked in its etc/ld.so.cache and in {})",
                     root.display(),
                     NVML_LIBRARY_DIRS.join(", ")
                 ))

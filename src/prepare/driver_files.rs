@@ -483,6 +483,23 @@ impl DriverRoot {
     }
 }
 
+/// A library of the driver root by its SONAME, as the root's own dynamic linker finds it: the
+/// root's `etc/ld.so.cache` first (drivers installed outside the usual folders, e.g.
+/// `/usr/local/nvidia/lib64`, are only there), then [`LIBRARY_DIRS`]. The path is as this
+/// process sees it (under `here`).
+pub fn find_library(here: &Path, soname: &str) -> Option<PathBuf> {
+    let cached = ldcache::read(&here.join("etc/ld.so.cache"))
+        .ok()
+        .into_iter()
+        .flatten()
+        .filter(|entry| entry.name == soname)
+        .filter_map(|entry| relative(&entry.path));
+    cached
+        .chain(LIBRARY_DIRS.iter().map(|dir| Path::new(dir).join(soname)))
+        .map(|rel| here.join(rel))
+        .find(|path| path.exists())
+}
+
 /// `/usr/lib/x` → `usr/lib/x`.
 fn relative(path: &Path) -> Option<PathBuf> {
     normalize(path.strip_prefix("/").unwrap_or(path))
@@ -885,6 +902,45 @@ mod tests {
             ]
             .map(PathBuf::from)
         );
+    }
+
+    #[test]
+    fn libraries_are_found_through_the_roots_ld_cache_first() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path();
+        assert_eq!(find_library(root, "libnvidia-ml.so.1"), None);
+        // In a usual folder only.
+        let usual = root.join("usr/lib64/libnvidia-ml.so.1");
+        std::fs::create_dir_all(usual.parent().expect("parent")).expect("mkdir");
+        std::fs::write(&usual, b"").expect("write");
+        assert_eq!(find_library(root, "libnvidia-ml.so.1"), Some(usual.clone()));
+        // Where the ld cache says (a GKE-style /usr/local/nvidia/lib64), ahead of that.
+        let cached = root.join("usr/local/nvidia/lib64/libnvidia-ml.so.1");
+        std::fs::create_dir_all(cached.parent().expect("parent")).expect("mkdir");
+        std::fs::write(&cached, b"").expect("write");
+        std::fs::create_dir_all(root.join("etc")).expect("mkdir");
+        let entry = |name: &str, path: &str| ldcache::CachedLibrary {
+            name: name.into(),
+            path: path.into(),
+        };
+        std::fs::write(
+            root.join("etc/ld.so.cache"),
+            ldcache::write(&[
+                entry("libcuda.so.1", "/usr/local/nvidia/lib64/libcuda.so.1"),
+                entry(
+                    "libnvidia-ml.so.1",
+                    "/usr/local/nvidia/lib64/libnvidia-ml.so.1",
+                ),
+            ]),
+        )
+        .expect("cache");
+        assert_eq!(
+            find_library(root, "libnvidia-ml.so.1"),
+            Some(cached.clone())
+        );
+        // A stale cache entry (the file is gone) falls through to the folders.
+        std::fs::remove_file(&cached).expect("rm");
+        assert_eq!(find_library(root, "libnvidia-ml.so.1"), Some(usual));
     }
 
     #[test]
