@@ -23,7 +23,10 @@
 #      one per node); each prepare waits until all four IMEX daemons joined; the real node's
 #      worker runs with channel0; four daemons, each connected to its three peers; Ready.
 #   3. A worker on cd-c (another clique) never joins: its prepare fails naming the clique, with
-#      a WaitingForComputeDomain event, and no daemon of the domain lists cd-c.
+#      a WaitingForComputeDomain event, and no daemon of the domain lists cd-c. The fabric moves
+#      cd-c to the first clique and back: its channel's cliqueID and its nvidia.com/gpu.clique
+#      label (--gpu-clique-label; the chart's plugin labels the real node) follow; stopped, its
+#      label goes. Then host-managed IMEX on cd-c.
 #   4. kill -9: of cd-b's plugin right after it started its IMEX daemon, and of the controller
 #      (the chart's scaled to 0, a host process with a failpoint instead) right after it made a
 #      template: each restarted one finishes, nothing is duplicated or left.
@@ -95,7 +98,7 @@ eval "$("$E2E/cluster" env)"
 log "cluster up ($((SECONDS - T0))s)"
 chart_import_images
 # The simulated nodes have no kubelet: the chart's pods go to the real node only.
-chart_install "$FIRST_REF" --set computeDomains.enabled=true \
+chart_install "$FIRST_REF" --set computeDomains.enabled=true --set computeDomains.gpuCliqueLabel=true \
     --set-json 'nodeSelector={"gpu-dra.e2e/real-node":"true"}' \
     --set-json 'computeDomains.controller.nodeSelector={"gpu-dra.e2e/real-node":"true"}' \
     --set-json 'extraEnv=[{"name":"GPU_DRA_GC_INTERVAL","value":"2s"},{"name":"GPU_DRA_RESYNC_INTERVAL","value":"5s"}]'
@@ -186,6 +189,13 @@ wait_for "channel-0 on the real node and cd-b, cd-d, cd-e" 30 bash -c \
     '[[ $(kubectl get resourceslices -o json | jq "[.items[] | select(.spec.driver==\"compute-domain.nvidia.com\")] | length") == 4 ]]'
 cliques=$(kubectl get resourceslices -o json | jq -c '[.items[] | select(.spec.driver == "compute-domain.nvidia.com") | .spec.devices[0].attributes.cliqueID.string] | unique')
 [[ $cliques == "[\"$CLIQUE1\"]" ]] || fail "channel-0's cliqueID attributes: $cliques"
+# computeDomains.gpuCliqueLabel: the chart's plugin labels the real node; the host-process nodes
+# run without --gpu-clique-label and get none.
+node_clique_label() { kubectl get node "$1" -o json | jq -r '.metadata.labels["nvidia.com/gpu.clique"] // empty'; }
+export -f node_clique_label
+wait_for "the real node's nvidia.com/gpu.clique label" 30 bash -c "[[ \$(node_clique_label $E2E_NODE) == $CLIQUE1 ]]"
+[[ -z $(node_clique_label cd-b) ]] || fail "cd-b got a clique label without --gpu-clique-label"
+ok "computeDomains.gpuCliqueLabel: the real node carries nvidia.com/gpu.clique=$CLIQUE1 (set by the chart's plugin); a node without the flag carries none"
 job=$(sed -n '/^kind: MPIJob/,$p' "$E2E/pods/nvidia/nvbandwidth-test-job.yaml" | sed '1i apiVersion: kubeflow.org/v2beta1' | python3 -c 'import sys, yaml, json; print(json.dumps(yaml.safe_load(sys.stdin)))')
 # The ComputeDomain exactly as the file has it.
 python3 -c 'import sys, yaml
@@ -268,7 +278,7 @@ sleep 3 # two of the plugin's rounds (GPU_DRA_GC_INTERVAL=2s)
 ok "driver pod deleted under the running worker: the real node's IMEX daemon ($before) outlives it, the worker keeps running, the new pod's plugin keeps the domain Ready with the same daemon"
 
 # ---------------------------------------------------------------- 3. another clique
-start_node cd-c
+NODE_ARGS=--gpu-clique-label start_node cd-c
 jq --arg img "$E2E_IMAGE" '{apiVersion: "v1", kind: "Pod", metadata: {name: "nvbandwidth-test-worker-c"},
     spec: (.spec.mpiReplicaSpecs.Worker.template.spec | .nodeSelector = {"kubernetes.io/hostname": "cd-c"}
         | .containers[0].image = $img | .containers[0].command = ["sh", "-c"] | .containers[0].args = ["sleep 9999"]
@@ -298,17 +308,22 @@ cd_kubelet cd-c unprepare --claim "$(claim_ref nvbandwidth-test-worker-c)" >/dev
 move_cd_c() { "$GPU_DRA" sim --gpus "$GPUS" --node-name cd-c --sim-state "$(node_dir cd-c)/hw.json" \
     fabric --cluster-uuid 7f1f1a8e-5b7d-4c1e-9a34-0c2e6d0b7201 --clique-id "$1" >/dev/null; }
 cd_c_clique() { kubectl get resourceslices -o json | jq -r '[.items[] | select(.spec.driver == "compute-domain.nvidia.com" and .spec.nodeName == "cd-c") | .spec.devices[0].attributes.cliqueID.string] | first'; }
+[[ $(node_clique_label cd-c) == "$CLIQUE2" ]] || fail "cd-c (--gpu-clique-label) is labelled '$(node_clique_label cd-c)', want $CLIQUE2"
 move_cd_c 1
 export -f cd_c_clique
 wait_for "cd-c's channel in clique 1" 30 bash -c "[[ \$(cd_c_clique) == $CLIQUE1 ]]"
+wait_for "cd-c's label in clique 1" 30 bash -c "[[ \$(node_clique_label cd-c) == $CLIQUE1 ]]"
 move_cd_c 2
 wait_for "cd-c's channel back in clique 2" 30 bash -c "[[ \$(cd_c_clique) == $CLIQUE2 ]]"
-ok "the fabric moves cd-c to clique 1 and back while its plugin runs: its published channel's cliqueID follows each move"
+wait_for "cd-c's label back in clique 2" 30 bash -c "[[ \$(node_clique_label cd-c) == $CLIQUE2 ]]"
+ok "the fabric moves cd-c to clique 1 and back while its plugin runs: its published channel's cliqueID and its nvidia.com/gpu.clique label follow each move"
 
 # ---------------------------------------------------------------- 3b. host-managed IMEX
 # cd-c's plugin with --imex-mode host-managed: the admin runs nvidia-imex on the host with a
 # command socket (here: the fake one, chrooted into cd-c's driver root, its socket inside it).
 stop_node cd-c
+[[ -z $(node_clique_label cd-c) ]] || fail "cd-c's plugin stopped and left its label: $(node_clique_label cd-c)"
+ok "cd-c's plugin stopped (SIGTERM): its nvidia.com/gpu.clique label is removed"
 droot=$(node_dir cd-c)/driver-root
 mkdir -p "$droot/etc/admin-imex"
 printf 'BIND_INTERFACE_IP=%s\nSERVER_PORT=50000\nIMEX_NODE_CONFIG_FILE=/etc/admin-imex/nodes.cfg\nIMEX_CMD_ENABLED=1\nIMEX_CMD_PORT=50005\nIMEX_CMD_UNIX_DOMAIN_PATH=/etc/admin-imex/cmd.sock\nDAEMONIZE=1\n' "${IP[cd-c]}" >"$droot/etc/admin-imex/config.cfg"

@@ -157,6 +157,8 @@ pub struct ComputeDomainOptions {
     /// Who runs the IMEX daemons.
     pub imex: crate::compute_domain::node::ImexMode,
     pub cdi_root: PathBuf,
+    /// Keep the `nvidia.com/gpu.clique` label on this node's Node object.
+    pub clique_label: bool,
 }
 
 /// Builds a client from `--kubeconfig`, else in-cluster, else `KUBECONFIG`/`~/.kube/config`,
@@ -854,6 +856,13 @@ async fn start_compute_domains(
     ))
     .await?;
     tracing::info!(node_ip, clique = ?plugin.clique(), registration = %server.registration_socket_path().display(), "ComputeDomain plugin started");
+    let mut label = cd.clique_label.then(|| {
+        compute_domain::clique_label::CliqueLabel::new(
+            client.clone(),
+            node_name.clone(),
+            options.api_timeouts.request,
+        )
+    });
     let publisher = Publisher::new(
         client,
         SliceOptions::new(compute_domain::DRIVER_NAME, &node_name),
@@ -866,15 +875,21 @@ async fn start_compute_domains(
     let maintain = tokio::spawn(async move {
         loop {
             plugin.reconcile().await;
-            // The clique, once it could be read, joins the published channel.
+            // The clique, once it could be read, joins the published channel (and the label).
             let slices = plugin.slices();
             if **slices_tx.borrow() != slices {
                 let _ = slices_tx.send(Arc::new(slices));
+            }
+            if let (Some(label), Ok(clique)) = (label.as_mut(), plugin.clique()) {
+                label.follow(&clique).await;
             }
             tokio::select! {
                 _ = tokio::time::sleep(interval) => {}
                 _ = stop.changed() => break,
             }
+        }
+        if let Some(label) = &label {
+            label.remove().await;
         }
     });
     Ok((server, vec![publish, maintain]))

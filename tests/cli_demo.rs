@@ -13,6 +13,37 @@ fn gpu_dra(args: &[&str]) -> (bool, String, String) {
     )
 }
 
+/// `gpu-dra run` on `extra` with its node folders under `dir`, a simulator state there and a
+/// kubeconfig that does not exist: for start-up refusals. Returns success and stderr.
+fn run_node(dir: &std::path::Path, extra: &[&str], env: Option<(&str, &str)>) -> (bool, String) {
+    let at = |name: &str| dir.join(name).to_string_lossy().into_owned();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_gpu-dra"));
+    command.arg("run").args(extra).args([
+        "--node-name",
+        "n1",
+        "--sim-state",
+        &at("hw.json"),
+        "--registrar-dir",
+        &at("registry"),
+        "--plugin-dir",
+        &at("plugin"),
+        "--cdi-root",
+        &at("cdi"),
+        "--state-dir",
+        &at("state"),
+        "--kubeconfig",
+        &at("no-kubeconfig"),
+    ]);
+    if let Some((name, value)) = env {
+        command.env(name, value);
+    }
+    let out = command.output().expect("runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 #[test]
 fn demo_allocates_prepares_and_leaves_nothing() {
     let (ok, out, err) = gpu_dra(&["demo"]);
@@ -363,27 +394,11 @@ fn the_driver_does_not_start_on_a_driver_root_without_the_driver() {
     let at = |name: &str| dir.path().join(name).to_string_lossy().into_owned();
     let root = at("empty-root");
     std::fs::create_dir_all(&root).expect("root");
-    let (ok, _, err) = gpu_dra(&[
-        "run",
-        "--gpus",
-        "sim:1xT4",
-        "--node-name",
-        "n1",
-        "--sim-state",
-        &at("hw.json"),
-        "--nvidia-driver-root",
-        &root,
-        "--registrar-dir",
-        &at("registry"),
-        "--plugin-dir",
-        &at("plugin"),
-        "--cdi-root",
-        &at("cdi"),
-        "--state-dir",
-        &at("state"),
-        "--kubeconfig",
-        &at("no-kubeconfig"),
-    ]);
+    let (ok, err) = run_node(
+        dir.path(),
+        &["--gpus", "sim:1xT4", "--nvidia-driver-root", &root],
+        None,
+    );
     assert!(
         !ok && err.contains(&format!(
             "--nvidia-driver-root {root}: no libraries of driver"
@@ -399,29 +414,44 @@ fn the_driver_does_not_start_on_a_driver_root_without_the_driver() {
 #[test]
 fn a_hook_path_without_driver_files_is_refused() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let at = |name: &str| dir.path().join(name).to_string_lossy().into_owned();
-    let (ok, _, err) = gpu_dra(&[
-        "run",
-        "--gpus",
-        "sim:1xT4",
-        "--node-name",
-        "n1",
-        "--sim-state",
-        &at("hw.json"),
-        "--nvidia-cdi-hook-path",
-        "/usr/bin/nvidia-cdi-hook",
-        "--registrar-dir",
-        &at("registry"),
-        "--plugin-dir",
-        &at("plugin"),
-        "--cdi-root",
-        &at("cdi"),
-        "--state-dir",
-        &at("state"),
-        "--kubeconfig",
-        &at("no-kubeconfig"),
-    ]);
+    let (ok, err) = run_node(
+        dir.path(),
+        &[
+            "--gpus",
+            "sim:1xT4",
+            "--nvidia-cdi-hook-path",
+            "/usr/bin/nvidia-cdi-hook",
+        ],
+        None,
+    );
     assert!(!ok && err.contains("--nvidia-cdi-hook-path"), "{err}");
+}
+
+#[test]
+fn the_clique_label_without_compute_domains_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gpus = ["--gpus", "sim:1xGB200-186GB"];
+    // As a flag, and as NVIDIA's variable.
+    let flag = run_node(
+        dir.path(),
+        &[&gpus[..], &["--gpu-clique-label"]].concat(),
+        None,
+    );
+    let variable = run_node(
+        dir.path(),
+        &gpus,
+        Some(("GPU_CLIQUE_LABEL_ENABLED", "true")),
+    );
+    for (ok, err) in [flag, variable] {
+        assert!(
+            !ok && err.contains("--gpu-clique-label") && err.contains("--compute-domains"),
+            "{err}"
+        );
+    }
+    assert!(
+        !dir.path().join("state").exists() && !dir.path().join("cdi").exists(),
+        "nothing was written before refusing"
+    );
 }
 
 #[test]

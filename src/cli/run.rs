@@ -125,6 +125,13 @@ pub struct RunArgs {
     /// asked `nvidia-imex-ctl -q` before each channel is injected.
     #[arg(long, env = "GPU_DRA_IMEX_HOST_SOCKET")]
     pub imex_host_socket: Option<PathBuf>,
+    /// Keep the node's NVLink clique in its `nvidia.com/gpu.clique` label (NVIDIA's
+    /// `gpuCliqueLabelEnabled`, once set by gpu-feature-discovery): set once known, moved with
+    /// the fabric, removed when the driver stops. Only with --compute-domains.
+    // Not `requires`: NVIDIA's chart sets GPU_CLIQUE_LABEL_ENABLED=false everywhere, which
+    // clap would count as given. Checked in `run`.
+    #[arg(long, env = "GPU_CLIQUE_LABEL_ENABLED")]
+    pub gpu_clique_label: bool,
     /// How long one prepare of a channel waits for its ComputeDomain's nodes before it fails
     /// and kubelet retries (kubelet gives a prepare call 45 s).
     #[arg(long, env = "GPU_DRA_COMPUTE_DOMAIN_READY_TIMEOUT", default_value = "30s",
@@ -277,6 +284,11 @@ impl RunArgs {
 }
 
 pub fn run(args: RunArgs) -> Result<ExitCode, CliError> {
+    if args.gpu_clique_label && !args.compute_domains {
+        return Err(CliError::Usage(
+            "--gpu-clique-label (GPU_CLIQUE_LABEL_ENABLED): the ComputeDomain plugin keeps that label; add --compute-domains".into(),
+        ));
+    }
     let plugin_dir = args
         .plugin_dir
         .clone()
@@ -335,6 +347,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode, CliError> {
             ),
             cdi_root: args.cdi_root.clone(),
             imex,
+            clique_label: args.gpu_clique_label,
         }
     });
     let options = NodeOptions {

@@ -12,6 +12,7 @@
 //! container (as the MPS daemons do) and no daemon pod has to be scheduled first.
 
 pub mod api;
+pub mod clique_label;
 pub mod controller;
 pub mod imex;
 pub mod node;
