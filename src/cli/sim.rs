@@ -236,7 +236,15 @@ pub fn run(args: SimArgs) -> Result<ExitCode, CliError> {
             if let Some(dir) = sysfs {
                 node.write_sysfs(&dir)?;
             }
-            println!("GPU {gpu}: bound to {}", driver.sysfs_name());
+            // Its VFIO driver may be a variant (nvgrace_gpu_vfio_pci): as the kernel shows it.
+            let bound = node
+                .inventory()?
+                .pci
+                .gpus
+                .get(gpu as usize)
+                .and_then(|f| f.driver.clone())
+                .unwrap_or_else(|| driver.sysfs_name().to_string());
+            println!("GPU {gpu}: bound to {bound}");
         }
         SimCommand::Sysfs { dir } => {
             node.write_sysfs(&dir)?;

@@ -39,12 +39,21 @@ pub struct GpuArgs {
     #[arg(long, env = "GPU_DRA_CONSUMABLE_SHARES", default_value = "off")]
     pub consumable_shares: slices::consumable::ConsumableShares,
     /// Also publish each eligible GPU for virtual machines as `gpu-vfio-<index>` (class
-    /// `vfio.gpu.nvidia.com`; NVIDIA's `PassthroughSupport`): prepared, it is bound to
-    /// `vfio-pci`. A GPU's VFIO device and its other devices exclude each other (a counter set
+    /// `vfio.gpu.nvidia.com`; NVIDIA's `PassthroughSupport`): prepared, it is bound to its VFIO
+    /// driver (`vfio-pci`, or the kernel's variant for it). A GPU's VFIO device and its other devices exclude each other (a counter set
     /// per PCI function). Needs the IOMMU on; GPUs in MIG mode with MIG devices offered
     /// statically, or sharing an IOMMU group with a device bound elsewhere, are not offered.
     #[arg(long, env = "GPU_DRA_PASSTHROUGH")]
     pub passthrough: bool,
+    /// The kernel's modules folder (`<dir>/<release>/modules.alias`): which VFIO variant driver
+    /// a GPU goes to a virtual machine through (`nvgrace_gpu_vfio_pci` for Grace-attached GPUs).
+    #[arg(
+        long,
+        env = "GPU_DRA_MODULES_ROOT",
+        default_value = crate::gpu::pci::MODULES_ROOT,
+        requires = "passthrough"
+    )]
+    pub modules_root: PathBuf,
 }
 
 impl GpuArgs {
@@ -54,6 +63,7 @@ impl GpuArgs {
             nvml_library: self.nvml_lib.clone(),
             sysfs_root: self.sysfs_root.clone(),
             scan_pci: self.passthrough,
+            modules_root: self.modules_root.clone(),
             ..DiscoveryConfig::new(self.gpus.clone(), node_name)
         }
     }

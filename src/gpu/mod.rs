@@ -161,6 +161,8 @@ pub struct DiscoveryConfig {
     /// Read the GPUs' PCI functions from sysfs (for `--passthrough`); off, no GPU is offered to
     /// virtual machines and discovery does not walk `bus/pci/devices`.
     pub scan_pci: bool,
+    /// The kernel's modules (`/lib/modules`), whose aliases name VFIO variant drivers.
+    pub modules_root: PathBuf,
 }
 
 impl DiscoveryConfig {
@@ -176,6 +178,7 @@ impl DiscoveryConfig {
             nvidia_smi: None,
             sim_mig_delay: std::time::Duration::ZERO,
             scan_pci: false,
+            modules_root: PathBuf::from(pci::MODULES_ROOT),
         }
     }
 }
@@ -186,6 +189,7 @@ pub fn discover(config: &DiscoveryConfig) -> Result<NodeInventory, GpuError> {
         GpuSource::Nvml => {
             nvml::NvmlBackend::open(config.nvml_library.as_deref(), config.sysfs_root.clone())?
                 .with_pci_scan(config.scan_pci)
+                .with_modules_root(config.modules_root.clone())
                 .inventory()
         }
         GpuSource::Sim(spec) => {
@@ -305,7 +309,7 @@ pub trait GpuControl: Send + Sync {
     fn simulated(&self) -> bool {
         false
     }
-    /// Binds the GPU at PCI address `bus_id` to a kernel driver (`vfio-pci` for a virtual
+    /// Binds the GPU at PCI address `bus_id` to a kernel driver (its VFIO driver for a virtual
     /// machine, `nvidia` back). Returns once the kernel reports the binding.
     fn bind_pci(&self, bus_id: &str, _driver: sim::PciDriver) -> Result<(), GpuError> {
         Err(GpuError::Pci(pci::PciError::Bind {
@@ -448,6 +452,7 @@ pub fn open_control(config: &DiscoveryConfig) -> Result<std::sync::Arc<dyn GpuCo
         GpuSource::Nvml => Ok(std::sync::Arc::new(
             nvml::NvmlBackend::open(config.nvml_library.as_deref(), config.sysfs_root.clone())?
                 .with_pci_scan(config.scan_pci)
+                .with_modules_root(config.modules_root.clone())
                 .with_nvidia_smi(config.nvidia_smi.clone()),
         )),
     }

@@ -33,6 +33,8 @@ pub struct NvmlBackend {
     sysfs_root: PathBuf,
     /// Whether inventories read the GPUs' PCI functions (only `--passthrough` needs them).
     scan_pci: bool,
+    /// The kernel's modules, for VFIO variant drivers (`<root>/<release>/modules.alias`).
+    modules_root: PathBuf,
     /// The node as last read; `None` until first needed (or after a panic while it was held).
     /// Guards only the list of GPUs and the node-wide facts: each GPU has its own lock (see
     /// [`GpuSlot`]), and this one is never held across NVML calls on a GPU (but for the first read
@@ -332,6 +334,7 @@ impl NvmlBackend {
             nvml: Arc::new(nvml),
             sysfs_root,
             scan_pci: false,
+            modules_root: PathBuf::from(super::pci::MODULES_ROOT),
             cache: Mutex::new(None),
             handles: Mutex::new(None),
             nvidia_smi: None,
@@ -377,6 +380,12 @@ impl NvmlBackend {
     /// Inventories also read the GPUs' PCI functions from sysfs (for `--passthrough`).
     pub fn with_pci_scan(mut self, scan_pci: bool) -> Self {
         self.scan_pci = scan_pci;
+        self
+    }
+
+    /// Where the kernel's modules are (default `/lib/modules`), for VFIO variant drivers.
+    pub fn with_modules_root(mut self, modules_root: PathBuf) -> Self {
+        self.modules_root = modules_root;
         self
     }
 
@@ -628,8 +637,17 @@ impl NvmlBackend {
         if !self.scan_pci {
             return Default::default();
         }
-        crate::gpu::pci::scan(&self.sysfs_root).unwrap_or_else(|error| {
+        crate::gpu::pci::scan(&self.sysfs_root, &self.vfio_aliases()).unwrap_or_else(|error| {
             tracing::warn!(%error, "cannot read the GPUs' PCI functions; none is offered to virtual machines");
+            Default::default()
+        })
+    }
+
+    /// The running kernel's VFIO variant drivers; none (plain `vfio-pci`) when its module aliases
+    /// cannot be read (Grace-attached GPUs are then not offered, see `slices::passthrough`).
+    fn vfio_aliases(&self) -> crate::gpu::pci::VfioAliases {
+        crate::gpu::pci::VfioAliases::read(&self.modules_root).unwrap_or_else(|error| {
+            tracing::debug!(%error, "no kernel module aliases: VFIO variant drivers unknown");
             Default::default()
         })
     }
@@ -1277,7 +1295,22 @@ impl super::GpuControl for NvmlBackend {
     }
 
     fn bind_pci(&self, bus_id: &str, driver: super::sim::PciDriver) -> Result<(), GpuError> {
-        let result = super::pci::bind(&self.sysfs_root, bus_id, driver.sysfs_name());
+        let name = match driver {
+            super::sim::PciDriver::Nvidia => "nvidia".to_string(),
+            // The function's own VFIO driver: a variant where the kernel names one.
+            super::sim::PciDriver::VfioPci => {
+                let modalias = std::fs::read_to_string(
+                    self.sysfs_root
+                        .join("bus/pci/devices")
+                        .join(bus_id)
+                        .join("modalias"),
+                )
+                .ok();
+                super::pci::vfio_driver(&self.sysfs_root, &self.vfio_aliases(), modalias.as_deref())
+                    .0
+            }
+        };
+        let result = super::pci::bind(&self.sysfs_root, bus_id, &name);
         // The GPU left NVML or came back: every cached view of it is stale.
         self.invalidate_all();
         Ok(result?)

@@ -6,6 +6,10 @@
 //!   with their driver, IOMMU group and what else is in it.
 //! - [`bind`] moves a function to another driver the way the kernel documents it
 //!   (`driver_override`, `unbind`, `drivers_probe`).
+//! - [`VfioAliases`] picks the VFIO driver a function goes to a virtual machine through, as
+//!   go-nvlib's `FindBestVFIOVariant` does: the `vfio_pci:` alias of the running kernel's
+//!   `modules.alias` that matches the function's `modalias` with the fewest wildcards (Linux's
+//!   `nvgrace_gpu_vfio_pci` for Grace-attached GPUs), else plain `vfio-pci`.
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -22,6 +26,16 @@ const MEM_TYPE_MASK: u64 = 0x06;
 const MEM_TYPE_64: u64 = 0x04;
 /// The standard BARs of a `resource` file (then the expansion ROM and bridge windows).
 const STANDARD_BARS: usize = 6;
+/// The plain VFIO driver, as its sysfs folder is named (its module is `vfio_pci`).
+pub const VFIO_PCI: &str = "vfio-pci";
+/// Where the kernel's modules (and their `modules.alias`) are, per release.
+pub const MODULES_ROOT: &str = "/lib/modules";
+/// The `modules.alias` lines of VFIO variant drivers.
+const VFIO_ALIAS_PREFIX: &str = "alias vfio_pci:";
+
+fn vfio_pci() -> String {
+    VFIO_PCI.to_string()
+}
 
 /// One GPU's PCI function.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -47,9 +61,16 @@ pub struct PciGpu {
     pub pcie_root: Option<String>,
     /// The 64-bit BARs summed and rounded up to a power of two (NVIDIA's `addressableMemory`).
     pub addressable_memory: u64,
-    /// `vfioN` of `/dev/vfio/devices/vfioN` (the iommufd cdev), while bound to `vfio-pci`.
+    /// `vfioN` of `/dev/vfio/devices/vfioN` (the iommufd cdev), while bound to a VFIO driver.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vfio_cdev: Option<String>,
+    /// The VFIO driver a virtual machine gets it through, as its `bus/pci/drivers` folder is
+    /// named: a variant the kernel's module aliases name for this function, else `vfio-pci`.
+    #[serde(default = "vfio_pci")]
+    pub vfio_driver: String,
+    /// Whether that driver is loaded (its `bus/pci/drivers` folder exists).
+    #[serde(default)]
+    pub vfio_driver_loaded: bool,
 }
 
 /// Another function in a GPU's IOMMU group.
@@ -90,7 +111,10 @@ impl PciGpu {
         self.group_peers
             .iter()
             .find(|p| {
-                p.class != BRIDGE_CLASS && p.driver.as_deref().is_some_and(|d| d != "vfio-pci")
+                p.class != BRIDGE_CLASS
+                    && p.driver
+                        .as_deref()
+                        .is_some_and(|d| d != VFIO_PCI && d != self.vfio_driver)
             })
             .map(|p| {
                 format!(
@@ -129,8 +153,135 @@ fn link_name(path: &Path) -> Option<String> {
     Some(target.file_name()?.to_string_lossy().into_owned())
 }
 
-/// The NVIDIA GPUs under `<sysfs_root>/bus/pci/devices`, in bus-id order.
-pub fn scan(sysfs_root: &Path) -> Result<PciView, PciError> {
+/// A PCI modalias (`pci:v<vendor>d<device>sv<subvendor>sd<subdevice>bc<class>sc<subclass>i<if>`),
+/// field by field; in `modules.alias` a field may be `*`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModAlias {
+    fields: [String; 7],
+}
+
+impl ModAlias {
+    /// Parses a function's `modalias` (`pci:v...`) or an alias's pattern (`vfio_pci:v...`).
+    pub fn parse(text: &str) -> Option<Self> {
+        let text = text.trim();
+        let (_, rest) = text.split_once("pci:")?;
+        let mut rest = rest.strip_prefix('v')?;
+        let mut fields: [String; 7] = Default::default();
+        for (field, delimiter) in fields.iter_mut().zip(["d", "sv", "sd", "bc", "sc", "i"]) {
+            let (value, after) = rest.split_once(delimiter)?;
+            *field = value.to_string();
+            rest = after;
+        }
+        fields[6] = rest.to_string();
+        Some(Self { fields })
+    }
+
+    /// The modalias the kernel gives a function with these ids (upper-case hex, as it writes).
+    pub fn of(vendor: u16, device: u16, subsystem: (u16, u16), class: u32) -> String {
+        format!(
+            "pci:v{vendor:08X}d{device:08X}sv{:08X}sd{:08X}bc{:02X}sc{:02X}i{:02X}",
+            subsystem.0,
+            subsystem.1,
+            (class >> 16) & 0xFF,
+            (class >> 8) & 0xFF,
+            class & 0xFF
+        )
+    }
+
+    /// Whether `pattern` matches this function, and with how many wildcard fields.
+    fn matched_by(&self, pattern: &ModAlias) -> Option<usize> {
+        let mut wildcards = 0;
+        for (value, wanted) in self.fields.iter().zip(&pattern.fields) {
+            if wanted == "*" {
+                wildcards += 1;
+            } else if value != wanted {
+                return None;
+            }
+        }
+        Some(wildcards)
+    }
+}
+
+/// The VFIO variant drivers the running kernel's modules declare (`alias vfio_pci:<pattern>
+/// <module>` lines of `modules.alias`).
+#[derive(Debug, Clone, Default)]
+pub struct VfioAliases {
+    aliases: Vec<(ModAlias, String)>,
+}
+
+impl VfioAliases {
+    pub fn parse(text: &str) -> Self {
+        let aliases = text
+            .lines()
+            .map(str::trim)
+            .filter(|line| line.starts_with(VFIO_ALIAS_PREFIX))
+            .filter_map(|line| {
+                let mut parts = line.splitn(3, ' ');
+                let (_, pattern, module) = (parts.next()?, parts.next()?, parts.next()?);
+                Some((ModAlias::parse(pattern)?, module.trim().to_string()))
+            })
+            .collect();
+        Self { aliases }
+    }
+
+    /// `<modules_root>/<running kernel's release>/modules.alias`.
+    pub fn read(modules_root: &Path) -> Result<Self, String> {
+        let release = fs::read_to_string("/proc/sys/kernel/osrelease")
+            .map_err(|e| format!("the kernel's release: {e}"))?;
+        let path = modules_root.join(release.trim()).join("modules.alias");
+        fs::read_to_string(&path)
+            .map(|text| Self::parse(&text))
+            .map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    /// The variant's module for a function (`modalias` as sysfs shows it): the matching alias
+    /// with the fewest wildcards, the first of equals; `None`: plain `vfio-pci`.
+    pub fn best(&self, modalias: &str) -> Option<&str> {
+        let device = ModAlias::parse(modalias)?;
+        let mut best: Option<(usize, &str)> = None;
+        for (pattern, module) in &self.aliases {
+            if let Some(wildcards) = device.matched_by(pattern)
+                && best.is_none_or(|(fewest, _)| wildcards < fewest)
+            {
+                best = Some((wildcards, module));
+            }
+        }
+        best.map(|(_, module)| module)
+    }
+}
+
+/// A module's driver as `bus/pci/drivers` names it: the module name, or with `-` for `_` (the
+/// kernel's module names have `_`, some drivers register with `-`, as `vfio-pci`). Whether it is
+/// there (loaded).
+fn driver_folder(sysfs_root: &Path, module: &str) -> (String, bool) {
+    let drivers = sysfs_root.join("bus/pci/drivers");
+    let dashed = module.replace('_', "-");
+    for name in [module, dashed.as_str()] {
+        if drivers.join(name).is_dir() {
+            return (name.to_string(), true);
+        }
+    }
+    let name = if module == "vfio_pci" {
+        dashed
+    } else {
+        module.to_string()
+    };
+    (name, false)
+}
+
+/// The VFIO driver for a function with `modalias` (see [`PciGpu::vfio_driver`]).
+pub fn vfio_driver(
+    sysfs_root: &Path,
+    aliases: &VfioAliases,
+    modalias: Option<&str>,
+) -> (String, bool) {
+    let module = modalias.and_then(|m| aliases.best(m)).unwrap_or("vfio_pci");
+    driver_folder(sysfs_root, module)
+}
+
+/// The NVIDIA GPUs under `<sysfs_root>/bus/pci/devices`, in bus-id order, each with the VFIO
+/// driver `aliases` choose for it.
+pub fn scan(sysfs_root: &Path, aliases: &VfioAliases) -> Result<PciView, PciError> {
     let devices = sysfs_root.join("bus/pci/devices");
     let mut bus_ids: Vec<String> = match fs::read_dir(&devices) {
         Ok(entries) => entries
@@ -154,6 +305,9 @@ pub fn scan(sysfs_root: &Path) -> Result<PciView, PciError> {
             continue;
         }
         let iommu_group = link_name(&dir.join("iommu_group")).and_then(|g| g.parse().ok());
+        let modalias = fs::read_to_string(dir.join("modalias")).ok();
+        let (vfio_driver, vfio_driver_loaded) =
+            vfio_driver(sysfs_root, aliases, modalias.as_deref());
         let group_peers = match iommu_group {
             Some(group) => group_peers(sysfs_root, group, &bus_id),
             None => vec![],
@@ -177,6 +331,8 @@ pub fn scan(sysfs_root: &Path) -> Result<PciView, PciError> {
                     .map(|e| e.file_name().to_string_lossy().into_owned())
                     .find(|n| n.starts_with("vfio"))
             }),
+            vfio_driver,
+            vfio_driver_loaded,
             bus_id,
         });
     }
@@ -272,7 +428,13 @@ pub fn bind(sysfs_root: &Path, bus_id: &str, driver: &str) -> Result<(), PciErro
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gpu::sim::{PciDriver, render_sysfs, sim_iommu_group, sim_pci_location};
+    use crate::gpu::sim::{
+        PciDriver, SIM_MODULES_ALIAS, render_sysfs, sim_iommu_group, sim_pci_location,
+    };
+
+    fn sim_aliases() -> VfioAliases {
+        VfioAliases::parse(SIM_MODULES_ALIAS)
+    }
 
     #[test]
     fn scan_finds_gpus_in_bus_order_with_driver_group_and_bars() {
@@ -283,7 +445,7 @@ mod tests {
             (9, PciDriver::Nvidia),
         ];
         render_sysfs(dir.path(), &gpus, |_| Some(0x2330_10DE)).expect("sysfs");
-        let view = scan(dir.path()).expect("scan");
+        let view = scan(dir.path(), &sim_aliases()).expect("scan");
         assert!(view.iommu);
         assert!(!view.iommufd);
         let ids: Vec<(&str, u32)> = view
@@ -319,15 +481,37 @@ mod tests {
     #[test]
     fn the_simulators_view_is_what_its_sysfs_shows() {
         let node = crate::gpu::sim::SimNode::new(
-            "sim:2xH100-SXM5-80GB,1xT4".parse().expect("spec"),
+            "sim:2xH100-SXM5-80GB,1xT4,1xGB200-186GB"
+                .parse()
+                .expect("spec"),
             "n1",
             None,
         );
         node.bind_driver(2, PciDriver::VfioPci).expect("bind");
+        node.bind_driver(3, PciDriver::VfioPci).expect("bind");
         let dir = tempfile::tempdir().expect("tmp");
         node.write_sysfs(dir.path()).expect("sysfs");
         let inventory = node.inventory().expect("inventory");
-        assert_eq!(scan(dir.path()).expect("scan"), inventory.pci);
+        assert_eq!(
+            scan(dir.path(), &sim_aliases()).expect("scan"),
+            inventory.pci
+        );
+        // The GB200 went to its variant driver, the T4 to vfio-pci.
+        let drivers: Vec<Option<&str>> = inventory
+            .pci
+            .gpus
+            .iter()
+            .map(|g| g.driver.as_deref())
+            .collect();
+        assert_eq!(
+            drivers,
+            [
+                Some("nvidia"),
+                Some("nvidia"),
+                Some("vfio-pci"),
+                Some("nvgrace_gpu_vfio_pci")
+            ]
+        );
         assert_eq!(inventory.pci.gpus[2].driver.as_deref(), Some("vfio-pci"));
     }
 
@@ -350,7 +534,7 @@ mod tests {
         )
         .expect("link");
         std::os::unix::fs::symlink(&audio, group.join("0000:18:00.1")).expect("link");
-        let view = scan(dir.path()).expect("scan");
+        let view = scan(dir.path(), &sim_aliases()).expect("scan");
         let reason = view.gpus[0].group_blocker().expect("blocked");
         assert!(reason.contains("0000:18:00.1"), "{reason}");
         assert!(reason.contains("snd_hda_intel"), "{reason}");
@@ -395,5 +579,60 @@ mod tests {
         // Already bound: nothing written.
         bind(dir.path(), "0000:18:00.0", "nvidia").expect("already nvidia");
         assert!(bind(dir.path(), "0000:99:00.0", "nvidia").is_err());
+    }
+
+    #[test]
+    fn the_variant_matching_a_function_with_fewest_wildcards_wins() {
+        let aliases = VfioAliases::parse(
+            "alias pci:v000010DEd*sv*sd*bc03sc*i* nvidia
+alias vfio_pci:v000010DEd*sv*sd*bc03sc02i* broad_vfio_pci
+alias vfio_pci:v000010DEd00002941sv*sd*bc*sc*i* nvgrace_gpu_vfio_pci
+alias vfio_pci:v000010DEd00002941sv000010DEsd*bc03sc*i* narrower_vfio_pci
+alias vfio_pci:v000010DEd00002941sv000010DEsd*bc03sc*i* same_but_later_vfio_pci
+alias vfio_pci:not-a-modalias broken
+",
+        );
+        let gb200 = "pci:v000010DEd00002941sv000010DEsd00002046bc03sc02i00\n";
+        // 3 wildcards beat 4 (broad) and 5 (nvgrace); the first of equals wins.
+        assert_eq!(aliases.best(gb200), Some("narrower_vfio_pci"));
+        let h100 = ModAlias::of(0x10de, 0x2330, (0x10de, 0x16c1), 0x03_02_00);
+        assert_eq!(
+            h100,
+            "pci:v000010DEd00002330sv000010DEsd000016C1bc03sc02i00"
+        );
+        assert_eq!(aliases.best(&h100), Some("broad_vfio_pci"));
+        // Another class or vendor: no variant (plain vfio-pci); `pci:` aliases are not VFIO's.
+        let audio = ModAlias::of(0x10de, 0x22e8, (0x10de, 0), 0x04_03_00);
+        assert_eq!(aliases.best(&audio), None);
+        assert_eq!(VfioAliases::default().best(gb200), None);
+        assert_eq!(aliases.best("garbage"), None);
+    }
+
+    #[test]
+    fn a_modules_driver_folder_may_use_dashes() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let drivers = dir.path().join("bus/pci/drivers");
+        let aliases = sim_aliases();
+        let gb200 = crate::gpu::sim::sim_modalias(0x2941_10DE);
+        // Nothing loaded: the names the kernel would register, not loaded.
+        assert_eq!(
+            vfio_driver(dir.path(), &aliases, Some(&gb200)),
+            ("nvgrace_gpu_vfio_pci".to_string(), false)
+        );
+        assert_eq!(
+            vfio_driver(dir.path(), &aliases, None),
+            ("vfio-pci".to_string(), false)
+        );
+        // vfio_pci registers as vfio-pci; a variant registering with dashes is found so too.
+        std::fs::create_dir_all(drivers.join("vfio-pci")).expect("mkdir");
+        std::fs::create_dir_all(drivers.join("nvgrace-gpu-vfio-pci")).expect("mkdir");
+        assert_eq!(
+            vfio_driver(dir.path(), &aliases, None),
+            ("vfio-pci".to_string(), true)
+        );
+        assert_eq!(
+            vfio_driver(dir.path(), &aliases, Some(&gb200)),
+            ("nvgrace-gpu-vfio-pci".to_string(), true)
+        );
     }
 }

@@ -246,8 +246,48 @@ pub enum PciDriver {
     /// NVIDIA's kernel module: NVML, CUDA and the device nodes `/dev/nvidia*`.
     #[default]
     Nvidia,
-    /// For passthrough to a virtual machine: `/dev/vfio/<IOMMU group>`, no NVML.
+    /// For passthrough to a virtual machine: the function's VFIO driver (`vfio-pci`, or the
+    /// variant the kernel's aliases name for it, `nvgrace_gpu_vfio_pci` on Grace-attached GPUs):
+    /// `/dev/vfio/<IOMMU group>`, no NVML.
     VfioPci,
+}
+
+/// The `vfio_pci:` lines of the simulated kernel's `modules.alias`: Linux's nvgrace-gpu variant
+/// (its device table as of 6.18: GH200 120GB/480GB/SKU, GB200, GB300) and, to show a match must
+/// be exact, another vendor's variant.
+pub const SIM_MODULES_ALIAS: &str = "\
+alias vfio_pci:v000010DEd00002342sv*sd*bc*sc*i* nvgrace_gpu_vfio_pci
+alias vfio_pci:v000010DEd00002345sv*sd*bc*sc*i* nvgrace_gpu_vfio_pci
+alias vfio_pci:v000010DEd00002348sv*sd*bc*sc*i* nvgrace_gpu_vfio_pci
+alias vfio_pci:v000010DEd00002941sv*sd*bc*sc*i* nvgrace_gpu_vfio_pci
+alias vfio_pci:v000010DEd000031C2sv*sd*bc*sc*i* nvgrace_gpu_vfio_pci
+alias vfio_pci:v000015B3d0000101Esv*sd*bc*sc*i* mlx5_vfio_pci
+alias pci:v000010DEd*sv*sd*bc03sc*i* nvidia
+";
+
+/// The drivers the simulated kernel has loaded (`bus/pci/drivers/<name>`).
+const SIM_PCI_DRIVERS: [&str; 3] = ["nvidia", "vfio-pci", "nvgrace_gpu_vfio_pci"];
+
+/// The modalias the simulated kernel shows for a GPU with `pci_id` (`device << 16 | vendor`):
+/// NVIDIA's subsystem, a 3D controller.
+pub fn sim_modalias(pci_id: u32) -> String {
+    crate::gpu::pci::ModAlias::of(
+        (pci_id & 0xFFFF) as u16,
+        (pci_id >> 16) as u16,
+        (crate::gpu::pci::NVIDIA_VENDOR, 0x1234),
+        0x03_02_00,
+    )
+}
+
+/// The sysfs name of the driver a simulated GPU with `pci_id` is bound to.
+fn sim_driver_name(driver: PciDriver, pci_id: u32) -> String {
+    match driver {
+        PciDriver::Nvidia => "nvidia".into(),
+        PciDriver::VfioPci => crate::gpu::pci::VfioAliases::parse(SIM_MODULES_ALIAS)
+            .best(&sim_modalias(pci_id))
+            .unwrap_or(crate::gpu::pci::VFIO_PCI)
+            .to_string(),
+    }
 }
 
 impl PciDriver {
@@ -714,6 +754,22 @@ impl SimNode {
             path: root.to_path_buf(),
             reason: format!("writing the simulated sysfs: {e}"),
         })
+    }
+
+    /// Writes the simulated kernel's `modules.alias` ([`SIM_MODULES_ALIAS`]) where
+    /// [`crate::gpu::pci::VfioAliases::read`] looks under `modules_root` (the running kernel's
+    /// release folder).
+    pub fn write_modules(modules_root: &Path) -> Result<(), GpuError> {
+        let failed = |reason: String| GpuError::State {
+            path: modules_root.to_path_buf(),
+            reason,
+        };
+        let release = fs::read_to_string("/proc/sys/kernel/osrelease")
+            .map_err(|e| failed(format!("the kernel's release: {e}")))?;
+        let dir = modules_root.join(release.trim());
+        fs::create_dir_all(&dir)
+            .and_then(|()| fs::write(dir.join("modules.alias"), SIM_MODULES_ALIAS))
+            .map_err(|e| failed(format!("writing modules.alias: {e}")))
     }
 
     /// Raises a fault on a GPU, or resets it (see [`SimFault`]).
@@ -1275,7 +1331,7 @@ impl SimNode {
                     bus_id,
                     vendor_id: crate::gpu::pci::NVIDIA_VENDOR,
                     device_id: (model.pci_device_id >> 16) as u16,
-                    driver: Some(driver.sysfs_name().to_string()),
+                    driver: Some(sim_driver_name(driver, model.pci_device_id)),
                     iommu_group: Some(sim_iommu_group(index)),
                     group_peers: vec![],
                     numa_node: Some(numa_node),
@@ -1283,6 +1339,8 @@ impl SimNode {
                     // render_sysfs's BARs: 128 GiB + 32 MiB.
                     addressable_memory: 256 << 30,
                     vfio_cdev: (driver == PciDriver::VfioPci).then(|| format!("vfio{index}")),
+                    vfio_driver: sim_driver_name(PciDriver::VfioPci, model.pci_device_id),
+                    vfio_driver_loaded: true,
                 }
             })
             .collect();
@@ -1404,8 +1462,8 @@ pub fn render_sysfs(
         let _ = fs::remove_file(at);
         std::os::unix::fs::symlink(target, at)
     };
-    for driver in [PciDriver::Nvidia, PciDriver::VfioPci] {
-        let dir = root.join("bus/pci/drivers").join(driver.sysfs_name());
+    for name in SIM_PCI_DRIVERS {
+        let dir = root.join("bus/pci/drivers").join(name);
         fs::create_dir_all(&dir)?;
         for file in ["bind", "unbind", "new_id"] {
             if !dir.join(file).exists() {
@@ -1424,12 +1482,14 @@ pub fn render_sysfs(
         let folder = root.join(&function);
         fs::create_dir_all(&folder)?;
         let id = pci_id(index).unwrap_or(0x10DE);
+        let bound = sim_driver_name(driver, id);
         for (file, value) in [
             ("vendor", format!("0x{:04x}", id & 0xFFFF)),
             ("device", format!("0x{:04x}", id >> 16)),
             // A 3D controller: NVIDIA's data-center GPUs.
             ("class", "0x030200".to_string()),
             ("numa_node", numa_node.to_string()),
+            ("modalias", sim_modalias(id)),
         ] {
             fs::write(folder.join(file), format!("{value}\n"))?;
         }
@@ -1457,7 +1517,7 @@ pub fn render_sysfs(
         let override_file = folder.join("driver_override");
         let wanted = match driver {
             PciDriver::Nvidia => "(null)".to_string(),
-            other => other.sysfs_name().to_string(),
+            PciDriver::VfioPci => bound.clone(),
         };
         fs::write(override_file, format!("{wanted}\n"))?;
         let group = sim_iommu_group(index);
@@ -1466,7 +1526,7 @@ pub fn render_sysfs(
             &folder.join("iommu_group"),
         )?;
         link(
-            &format!("../../../../bus/pci/drivers/{}", driver.sysfs_name()),
+            &format!("../../../../bus/pci/drivers/{bound}"),
             &folder.join("driver"),
         )?;
         link(
@@ -1477,12 +1537,9 @@ pub fn render_sysfs(
             &format!("../../../../{function}"),
             &root.join(format!("kernel/iommu_groups/{group}/devices/{bus_id}")),
         )?;
-        for other in [PciDriver::Nvidia, PciDriver::VfioPci] {
-            let at = root
-                .join("bus/pci/drivers")
-                .join(other.sysfs_name())
-                .join(&bus_id);
-            if other == driver {
+        for name in SIM_PCI_DRIVERS {
+            let at = root.join("bus/pci/drivers").join(name).join(&bus_id);
+            if name == bound {
                 link(&format!("../../../../{function}"), &at)?;
             } else {
                 let _ = fs::remove_file(at);

@@ -51,18 +51,25 @@ pub fn eligibility<'a>(
                 Err("the node has no IOMMU groups (IOMMU off in firmware or kernel)".to_string())
             } else if let Some(reason) = function.group_blocker() {
                 Err(reason)
-            } else if let Some(product) = grace_attached(inventory, function) {
+            } else if let Some(product) = grace_attached(inventory, function)
+                && function.vfio_driver == crate::gpu::pci::VFIO_PCI
+            {
                 Err(format!(
-                    "{product} is Grace-attached: a virtual machine needs Linux's nvgrace-gpu-vfio-pci variant driver, which gpu-dra does not bind yet (only vfio-pci)"
+                    "{product} is Grace-attached: a virtual machine needs Linux's nvgrace_gpu_vfio_pci variant driver (6.11+), and the kernel's module aliases name none for it (is /lib/modules/<release>/modules.alias there?)"
                 ))
             } else {
+                let vfio = function.vfio_driver.as_str();
                 match function.driver.as_deref() {
-                    Some("vfio-pci") => Ok(()),
+                    Some(driver) if driver == vfio => Ok(()),
+                    _ if !function.vfio_driver_loaded => Err(format!(
+                        "its VFIO driver {vfio} is not loaded (modprobe {})",
+                        vfio.replace('-', "_")
+                    )),
                     Some("nvidia") => match nvml_gpu(inventory, function) {
                         Some(gpu) => offered_whole(gpu, modes),
                         None => Err("bound to nvidia but NVML does not see it".into()),
                     },
-                    Some(other) => Err(format!("bound to {other}, neither nvidia nor vfio-pci")),
+                    Some(other) => Err(format!("bound to {other}, neither nvidia nor {vfio}")),
                     None => Err("bound to no driver".into()),
                 }
             };
@@ -85,8 +92,9 @@ fn offered_whole(gpu: &Gpu, modes: &BTreeMap<u32, GpuMode>) -> Result<(), String
 }
 
 /// PCI device IDs of GPUs tied to a Grace CPU by NVLink-C2C, for a function NVML no longer sees
-/// (bound to VFIO): GH200 (0x2342) and GB200 (0x2941).
-const GRACE_ATTACHED_DEVICE_IDS: [u16; 2] = [0x2342, 0x2941];
+/// (bound to VFIO): Linux's nvgrace-gpu table (GH200 0x2342/0x2345/0x2348, GB200 0x2941, GB300
+/// 0x31c2).
+const GRACE_ATTACHED_DEVICE_IDS: [u16; 5] = [0x2342, 0x2345, 0x2348, 0x2941, 0x31c2];
 
 /// The product, if the GPU is tied to a Grace CPU (GH200, GB200, GB300): what NVML calls it,
 /// else the PCI device ID.
@@ -194,26 +202,63 @@ pub fn vfio_device(inventory: &NodeInventory, function: &PciGpu) -> Device {
 mod tests {
     use super::*;
 
+    fn verdicts(inventory: &NodeInventory) -> Vec<Result<(), String>> {
+        eligibility(inventory, &BTreeMap::new())
+            .into_iter()
+            .map(|(_, verdict)| verdict)
+            .collect()
+    }
+
     #[test]
-    fn grace_attached_gpus_are_not_offered_to_virtual_machines() {
+    fn grace_attached_gpus_go_to_virtual_machines_through_the_nvgrace_variant() {
         use crate::gpu::{DiscoveryConfig, GpuSource};
         let source: GpuSource = "sim:1xH100-SXM5-80GB,1xGB200-186GB".parse().expect("spec");
-        let inventory = crate::gpu::discover(&DiscoveryConfig {
+        let mut inventory = crate::gpu::discover(&DiscoveryConfig {
             sysfs_root: "/nonexistent".into(),
             ..DiscoveryConfig::new(source, "n1")
         })
         .expect("discover");
-        let verdicts: Vec<Result<(), String>> = eligibility(&inventory, &BTreeMap::new())
-            .into_iter()
-            .map(|(_, verdict)| verdict)
+        let drivers: Vec<&str> = inventory
+            .pci
+            .gpus
+            .iter()
+            .map(|f| f.vfio_driver.as_str())
             .collect();
-        assert_eq!(verdicts.len(), 2);
-        assert_eq!(verdicts[0], Ok(()));
-        let refused = verdicts[1].as_ref().expect_err("GB200");
+        assert_eq!(drivers, ["vfio-pci", "nvgrace_gpu_vfio_pci"]);
+        assert_eq!(verdicts(&inventory), [Ok(()), Ok(())]);
+        // Bound to its variant already (a claim holds it): still offered.
+        inventory.pci.gpus[1].driver = Some("nvgrace_gpu_vfio_pci".into());
+        assert_eq!(verdicts(&inventory)[1], Ok(()));
+        // Bound to plain vfio-pci by someone else: not ours to hand out.
+        inventory.pci.gpus[1].driver = Some("vfio-pci".into());
+        let refused = verdicts(&inventory)[1].clone().expect_err("plain vfio-pci");
         assert!(
-            refused.contains("NVIDIA GB200") && refused.contains("nvgrace-gpu-vfio-pci"),
+            refused.contains("neither nvidia nor nvgrace_gpu_vfio_pci"),
             "{refused}"
         );
+        // The variant not loaded: refused, naming the module to load.
+        inventory.pci.gpus[1].driver = Some("nvidia".into());
+        inventory.pci.gpus[1].vfio_driver_loaded = false;
+        let refused = verdicts(&inventory)[1].clone().expect_err("not loaded");
+        assert!(
+            refused.contains("modprobe nvgrace_gpu_vfio_pci"),
+            "{refused}"
+        );
+        // No module aliases to name a variant: a Grace-attached GPU is not handed out through
+        // plain vfio-pci (its memory is not a BAR; the virtual machine would not get it).
+        inventory.pci.gpus[1].vfio_driver_loaded = true;
+        inventory.pci.gpus[1].vfio_driver = "vfio-pci".into();
+        let refused = verdicts(&inventory)[1].clone().expect_err("no variant");
+        assert!(
+            refused.contains("NVIDIA GB200") && refused.contains("nvgrace_gpu_vfio_pci"),
+            "{refused}"
+        );
+        // vfio-pci itself not loaded, for any GPU.
+        inventory.pci.gpus[0].vfio_driver_loaded = false;
+        let refused = verdicts(&inventory)[0]
+            .clone()
+            .expect_err("vfio-pci not loaded");
+        assert!(refused.contains("modprobe vfio_pci"), "{refused}");
     }
 
     #[test]

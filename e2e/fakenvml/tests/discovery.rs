@@ -23,6 +23,9 @@ fn discover_both(
     setup(&sim);
     let sysfs = tempfile::tempdir().expect("sysfs");
     sim.write_sysfs(sysfs.path()).expect("sysfs links");
+    // The simulated kernel's module aliases: the VFIO variant drivers (nvgrace for GB200).
+    let modules = sysfs.path().join("lib-modules");
+    SimNode::write_modules(&modules).expect("modules.alias");
     // SAFETY: the ENV lock serialises every reader and writer of these variables in this process.
     unsafe {
         std::env::set_var("FAKE_NVML_GPUS", spec);
@@ -31,7 +34,8 @@ fn discover_both(
     }
     let backend = NvmlBackend::open(Some(&fake_library()), sysfs.path().to_path_buf())
         .expect("NVML init")
-        .with_pci_scan(true);
+        .with_pci_scan(true)
+        .with_modules_root(modules);
     let through_nvml = backend.inventory().expect("NVML discovery");
     drop(backend);
     (sim.inventory().expect("sim discovery"), through_nvml)
@@ -548,6 +552,37 @@ fn a_gpu_bound_to_vfio_pci_is_not_discovered() {
     let seen: Vec<(u32, u32)> = nvml.gpus.iter().map(|g| (g.minor, g.index)).collect();
     assert_eq!(seen, vec![(0, 0), (2, 1)]);
     assert_eq!(nvml.gpus[1].pcie_root.as_deref(), Some("pci0000:37"));
+}
+
+/// A Grace-attached GPU goes to a virtual machine through Linux's nvgrace-gpu variant: the PCI
+/// scan on the real code path picks it from the kernel's module aliases and the function's
+/// modalias, as the simulator does.
+#[test]
+fn a_grace_attached_gpu_is_bound_to_its_vfio_variant() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (sim, nvml) = discover_both(
+        "sim:1xH100-SXM5-80GB,1xGB200-186GB",
+        "n1",
+        &dir.path().join("s.json"),
+        |sim| {
+            sim.bind_driver(1, gpu_dra::gpu::sim::PciDriver::VfioPci)
+                .expect("to its VFIO driver")
+        },
+    );
+    assert_eq!(nvml, sim);
+    let drivers: Vec<(Option<&str>, &str)> = nvml
+        .pci
+        .gpus
+        .iter()
+        .map(|f| (f.driver.as_deref(), f.vfio_driver.as_str()))
+        .collect();
+    assert_eq!(
+        drivers,
+        [
+            (Some("nvidia"), "vfio-pci"),
+            (Some("nvgrace_gpu_vfio_pci"), "nvgrace_gpu_vfio_pci")
+        ]
+    );
 }
 
 /// The use the per-claim metrics read, through NVML's memory, utilization and process calls on

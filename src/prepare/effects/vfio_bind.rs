@@ -1,5 +1,6 @@
-//! A whole GPU handed to a virtual machine: bound to `vfio-pci` at prepare, back to `nvidia` at
-//! unprepare.
+//! A whole GPU handed to a virtual machine: bound to its VFIO driver (`vfio-pci`, or the variant
+//! the kernel names for it, `nvgrace_gpu_vfio_pci` on Grace-attached GPUs) at prepare, back to
+//! `nvidia` at unprepare.
 //!
 //! The intent ([`VfioRecord`](crate::prepare::checkpoint::VfioRecord): PCI address, IOMMU group,
 //! the minor NVML knew) is in the checkpoint before the binding changes, and binding is
@@ -64,7 +65,7 @@ impl DeviceEffect for VfioBind {
                     return Err(failed(
                         device,
                         format!(
-                            "GPU {} is bound to vfio-pci but {} did not appear within {}s",
+                            "GPU {} is bound to its VFIO driver but {} did not appear within {}s",
                             vfio.bus_id,
                             path.display(),
                             APPEAR_WAIT.as_secs()
