@@ -308,7 +308,7 @@ cd_kubelet cd-c unprepare --claim "$(claim_ref nvbandwidth-test-worker-c)" >/dev
 move_cd_c() { "$GPU_DRA" sim --gpus "$GPUS" --node-name cd-c --sim-state "$(node_dir cd-c)/hw.json" \
     fabric --cluster-uuid 7f1f1a8e-5b7d-4c1e-9a34-0c2e6d0b7201 --clique-id "$1" >/dev/null; }
 cd_c_clique() { kubectl get resourceslices -o json | jq -r '[.items[] | select(.spec.driver == "compute-domain.nvidia.com" and .spec.nodeName == "cd-c") | .spec.devices[0].attributes.cliqueID.string] | first'; }
-[[ $(node_clique_label cd-c) == "$CLIQUE2" ]] || fail "cd-c (--gpu-clique-label) is labelled '$(node_clique_label cd-c)', want $CLIQUE2"
+wait_for "cd-c's nvidia.com/gpu.clique label (--gpu-clique-label) in clique 2" 30 bash -c "[[ \$(node_clique_label cd-c) == $CLIQUE2 ]]"
 move_cd_c 1
 export -f cd_c_clique
 wait_for "cd-c's channel in clique 1" 30 bash -c "[[ \$(cd_c_clique) == $CLIQUE1 ]]"
