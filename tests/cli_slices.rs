@@ -167,6 +167,46 @@ fn bad_specs_fail_clearly() {
     assert!(err.contains("\"Bad_Node\" is not a DNS subdomain"), "{err}");
 }
 
+/// `gpu-dra usage` reads what the per-claim metrics would: each GPU's memory in use,
+/// utilization and compute processes (the simulator's, started with `gpu-dra sim process`).
+#[test]
+fn usage_reports_memory_utilization_and_processes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("hw.json");
+    let state = state.to_str().expect("utf-8 path");
+    let node = two_h100s(state);
+    let mut start = vec!["sim"];
+    start.extend(node);
+    start.extend([
+        "process",
+        "--gpu",
+        "1",
+        "--pid",
+        "4242",
+        "--memory-mib",
+        "2048",
+        "--sm-percent",
+        "60",
+    ]);
+    assert!(gpu_dra(&start).status.success(), "sim process");
+    let mut args = vec!["usage"];
+    args.extend(node);
+    let report = stdout(&gpu_dra(&args));
+    let gpus = report["gpus"].as_array().expect("gpus");
+    assert_eq!(gpus.len(), 2);
+    assert_eq!(gpus[0]["device"], "gpu-0");
+    assert_eq!(gpus[0]["processes"], serde_json::json!([]));
+    assert_eq!(gpus[1]["utilizationPercent"], 60);
+    let processes = gpus[1]["processes"].as_array().expect("processes");
+    assert_eq!(processes.len(), 1);
+    assert_eq!(processes[0]["pid"], 4242);
+    assert_eq!(processes[0]["memoryUsedBytes"], 2048u64 << 20);
+    assert!(
+        gpus[1]["memoryUsedBytes"].as_u64().expect("memory") >= 2048 << 20,
+        "{report}"
+    );
+}
+
 /// `gpu-dra health` reads what the driver's watcher would: every GPU registered for fault events,
 /// its liveness and recovery action; a fault during the wait and a lost GPU fail it, and say so.
 #[test]

@@ -35,6 +35,7 @@ pub mod repack;
 pub mod run;
 pub mod sim;
 pub mod slices;
+pub mod usage;
 
 /// gpu-dra: Kubernetes DRA driver for NVIDIA GPUs.
 #[derive(Debug, Parser)]
@@ -113,6 +114,9 @@ pub enum Command {
     /// Read each GPU's health once as the driver's watcher does (NVML fault events, liveness,
     /// recovery action); changes nothing.
     Health(health::HealthArgs),
+    /// Read each GPU's use once as the driver's metrics do (memory, utilization, compute
+    /// processes with their memory and MIG device); changes nothing.
+    Usage(usage::UsageArgs),
     /// Operate simulated GPU hardware (MIG mode, instances) in a state file.
     Sim(sim::SimArgs),
     /// Replay a random MIG workload: failed placements with our device order vs name order.
@@ -160,6 +164,7 @@ pub fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Slices(args) => slices::run(args),
         Command::Cdi(args) => cdi::run(args),
         Command::Health(args) => health::run(args),
+        Command::Usage(args) => usage::run(args),
         Command::Sim(args) => sim::run(args),
         #[cfg(feature = "tools")]
         Command::Demo(args) => demo::run(args),
