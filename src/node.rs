@@ -481,7 +481,7 @@ impl NodeAgent {
         slice_options.modes = Some(state.modes());
         tracing::info!(modes = ?state.modes(), destroyed = ?recovery.instances_destroyed, "GPU modes");
         if options.passthrough {
-            log_passthrough(&inventory, &state.modes());
+            crate::slices::passthrough::log_offer(&inventory, &state.modes());
         }
         // Faults seen before a restart are published with the first slices, not after them.
         let mut health_book =
@@ -980,36 +980,6 @@ async fn report_on_node(
             &node,
         )
         .await
-}
-
-/// Says, once at start, which GPUs are offered to virtual machines and why the others are not.
-fn log_passthrough(
-    inventory: &crate::gpu::NodeInventory,
-    modes: &std::collections::BTreeMap<u32, crate::gpu::mig::GpuMode>,
-) {
-    if inventory.pci.gpus.is_empty() {
-        tracing::warn!(
-            "--passthrough: no NVIDIA GPU in sysfs (bus/pci/devices); none is offered to virtual machines"
-        );
-    }
-    for (function, verdict) in crate::slices::passthrough::eligibility(inventory, modes) {
-        let device = crate::slices::passthrough::vfio_device_name(function.index);
-        match verdict {
-            Ok(()) => tracing::info!(
-                %device,
-                pciBusID = %function.bus_id,
-                iommuGroup = function.iommu_group.unwrap_or_default(),
-                driver = function.driver.as_deref().unwrap_or(""),
-                "GPU offered to virtual machines"
-            ),
-            Err(reason) => tracing::warn!(
-                %device,
-                pciBusID = %function.bus_id,
-                %reason,
-                "GPU not offered to virtual machines"
-            ),
-        }
-    }
 }
 
 #[cfg(test)]

@@ -167,6 +167,68 @@ fn bad_specs_fail_clearly() {
     assert!(err.contains("\"Bad_Node\" is not a DNS subdomain"), "{err}");
 }
 
+/// `gpu-dra slices --passthrough` says, per GPU, whether it is offered to virtual machines and
+/// why not, as the node agent logs at start.
+#[test]
+fn slices_with_passthrough_say_why_a_gpu_is_not_offered() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("hw.json");
+    let state = state.to_str().expect("utf-8 path");
+    let node = two_h100s(state);
+    let mut mig = vec!["sim"];
+    mig.extend(node);
+    mig.extend(["mig-mode", "--gpu", "1", "--enabled", "true"]);
+    assert!(gpu_dra(&mig).status.success(), "MIG mode on");
+    let mut args = vec!["slices", "--passthrough", "--mig", "off", "-o", "json"];
+    args.extend(node);
+    let out = gpu_dra(&args);
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    let line = |device: &str| {
+        err.lines()
+            .find(|l| l.contains(&format!("device={device}")))
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert!(
+        line("gpu-vfio-0").contains("GPU offered to virtual machines"),
+        "{err}"
+    );
+    let refused = line("gpu-vfio-1");
+    assert!(
+        refused.contains("GPU not offered to virtual machines") && refused.contains("MIG"),
+        "{err}"
+    );
+    // Static MIG: the GPU in MIG mode off is published whole, and offered; the other is not.
+    let mut args = vec!["slices", "--passthrough", "--mig", "static", "-o", "json"];
+    args.extend(node);
+    let out = gpu_dra(&args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    let list = stdout(&out);
+    let vfio: Vec<String> = list["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .flat_map(|slice| {
+            slice["spec"]["devices"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .filter_map(|d| {
+            d["name"]
+                .as_str()
+                .filter(|n| n.starts_with("gpu-vfio-"))
+                .map(String::from)
+        })
+        .collect();
+    assert_eq!(vfio, ["gpu-vfio-0"], "{err}");
+    assert!(
+        err.contains("its MIG devices are offered (static MIG)"),
+        "{err}"
+    );
+}
+
 /// `gpu-dra usage` reads what the per-claim metrics would: each GPU's memory in use,
 /// utilization and compute processes (the simulator's, started with `gpu-dra sim process`).
 #[test]

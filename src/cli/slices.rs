@@ -170,6 +170,9 @@ pub fn run(args: SlicesArgs) -> Result<ExitCode, CliError> {
         ..SliceOptions::new(&args.driver_name, &args.node_name)
     };
     args.gated.apply(&mut options)?;
+    if options.passthrough {
+        slices::passthrough::log_offer(&inventory, &options.modes(&inventory));
+    }
     let slices = slices::build(&inventory, &options)?;
     let items: Vec<serde_json::Value> = slices
         .iter()

@@ -84,7 +84,8 @@ fn offered_whole(gpu: &Gpu, modes: &BTreeMap<u32, GpuMode>) -> Result<(), String
     let mig = gpu.mig.as_ref();
     match modes.get(&gpu.minor).copied().unwrap_or(GpuMode::Whole) {
         GpuMode::Dynamic => Ok(()),
-        GpuMode::Whole if !mig.is_some_and(|m| m.mode.current) => Ok(()),
+        // Static MIG publishes a GPU in MIG mode off whole, as `Whole` does.
+        GpuMode::Whole | GpuMode::Static if !mig.is_some_and(|m| m.mode.current) => Ok(()),
         GpuMode::Whole => Err("it is in MIG mode".into()),
         GpuMode::Static => Err("its MIG devices are offered (static MIG)".into()),
         GpuMode::Unusable => Err("it is not offered at all (MIG mode with MIG devices off)".into()),
@@ -195,6 +196,34 @@ pub fn vfio_device(inventory: &NodeInventory, function: &PciGpu) -> Device {
         )])),
         consumes_counters: Some(vec![consumption(function, HOLDERS)]),
         ..Device::default()
+    }
+}
+
+/// Says which GPUs are offered to virtual machines and why the others are not (the node agent at
+/// start, `gpu-dra slices --passthrough`).
+pub fn log_offer(inventory: &NodeInventory, modes: &BTreeMap<u32, GpuMode>) {
+    if inventory.pci.gpus.is_empty() {
+        tracing::warn!(
+            "--passthrough: no NVIDIA GPU in sysfs (bus/pci/devices); none is offered to virtual machines"
+        );
+    }
+    for (function, verdict) in eligibility(inventory, modes) {
+        let device = vfio_device_name(function.index);
+        match verdict {
+            Ok(()) => tracing::info!(
+                %device,
+                pciBusID = %function.bus_id,
+                iommuGroup = function.iommu_group.unwrap_or_default(),
+                driver = function.driver.as_deref().unwrap_or(""),
+                "GPU offered to virtual machines"
+            ),
+            Err(reason) => tracing::warn!(
+                %device,
+                pciBusID = %function.bus_id,
+                %reason,
+                "GPU not offered to virtual machines"
+            ),
+        }
     }
 }
 
