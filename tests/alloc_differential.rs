@@ -1477,7 +1477,9 @@ fn allocations_match_kubernetes_with_cluster_gates() {
         assert_no_mismatches(&tally.mismatches);
         let (claims, allocated) = (tally.claims, tally.allocated);
         // Under the default gates list attributes never match, so constrained claims fail.
-        let share = if pass == "cluster" { 4 } else { 8 };
+        // Passthrough pools offer every whole GPU for virtual machines too (A100s and A30s in
+        // MIG mode off included), and a VFIO device an "any" request takes holds its whole GPU.
+        let share = if pass == "cluster" { 5 } else { 8 };
         assert!(
             allocated * share > claims,
             "{pass}: too few allocations: {allocated}/{claims}"
