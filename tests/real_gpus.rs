@@ -133,45 +133,22 @@ fn the_h200_catalog_holds_the_profiles_nvml_reported() {
         let row =
             row.unwrap_or_else(|| panic!("profile {profile_enum} (id {id}): not in the catalog"));
         seen += 1;
-        let field = |k: &str| profile[k].as_u64().unwrap_or_else(|| panic!("{k}"));
         assert_eq!(u64::from(row.id), id, "profile {profile_enum} id");
-        assert_eq!(
-            u64::from(row.slice_count),
-            field("sliceCount"),
-            "id {id} slices"
-        );
-        assert_eq!(
-            u64::from(row.instance_count),
-            field("instanceCount"),
-            "id {id} instances"
-        );
-        assert_eq!(row.memory_mib, field("memorySizeMB"), "id {id} memory");
-        assert_eq!(
-            u64::from(row.multiprocessors),
-            field("multiprocessorCount"),
-            "id {id} SMs"
-        );
-        assert_eq!(
-            u64::from(row.copy_engines),
-            field("copyEngineCount"),
-            "id {id} CEs"
-        );
-        assert_eq!(
-            u64::from(row.decoders),
-            field("decoderCount"),
-            "id {id} NVDECs"
-        );
-        assert_eq!(
-            u64::from(row.encoders),
-            field("encoderCount"),
-            "id {id} NVENCs"
-        );
-        assert_eq!(
-            u64::from(row.jpeg_engines),
-            field("jpegCount"),
-            "id {id} JPEG"
-        );
-        assert_eq!(u64::from(row.ofa_engines), field("ofaCount"), "id {id} OFA");
+        // NVML's field for each of the row's numbers.
+        let numbers = [
+            ("sliceCount", u64::from(row.slice_count)),
+            ("instanceCount", u64::from(row.instance_count)),
+            ("memorySizeMB", row.memory_mib),
+            ("multiprocessorCount", u64::from(row.multiprocessors)),
+            ("copyEngineCount", u64::from(row.copy_engines)),
+            ("decoderCount", u64::from(row.decoders)),
+            ("encoderCount", u64::from(row.encoders)),
+            ("jpegCount", u64::from(row.jpeg_engines)),
+            ("ofaCount", u64::from(row.ofa_engines)),
+        ];
+        for (field, ours) in numbers {
+            assert_eq!(Some(ours), profile[field].as_u64(), "id {id} {field}");
+        }
         let placements: Vec<(u64, u64)> = profile["placements"]
             .as_array()
             .expect("placements")

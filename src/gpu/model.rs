@@ -169,7 +169,7 @@ pub struct Gpu {
     pub pcie_root: Option<String>,
     pub numa_node: Option<i64>,
     /// How the GPU reaches system-allocated memory (`nvmlDeviceGetAddressingMode`); `None` where
-    /// the platform does not support the query (older drivers, GPUs without coherent memory).
+    /// NVML does not support the query (drivers before R580, GPUs before Turing).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub addressing_mode: Option<AddressingMode>,
     /// `None` when the GPU is not MIG-capable.

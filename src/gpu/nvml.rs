@@ -35,6 +35,8 @@ pub struct NvmlBackend {
     scan_pci: bool,
     /// The kernel's modules, for VFIO variant drivers (`<root>/<release>/modules.alias`).
     modules_root: PathBuf,
+    /// Their VFIO aliases, read once when first needed (the running kernel's do not change).
+    vfio_aliases: std::sync::OnceLock<crate::gpu::pci::VfioAliases>,
     /// The node as last read; `None` until first needed (or after a panic while it was held).
     /// Guards only the list of GPUs and the node-wide facts: each GPU has its own lock (see
     /// [`GpuSlot`]), and this one is never held across NVML calls on a GPU (but for the first read
@@ -335,6 +337,7 @@ impl NvmlBackend {
             sysfs_root,
             scan_pci: false,
             modules_root: PathBuf::from(super::pci::MODULES_ROOT),
+            vfio_aliases: std::sync::OnceLock::new(),
             cache: Mutex::new(None),
             handles: Mutex::new(None),
             nvidia_smi: None,
@@ -637,7 +640,7 @@ impl NvmlBackend {
         if !self.scan_pci {
             return Default::default();
         }
-        crate::gpu::pci::scan(&self.sysfs_root, &self.vfio_aliases()).unwrap_or_else(|error| {
+        crate::gpu::pci::scan(&self.sysfs_root, self.vfio_aliases()).unwrap_or_else(|error| {
             tracing::warn!(%error, "cannot read the GPUs' PCI functions; none is offered to virtual machines");
             Default::default()
         })
@@ -645,10 +648,12 @@ impl NvmlBackend {
 
     /// The running kernel's VFIO variant drivers; none (plain `vfio-pci`) when its module aliases
     /// cannot be read (Grace-attached GPUs are then not offered, see `slices::passthrough`).
-    fn vfio_aliases(&self) -> crate::gpu::pci::VfioAliases {
-        crate::gpu::pci::VfioAliases::read(&self.modules_root).unwrap_or_else(|error| {
-            tracing::debug!(%error, "no kernel module aliases: VFIO variant drivers unknown");
-            Default::default()
+    fn vfio_aliases(&self) -> &crate::gpu::pci::VfioAliases {
+        self.vfio_aliases.get_or_init(|| {
+            crate::gpu::pci::VfioAliases::read(&self.modules_root).unwrap_or_else(|error| {
+                tracing::warn!(%error, "no kernel module aliases: VFIO variant drivers unknown");
+                Default::default()
+            })
         })
     }
 
@@ -1299,15 +1304,7 @@ impl super::GpuControl for NvmlBackend {
             super::sim::PciDriver::Nvidia => "nvidia".to_string(),
             // The function's own VFIO driver: a variant where the kernel names one.
             super::sim::PciDriver::VfioPci => {
-                let modalias = std::fs::read_to_string(
-                    self.sysfs_root
-                        .join("bus/pci/devices")
-                        .join(bus_id)
-                        .join("modalias"),
-                )
-                .ok();
-                super::pci::vfio_driver(&self.sysfs_root, &self.vfio_aliases(), modalias.as_deref())
-                    .0
+                super::pci::function_vfio_driver(&self.sysfs_root, self.vfio_aliases(), bus_id).0
             }
         };
         let result = super::pci::bind(&self.sysfs_root, bus_id, &name);

@@ -30,6 +30,9 @@ const STANDARD_BARS: usize = 6;
 pub const VFIO_PCI: &str = "vfio-pci";
 /// Where the kernel's modules (and their `modules.alias`) are, per release.
 pub const MODULES_ROOT: &str = "/lib/modules";
+/// PCI device ids of the GPUs Linux's `nvgrace_gpu_vfio_pci` drives (its device table as of
+/// 6.18): GH200 120GB, 480GB and another SKU, GB200, GB300 — the Grace-attached GPUs.
+pub const NVGRACE_DEVICE_IDS: [u16; 5] = [0x2342, 0x2345, 0x2348, 0x2941, 0x31c2];
 /// The `modules.alias` lines of VFIO variant drivers.
 const VFIO_ALIAS_PREFIX: &str = "alias vfio_pci:";
 
@@ -279,6 +282,22 @@ pub fn vfio_driver(
     driver_folder(sysfs_root, module)
 }
 
+/// The VFIO driver of the function at `bus_id`, from its sysfs `modalias`.
+pub fn function_vfio_driver(
+    sysfs_root: &Path,
+    aliases: &VfioAliases,
+    bus_id: &str,
+) -> (String, bool) {
+    let modalias = fs::read_to_string(
+        sysfs_root
+            .join("bus/pci/devices")
+            .join(bus_id)
+            .join("modalias"),
+    )
+    .ok();
+    vfio_driver(sysfs_root, aliases, modalias.as_deref())
+}
+
 /// The NVIDIA GPUs under `<sysfs_root>/bus/pci/devices`, in bus-id order, each with the VFIO
 /// driver `aliases` choose for it.
 pub fn scan(sysfs_root: &Path, aliases: &VfioAliases) -> Result<PciView, PciError> {
@@ -305,9 +324,7 @@ pub fn scan(sysfs_root: &Path, aliases: &VfioAliases) -> Result<PciView, PciErro
             continue;
         }
         let iommu_group = link_name(&dir.join("iommu_group")).and_then(|g| g.parse().ok());
-        let modalias = fs::read_to_string(dir.join("modalias")).ok();
-        let (vfio_driver, vfio_driver_loaded) =
-            vfio_driver(sysfs_root, aliases, modalias.as_deref());
+        let (vfio_driver, vfio_driver_loaded) = function_vfio_driver(sysfs_root, aliases, &bus_id);
         let group_peers = match iommu_group {
             Some(group) => group_peers(sysfs_root, group, &bus_id),
             None => vec![],
@@ -429,11 +446,11 @@ pub fn bind(sysfs_root: &Path, bus_id: &str, driver: &str) -> Result<(), PciErro
 mod tests {
     use super::*;
     use crate::gpu::sim::{
-        PciDriver, SIM_MODULES_ALIAS, render_sysfs, sim_iommu_group, sim_pci_location,
+        PciDriver, render_sysfs, sim_iommu_group, sim_pci_location, sim_vfio_aliases,
     };
 
     fn sim_aliases() -> VfioAliases {
-        VfioAliases::parse(SIM_MODULES_ALIAS)
+        sim_vfio_aliases().clone()
     }
 
     #[test]

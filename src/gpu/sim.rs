@@ -252,18 +252,27 @@ pub enum PciDriver {
     VfioPci,
 }
 
-/// The `vfio_pci:` lines of the simulated kernel's `modules.alias`: Linux's nvgrace-gpu variant
-/// (its device table as of 6.18: GH200 120GB/480GB/SKU, GB200, GB300) and, to show a match must
-/// be exact, another vendor's variant.
-pub const SIM_MODULES_ALIAS: &str = "\
-alias vfio_pci:v000010DEd00002342sv*sd*bc*sc*i* nvgrace_gpu_vfio_pci
-alias vfio_pci:v000010DEd00002345sv*sd*bc*sc*i* nvgrace_gpu_vfio_pci
-alias vfio_pci:v000010DEd00002348sv*sd*bc*sc*i* nvgrace_gpu_vfio_pci
-alias vfio_pci:v000010DEd00002941sv*sd*bc*sc*i* nvgrace_gpu_vfio_pci
-alias vfio_pci:v000010DEd000031C2sv*sd*bc*sc*i* nvgrace_gpu_vfio_pci
-alias vfio_pci:v000015B3d0000101Esv*sd*bc*sc*i* mlx5_vfio_pci
-alias pci:v000010DEd*sv*sd*bc03sc*i* nvidia
-";
+/// The simulated kernel's `modules.alias` (its VFIO lines and one other): Linux's nvgrace-gpu
+/// variant for every Grace-attached GPU, and another vendor's variant, so that a match must be
+/// exact.
+pub fn sim_modules_alias() -> String {
+    let mut text: String = crate::gpu::pci::NVGRACE_DEVICE_IDS
+        .iter()
+        .map(|id| {
+            format!("alias vfio_pci:v000010DEd0000{id:04X}sv*sd*bc*sc*i* nvgrace_gpu_vfio_pci\n")
+        })
+        .collect();
+    text.push_str("alias vfio_pci:v000015B3d0000101Esv*sd*bc*sc*i* mlx5_vfio_pci\n");
+    text.push_str("alias pci:v000010DEd*sv*sd*bc03sc*i* nvidia\n");
+    text
+}
+
+/// [`sim_modules_alias`]'s VFIO aliases, parsed once.
+pub fn sim_vfio_aliases() -> &'static crate::gpu::pci::VfioAliases {
+    static ALIASES: std::sync::LazyLock<crate::gpu::pci::VfioAliases> =
+        std::sync::LazyLock::new(|| crate::gpu::pci::VfioAliases::parse(&sim_modules_alias()));
+    &ALIASES
+}
 
 /// The drivers the simulated kernel has loaded (`bus/pci/drivers/<name>`).
 const SIM_PCI_DRIVERS: [&str; 3] = ["nvidia", "vfio-pci", "nvgrace_gpu_vfio_pci"];
@@ -283,7 +292,7 @@ pub fn sim_modalias(pci_id: u32) -> String {
 fn sim_driver_name(driver: PciDriver, pci_id: u32) -> String {
     match driver {
         PciDriver::Nvidia => "nvidia".into(),
-        PciDriver::VfioPci => crate::gpu::pci::VfioAliases::parse(SIM_MODULES_ALIAS)
+        PciDriver::VfioPci => sim_vfio_aliases()
             .best(&sim_modalias(pci_id))
             .unwrap_or(crate::gpu::pci::VFIO_PCI)
             .to_string(),
@@ -756,7 +765,7 @@ impl SimNode {
         })
     }
 
-    /// Writes the simulated kernel's `modules.alias` ([`SIM_MODULES_ALIAS`]) where
+    /// Writes the simulated kernel's `modules.alias` ([`sim_modules_alias`]) where
     /// [`crate::gpu::pci::VfioAliases::read`] looks under `modules_root` (the running kernel's
     /// release folder).
     pub fn write_modules(modules_root: &Path) -> Result<(), GpuError> {
@@ -768,7 +777,7 @@ impl SimNode {
             .map_err(|e| failed(format!("the kernel's release: {e}")))?;
         let dir = modules_root.join(release.trim());
         fs::create_dir_all(&dir)
-            .and_then(|()| fs::write(dir.join("modules.alias"), SIM_MODULES_ALIAS))
+            .and_then(|()| fs::write(dir.join("modules.alias"), sim_modules_alias()))
             .map_err(|e| failed(format!("writing modules.alias: {e}")))
     }
 

@@ -92,11 +92,6 @@ fn offered_whole(gpu: &Gpu, modes: &BTreeMap<u32, GpuMode>) -> Result<(), String
     }
 }
 
-/// PCI device IDs of GPUs tied to a Grace CPU by NVLink-C2C, for a function NVML no longer sees
-/// (bound to VFIO): Linux's nvgrace-gpu table (GH200 0x2342/0x2345/0x2348, GB200 0x2941, GB300
-/// 0x31c2).
-const GRACE_ATTACHED_DEVICE_IDS: [u16; 5] = [0x2342, 0x2345, 0x2348, 0x2941, 0x31c2];
-
 /// The product, if the GPU is tied to a Grace CPU (GH200, GB200, GB300): what NVML calls it,
 /// else the PCI device ID.
 fn grace_attached(inventory: &NodeInventory, function: &PciGpu) -> Option<String> {
@@ -107,7 +102,8 @@ fn grace_attached(inventory: &NodeInventory, function: &PciGpu) -> Option<String
             .any(|grace| name.contains(grace))
             .then(|| name.clone());
     }
-    GRACE_ATTACHED_DEVICE_IDS
+    // A function NVML no longer sees (bound to VFIO): by its PCI device id.
+    crate::gpu::pci::NVGRACE_DEVICE_IDS
         .contains(&function.device_id)
         .then(|| format!("PCI device {:#06x}", function.device_id))
 }
