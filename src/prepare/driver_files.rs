@@ -465,28 +465,36 @@ impl DriverRoot {
     /// Follows symlinks inside the root (absolute targets are taken as under the root, as they
     /// are on the host); returns the final path relative to the root.
     fn resolve(&self, rel: &Path) -> Option<PathBuf> {
-        let mut current = rel.to_path_buf();
-        for _ in 0..16 {
-            let full = self.here.join(&current);
-            let meta = std::fs::symlink_metadata(&full).ok()?;
-            if !meta.file_type().is_symlink() {
-                return Some(current);
-            }
-            let target = std::fs::read_link(&full).ok()?;
-            current = if target.is_absolute() {
-                relative(&target)?
-            } else {
-                normalize(&current.parent()?.join(target))?
-            };
-        }
-        None
+        resolve_within(&self.here, rel)
     }
+}
+
+/// `rel` with its symlinks followed inside the root at `here` (an absolute link target is the
+/// root's, not this process's), relative to the root; `None` when it dangles, loops or leaves
+/// the root.
+fn resolve_within(here: &Path, rel: &Path) -> Option<PathBuf> {
+    let mut current = rel.to_path_buf();
+    for _ in 0..16 {
+        let full = here.join(&current);
+        let meta = std::fs::symlink_metadata(&full).ok()?;
+        if !meta.file_type().is_symlink() {
+            return Some(current);
+        }
+        let target = std::fs::read_link(&full).ok()?;
+        current = if target.is_absolute() {
+            relative(&target)?
+        } else {
+            normalize(&current.parent()?.join(target))?
+        };
+    }
+    None
 }
 
 /// A library of the driver root by its SONAME, as the root's own dynamic linker finds it: the
 /// root's `etc/ld.so.cache` first (drivers installed outside the usual folders, e.g.
 /// `/usr/local/nvidia/lib64`, are only there), then [`LIBRARY_DIRS`]. The path is as this
-/// process sees it (under `here`).
+/// process sees it (under `here`), its links followed inside the root. A candidate that is not
+/// a regular file (a stray folder of that name, a dangling link) does not shadow a later one.
 pub fn find_library(here: &Path, soname: &str) -> Option<PathBuf> {
     let cached = ldcache::read(&here.join("etc/ld.so.cache"))
         .ok()
@@ -496,8 +504,15 @@ pub fn find_library(here: &Path, soname: &str) -> Option<PathBuf> {
         .filter_map(|entry| relative(&entry.path));
     cached
         .chain(LIBRARY_DIRS.iter().map(|dir| Path::new(dir).join(soname)))
+        .filter_map(|rel| resolve_within(here, &rel))
         .map(|rel| here.join(rel))
-        .find(|path| path.exists())
+        .find(|path| {
+            let regular = std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_file());
+            if !regular {
+                tracing::debug!(candidate = %path.display(), "not a regular file; the search goes on");
+            }
+            regular
+        })
 }
 
 /// `/usr/lib/x` → `usr/lib/x`.
@@ -940,6 +955,22 @@ mod tests {
         );
         // A stale cache entry (the file is gone) falls through to the folders.
         std::fs::remove_file(&cached).expect("rm");
+        assert_eq!(find_library(root, "libnvidia-ml.so.1"), Some(usual.clone()));
+        // Nor does a folder of that name shadow the file (NVIDIA's driver crash-looped on one).
+        std::fs::create_dir_all(&cached).expect("mkdir");
+        assert_eq!(find_library(root, "libnvidia-ml.so.1"), Some(usual.clone()));
+        std::fs::remove_dir(&cached).expect("rmdir");
+        // A link is followed inside the root, even with an absolute target, to the file itself.
+        let real = root.join("usr/local/nvidia/lib64/libnvidia-ml.so.580.159.04");
+        std::fs::write(&real, b"").expect("write");
+        std::os::unix::fs::symlink(
+            "/usr/local/nvidia/lib64/libnvidia-ml.so.580.159.04",
+            &cached,
+        )
+        .expect("link");
+        assert_eq!(find_library(root, "libnvidia-ml.so.1"), Some(real.clone()));
+        // A dangling one is passed over.
+        std::fs::remove_file(&real).expect("rm");
         assert_eq!(find_library(root, "libnvidia-ml.so.1"), Some(usual));
     }
 
