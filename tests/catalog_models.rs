@@ -14,12 +14,13 @@ fn model(key: &str) -> &'static SimModel {
 }
 
 /// The models this file was written for: today's data-center GPUs.
-const NEW_MIG_MODELS: [&str; 6] = [
+const NEW_MIG_MODELS: [&str; 7] = [
     "B200-SXM6-180GB",
     "GB200-186GB",
     "H100-PCIE-80GB",
     "H100-NVL-94GB",
     "H20-96GB",
+    "GH200-96GB",
     "RTX-PRO-6000-BSE-96GB",
 ];
 
@@ -36,7 +37,7 @@ fn product_facts_are_what_nvml_reports() {
         u32,
         Option<u32>,
     );
-    let expected: [Row; 9] = [
+    let expected: [Row; 10] = [
         (
             "B200-SXM6-180GB",
             "NVIDIA B200",
@@ -85,6 +86,16 @@ fn product_facts_are_what_nvml_reports() {
             (9, 0),
             97871,
             0x2329_10DE,
+            Some(8),
+        ),
+        (
+            "GH200-96GB",
+            "NVIDIA GH200 480GB",
+            "Nvidia",
+            Architecture::Hopper,
+            (9, 0),
+            97871,
+            0x2342_10DE,
             Some(8),
         ),
         (
@@ -160,7 +171,7 @@ fn sorted(names: &[&str]) -> Vec<String> {
 #[test]
 fn profile_names_match_nvidias() {
     // NVIDIA's MIG user guide ("Supported MIG Profiles") and real `nvidia-smi mig -lgip` output.
-    let expected: [(&str, &[&str]); 6] = [
+    let expected: [(&str, &[&str]); 7] = [
         (
             "B200-SXM6-180GB",
             &[
@@ -211,6 +222,18 @@ fn profile_names_match_nvidias() {
         ),
         (
             "H20-96GB",
+            &[
+                "1g.12gb",
+                "1g.12gb+me",
+                "1g.24gb",
+                "2g.24gb",
+                "3g.48gb",
+                "4g.48gb",
+                "7g.96gb",
+            ],
+        ),
+        (
+            "GH200-96GB",
             &[
                 "1g.12gb",
                 "1g.12gb+me",
@@ -574,6 +597,10 @@ fn packing_study_runs_on_the_new_models() {
         ),
         (
             "sim:2xH20-96GB",
+            "1g.12gb=35,1g.24gb=10,2g.24gb=20,3g.48gb=20,4g.48gb=8,7g.96gb=7",
+        ),
+        (
+            "sim:2xGH200-96GB",
             "1g.12gb=35,1g.24gb=10,2g.24gb=20,3g.48gb=20,4g.48gb=8,7g.96gb=7",
         ),
         (

@@ -15,7 +15,7 @@ use crate::slices::{self, SliceOptions};
 pub struct GpuArgs {
     /// GPU source: `nvml`, or a simulated node `sim:<N>x<MODEL>[,<N>x<MODEL>...]` (models:
     /// A100-SXM4-40GB, A100-SXM4-80GB, A30-24GB, A10, H100-SXM5-80GB, H100-PCIE-80GB,
-    /// H100-NVL-94GB, H20-96GB, H200-SXM5-141GB, B200-SXM6-180GB, GB200-186GB, GB10,
+    /// H100-NVL-94GB, H20-96GB, GH200-96GB, H200-SXM5-141GB, B200-SXM6-180GB, GB200-186GB, GB10,
     /// RTX-PRO-6000-BSE-96GB, L40S, L4, T4).
     #[arg(long, env = "GPU_DRA_GPUS", default_value = "nvml", value_parser = parse_source)]
     pub gpus: GpuSource,

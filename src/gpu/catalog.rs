@@ -47,12 +47,15 @@ impl SimModel {
     }
 
     /// What `nvmlDeviceGetAddressingMode` reports (Turing and newer, R580 drivers): ATS where
-    /// NVLink-C2C ties the GPU to a Grace CPU (GB200, GB10); elsewhere `None`, what a real H200
-    /// on driver 580.159.04 answered (HMM on hosts whose kernel mirrors page tables for it).
+    /// NVLink-C2C ties the GPU to a Grace CPU (GH200, GB200, GB10); elsewhere `None`, what a real
+    /// H200 on driver 580.159.04 answered (HMM on hosts whose kernel mirrors page tables for it).
     pub fn addressing_mode(&self) -> Option<super::model::AddressingMode> {
         use super::model::AddressingMode;
         Some(
-            if self.key.starts_with("GB200") || self.key.starts_with("GB10") {
+            if ["GH200", "GB200", "GB10"]
+                .iter()
+                .any(|grace| self.key.starts_with(grace))
+            {
                 AddressingMode::Ats
             } else {
                 AddressingMode::None
@@ -264,6 +267,22 @@ static H20_96GB: &[ProfileRow] = &[
     row(9, 15, 1, 4, 23552, [14, 1, 1, 0, 1, 0], 2, EIGHT_EVEN),
 ];
 
+// GH200 96GB HBM3 (the GH200 480GB superchip's GPU): the GH200 480GB's real `nvidia-smi mig
+// -lgip` (kf-cuanschutz/NVIDIA_Grace_Hopper_benchmarking_logs_) gives the memory, 11.00 / 23.00 /
+// 46.50 / 93.00 GiB, and the names (1g.12gb, 1g.12gb+me, 1g.24gb, 2g.24gb, 3g.48gb, 4g.48gb,
+// 7g.96gb, also mig-parted's 0x2342 group and NVIDIA's DRA demo). The GPU is an H100 die with
+// all 132 SMs (OpenCL reports 132 compute units), so SMs and engines per row are H100 SXM5's
+// (DERIVED: no published output has those columns for GH200).
+static GH200_96GB: &[ProfileRow] = &[
+    row(0, 19, 1, 7, 11264, [16, 1, 1, 0, 1, 0], 1, EIGHT_1G),
+    row(1, 14, 2, 3, 23552, [32, 2, 2, 0, 2, 0], 2, EIGHT_2G),
+    row(2, 9, 3, 2, 47616, [60, 3, 3, 0, 3, 0], 4, EIGHT_HALVES),
+    row(3, 5, 4, 1, 47616, [64, 4, 4, 0, 4, 0], 4, ZERO),
+    row(4, 0, 7, 1, 95232, [132, 8, 7, 0, 7, 1], 8, ZERO),
+    row(7, 20, 1, 1, 11264, [16, 1, 1, 0, 1, 1], 1, EIGHT_1G),
+    row(9, 15, 1, 4, 23552, [26, 1, 1, 0, 1, 0], 2, EIGHT_EVEN),
+];
+
 // B200 180GB. Sourced (`nvidia-smi mig -lgip`, NVIDIA/mig-parted#166 = gpu-operator#1242): the
 // 1g, 1g+me, 1g.45gb and 2g rows, 22.00/44.25 GiB (mig-parted#187 shows 20.50 GiB for 1g on a
 // March 2025 driver; the newer GB200 output of mig-parted#227 is back at 22.00, so 22.00 is used).
@@ -420,6 +439,22 @@ pub static MODELS: &[SimModel] = &[
         mig: Some(MigTable {
             memory_slices: 8,
             profiles: H20_96GB,
+        }),
+    },
+    // Grace Hopper: name as NVML and OpenCL report it on GH200 480GB systems, 97871 MiB (see
+    // GH200_96GB), PCI 0x2342 (pci.ids "GH200 120GB / 480GB", mig-parted's filter); NVLink-C2C
+    // to the Grace CPU, so ATS addressing and the nvgrace VFIO variant.
+    SimModel {
+        key: "GH200-96GB",
+        product_name: "NVIDIA GH200 480GB",
+        brand: BRAND_NVIDIA,
+        architecture: Architecture::Hopper,
+        compute_capability: Version2::new(9, 0),
+        memory_mib: 97871,
+        pci_device_id: 0x2342_10DE,
+        mig: Some(MigTable {
+            memory_slices: 8,
+            profiles: GH200_96GB,
         }),
     },
     SimModel {
