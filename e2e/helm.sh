@@ -109,6 +109,32 @@ jq -e '.items[] | select(.kind == "DaemonSet") | .spec.template.spec.containers[
 out=$(kubectl apply --dry-run=server -f "$WORK/gated.yaml" 2>&1) || fail "server dry run rejected the gated chart: $out"
 ok "featureGates render as --feature-gates, nodeAllocatableOverhead as a ConfigMap the driver reads; the API server accepts them (dry run)"
 
+# A values file brought from NVIDIA's chart (its values.yaml verbatim, tests/fixtures/helm/): what
+# gpu-dra has a key for moves there (ComputeDomains on, NVIDIA's node affinity and log
+# verbosity), the rest is accepted at NVIDIA's defaults only; NVIDIA's image, its webhook and a
+# value gpu-dra has no key for are refused naming the key, and so is a key no chart has.
+NVIDIA_VALUES=$ROOT/tests/fixtures/helm/nvidia-values.yaml
+render -f "$NVIDIA_VALUES" >/dev/null 2>"$WORK/nv.err" && fail "NVIDIA's values with NVIDIA's image rendered"
+grep -q "image.repository \"registry.k8s.io/dra-driver-nvidia/dra-driver-nvidia-gpu\" is NVIDIA's driver's image" "$WORK/nv.err" \
+    || fail "NVIDIA's image: $(cat "$WORK/nv.err")"
+render -f "$NVIDIA_VALUES" --set image.repository=ghcr.io/gpu-dra/gpu-dra >"$WORK/nv.yaml" || fail "helm template with NVIDIA's values"
+as_json "$WORK/nv.yaml" >"$WORK/nv.json"
+jq -e '(.items[] | select(.kind == "DaemonSet") | .spec.template.spec
+        | (.containers[0].args | index("--compute-domains") != null and index("--imex-mode=driver-managed") != null)
+          and (.containers[0].env[] | select(.name == "RUST_LOG") | .value == "info,gpu_dra=debug")
+          and ([.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[].matchExpressions[].key]
+               | index("feature.node.kubernetes.io/cpu-model.vendor_id") != null))
+    and ([.items[] | select(.kind == "Deployment")] | length == 1)' "$WORK/nv.json" >/dev/null \
+    || fail "NVIDIA's values did not move to gpu-dra's keys: $(jq -c '.items[] | select(.kind == "DaemonSet") | .spec.template.spec.containers[0] | {args, env}' "$WORK/nv.json")"
+out=$(kubectl apply --dry-run=server -f "$WORK/nv.yaml" 2>&1) || fail "server dry run rejected the render of NVIDIA's values: $out"
+for refused in "webhook.enabled=true|webhook.enabled true (NVIDIA's admission webhook" \
+    "kubeletPlugin.metrics.gpuHttpEndpoint=:9000|kubeletPlugin.metrics.gpuHttpEndpoint: \":9000\" is a value of NVIDIA's chart" \
+    "computeDomain.enabled=true|additional properties 'computeDomain' not allowed"; do
+    render --set "${refused%%|*}" >/dev/null 2>"$WORK/refused.err" && fail "${refused%%|*} rendered"
+    grep -qF "${refused#*|}" "$WORK/refused.err" || fail "${refused%%|*}: $(cat "$WORK/refused.err")"
+done
+ok "NVIDIA's values.yaml: its keys move to gpu-dra's (ComputeDomains, node affinity, log level) and the API server accepts the render (dry run); NVIDIA's image, its webhook, a value without equivalent and an unknown key are refused, each named"
+
 # ---------------------------------------------------------------- 2. apply RBAC, policy, classes
 jq '{apiVersion: "v1", kind: "List", items: [.items[] | select(.kind != "DaemonSet" and .kind != "Service")]}' \
     "$WORK/chart.json" | kubectl apply -f - >&2 || fail "applying the chart's RBAC, policy and DeviceClasses"

@@ -378,3 +378,52 @@ fn stale_demo_specs_fail_as_kubernetes_fails_them() {
         );
     }
 }
+
+/// kube-scheduler passes opaque configs through unread; the node driver would refuse a bad one
+/// at prepare. `match` decodes them as prepare does, so gpu-test5 with an out-of-range MPS
+/// setting, an unknown strategy or another API version fails before anything is allocated,
+/// naming object and field.
+#[test]
+fn a_bad_opaque_config_fails_match_naming_its_field() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let original = std::fs::read_to_string(spec("quickstart/v1/gpu-test5.yaml")).expect("read");
+    for (from, to, expected) in [
+        (
+            "defaultActiveThreadPercentage: 50",
+            "defaultActiveThreadPercentage: 150",
+            "spec.spec.devices.config[1].opaque.parameters.sharing.mpsConfig.defaultActiveThreadPercentage: 150 is not between 0 and 100",
+        ),
+        (
+            "strategy: MPS",
+            "strategy: Mps",
+            "spec.spec.devices.config[1].opaque.parameters: unknown variant `Mps`, expected `TimeSlicing` or `MPS`",
+        ),
+        (
+            "apiVersion: resource.nvidia.com/v1beta1\n            kind: GpuConfig\n            sharing:\n              strategy: TimeSlicing",
+            "apiVersion: gpu.nvidia.com/v1beta1\n            kind: GpuConfig\n            sharing:\n              strategy: TimeSlicing",
+            "spec.spec.devices.config[0].opaque.parameters.apiVersion: \"gpu.nvidia.com/v1beta1\" is not supported",
+        ),
+    ] {
+        assert!(original.contains(from), "{from}");
+        let file = dir.path().join("gpu-test5.yaml");
+        std::fs::write(&file, original.replacen(from, to, 1)).expect("write");
+        let classes = repo("deviceclasses");
+        let out = gpu_dra(&[
+            "match",
+            "--slices",
+            "sim:2xH100-SXM5-80GB",
+            "--classes",
+            &classes,
+            "-f",
+            file.to_str().expect("utf-8"),
+        ]);
+        assert_eq!(out.status.code(), Some(2), "{to}: {}", text(&out.stderr));
+        let stderr = text(&out.stderr);
+        assert!(
+            stderr.contains("ResourceClaimTemplate gpu-test5/multiple-gpus (")
+                && stderr.contains(expected),
+            "{to}: {stderr}"
+        );
+        assert!(out.stdout.is_empty(), "nothing allocated: {to}");
+    }
+}

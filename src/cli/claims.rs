@@ -182,6 +182,7 @@ fn read_inputs(
     }
     m.add_sources(&inputs.filenames, None, cel).map_err(usage)?;
     m.add_documents(docs, cel).map_err(usage)?;
+    manifests::driver_config::check(&m, &inputs.driver_name).map_err(usage)?;
     let plan = manifests::plan(&m, inputs.replicas, classes).map_err(usage)?;
     for note in m.notes.iter().chain(&plan.notes) {
         eprintln!("note: {note}");

@@ -44,3 +44,119 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- fail (printf "computeDomains.imex.mode %q: use driverManaged or hostManaged" $imex.mode) }}
 {{- end }}
 {{- end }}
+
+{{/* NVIDIA's chart's values (dra-driver-nvidia-gpu), for users who bring their values file.
+Each one gpu-dra has is moved to gpu-dra's key (NVIDIA's wins over gpu-dra's there); each one it
+has not is accepted only at NVIDIA's default (files/nvidia-values-defaults.yaml: what gpu-dra does
+anyway, or a part gpu-dra does not install), anything else is refused naming the key. Included
+first by every template; it removes what it handled, so a second run changes nothing. */}}
+{{- define "gpu-dra.nvidiaValues" -}}
+{{- $v := .Values -}}
+{{- $defaults := .Files.Get "files/nvidia-values-defaults.yaml" | fromYaml -}}
+{{- $nvidiaImage := "registry.k8s.io/dra-driver-nvidia/dra-driver-nvidia-gpu" -}}
+{{- if hasPrefix $nvidiaImage (toString $v.image.repository) -}}
+{{- fail (printf "image.repository %q is NVIDIA's driver's image; gpu-dra's chart runs gpu-dra (deploy/Dockerfile), so leave image.repository unset or point it at a gpu-dra image" $v.image.repository) -}}
+{{- end -}}
+{{- if eq (toString $v.consumableShares) "" -}}
+{{- $_ := set $v "consumableShares" "off" -}}
+{{- end -}}
+{{- with $v.logVerbosity -}}
+{{- $level := int . -}}
+{{- $_ := set $v "logLevel" (ternary "info" (ternary "info,gpu_dra=debug" "info,gpu_dra=trace" (lt $level 5)) (lt $level 2)) -}}
+{{- end -}}
+{{- $_ := unset $v "logVerbosity" -}}
+{{- with $v.nvidiaCDIHookPath -}}
+{{- $_ := set $v "extraEnv" (append (default list $v.extraEnv) (dict "name" "NVIDIA_CDI_HOOK_PATH" "value" .)) -}}
+{{- end -}}
+{{- $_ := unset $v "nvidiaCDIHookPath" -}}
+{{- $resources := default dict $v.resources -}}
+{{- with $resources.gpus -}}
+{{- if and (hasKey . "enabled") (not .enabled) -}}
+{{- fail "resources.gpus.enabled false (NVIDIA's chart: the GPU plugin off): gpu-dra's node driver always serves the node's GPUs" -}}
+{{- end -}}
+{{- $_ := unset $resources "gpus" -}}
+{{- end -}}
+{{- with $resources.computeDomains -}}
+{{- if hasKey . "enabled" -}}{{- $_ := set $v.computeDomains "enabled" .enabled -}}{{- end -}}
+{{- with .imex -}}
+{{- with .mode -}}{{- $_ := set $v.computeDomains.imex "mode" . -}}{{- end -}}
+{{- with .hostSocketPath -}}{{- $_ := set $v.computeDomains.imex "hostSocket" . -}}{{- end -}}
+{{- if and .isolation (ne .isolation "domain") -}}
+{{- fail (printf "resources.computeDomains.imex.isolation %q: gpu-dra isolates IMEX channels per ComputeDomain (NVIDIA's \"domain\") only" .isolation) -}}
+{{- end -}}
+{{- end -}}
+{{- $_ := unset $resources "computeDomains" -}}
+{{- end -}}
+{{- with $v.kubeletPlugin -}}
+{{- range $key := list "priorityClassName" "podAnnotations" "nodeSelector" "tolerations" -}}
+{{- if hasKey $v.kubeletPlugin $key -}}{{- $_ := set $v $key (get $v.kubeletPlugin $key) -}}{{- $_ := unset $v.kubeletPlugin $key -}}{{- end -}}
+{{- end -}}
+{{- with .affinity -}}
+{{- if omit . "nodeAffinity" -}}
+{{- fail (printf "kubeletPlugin.affinity: gpu-dra's chart takes nodeAffinity only (its value nodeAffinity), not %s" (keys (omit . "nodeAffinity") | sortAlpha | join ", ")) -}}
+{{- end -}}
+{{- $_ := set $v "nodeAffinity" .nodeAffinity -}}
+{{- $_ := unset $v.kubeletPlugin "affinity" -}}
+{{- end -}}
+{{- $plugins := trimSuffix "/plugins" (default "/var/lib/kubelet/plugins" .kubeletPluginsDirectoryPath) -}}
+{{- $registry := trimSuffix "/plugins_registry" (default "/var/lib/kubelet/plugins_registry" .kubeletRegistrarDirectoryPath) -}}
+{{- if or .kubeletPluginsDirectoryPath .kubeletRegistrarDirectoryPath -}}
+{{- if ne $plugins $registry -}}
+{{- fail (printf "kubeletPlugin.kubeletPluginsDirectoryPath and kubeletRegistrarDirectoryPath must be <kubelet root>/plugins and <kubelet root>/plugins_registry of one root (gpu-dra's value kubeletDir), not %s/plugins and %s/plugins_registry" $plugins $registry) -}}
+{{- end -}}
+{{- $_ := set $v "kubeletDir" $plugins -}}
+{{- $_ := unset $v.kubeletPlugin "kubeletPluginsDirectoryPath" -}}
+{{- $_ := unset $v.kubeletPlugin "kubeletRegistrarDirectoryPath" -}}
+{{- end -}}
+{{- with .containers -}}
+{{- with .gpus -}}
+{{- with .env -}}{{- $_ := set $v "extraEnv" (concat (default list $v.extraEnv) .) -}}{{- end -}}
+{{- $_ := unset . "env" -}}
+{{- if hasKey . "resources" -}}{{- with .resources -}}{{- $_ := set $v "resources" . -}}{{- end -}}{{- $_ := unset . "resources" -}}{{- end -}}
+{{- end -}}
+{{- with .computeDomains -}}
+{{- if hasKey . "gpuCliqueLabelEnabled" -}}{{- $_ := set $v.computeDomains "gpuCliqueLabel" .gpuCliqueLabelEnabled -}}{{- $_ := unset . "gpuCliqueLabelEnabled" -}}{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- with $v.controller -}}
+{{- range $key := list "replicas" "nodeSelector" "tolerations" -}}
+{{- if hasKey $v.controller $key -}}{{- $_ := set $v.computeDomains.controller $key (get $v.controller $key) -}}{{- $_ := unset $v.controller $key -}}{{- end -}}
+{{- end -}}
+{{- with .containers -}}{{- with .computeDomain -}}{{- if hasKey . "resources" -}}
+{{- with .resources -}}{{- $_ := set $v.computeDomains.controller "resources" . -}}{{- end -}}{{- $_ := unset . "resources" -}}
+{{- end -}}{{- end -}}{{- end -}}
+{{- end -}}
+{{- if and $v.webhook (dig "enabled" false $v.webhook) -}}
+{{- fail "webhook.enabled true (NVIDIA's admission webhook for opaque configs): gpu-dra installs no webhook; the node driver refuses a claim whose opaque config is invalid at prepare, naming the field, and `gpu-dra match`/`explain` check claims before they are applied" -}}
+{{- end -}}
+{{- $_ := unset $v "webhook" -}}
+{{- /* Guards of NVIDIA's chart gpu-dra has no need for: any value. */ -}}
+{{- $_ := unset $v "gpuResourcesEnabledOverride" -}}
+{{- $_ := unset $v "allowDefaultNamespace" -}}
+{{- with $v.resourceApiVersion -}}
+{{- if not (has . (list "v1" "resource.k8s.io/v1")) -}}
+{{- fail (printf "resourceApiVersion %q: gpu-dra's chart installs resource.k8s.io/v1 objects only (Kubernetes 1.34 and later)" .) -}}
+{{- end -}}
+{{- end -}}
+{{- $_ := unset $v "resourceApiVersion" -}}
+{{- range $key, $default := $defaults -}}
+{{- if hasKey $v $key -}}
+{{- include "gpu-dra.nvidiaDefaultsOnly" (dict "path" $key "value" (get $v $key) "default" $default) -}}
+{{- $_ := unset $v $key -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Refuses any leaf of an NVIDIA value that is not NVIDIA's default (dict path, value, default). */}}
+{{- define "gpu-dra.nvidiaDefaultsOnly" -}}
+{{- if and (kindIs "map" .value) (kindIs "map" .default) -}}
+{{- $path := .path -}}
+{{- $default := .default -}}
+{{- range $key, $value := .value -}}
+{{- include "gpu-dra.nvidiaDefaultsOnly" (dict "path" (printf "%s.%s" $path $key) "value" $value "default" (get $default $key)) -}}
+{{- end -}}
+{{- else if ne (toJson .value) (toJson .default) -}}
+{{- fail (printf "%s: %s is a value of NVIDIA's chart (dra-driver-nvidia-gpu) that gpu-dra's chart has no equivalent for; only NVIDIA's default (%s) is accepted (README \"Deploy\": NVIDIA's values)" .path (toJson .value) (toJson .default)) -}}
+{{- end -}}
+{{- end -}}
