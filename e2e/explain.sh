@@ -16,6 +16,8 @@
 #   9. `gpu-dra capacity` on the live cluster: how many more copies of a pod fit; one fewer after
 #      one more binds (for a pod from a file, and for the bound pod itself: `capacity pod/NAME`);
 #      a pod no node admits (nodeSelector): explain and capacity name the node filter.
+#  10. a burst of four MIG pods before the driver republishes: the real scheduler puts them on one
+#      GPU, exactly where `gpu-dra match` predicts (each profile's devices are chained).
 #
 # Mode: the driver runs as a host process publishing slices (no kubelet, no container): what is
 # under test is `match`/`explain` against the real kube-scheduler, not the node path, which
@@ -215,4 +217,45 @@ grep -q "node $NODE: the pod may not go there: nodeSelector pool=a100: the node 
     fail "explain does not name the node filter: $out"
 [[ $(capacity pod/elsewhere -n default | jq '.total') == 0 ]] || fail "capacity counts copies of a pod no node admits"
 ok "a pod whose nodeSelector no node matches: explain and capacity name the node filter"
+# ---------------------------------------------------------------- 10. a burst, before any republish
+# Four 1g.20gb pods at once. Nothing prepares their claims here (no kubelet), so the driver never
+# republishes and the scheduler takes every device from the same published order, as it does on a
+# real node for pods that arrive faster than prepare carves their instances. Each profile's
+# devices are chained (the next is the best once the earlier ones are taken): the four fill
+# gpu-0 and gpu-1 stays whole for a 7g request. `gpu-dra match` predicts the same.
+clear_pods_and_claims
+kubectl delete pod elsewhere --ignore-not-found >&2
+burst_yaml() { # index
+    cat <<EOF
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: burst-$1, namespace: default}
+spec:
+  devices:
+    requests:
+    - name: mig
+      exactly:
+        deviceClassName: mig.nvidia.com
+        selectors: [{cel: {expression: "device.attributes['gpu.nvidia.com'].profile == '1g.20gb'"}}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: burst-$1, namespace: default}
+spec:
+  containers: [{name: c, image: registry.k8s.io/pause:3.10, resources: {claims: [{name: mig}]}}]
+  resourceClaims: [{name: mig, resourceClaimName: burst-$1}]
+---
+EOF
+}
+for i in 1 2 3 4; do burst_yaml "$i"; done >"$WORK/burst.yaml"
+kubectl get resourceslices -o yaml >"$WORK/burst-slices.yaml"
+predicted=$("$GPU_DRA" match --slices "$WORK/burst-slices.yaml" --classes "$ROOT/deviceclasses/" --node "$NODE" --feature-gates "$GATES" \
+    -o json -f "$WORK/burst.yaml" 2>/dev/null | jq -r '[.items[].status.allocation.devices.results[0].device] | sort | join(",")')
+[[ $predicted == gpu-0-mig-* && $predicted != *gpu-1* ]] || fail "gpu-dra match puts the burst on: $predicted"
+kubectl apply -f "$WORK/burst.yaml" >&2
+wait_for "the burst's four claims allocated" 90 bash -c \
+    "[[ \$(kubectl get resourceclaims -o json | jq '[.items[] | select(.status.allocation != null)] | length') == 4 ]]"
+got=$(kubectl get resourceclaims -o json | jq -r '[.items[].status.allocation.devices.results[0].device] | sort | join(",")')
+[[ $got == "$predicted" ]] || fail "the scheduler placed the burst on $got; gpu-dra match predicted $predicted"
+ok "a burst of four 1g.20gb pods before any republish: the scheduler put all four on gpu-0 ($got), as gpu-dra match predicted; gpu-1 stays whole"
 echo "$passed passed, 0 failed"

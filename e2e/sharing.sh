@@ -2,7 +2,8 @@
 # e2e: one H100 shared by memory (--consumable-shares memory, KEP-5075) on the real control plane:
 #
 #   1. the driver publishes gpu-0 for several claims (allowMultipleAllocations, a memory request
-#      policy in 1Mi steps) and the API server accepts it;
+#      policy in 1Mi steps) and the API server accepts it; so it does a dynamic-MIG node's shared
+#      devices, whose engine counts each allocation takes none of;
 #   2. three pods, each with a claim for 20Gi of a GPU with MPS, are allocated by the real
 #      kube-scheduler to gpu-0 with their own shareIDs; a fourth asking 30Gi does not fit what is
 #      left and stays Pending;
@@ -39,6 +40,15 @@ jq -e '.allowMultipleAllocations == true and .capacity.memory.requestPolicy.vali
     || fail "gpu-0 not published for sharing: $gpu"
 ok "gpu-0 published for several claims (memory $(jq -r .capacity.memory.value <<<"$gpu"), 1Mi steps), accepted by the API server"
 reg=$(kubelet register) || fail "registration: $reg"
+# Under dynamic MIG (the default on Hopper) whole GPUs and placements also publish engine counts
+# (multiprocessors, copy engines, ...); shared, each allocation takes none of them (request policy
+# 0), or one claim would use up a device whatever its shares. The API server takes that too.
+"$GPU_DRA" slices --gpus sim:2xH100-SXM5-80GB --node-name "$NODE-dynamic" --mig dynamic --consumable-shares 4 -o json >"$WORK/dynamic-shared.json"
+jq -e '[.items[].spec.devices[]? | select(.allowMultipleAllocations == true)
+        | .capacity.multiprocessors.requestPolicy.validValues == ["0"]] | length > 0 and all' "$WORK/dynamic-shared.json" >/dev/null \
+    || fail "dynamic-MIG devices shared without a zero policy on their engine counts"
+out=$(kubectl create --dry-run=server -f "$WORK/dynamic-shared.json" 2>&1) || fail "the API server refused the shared dynamic-MIG slices: $out"
+ok "shared dynamic-MIG devices (whole GPUs and placements) take no engine counts per allocation; the API server accepts them (dry run)"
 
 # ---------------------------------------------------------------- 2. schedule
 claim_and_pod() { # name memory

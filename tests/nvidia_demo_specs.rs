@@ -54,6 +54,28 @@ fn match_spec(slices: &str, file: &str, extra: &[&str]) -> Output {
     gpu_dra(&args)
 }
 
+/// `gpu-dra slices` of `gpus` with `--consumable-shares shares` (and `extra` flags), written into
+/// `dir`; its path.
+fn shared_slices(dir: &Path, gpus: &str, shares: &str, extra: &[&str]) -> String {
+    let mut args = vec![
+        "slices",
+        "--gpus",
+        gpus,
+        "--node-name",
+        "node-shared",
+        "--consumable-shares",
+        shares,
+        "-o",
+        "json",
+    ];
+    args.extend_from_slice(extra);
+    let out = gpu_dra(&args);
+    assert!(out.status.success(), "{shares}: {}", text(&out.stderr));
+    let path = dir.join(format!("{shares}{}.json", extra.join("")));
+    std::fs::write(&path, &out.stdout).expect("write");
+    path.to_str().expect("utf-8").to_string()
+}
+
 /// One allocated claim: its name, `(request, device)` per result, each result's consumed
 /// capacity, and the sharing strategy of each opaque config it carries.
 #[derive(Debug)]
@@ -260,27 +282,13 @@ fn consumable_share_demos_put_every_replica_on_one_gpu() {
             serde_json::json!({"memory": "0", "shares": "1"}),
         ),
     ] {
-        let out = gpu_dra(&[
-            "slices",
-            "--gpus",
+        let slices = shared_slices(
+            dir.path(),
             "sim:2xH100-SXM5-80GB",
-            "--node-name",
-            "node-shared",
-            "--mig",
-            "off",
-            "--consumable-shares",
             shares,
-            "-o",
-            "json",
-        ]);
-        assert!(out.status.success(), "{shares}: {}", text(&out.stderr));
-        let slices: PathBuf = dir.path().join(format!("{shares}.json"));
-        std::fs::write(&slices, &out.stdout).expect("write");
-        let claims = allocated(&match_spec(
-            Path::new(&slices).to_str().expect("utf-8"),
-            file,
-            &["--replicas"],
-        ));
+            &["--mig", "off"],
+        );
+        let claims = allocated(&match_spec(&slices, file, &["--replicas"]));
         assert_eq!(claims.len(), replicas, "{shares}: {claims:?}");
         for claim in &claims {
             assert_eq!(devices_of(claim), ["gpu-0"], "{shares}: {claim:?}");
@@ -425,5 +433,174 @@ fn a_bad_opaque_config_fails_match_naming_its_field() {
             "{to}: {stderr}"
         );
         assert!(out.stdout.is_empty(), "nothing allocated: {to}");
+    }
+}
+
+/// Specs of NVIDIA's own end-to-end suite (`tests/bats/specs`) on two H100s (dynamic MIG): each
+/// allocates what its test expects, the CEL no-match spec fits nothing, and the opaque config with
+/// an unknown field fails with the words that suite looks for in NVIDIA's driver's log.
+#[test]
+fn nvidias_bats_specs_allocate_as_its_tests_expect() {
+    let node = "sim:2xH100-SXM5-80GB";
+    let bats = |name: &str| allocated(&match_spec(node, &format!("bats/{name}.yaml"), &[]));
+    let all_devices = |claims: &[Allocated]| -> Vec<String> {
+        claims
+            .iter()
+            .flat_map(|c| devices_of(c).into_iter().map(String::from))
+            .collect()
+    };
+
+    // One GPU for two containers; one shared claim for two pods; own GPUs for two pods and for
+    // two claims of one pod.
+    assert_eq!(all_devices(&bats("gpu-1pod-2cnt-1gpu")), ["gpu-0"]);
+    assert_eq!(all_devices(&bats("gpu-2pods-1gpu")), ["gpu-0"]);
+    assert_eq!(all_devices(&bats("gpu-2pods-2gpus")), ["gpu-0", "gpu-1"]);
+    assert_eq!(
+        all_devices(&bats("gpu-two-claims-one-pod")),
+        ["gpu-0", "gpu-1"]
+    );
+    assert_eq!(all_devices(&bats("rc-shared-gpu")), ["gpu-0"]);
+    // Sharing configs reach the driver with the allocation.
+    assert_eq!(bats("gpu-timeslicing")[0].strategies, ["TimeSlicing"]);
+    assert_eq!(bats("gpu-mps")[0].strategies, ["MPS"]);
+    assert_eq!(bats("gpu-simple-mig-ts")[0].strategies, ["TimeSlicing"]);
+    // MIG devices, by profile and by SM count: any one; and two of one pod (fewer than 30 SMs,
+    // more than 50) on one GPU, the other left whole.
+    for spec in ["gpu-anymig", "gpu-simple-mig"] {
+        let devices = all_devices(&bats(spec));
+        assert!(
+            devices.len() == 1 && devices[0].starts_with("gpu-0-mig-"),
+            "{spec}: {devices:?}"
+        );
+    }
+    let two = all_devices(&bats("gpu-multiple-mig"));
+    assert_eq!(two.len(), 2, "{two:?}");
+    assert!(
+        two.iter().all(|d| d.starts_with("gpu-0-mig-")),
+        "one GPU for both: {two:?}"
+    );
+
+    let out = match_spec(node, "bats/gpu-cel-nomatch.yaml", &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+
+    // Consumable shares: both pods share gpu-0 on a node publishing shares, else each gets a GPU.
+    let dir = tempfile::tempdir().expect("tmp");
+    for (shares, spec) in [
+        ("4", "gpu-consumable-shares-integer"),
+        ("memory", "gpu-consumable-shares-memory"),
+    ] {
+        let slices = shared_slices(dir.path(), node, shares, &[]);
+        let claims = allocated(&match_spec(&slices, &format!("bats/{spec}.yaml"), &[]));
+        assert_eq!(all_devices(&claims), ["gpu-0", "gpu-0"], "{spec}");
+    }
+
+    let out = match_spec(
+        node,
+        "bats/rc-opaque-cfg-unknown-field.yaml",
+        &["--compute-domains"],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("ResourceClaim default/batssuite-rc-bad-opaque-config (")
+            && stderr.contains("spec.devices.config[0].opaque.parameters: strict decoding error: unknown field \"unexpectedField\""),
+        "{stderr}"
+    );
+}
+
+/// NVIDIA's share tests on dynamic-MIG H100s, through Kubernetes' own allocator (the Go oracle,
+/// pod by pod, as kube-scheduler): the same devices as `gpu-dra match`, both pods on gpu-0.
+/// Needs ALLOC_ORACLE (e2e/run-tests builds it and runs the ignored tests).
+#[test]
+#[ignore = "needs the Go allocator oracle (ALLOC_ORACLE)"]
+fn kubernetes_allocator_shares_a_dynamic_mig_gpu_as_we_do() {
+    let oracle = std::env::var_os("ALLOC_ORACLE")
+        .filter(|p| !p.is_empty())
+        .expect("ALLOC_ORACLE is not set (e2e/run-tests sets it)");
+    let dir = tempfile::tempdir().expect("tmp");
+    let classes = dir.path().join("classes.json");
+    let items: Vec<Value> = std::fs::read_dir(repo("deviceclasses"))
+        .expect("deviceclasses")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .map(|p| serde_yaml_ng::from_str(&std::fs::read_to_string(p).expect("read")).expect("yaml"))
+        .collect();
+    std::fs::write(
+        &classes,
+        serde_json::to_vec(
+            &serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items}),
+        )
+        .expect("json"),
+    )
+    .expect("write");
+    for (shares, name) in [
+        ("4", "gpu-consumable-shares-integer"),
+        ("memory", "gpu-consumable-shares-memory"),
+        ("unlimited", "gpu-consumable-shares-memory"),
+    ] {
+        let slices = shared_slices(
+            dir.path(),
+            "sim:2xH100-SXM5-80GB",
+            shares,
+            &["--mig", "dynamic"],
+        );
+        let slices = slices.as_str();
+        let file = format!("bats/{name}.yaml");
+        // The pods' claims as kube-controller-manager makes them, unallocated.
+        let classes_dir = repo("deviceclasses");
+        let printed = gpu_dra(&[
+            "match",
+            "--slices",
+            slices,
+            "--classes",
+            &classes_dir,
+            "-f",
+            &spec(&file),
+            "--print-v1",
+            "-o",
+            "json",
+        ]);
+        assert!(printed.status.success(), "{}", text(&printed.stderr));
+        let printed: Value = serde_json::from_slice(&printed.stdout).expect("json");
+        let claims: Vec<Value> = printed["items"]
+            .as_array()
+            .expect("a List")
+            .iter()
+            .filter(|o| o["kind"] == "ResourceClaim")
+            .cloned()
+            .collect();
+        assert_eq!(claims.len(), 2, "{shares}: {printed}");
+        let claims_file = dir.path().join("claims.json");
+        std::fs::write(
+            &claims_file,
+            serde_json::to_vec(
+                &serde_json::json!({"apiVersion": "v1", "kind": "List", "items": claims}),
+            )
+            .expect("json"),
+        )
+        .expect("write");
+        let theirs = Command::new(&oracle)
+            .args(["--slices", slices, "--node", "node-shared", "--claims"])
+            .arg(&claims_file)
+            .arg("--classes")
+            .arg(&classes)
+            .output()
+            .expect("alloc-oracle runs");
+        assert!(theirs.status.success(), "{}", text(&theirs.stderr));
+        let theirs: Value = serde_json::from_slice(&theirs.stdout).expect("oracle JSON");
+        let their_devices: Vec<&str> = theirs["claims"]
+            .as_array()
+            .expect("claims")
+            .iter()
+            .map(|c| {
+                c["allocation"]["devices"]["results"][0]["device"]
+                    .as_str()
+                    .unwrap_or("none")
+            })
+            .collect();
+        let ours = allocated(&match_spec(slices, &file, &["--node", "node-shared"]));
+        let our_devices: Vec<&str> = ours.iter().flat_map(devices_of).collect();
+        assert_eq!(their_devices, our_devices, "{shares}: {name}");
+        assert_eq!(our_devices, ["gpu-0", "gpu-0"], "{shares}: {name}");
     }
 }

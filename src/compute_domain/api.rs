@@ -233,8 +233,8 @@ pub fn channel_config(parameters: &serde_json::Value) -> Result<ChannelConfig, S
             "kind {DAEMON_CONFIG_KIND}: daemon claims are not served; gpu-dra runs each domain's IMEX daemon from its node plugin, no daemon pod claims one"
         ));
     }
-    let raw: RawChannelConfig =
-        serde_json::from_value(parameters.clone()).map_err(|e| format!("parameters: {e}"))?;
+    let raw: RawChannelConfig = serde_json::from_value(parameters.clone())
+        .map_err(|e| crate::config::strict_decoding_reason(&e))?;
     if raw.api_version != API_VERSION {
         return Err(format!(
             "apiVersion: {:?} is not {API_VERSION}",

@@ -216,8 +216,24 @@ pub fn decode(parameters: &serde_json::Value) -> Result<DeviceConfig, ConfigErro
 }
 
 fn serde_err(e: &serde_json::Error) -> ConfigError {
-    // serde names the offending field in its message ("unknown field `foo`, expected ...").
-    err("parameters", e.to_string())
+    err("parameters", strict_decoding_reason(e))
+}
+
+/// serde's reason for refusing parameters, with an unknown field worded as NVIDIA's driver
+/// words it (`strict decoding error: unknown field "foo"`, which its users' scripts look for),
+/// followed by the fields that are known there.
+pub fn strict_decoding_reason(e: &serde_json::Error) -> String {
+    let message = e.to_string();
+    let Some(rest) = message.strip_prefix("unknown field `") else {
+        return message;
+    };
+    match rest.split_once('`') {
+        Some((name, expected)) => {
+            let expected = expected.trim_start_matches(", ");
+            format!("strict decoding error: unknown field \"{name}\" ({expected})")
+        }
+        None => message,
+    }
 }
 
 fn validate(config: &DeviceConfig) -> Result<(), ConfigError> {
@@ -370,7 +386,7 @@ mod tests {
         let cases = [
             (
                 json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharin": {}}),
-                "unknown field `sharin`",
+                "strict decoding error: unknown field \"sharin\" (expected `sharing`)",
             ),
             (
                 json!({"apiVersion": "resource.nvidia.com/v1", "kind": "GpuConfig"}),
@@ -403,7 +419,7 @@ mod tests {
             ),
             (
                 json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "VfioDeviceConfig", "iommu": {"enableApiDevice": true}}),
-                "unknown field `enableApiDevice`",
+                "strict decoding error: unknown field \"enableApiDevice\"",
             ),
         ];
         for (input, needle) in cases {

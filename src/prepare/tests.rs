@@ -234,7 +234,7 @@ fn bad_claims_fail_alone_and_change_nothing() {
         (
             "x5",
             claim("x5", vec![result("gpu-1")], vec![bad_config]),
-            "unknown field `bogus`",
+            "strict decoding error: unknown field \"bogus\"",
         ),
         (
             "x6",

@@ -121,6 +121,19 @@ pub fn apply(device: &mut Device, mode: ConsumableShares) {
             },
         );
     }
+    // The engine counts (multiprocessors, copy engines, ...) a dynamic-MIG GPU or a MIG device
+    // publishes for selectors would otherwise be consumed whole by every allocation: one claim
+    // per device, whatever the shares. Each share takes none of them, and none can be asked for
+    // (no claim could be held to part of them).
+    for (name, capacity) in capacities.iter_mut() {
+        if capacity.request_policy.is_none() && name != "memory" && name != "shares" {
+            capacity.request_policy = Some(CapacityRequestPolicy {
+                default: Some(Quantity("0".into())),
+                valid_range: None,
+                valid_values: Some(vec![Quantity("0".into())]),
+            });
+        }
+    }
     device.allow_multiple_allocations = Some(true);
 }
 

@@ -10,7 +10,10 @@
 //!    possible, weighted by its size), so small requests fill holes instead of splitting blocks;
 //! 4. fuller GPUs first, then by minor and lowest start.
 //!
-//! The driver republishes the order whenever MIG instances come and go.
+//! The driver republishes the order whenever MIG instances come and go. Until it does, the
+//! scheduler keeps taking devices from the same order (prepare lags allocation; a claim's requests
+//! are allocated together), so each profile's devices are chained: the next is the best placement
+//! once those before it are taken, and a burst fills one GPU instead of opening every empty one.
 use std::cmp::Reverse;
 
 use crate::gpu::{GiProfile, Gpu, Placement};
@@ -112,43 +115,112 @@ pub struct Candidate<'a> {
     pub placement: Placement,
 }
 
-/// Sorts candidates best-fit-first; `usage(minor)` gives each GPU's current use.
+/// A candidate's rank given its GPU's use (smaller first).
+type Key = (bool, bool, u64, Reverse<u32>, u32, u32, u32);
+
+fn key(candidate: &Candidate, current: &Usage) -> Key {
+    let limits = limits(candidate.gpu);
+    let fits = current.fits(&limits, candidate.profile, candidate.placement);
+    let used = current.used_slices();
+    let room_before = room(candidate.gpu, &limits, current);
+    let room_after = if fits {
+        let mut after = current.clone();
+        after.add(candidate.profile, candidate.placement);
+        room(candidate.gpu, &limits, &after)
+    } else {
+        0
+    };
+    (
+        !fits,
+        used == 0,
+        // Fill holes: the placement that takes the least room from other profiles...
+        room_before.saturating_sub(room_after),
+        // ...on the fullest GPU...
+        Reverse(used),
+        // ...then by minor and start.
+        candidate.gpu.minor,
+        candidate.placement.start,
+        candidate.profile.id,
+    )
+}
+
+/// Sorts candidates best-fit-first; `usage(gpu)` gives each GPU's current use.
+///
+/// The first device of each profile is the best placement now. The scheduler keeps taking
+/// devices from this order until the driver republishes (prepare lags allocation, and a claim's
+/// several requests are allocated together), so each profile's devices are chained: the next
+/// one is the best placement once the ones before it are taken (four 1g requests in a row fill
+/// one GPU instead of starting on every empty one). Profiles are then merged by their
+/// candidates' rank now, so a request several profiles match still gets the best of them.
 pub fn order<'a>(candidates: &mut [Candidate<'a>], usage: impl Fn(&Gpu) -> Usage) {
-    let mut keyed: Vec<_> = candidates
-        .iter()
-        .map(|c| {
-            let limits = limits(c.gpu);
-            let current = usage(c.gpu);
-            let fits = current.fits(&limits, c.profile, c.placement);
-            let used = current.used_slices();
-            let mut after = current.clone();
-            after.add(c.profile, c.placement);
-            let room_before = room(c.gpu, &limits, &current);
-            let room_after = if fits {
-                room(c.gpu, &limits, &after)
-            } else {
-                0
-            };
-            let key = (
-                !fits,
-                used == 0,
-                // Fill holes: the placement that takes the least room from other profiles...
-                room_before.saturating_sub(room_after),
-                // ...on the fullest GPU...
-                Reverse(used),
-                // ...then one GPU's placements before the next one's, so allocations made before
-                // the driver republishes (prepare lags allocation) still pack onto one GPU.
-                c.gpu.minor,
-                c.placement.start,
-                c.profile.id,
-            );
-            (key, *c)
-        })
-        .collect();
-    keyed.sort_by_key(|(key, _)| *key);
-    for (slot, (_, candidate)) in candidates.iter_mut().zip(keyed) {
-        *slot = candidate;
+    let mut now: std::collections::HashMap<u32, Usage> = std::collections::HashMap::new();
+    for c in candidates.iter() {
+        now.entry(c.gpu.minor).or_insert_with(|| usage(c.gpu));
     }
+    let fresh: Vec<Key> = candidates
+        .iter()
+        .map(|c| key(c, &now[&c.gpu.minor]))
+        .collect();
+    // Each profile's chain, as indexes into `candidates`.
+    let mut by_profile: std::collections::BTreeMap<&str, Vec<usize>> =
+        std::collections::BTreeMap::new();
+    for (i, c) in candidates.iter().enumerate() {
+        by_profile
+            .entry(c.profile.name.as_str())
+            .or_default()
+            .push(i);
+    }
+    let chains: Vec<Vec<usize>> = by_profile
+        .into_values()
+        .map(|members| chain(candidates, &members, &now, &fresh))
+        .collect();
+    // Merge: always the chain head that ranks best now.
+    let mut heads = vec![0usize; chains.len()];
+    let mut merged = Vec::with_capacity(candidates.len());
+    while let Some(next) = (0..chains.len())
+        .filter(|&c| heads[c] < chains[c].len())
+        .min_by_key(|&c| fresh[chains[c][heads[c]]])
+    {
+        merged.push(candidates[chains[next][heads[next]]]);
+        heads[next] += 1;
+    }
+    candidates.copy_from_slice(&merged);
+}
+
+/// One profile's candidates, each the best once those before it are taken; those that no longer
+/// fit then come last, as they rank now.
+fn chain(
+    candidates: &[Candidate],
+    members: &[usize],
+    now: &std::collections::HashMap<u32, Usage>,
+    fresh: &[Key],
+) -> Vec<usize> {
+    let mut taken: std::collections::HashMap<u32, Usage> = now.clone();
+    let mut remaining: Vec<(Key, usize)> = members.iter().map(|&i| (fresh[i], i)).collect();
+    let mut out = Vec::with_capacity(members.len());
+    while let Some(best) = (0..remaining.len()).min_by_key(|&r| remaining[r].0) {
+        let (best_key, index) = remaining.swap_remove(best);
+        if best_key.0 {
+            // Nothing left fits beside what the chain took.
+            remaining.push((best_key, index));
+            remaining.sort_by_key(|&(_, i)| fresh[i]);
+            out.extend(remaining.iter().map(|&(_, i)| i));
+            break;
+        }
+        out.push(index);
+        let candidate = &candidates[index];
+        let minor = candidate.gpu.minor;
+        if let Some(use_) = taken.get_mut(&minor) {
+            use_.add(candidate.profile, candidate.placement);
+        }
+        for entry in remaining
+            .iter_mut()
+            .filter(|(_, i)| candidates[*i].gpu.minor == minor)
+        {
+            entry.0 = key(&candidates[entry.1], &taken[&minor]);
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -167,14 +239,17 @@ mod tests {
         .gpus
     }
 
-    fn first_of(gpus: &[Gpu], profile_name: &str, usage: &dyn Fn(&Gpu) -> Usage) -> (u32, u32) {
-        let mut candidates: Vec<Candidate> = gpus
-            .iter()
+    /// Every placement of the profiles `wanted` admits on `gpus`.
+    fn candidates_of<'a>(
+        gpus: &'a [Gpu],
+        wanted: &dyn Fn(&GiProfile) -> bool,
+    ) -> Vec<Candidate<'a>> {
+        gpus.iter()
             .flat_map(|g| {
                 g.mig
                     .iter()
                     .flat_map(|m| m.profiles.iter())
-                    .filter(|p| p.name == profile_name)
+                    .filter(|p| wanted(p))
                     .flat_map(move |p| {
                         p.placements.iter().map(move |pl| Candidate {
                             gpu: g,
@@ -183,9 +258,62 @@ mod tests {
                         })
                     })
             })
-            .collect();
+            .collect()
+    }
+
+    fn first_of(gpus: &[Gpu], profile_name: &str, usage: &dyn Fn(&Gpu) -> Usage) -> (u32, u32) {
+        let mut candidates = candidates_of(gpus, &|p| p.name == profile_name);
         order(&mut candidates, usage);
         (candidates[0].gpu.minor, candidates[0].placement.start)
+    }
+
+    /// Every placement of every profile on `gpus`, in published order.
+    fn published(gpus: &[Gpu]) -> Vec<Candidate<'_>> {
+        let mut candidates = candidates_of(gpus, &|_| true);
+        order(&mut candidates, Usage::of);
+        candidates
+    }
+
+    /// Requests allocated one after another from one published order, as the scheduler does
+    /// before the driver republishes: each takes its profile's first device that still fits.
+    fn take_in_turn(order: &[Candidate], profiles: &[&str]) -> Vec<(u32, u32)> {
+        let mut taken: std::collections::HashMap<u32, Usage> = Default::default();
+        profiles
+            .iter()
+            .map(|name| {
+                let c = order
+                    .iter()
+                    .find(|c| {
+                        c.profile.name == *name
+                            && taken.get(&c.gpu.minor).cloned().unwrap_or_default().fits(
+                                &limits(c.gpu),
+                                c.profile,
+                                c.placement,
+                            )
+                    })
+                    .expect("a device fits");
+                taken
+                    .entry(c.gpu.minor)
+                    .or_default()
+                    .add(c.profile, c.placement);
+                (c.gpu.minor, c.placement.start)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn requests_before_a_republish_fill_one_gpu() {
+        let gpus = h100s(3);
+        let order = published(&gpus);
+        // Four 1g.20gb in a row fill GPU 0 (two GPUs stay whole for 7g requests)...
+        let placed = take_in_turn(&order, &["1g.20gb"; 4]);
+        assert!(placed.iter().all(|(minor, _)| *minor == 0), "{placed:?}");
+        // ...and a claim of a 1g.20gb and a 3g.40gb (allocated together) gets one GPU.
+        let placed = take_in_turn(&order, &["1g.20gb", "3g.40gb"]);
+        assert_eq!(placed[0].0, placed[1].0, "{placed:?}");
+        // Each profile's first device is still the best placement now.
+        assert_eq!(take_in_turn(&order, &["3g.40gb"]), [(0, 4)]);
+        assert_eq!(take_in_turn(&order, &["1g.10gb"]), [(0, 6)]);
     }
 
     #[test]
