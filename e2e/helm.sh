@@ -128,7 +128,7 @@ jq -e '(.items[] | select(.kind == "DaemonSet") | .spec.template.spec
     || fail "NVIDIA's values did not move to gpu-dra's keys: $(jq -c '.items[] | select(.kind == "DaemonSet") | .spec.template.spec.containers[0] | {args, env}' "$WORK/nv.json")"
 out=$(kubectl apply --dry-run=server -f "$WORK/nv.yaml" 2>&1) || fail "server dry run rejected the render of NVIDIA's values: $out"
 for refused in "webhook.enabled=true|webhook.enabled true (NVIDIA's admission webhook" \
-    "kubeletPlugin.metrics.gpuHttpEndpoint=:9000|kubeletPlugin.metrics.gpuHttpEndpoint: \":9000\" is a value of NVIDIA's chart" \
+    "kubeletPlugin.metrics.metricsPath=/m|kubeletPlugin.metrics.metricsPath: \"/m\" is a value of NVIDIA's chart" \
     "computeDomain.enabled=true|additional properties 'computeDomain' not allowed"; do
     render --set "${refused%%|*}" >/dev/null 2>"$WORK/refused.err" && fail "${refused%%|*} rendered"
     grep -qF "${refused#*|}" "$WORK/refused.err" || fail "${refused%%|*}: $(cat "$WORK/refused.err")"
@@ -271,10 +271,19 @@ done
 [[ $(value gpu_dra_published_devices) == "$DEVICES" ]] || fail "gpu_dra_published_devices is $(value gpu_dra_published_devices)"
 [[ $(value gpu_dra_prepared_claims) == 0 && $(value gpu_dra_prepared_devices) == 0 ]] || fail "prepared gauges not back to 0"
 [[ $(value gpu_dra_slice_sync_errors_total) == 0 ]] || fail "slice sync errors: $(value gpu_dra_slice_sync_errors_total)"
+# NVIDIA's driver's series, under its names and labels, for dashboards written for it.
+for series in 'nvidia_dra_requests_total{driver="gpu.nvidia.com",operation="prepare"}' \
+    'nvidia_dra_node_prepare_errors_total{driver="gpu.nvidia.com",error_type="prepare_devices"}' \
+    'nvidia_dra_request_duration_seconds_count{driver="gpu.nvidia.com",operation="unprepare"}'; do
+    positive "$series" || fail "$series is $(value "$series"), expected > 0"
+done
+[[ $(value 'nvidia_dra_requests_inflight{driver="gpu.nvidia.com",operation="prepare"}') == 0 ]] || fail "requests still in flight"
+[[ $(value "nvidia_dra_prepared_devices{node=\"$NODE\",driver=\"gpu.nvidia.com\",device_type=\"gpu\"}") == 0 ]] \
+    || fail "nvidia_dra_prepared_devices: $(grep '^nvidia_dra_prepared_devices' <<<"$metrics")"
 if grep -qi forbidden "$WORK/driver.log"; then
     grep -i forbidden "$WORK/driver.log" | head -n 5 >&2
     fail "the driver hit an authorization error"
 fi
-ok "/metrics: prepare ok=$(value 'gpu_dra_prepare_requests_total{result="ok"}') error=$(value 'gpu_dra_prepare_requests_total{result="error"}'), latency buckets filled, $DEVICES published devices; no authorization error in the driver log"
+ok "/metrics: prepare ok=$(value 'gpu_dra_prepare_requests_total{result="ok"}') error=$(value 'gpu_dra_prepare_requests_total{result="error"}'), latency buckets filled, $DEVICES published devices, NVIDIA's nvidia_dra_* series too; no authorization error in the driver log"
 
 echo "$passed passed, 0 failed"

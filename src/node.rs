@@ -400,8 +400,8 @@ impl NodeAgent {
             Some(addr) => Some(MetricsServer::bind(addr).await?),
             None => None,
         };
-        let metrics = Arc::new(Metrics::new());
         let node_name = options.discovery.node_name.clone();
+        let metrics = Arc::new(Metrics::for_node(&options.driver_name, &node_name));
         let mut slice_options = SliceOptions::new(&options.driver_name, &node_name);
         slice_options.consumable = options.consumable;
         slice_options.passthrough = options.passthrough;
@@ -630,6 +630,7 @@ impl NodeAgent {
                 let (server, cd_tasks) = start_compute_domains(
                     cd,
                     &options,
+                    metrics.clone(),
                     health_client.clone(),
                     monitor_control.clone(),
                     shutdown_rx.clone(),
@@ -802,6 +803,7 @@ async fn node_internal_ip(
 async fn start_compute_domains(
     cd: &ComputeDomainOptions,
     options: &NodeOptions,
+    metrics: Arc<Metrics>,
     client: kube::Client,
     control: Arc<dyn crate::gpu::GpuControl>,
     shutdown: watch::Receiver<bool>,
@@ -848,11 +850,13 @@ async fn start_compute_domains(
     .map_err(|e| NodeError::Kube(format!("--compute-domains: {e}")))?;
     let plugin = Arc::new(plugin);
     let (slices_tx, slices_rx) = watch::channel(Arc::new(plugin.slices()));
+    let measured =
+        crate::metrics::MeasuredDriver::new(plugin.clone(), compute_domain::DRIVER_NAME, metrics);
     let server = PluginServer::start(PluginConfig::new(
         compute_domain::DRIVER_NAME,
         options.registrar_dir.clone(),
         cd.plugin_dir.clone(),
-        plugin.clone(),
+        Arc::new(measured),
     ))
     .await?;
     tracing::info!(node_ip, clique = ?plugin.clique(), registration = %server.registration_socket_path().display(), "ComputeDomain plugin started");

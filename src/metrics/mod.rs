@@ -19,7 +19,7 @@ use crate::gpu::NodeInventory;
 use crate::plugin::KubeletRegistration;
 use crate::prepare::ClaimRef;
 use crate::prepare::checkpoint::Checkpoint;
-use crate::prepare::driver::{ClaimUser, DriverObserver};
+use crate::prepare::driver::{ClaimUser, DriverObserver, Operation};
 use crate::prepare::state::DeviceState;
 use crate::slices::publish::{PublishError, SyncReport};
 
@@ -32,6 +32,8 @@ mod tests;
 
 /// Every metric name starts with this (`gpu_dra_prepare_requests_total`, ...).
 pub const METRIC_PREFIX: &str = "gpu_dra";
+/// NVIDIA's driver's series keep their own prefix (`nvidia_dra_requests_total`, ...).
+pub const NVIDIA_METRIC_PREFIX: &str = "nvidia_dra";
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabel {
@@ -137,6 +139,171 @@ impl RequestMetrics {
     }
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NvidiaRequestLabels {
+    driver: String,
+    operation: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NvidiaErrorLabels {
+    driver: String,
+    error_type: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NvidiaDeviceLabels {
+    node: String,
+    driver: String,
+    device_type: &'static str,
+}
+
+fn nvidia_duration_histogram() -> Histogram {
+    // NVIDIA's buckets: 50 ms doubling to 12.8 s.
+    Histogram::new(exponential_buckets(0.05, 2.0, 9))
+}
+
+/// The series NVIDIA's kubelet plugin exports (`nvidia_dra_*`, its `pkg/metrics`), with its
+/// names, labels, buckets and device types, so dashboards and alerts written for NVIDIA's
+/// driver keep working: requests by driver and operation (counted and timed when they succeed,
+/// as NVIDIA counts them), in flight, errors by type, and prepared devices by type.
+struct NvidiaMetrics {
+    /// The GPU driver's name (the `driver` label of its series).
+    driver: String,
+    node: String,
+    requests: Family<NvidiaRequestLabels, Counter>,
+    duration: Family<NvidiaRequestLabels, Histogram, fn() -> Histogram>,
+    inflight: Family<NvidiaRequestLabels, Gauge>,
+    prepare_errors: Family<NvidiaErrorLabels, Counter>,
+    unprepare_errors: Family<NvidiaErrorLabels, Counter>,
+    prepared_devices: Family<NvidiaDeviceLabels, Gauge>,
+}
+
+/// NVIDIA's device types (`gpu`, `mig`, `vfio`, `unknown`).
+const NVIDIA_DEVICE_TYPES: [&str; 4] = ["gpu", "mig", "vfio", "unknown"];
+
+impl NvidiaMetrics {
+    fn register(registry: &mut Registry, driver: &str, node: &str) -> Self {
+        let metrics = Self {
+            driver: driver.to_string(),
+            node: node.to_string(),
+            requests: Family::default(),
+            duration: Family::new_with_constructor(nvidia_duration_histogram),
+            inflight: Family::default(),
+            prepare_errors: Family::default(),
+            unprepare_errors: Family::default(),
+            prepared_devices: Family::default(),
+        };
+        registry.register(
+            "requests",
+            "Total number of DRA prepare and unprepare requests",
+            metrics.requests.clone(),
+        );
+        registry.register_with_unit(
+            "request_duration",
+            "Duration of DRA prepare and unprepare requests",
+            Unit::Seconds,
+            metrics.duration.clone(),
+        );
+        registry.register(
+            "requests_inflight",
+            "Number of in-flight DRA prepare and unprepare requests",
+            metrics.inflight.clone(),
+        );
+        registry.register(
+            "prepared_devices",
+            "Current number of prepared devices by device type",
+            metrics.prepared_devices.clone(),
+        );
+        registry.register(
+            "node_prepare_errors",
+            "Total number of failures during DRA node prepare for kubelet plugins",
+            metrics.prepare_errors.clone(),
+        );
+        registry.register(
+            "node_unprepare_errors",
+            "Total number of failures during DRA node unprepare for kubelet plugins",
+            metrics.unprepare_errors.clone(),
+        );
+        metrics.add_driver(driver);
+        metrics
+    }
+
+    /// Zero-valued request series from the start, as NVIDIA's driver creates them.
+    fn add_driver(&self, driver: &str) {
+        for operation in ["prepare", "unprepare"] {
+            let labels = Self::labels(driver, operation);
+            let _ = self.requests.get_or_create(&labels);
+            let _ = self.duration.get_or_create(&labels);
+            let _ = self.inflight.get_or_create(&labels);
+        }
+    }
+
+    fn labels(driver: &str, operation: &'static str) -> NvidiaRequestLabels {
+        NvidiaRequestLabels {
+            driver: driver.to_string(),
+            operation,
+        }
+    }
+
+    fn starting(&self, driver: &str, operation: &'static str, claims: usize) {
+        self.inflight
+            .get_or_create(&Self::labels(driver, operation))
+            .inc_by(to_gauge(claims));
+    }
+
+    fn finished(&self, driver: &str, operation: &'static str, ok: bool, seconds: f64) {
+        let labels = Self::labels(driver, operation);
+        self.inflight.get_or_create(&labels).dec();
+        if ok {
+            self.requests.get_or_create(&labels).inc();
+            self.duration.get_or_create(&labels).observe(seconds);
+            return;
+        }
+        let (errors, error_type) = if operation == "prepare" {
+            (&self.prepare_errors, "prepare_devices")
+        } else {
+            (&self.unprepare_errors, "unprepare_devices")
+        };
+        errors
+            .get_or_create(&NvidiaErrorLabels {
+                driver: driver.to_string(),
+                error_type,
+            })
+            .inc();
+    }
+
+    /// Devices of the completed claims by NVIDIA's device type, every type present (zero too).
+    fn observe_checkpoint(&self, checkpoint: &Checkpoint) {
+        let mut counts = [0usize; NVIDIA_DEVICE_TYPES.len()];
+        for device in checkpoint
+            .claims
+            .values()
+            .filter(|claim| claim.is_completed())
+            .flat_map(|claim| &claim.devices)
+        {
+            // No device of ours is of a type NVIDIA's would call unknown: that one stays 0.
+            let kind = if device.vfio.is_some() {
+                2
+            } else if device.mig.is_some() {
+                1
+            } else {
+                0
+            };
+            counts[kind] += 1;
+        }
+        for (device_type, count) in NVIDIA_DEVICE_TYPES.into_iter().zip(counts) {
+            self.prepared_devices
+                .get_or_create(&NvidiaDeviceLabels {
+                    node: self.node.clone(),
+                    driver: self.driver.clone(),
+                    device_type,
+                })
+                .set(to_gauge(count));
+        }
+    }
+}
+
 /// Whether the node agent is ready to serve kubelet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Readiness {
@@ -169,6 +336,7 @@ impl Readiness {
 /// The node agent's metrics and readiness.
 pub struct Metrics {
     registry: Registry,
+    nvidia: NvidiaMetrics,
     prepare: RequestMetrics,
     unprepare: RequestMetrics,
     prepared_claims: Gauge,
@@ -204,37 +372,49 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Metrics of the default driver (`gpu.nvidia.com`) on a node whose name is not known.
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix(METRIC_PREFIX);
-        let prepare = RequestMetrics::register(&mut registry, "prepare", "prepare");
-        let unprepare = RequestMetrics::register(&mut registry, "unprepare", "unprepare");
+        Self::for_node(crate::slices::DEFAULT_DRIVER_NAME, "")
+    }
+
+    /// Metrics of `driver` on node `node` (the labels of NVIDIA's series).
+    pub fn for_node(driver: &str, node: &str) -> Self {
+        let mut root = Registry::default();
+        let nvidia = NvidiaMetrics::register(
+            root.sub_registry_with_prefix(NVIDIA_METRIC_PREFIX),
+            driver,
+            node,
+        );
+        let registry = root.sub_registry_with_prefix(METRIC_PREFIX);
+        let prepare = RequestMetrics::register(&mut *registry, "prepare", "prepare");
+        let unprepare = RequestMetrics::register(&mut *registry, "unprepare", "unprepare");
         let gauge = |registry: &mut Registry, name: &str, help: &str| {
             let gauge = Gauge::default();
             registry.register(name, help, gauge.clone());
             gauge
         };
         let prepared_claims = gauge(
-            &mut registry,
+            &mut *registry,
             "prepared_claims",
             "Claims prepared on this node (checkpointed as complete)",
         );
         let prepared_devices = gauge(
-            &mut registry,
+            &mut *registry,
             "prepared_devices",
             "Devices of the claims prepared on this node",
         );
         let published_devices = gauge(
-            &mut registry,
+            &mut *registry,
             "published_devices",
             "Devices in this node's ResourceSlices as last synced with the API server",
         );
         let mig_instances = gauge(
-            &mut registry,
+            &mut *registry,
             "mig_instances",
             "MIG devices (GPU instance + compute instance) that exist on this node's GPUs",
         );
         let checkpoint_unusable = gauge(
-            &mut registry,
+            &mut *registry,
             "checkpoint_unusable",
             "1 while the checkpoint cannot be used (corrupt or from a newer version) and the driver refuses to prepare or unprepare",
         );
@@ -314,12 +494,13 @@ impl Metrics {
             pod_memory_used.clone(),
         );
         let registered_gauge = gauge(
-            &mut registry,
+            &mut *registry,
             "registered",
             "1 while kubelet accepts the plugin registration, 0 otherwise (kubelet cannot prepare claims then)",
         );
         Self {
-            registry,
+            registry: root,
+            nvidia,
             device_taints,
             claim_memory_used,
             claim_utilization,
@@ -553,6 +734,7 @@ impl Metrics {
         });
         self.prepared_claims.set(to_gauge(claims));
         self.prepared_devices.set(to_gauge(devices));
+        self.nvidia.observe_checkpoint(checkpoint);
     }
 
     /// One `prepared_device_info` series per device of each prepared claim; series of claims
@@ -726,12 +908,21 @@ impl Metrics {
 }
 
 impl DriverObserver for Metrics {
+    fn starting(&self, operation: Operation, claims: usize) {
+        self.nvidia
+            .starting(&self.nvidia.driver, operation.as_str(), claims);
+    }
+
     fn prepared(&self, _claim: &ClaimRef, ok: bool, seconds: f64) {
         self.prepare.record(ok, seconds);
+        self.nvidia
+            .finished(&self.nvidia.driver, "prepare", ok, seconds);
     }
 
     fn unprepared(&self, _claim: &ClaimRef, ok: bool, seconds: f64) {
         self.unprepare.record(ok, seconds);
+        self.nvidia
+            .finished(&self.nvidia.driver, "unprepare", ok, seconds);
     }
 
     fn claim_users(&self, claim_uid: &str, pods: &[ClaimUser]) {
@@ -747,6 +938,76 @@ impl DriverObserver for Metrics {
     }
 }
 
+/// Another kubelet plugin of this process (the ComputeDomain channel plugin), whose calls count
+/// in NVIDIA's request series under its own driver name, as NVIDIA's plugin of that name counts
+/// them.
+pub struct MeasuredDriver {
+    inner: Arc<dyn crate::prepare::NodeDriver>,
+    driver: String,
+    metrics: Arc<Metrics>,
+}
+
+impl MeasuredDriver {
+    pub fn new(
+        inner: Arc<dyn crate::prepare::NodeDriver>,
+        driver: &str,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        metrics.nvidia.add_driver(driver);
+        Self {
+            inner,
+            driver: driver.to_string(),
+            metrics,
+        }
+    }
+}
+
+impl MeasuredDriver {
+    /// Counts each claim's result of a call that began at `started` with `results.len()` claims.
+    fn finished<T>(
+        &self,
+        operation: &'static str,
+        started: std::time::Instant,
+        results: &[(ClaimRef, Result<T, String>)],
+    ) {
+        let seconds = started.elapsed().as_secs_f64();
+        for (_, result) in results {
+            self.metrics
+                .nvidia
+                .finished(&self.driver, operation, result.is_ok(), seconds);
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl crate::prepare::NodeDriver for MeasuredDriver {
+    async fn prepare(
+        &self,
+        claims: Vec<ClaimRef>,
+    ) -> Vec<(ClaimRef, crate::prepare::PrepareResult)> {
+        let started = std::time::Instant::now();
+        self.metrics
+            .nvidia
+            .starting(&self.driver, "prepare", claims.len());
+        let results = self.inner.prepare(claims).await;
+        self.finished("prepare", started, &results);
+        results
+    }
+
+    async fn unprepare(
+        &self,
+        claims: Vec<ClaimRef>,
+    ) -> Vec<(ClaimRef, crate::prepare::UnprepareResult)> {
+        let started = std::time::Instant::now();
+        self.metrics
+            .nvidia
+            .starting(&self.driver, "unprepare", claims.len());
+        let results = self.inner.unprepare(claims).await;
+        self.finished("unprepare", started, &results);
+        results
+    }
+}
+
 fn to_gauge(count: usize) -> i64 {
     i64::try_from(count).unwrap_or(i64::MAX)
 }
@@ -755,6 +1016,12 @@ fn to_gauge(count: usize) -> i64 {
 pub struct ObserverList(pub Vec<Arc<dyn DriverObserver>>);
 
 impl DriverObserver for ObserverList {
+    fn starting(&self, operation: Operation, claims: usize) {
+        for observer in &self.0 {
+            observer.starting(operation, claims);
+        }
+    }
+
     fn prepared(&self, claim: &ClaimRef, ok: bool, seconds: f64) {
         for observer in &self.0 {
             observer.prepared(claim, ok, seconds);

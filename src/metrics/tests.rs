@@ -4,7 +4,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
-use super::{Metrics, MetricsServer, ObserverList};
+use super::{MeasuredDriver, Metrics, MetricsServer, ObserverList};
 use crate::gpu::sim::SimNode;
 use crate::plugin::KubeletRegistration;
 use crate::prepare::ClaimRef;
@@ -32,6 +32,91 @@ fn assert_samples(text: &str, expected: &[(&str, f64)]) {
     for (series, value) in expected {
         assert_eq!(sample(text, series), Some(*value), "{series} in\n{text}");
     }
+}
+
+/// NVIDIA's kubelet plugin's series (`pkg/metrics`), by its names and labels: request series
+/// exist from the start at zero; a call's claims are in flight until each is done; successes
+/// are counted and timed in NVIDIA's buckets, failures counted by error type; prepared devices
+/// by NVIDIA's device types.
+#[test]
+fn nvidias_series_are_exported_under_its_names() {
+    use crate::prepare::driver::Operation;
+    let metrics = Metrics::for_node("gpu.nvidia.com", "node-1");
+    let text = metrics.encode().expect("encodes");
+    assert_samples(
+        &text,
+        &[
+            (
+                r#"nvidia_dra_requests_total{driver="gpu.nvidia.com",operation="prepare"}"#,
+                0.0,
+            ),
+            (
+                r#"nvidia_dra_requests_total{driver="gpu.nvidia.com",operation="unprepare"}"#,
+                0.0,
+            ),
+            (
+                r#"nvidia_dra_request_duration_seconds_count{driver="gpu.nvidia.com",operation="prepare"}"#,
+                0.0,
+            ),
+            (
+                r#"nvidia_dra_requests_inflight{driver="gpu.nvidia.com",operation="prepare"}"#,
+                0.0,
+            ),
+        ],
+    );
+    metrics.starting(Operation::Prepare, 3);
+    let text = metrics.encode().expect("encodes");
+    assert_samples(
+        &text,
+        &[(
+            r#"nvidia_dra_requests_inflight{driver="gpu.nvidia.com",operation="prepare"}"#,
+            3.0,
+        )],
+    );
+    metrics.prepared(&claim(), true, 0.07);
+    metrics.prepared(&claim(), true, 3.0);
+    metrics.prepared(&claim(), false, 0.2);
+    metrics.starting(Operation::Unprepare, 1);
+    metrics.unprepared(&claim(), false, 0.01);
+    let text = metrics.encode().expect("encodes");
+    assert_samples(
+        &text,
+        &[
+            (
+                r#"nvidia_dra_requests_inflight{driver="gpu.nvidia.com",operation="prepare"}"#,
+                0.0,
+            ),
+            (
+                r#"nvidia_dra_requests_total{driver="gpu.nvidia.com",operation="prepare"}"#,
+                2.0,
+            ),
+            // 50 ms doubling: 70 ms in le=0.1, 3 s in le=3.2.
+            (
+                r#"nvidia_dra_request_duration_seconds_bucket{driver="gpu.nvidia.com",operation="prepare",le="0.1"}"#,
+                1.0,
+            ),
+            (
+                r#"nvidia_dra_request_duration_seconds_bucket{driver="gpu.nvidia.com",operation="prepare",le="3.2"}"#,
+                2.0,
+            ),
+            (
+                r#"nvidia_dra_node_prepare_errors_total{driver="gpu.nvidia.com",error_type="prepare_devices"}"#,
+                1.0,
+            ),
+            (
+                r#"nvidia_dra_node_unprepare_errors_total{driver="gpu.nvidia.com",error_type="unprepare_devices"}"#,
+                1.0,
+            ),
+            (
+                r#"nvidia_dra_requests_total{driver="gpu.nvidia.com",operation="unprepare"}"#,
+                0.0,
+            ),
+        ],
+    );
+    assert!(
+        text.contains("# TYPE nvidia_dra_request_duration_seconds histogram"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -89,6 +174,14 @@ fn gauges_follow_the_checkpoint_and_the_mig_inventory() {
         );
     }
     metrics.observe_checkpoint(&checkpoint);
+    // NVIDIA's series: the completed claims' devices by its device types.
+    let text = metrics.encode().expect("encodes");
+    for (device_type, count) in [("gpu", 3.0), ("mig", 0.0), ("vfio", 0.0), ("unknown", 0.0)] {
+        let series = format!(
+            r#"nvidia_dra_prepared_devices{{node="",driver="gpu.nvidia.com",device_type="{device_type}"}}"#
+        );
+        assert_eq!(sample(&text, &series), Some(count), "{series} in\n{text}");
+    }
 
     let sim = SimNode::new("2xH100-SXM5-80GB".parse().expect("spec"), "n1", None);
     sim.set_mig_mode(1, true).expect("MIG mode on");
@@ -594,4 +687,73 @@ fn a_process_pod_comes_from_its_cgroup() {
     );
     assert_eq!(pod_uid_of_cgroup(&cgroupfs).as_deref(), Some(uid));
     assert_eq!(pod_uid_of_cgroup("0::/system.slice/sshd.service\n"), None);
+}
+
+/// The ComputeDomain channel plugin's calls count in NVIDIA's series under its driver name,
+/// beside the GPU driver's.
+#[tokio::test]
+async fn another_plugins_calls_count_under_its_driver_name() {
+    use crate::prepare::{NodeDriver, PrepareResult, UnprepareResult};
+    struct Channels;
+    #[tonic::async_trait]
+    impl NodeDriver for Channels {
+        async fn prepare(&self, claims: Vec<ClaimRef>) -> Vec<(ClaimRef, PrepareResult)> {
+            claims
+                .into_iter()
+                .map(|c| {
+                    let result = if c.name == "bad" {
+                        Err("no domain".to_string())
+                    } else {
+                        Ok(vec![])
+                    };
+                    (c, result)
+                })
+                .collect()
+        }
+        async fn unprepare(&self, claims: Vec<ClaimRef>) -> Vec<(ClaimRef, UnprepareResult)> {
+            claims.into_iter().map(|c| (c, Ok(()))).collect()
+        }
+    }
+    let metrics = Arc::new(Metrics::for_node("gpu.nvidia.com", "node-1"));
+    let driver = MeasuredDriver::new(
+        Arc::new(Channels),
+        "compute-domain.nvidia.com",
+        metrics.clone(),
+    );
+    let bad = ClaimRef {
+        name: "bad".into(),
+        ..claim()
+    };
+    driver.prepare(vec![claim(), bad]).await;
+    driver.unprepare(vec![claim()]).await;
+    let text = metrics.encode().expect("encodes");
+    let cd = r#"driver="compute-domain.nvidia.com""#;
+    assert_samples(
+        &text,
+        &[
+            (
+                &format!(r#"nvidia_dra_requests_total{{{cd},operation="prepare"}}"#),
+                1.0,
+            ),
+            (
+                &format!(r#"nvidia_dra_requests_total{{{cd},operation="unprepare"}}"#),
+                1.0,
+            ),
+            (
+                &format!(r#"nvidia_dra_requests_inflight{{{cd},operation="prepare"}}"#),
+                0.0,
+            ),
+            (
+                &format!(
+                    r#"nvidia_dra_node_prepare_errors_total{{{cd},error_type="prepare_devices"}}"#
+                ),
+                1.0,
+            ),
+            // The GPU driver's own series are untouched.
+            (
+                r#"nvidia_dra_requests_total{driver="gpu.nvidia.com",operation="prepare"}"#,
+                0.0,
+            ),
+        ],
+    );
 }

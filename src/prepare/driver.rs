@@ -18,7 +18,25 @@ use super::state::DeviceState;
 use super::{ClaimRef, NodeDriver, PrepareResult, UnprepareResult};
 
 /// Counts and timings the metrics endpoint exposes.
+/// A kubelet call's kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    Prepare,
+    Unprepare,
+}
+
+impl Operation {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Prepare => "prepare",
+            Self::Unprepare => "unprepare",
+        }
+    }
+}
+
 pub trait DriverObserver: Send + Sync + 'static {
+    /// A kubelet call with this many claims begins; each ends with `prepared`/`unprepared`.
+    fn starting(&self, _operation: Operation, _claims: usize) {}
     fn prepared(&self, _claim: &ClaimRef, _ok: bool, _seconds: f64) {}
     fn unprepared(&self, _claim: &ClaimRef, _ok: bool, _seconds: f64) {}
     fn state_changed(&self, _state: &DeviceState) {}
@@ -315,6 +333,7 @@ impl Driver {
 impl NodeDriver for Driver {
     async fn prepare(&self, claims: Vec<ClaimRef>) -> Vec<(ClaimRef, PrepareResult)> {
         let started = Instant::now();
+        self.observer.starting(Operation::Prepare, claims.len());
         // Claim lookups need no lock and run concurrently.
         let fetched = join_all(
             claims
@@ -326,6 +345,10 @@ impl NodeDriver for Driver {
             Ok(hold) => Arc::new(hold),
             Err(e) => {
                 tracing::error!(error = %e, "prepare: cannot read the node's state");
+                let seconds = started.elapsed().as_secs_f64();
+                for claim in &claims {
+                    self.observer.prepared(claim, false, seconds);
+                }
                 return claims.into_iter().map(|c| (c, Err(e.clone()))).collect();
             }
         };
@@ -400,10 +423,15 @@ impl NodeDriver for Driver {
 
     async fn unprepare(&self, claims: Vec<ClaimRef>) -> Vec<(ClaimRef, UnprepareResult)> {
         let started = Instant::now();
+        self.observer.starting(Operation::Unprepare, claims.len());
         let hold = match self.hold_node().await {
             Ok(hold) => Arc::new(hold),
             Err(e) => {
                 tracing::error!(error = %e, "unprepare: cannot read the node's state");
+                let seconds = started.elapsed().as_secs_f64();
+                for claim in &claims {
+                    self.observer.unprepared(claim, false, seconds);
+                }
                 return claims.into_iter().map(|c| (c, Err(e.clone()))).collect();
             }
         };

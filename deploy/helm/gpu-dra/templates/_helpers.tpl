@@ -108,6 +108,21 @@ first by every template; it removes what it handled, so a second run changes not
 {{- $_ := unset $v.kubeletPlugin "kubeletPluginsDirectoryPath" -}}
 {{- $_ := unset $v.kubeletPlugin "kubeletRegistrarDirectoryPath" -}}
 {{- end -}}
+{{- with .metrics -}}
+{{- if and (hasKey . "enabled") (not .enabled) -}}
+{{- fail "kubeletPlugin.metrics.enabled false: gpu-dra always serves /metrics, on the port its probes use (its value metrics.port)" -}}
+{{- end -}}
+{{- $_ := unset . "enabled" -}}
+{{- with .gpuHttpEndpoint -}}
+{{- $port := regexReplaceAll "^.*:" (toString .) "" -}}
+{{- if not (regexMatch "^[0-9]+$" $port) -}}
+{{- fail (printf "kubeletPlugin.metrics.gpuHttpEndpoint %q: expected [HOST]:PORT" .) -}}
+{{- end -}}
+{{- $_ := set $v.metrics "port" (int $port) -}}
+{{- with regexReplaceAll ":[0-9]+$" (toString .) "" -}}{{- $_ := set $v.metrics "bindAddress" . -}}{{- end -}}
+{{- end -}}
+{{- $_ := unset . "gpuHttpEndpoint" -}}
+{{- end -}}
 {{- with .containers -}}
 {{- with .gpus -}}
 {{- with .env -}}{{- $_ := set $v "extraEnv" (concat (default list $v.extraEnv) .) -}}{{- end -}}
