@@ -8,7 +8,9 @@
 #      reason, leaves the checkpoint and the CDI spec untouched, reports checkpoint_unusable 1
 #      and a Warning event on the Node;
 #   3. the same for a corrupt file, and for a missing one while the claim's CDI spec is there;
-#   4. upgraded again (the original file back), it unprepares the claim as usual.
+#   4. NVIDIA's driver's checkpoint holding a claim of this boot: refused, naming the claim;
+#   5. upgraded again (the original file back), it unprepares the claim as usual;
+#   6. NVIDIA's checkpoint as its uninstall leaves it (no claims): kept aside and replaced.
 #
 # Usage: e2e/checkpoint.sh   (GPU_DRA=path/to/gpu-dra, default target/debug/gpu-dra)
 set -euo pipefail
@@ -95,6 +97,16 @@ rm "$checkpoint"
 refuses "it is missing, but this driver prepared claims on this node since it booted"
 ok "missing checkpoint with this boot's CDI spec on the node: refuses with the reason, touches nothing"
 
+# NVIDIA's driver's checkpoint (same driver name, same path), as its MarshalCheckpoint writes it.
+boot=$(jq -r .nodeBootID "$WORK/checkpoint.good")
+nvidia_checkpoint() { # CLAIMS-JSON
+    jq -n --arg boot "$boot" --argjson claims "$1" \
+        '{checksum: 1, v1: {preparedClaims: {}}, v2: {checksum: 2, preparedClaims: $claims, nodeBootID: $boot}}'
+}
+nvidia_checkpoint '{"u-9": {"checkpointState": "PrepareCompleted", "name": "pod1-gpu", "namespace": "gpu-test1"}}' >"$checkpoint"
+refuses "NVIDIA's driver's (dra-driver-nvidia-gpu), which prepared 1 claim(s) on this node since it booted: gpu-test1/pod1-gpu (u-9)"
+ok "NVIDIA's driver's checkpoint with a claim of this boot: refuses naming it and how to switch drivers, touches nothing"
+
 cp "$WORK/checkpoint.good" "$checkpoint"
 stop_driver
 start_driver
@@ -102,5 +114,19 @@ out=$(kubelet unprepare --register --claim "default/slice/$uid") || fail "unprep
 [[ $(jq -r '.claims[0].error' <<<"$out") == "" ]] || fail "unprepare: $out"
 [[ ! -e $spec && $(gpu_instances) == 0 ]] || fail "unprepare left the spec or the MIG instance"
 ok "upgraded again: the claim unprepares as usual"
+
+# What NVIDIA's uninstall leaves on the node (no claims): replaced, kept aside, and the driver
+# serves as usual.
+nvidia_checkpoint '{}' >"$checkpoint"
+left=$(sha256sum <"$checkpoint")
+stop_driver
+start_driver
+out=$(kubelet prepare --register --claim "default/slice/$uid") || fail "prepare after NVIDIA's checkpoint: $out"
+[[ $(jq -r '.claims[0].error' <<<"$out") == "" ]] || fail "prepare after NVIDIA's checkpoint: $out"
+[[ $(sha256sum <"$WORK/state/checkpoint.json.dra-driver-nvidia-gpu") == "$left" ]] || fail "NVIDIA's checkpoint not kept aside"
+jq -e '.schemaVersion == 1 and (.claims | length) == 1' "$checkpoint" >/dev/null || fail "not replaced: $(cat "$checkpoint")"
+curl -sf "http://127.0.0.1:$PORT/metrics" | grep -q '^gpu_dra_checkpoint_unusable 0' || fail "checkpoint_unusable not 0"
+out=$(kubelet unprepare --claim "default/slice/$uid") || fail "unprepare: $out"
+ok "NVIDIA's driver's checkpoint left by its uninstall: kept aside as checkpoint.json.dra-driver-nvidia-gpu, replaced, claims prepare as usual"
 
 echo "$passed passed, 0 failed"

@@ -228,6 +228,51 @@ pub enum LoadOutcome {
     PreviousBoot {
         dropped: usize,
     },
+    /// NVIDIA's driver's checkpoint (the same path: the same driver name) holding no claim of
+    /// this boot, as its uninstall leaves it: kept aside at `backup`, started afresh.
+    ReplacedNvidia {
+        backup: PathBuf,
+    },
+}
+
+/// Whether `document` is NVIDIA's driver's checkpoint (`checksum` and `v1`/`v2`, no
+/// `schemaVersion`), and if so the claims it holds prepared in boot `boot_id`
+/// (`namespace/name (uid)`; its v1 records no boot, so they count).
+fn nvidia_claims(document: &serde_json::Value, boot_id: &str) -> Option<Vec<String>> {
+    let object = document.as_object()?;
+    if object.contains_key("schemaVersion")
+        || !object.contains_key("checksum")
+        || !(object.contains_key("v1") || object.contains_key("v2"))
+    {
+        return None;
+    }
+    let (claims, boot) = match object.get("v2").filter(|v| !v.is_null()) {
+        Some(v2) => (v2.get("preparedClaims"), v2.get("nodeBootID")),
+        None => (
+            object.get("v1").and_then(|v1| v1.get("preparedClaims")),
+            None,
+        ),
+    };
+    let other_boot = boot
+        .and_then(serde_json::Value::as_str)
+        .is_some_and(|b| !b.is_empty() && b != boot_id);
+    if other_boot {
+        return Some(vec![]);
+    }
+    let claims = claims.and_then(serde_json::Value::as_object);
+    Some(
+        claims
+            .into_iter()
+            .flatten()
+            .map(|(uid, claim)| {
+                let field = |key: &str| claim.get(key).and_then(serde_json::Value::as_str);
+                match (field("namespace"), field("name")) {
+                    (Some(namespace), Some(name)) => format!("{namespace}/{name} ({uid})"),
+                    _ => format!("claim {uid}"),
+                }
+            })
+            .collect(),
+    )
 }
 
 impl CheckpointStore {
@@ -253,6 +298,19 @@ impl CheckpointStore {
             }
             Err(e) => return Err(self.io_err(format!("cannot read: {e}"))),
         };
+        if self.nvidias(&bytes, boot_id)? {
+            let backup = self.path.with_extension("json.dra-driver-nvidia-gpu");
+            std::fs::copy(&self.path, &backup).map_err(|e| {
+                self.io_err(format!(
+                    "cannot keep NVIDIA's driver's checkpoint at {}: {e}",
+                    backup.display()
+                ))
+            })?;
+            return Ok((
+                Checkpoint::new(boot_id),
+                LoadOutcome::ReplacedNvidia { backup },
+            ));
+        }
         let mut checkpoint = self.parse(&bytes)?;
         // A checkpoint from before boot IDs were recorded is taken as this boot's.
         if !checkpoint.node_boot_id.is_empty() && checkpoint.node_boot_id != boot_id {
@@ -276,6 +334,9 @@ impl CheckpointStore {
             }
             Err(e) => return Err(self.io_err(format!("cannot read: {e}"))),
         };
+        if self.nvidias(&bytes, boot_id)? {
+            return Ok(Checkpoint::new(boot_id));
+        }
         let mut checkpoint = self.parse(&bytes)?;
         if checkpoint.node_boot_id.is_empty() {
             checkpoint.node_boot_id = boot_id.to_string();
@@ -294,6 +355,27 @@ impl CheckpointStore {
             .map_err(|e| self.io_err(format!("cannot encode: {e}")))?;
         crate::fsutil::write_atomically(&self.path, &bytes)
             .map_err(|e| self.io_err(format!("cannot write: {e}")))
+    }
+
+    /// Whether the file is NVIDIA's driver's checkpoint with no claim of this boot (true: it is
+    /// replaced); one with claims of this boot is unusable: gpu-dra does not take over what
+    /// another driver prepared, and starting empty would sweep what running pods use.
+    fn nvidias(&self, bytes: &[u8], boot_id: &str) -> Result<bool, CheckpointError> {
+        let Ok(document) = serde_json::from_slice::<serde_json::Value>(bytes) else {
+            return Ok(false);
+        };
+        match nvidia_claims(&document, boot_id) {
+            None => Ok(false),
+            Some(claims) if claims.is_empty() => Ok(true),
+            Some(claims) => Err(CheckpointError::Unusable {
+                path: self.path.clone(),
+                reason: format!(
+                    "it is NVIDIA's driver's (dra-driver-nvidia-gpu), which prepared {} claim(s) on this node since it booted: {}; gpu-dra does not take over claims another driver prepared. Switch drivers on a node without GPU pods: delete (or drain) the pods of these claims while NVIDIA's driver still runs, so that it unprepares them, then install gpu-dra",
+                    claims.len(),
+                    claims.join(", ")
+                ),
+            }),
+        }
     }
 
     /// Parses a checkpoint of this schema or an earlier one (migrated to this one).
@@ -337,6 +419,81 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = CheckpointStore::new(dir.path());
         (dir, store)
+    }
+
+    /// NVIDIA's driver's checkpoint, as its `MarshalCheckpoint` writes it (v1 beside v2).
+    fn nvidias(boot: &str, claims: serde_json::Value) -> Vec<u8> {
+        serde_json::to_vec(&serde_json::json!({
+            "checksum": 2_905_124_375_u32,
+            "v1": {"preparedClaims": {}},
+            "v2": {"checksum": 1_126_344_921_u32, "preparedClaims": claims, "nodeBootID": boot},
+        }))
+        .expect("json")
+    }
+
+    #[test]
+    fn nvidias_checkpoint_without_claims_of_this_boot_is_replaced_and_kept() {
+        let (dir, store) = store();
+        let claim = serde_json::json!({"u-1": {
+            "checkpointState": "PrepareCompleted", "status": {}, "preparedDevices": [],
+            "name": "pod1-gpu-x7k2f", "namespace": "gpu-test1",
+        }});
+        // Left by its uninstall (no claims), or from before a reboot.
+        for bytes in [
+            nvidias("boot-1", serde_json::json!({})),
+            nvidias("boot-0", claim.clone()),
+        ] {
+            std::fs::write(store.path(), &bytes).expect("write");
+            let (checkpoint, outcome) = store.load("boot-1").expect("loads");
+            assert!(checkpoint.claims.is_empty());
+            let backup = dir.path().join("checkpoint.json.dra-driver-nvidia-gpu");
+            assert_eq!(
+                outcome,
+                LoadOutcome::ReplacedNvidia {
+                    backup: backup.clone()
+                }
+            );
+            assert_eq!(std::fs::read(&backup).expect("kept"), bytes);
+            assert!(store.read("boot-1").expect("reads").claims.is_empty());
+        }
+    }
+
+    #[test]
+    fn nvidias_checkpoint_with_claims_of_this_boot_is_refused_naming_them() {
+        let (dir, store) = store();
+        let claim = serde_json::json!({"u-1": {
+            "checkpointState": "PrepareCompleted", "status": {}, "preparedDevices": [],
+            "name": "pod1-gpu-x7k2f", "namespace": "gpu-test1",
+        }});
+        let v1_only = serde_json::to_vec(&serde_json::json!({
+            "checksum": 1, "v1": {"preparedClaims": {"u-2": {"status": {}, "preparedDevices": []}}},
+        }))
+        .expect("json");
+        for (bytes, named) in [
+            (nvidias("boot-1", claim), "gpu-test1/pod1-gpu-x7k2f (u-1)"),
+            // Its first format records no boot: its claims count.
+            (v1_only, "claim u-2"),
+        ] {
+            std::fs::write(store.path(), &bytes).expect("write");
+            for error in [
+                store.load("boot-1").expect_err("refused").to_string(),
+                store.read("boot-1").expect_err("refused").to_string(),
+            ] {
+                assert!(
+                    error.contains("NVIDIA's driver's")
+                        && error.contains(named)
+                        && error.contains("delete (or drain) the pods"),
+                    "{error}"
+                );
+            }
+            // Untouched: nothing kept aside, nothing rewritten.
+            assert_eq!(std::fs::read(store.path()).expect("read"), bytes);
+            assert!(
+                !dir.path()
+                    .join("checkpoint.json.dra-driver-nvidia-gpu")
+                    .exists()
+            );
+        }
     }
 
     #[test]

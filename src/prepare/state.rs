@@ -235,7 +235,10 @@ impl DeviceState {
             mps_across_namespaces: false,
             memory_limits,
         };
-        if outcome == LoadOutcome::Fresh {
+        if matches!(
+            outcome,
+            LoadOutcome::Fresh | LoadOutcome::ReplacedNvidia { .. }
+        ) {
             // No checkpoint, yet this driver's work of this boot is on the node: it was lost.
             // Recovery would sweep the specs of running containers (and `--mig dynamic` destroy
             // their MIG devices): refuse instead, exactly as for an unreadable one.
@@ -1186,6 +1189,10 @@ fn describe(outcome: &LoadOutcome) -> String {
     match outcome {
         LoadOutcome::Fresh => "no checkpoint yet".into(),
         LoadOutcome::Loaded => "checkpoint loaded".into(),
+        LoadOutcome::ReplacedNvidia { backup } => format!(
+            "NVIDIA's driver's checkpoint, with no claim of this boot (left by its uninstall), replaced; kept at {}",
+            backup.display()
+        ),
         LoadOutcome::PreviousBoot { dropped } => {
             format!(
                 "checkpoint from a previous boot: {dropped} claims dropped (they are prepared again on demand)"
