@@ -26,8 +26,46 @@ pub struct DriverGates {
     pub node_allocatable_resources: bool,
 }
 
-/// NVIDIA's gates for what gpu-dra always does: `true` is accepted (it is on), `false` refused.
-const ALWAYS_ON: &[&str] = &["TimeSlicingSettings", "MPSSupport", "NVMLDeviceHealthCheck"];
+/// NVIDIA's gates for what gpu-dra always does: `true` is accepted (it is on), `false` refused
+/// saying what gpu-dra does.
+const ALWAYS_ON: &[(&str, &str)] = &[
+    (
+        "TimeSlicingSettings",
+        "time-slicing intervals are always applied",
+    ),
+    ("MPSSupport", "MPS configs are always served"),
+    (
+        "NVMLDeviceHealthCheck",
+        "GPU health is always watched through NVML",
+    ),
+    (
+        "IMEXDaemonsWithDNSNames",
+        "IMEX daemons always find their peers by name (NVIDIA's static node names, mapped to the nodes' addresses)",
+    ),
+    (
+        "DeviceMetadata",
+        "claims with GPUs for virtual machines always get their KEP-5304 device metadata (KubeVirt reads the PCI address there)",
+    ),
+    (
+        "HostManagedIMEXDaemon",
+        "the hostManaged IMEX mode is always available; it is chosen with computeDomains.imex.mode (--imex-mode)",
+    ),
+    (
+        "CrashOnNVLinkFabricErrors",
+        "the ComputeDomain plugin never falls back to running without the NVLink fabric: while the fabric reports an error, channel prepares fail naming it (the plugin keeps running and recovers with the fabric)",
+    ),
+];
+/// NVIDIA's gates for what gpu-dra never does: `false` is accepted, `true` refused saying why.
+const ALWAYS_OFF: &[(&str, &str)] = &[
+    (
+        "ComputeDomainCliques",
+        "gpu-dra keeps each domain's nodes (with their cliqueID) in the domain's status.nodes and makes no ComputeDomainClique objects",
+    ),
+    (
+        "FabricManagerPartitioning",
+        "gpu-dra does not activate Fabric Manager partitions (that needs NVIDIA's Fabric Manager library); GPUs are allocated as published",
+    ),
+];
 /// NVIDIA's gates for what gpu-dra sets with a value of its own.
 const SET_ELSEWHERE: &[(&str, &str)] = &[
     (
@@ -54,11 +92,24 @@ impl DriverGates {
             match name.trim() {
                 LIST_TYPE_ATTRIBUTES => gates.list_type_attributes = on,
                 NODE_ALLOCATABLE_RESOURCES => gates.node_allocatable_resources = on,
-                gate if ALWAYS_ON.contains(&gate) => {
+                gate if ALWAYS_ON.iter().any(|(g, _)| *g == gate) => {
                     if !on {
+                        let does = ALWAYS_ON
+                            .iter()
+                            .find(|(g, _)| *g == gate)
+                            .map_or("", |(_, d)| d);
                         return Err(format!(
-                            "{gate}=false: gpu-dra always has this on and cannot turn it off"
+                            "{gate}=false: gpu-dra always has this on and cannot turn it off: {does}"
                         ));
+                    }
+                }
+                gate if ALWAYS_OFF.iter().any(|(g, _)| *g == gate) => {
+                    if on {
+                        let why = ALWAYS_OFF
+                            .iter()
+                            .find(|(g, _)| *g == gate)
+                            .map_or("", |(_, w)| w);
+                        return Err(format!("{gate}=true: not supported: {why}"));
                     }
                 }
                 gate => {
@@ -67,9 +118,13 @@ impl DriverGates {
                             "{gate}: gpu-dra sets this with the chart value {value}"
                         ));
                     }
+                    let names = |gates: &[(&str, &str)]| {
+                        gates.iter().map(|(g, _)| *g).collect::<Vec<_>>().join(", ")
+                    };
                     return Err(format!(
-                        "{gate}: not a gpu-dra feature gate (known: {LIST_TYPE_ATTRIBUTES}, {NODE_ALLOCATABLE_RESOURCES}; {} are always on)",
-                        ALWAYS_ON.join(", ")
+                        "{gate}: not a gpu-dra feature gate (known: {LIST_TYPE_ATTRIBUTES}, {NODE_ALLOCATABLE_RESOURCES}; NVIDIA's {} are always on, {} always off)",
+                        names(ALWAYS_ON),
+                        names(ALWAYS_OFF)
                     ));
                 }
             }
@@ -230,6 +285,18 @@ mod tests {
         );
         let err = |spec: &str| DriverGates::parse(spec).expect_err(spec);
         assert!(err("MPSSupport=false").contains("cannot turn it off"));
+        // Every gate of NVIDIA's driver (0.5) is answered: on, off, or set elsewhere.
+        assert_eq!(
+            DriverGates::parse(
+                "IMEXDaemonsWithDNSNames=true,DeviceMetadata=true,HostManagedIMEXDaemon=true,\
+                 CrashOnNVLinkFabricErrors=true,NVMLDeviceHealthCheck=true,\
+                 ComputeDomainCliques=false,FabricManagerPartitioning=false"
+            ),
+            Ok(DriverGates::default())
+        );
+        assert!(err("ComputeDomainCliques=true").contains("no ComputeDomainClique objects"));
+        assert!(err("FabricManagerPartitioning=true").contains("not supported"));
+        assert!(err("DeviceMetadata=false").contains("KEP-5304"));
         assert!(err("PassthroughSupport=true").contains("chart value passthrough"));
         assert!(err("Bogus=true").contains("Bogus: not a gpu-dra feature gate"));
         assert!(err("DRAListTypeAttributes=yes").contains("\"yes\" is not true or false"));
