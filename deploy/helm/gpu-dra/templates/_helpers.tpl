@@ -125,6 +125,12 @@ first by every template; it removes what it handled, so a second run changes not
 {{- end -}}
 {{- with .containers -}}
 {{- with .gpus -}}
+{{- range .env -}}
+{{- /* NVIDIA's plugin's own variables gpu-dra does not read: their settings are values here. */ -}}
+{{- if has .name (list "NAMESPACE" "CDI_ROOT" "HOST_DRIVER_ROOT" "DRIVER_ROOT_CTR_PATH" "HOST_ROOT" "IMAGE_NAME" "IMAGE_PULL_SECRETS" "IMAGE_PULL_POLICY" "SERVICE_ACCOUNT_NAME" "KUBELET_REGISTRAR_DIRECTORY_PATH" "KUBELET_PLUGINS_DIRECTORY_PATH" "HEALTHCHECK_PORT" "HTTP_ENDPOINT" "METRICS_PATH" "CONSUMABLE_SHARES" "FEATURE_GATES") -}}
+{{- fail (printf "kubeletPlugin.containers.gpus.env %s: a setting of NVIDIA's plugin that gpu-dra takes from its chart values (cdiRoot, nvidiaDriverRoot, kubeletDir, metrics.port, consumableShares, featureGates, ...), not from this variable" .name) -}}
+{{- end -}}
+{{- end -}}
 {{- with .env -}}{{- $_ := set $v "extraEnv" (concat (default list $v.extraEnv) .) -}}{{- end -}}
 {{- $_ := unset . "env" -}}
 {{- if hasKey . "resources" -}}{{- with .resources -}}{{- $_ := set $v "resources" . -}}{{- end -}}{{- $_ := unset . "resources" -}}{{- end -}}
