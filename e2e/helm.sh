@@ -129,6 +129,7 @@ jq -e '(.items[] | select(.kind == "DaemonSet") | .spec.template.spec
 out=$(kubectl apply --dry-run=server -f "$WORK/nv.yaml" 2>&1) || fail "server dry run rejected the render of NVIDIA's values: $out"
 for refused in "webhook.enabled=true|webhook.enabled true (NVIDIA's admission webhook" \
     "kubeletPlugin.metrics.metricsPath=/m|kubeletPlugin.metrics.metricsPath: \"/m\" is a value of NVIDIA's chart" \
+    "kubeletPlugin.containers.gpus.env[0].name=CDI_ROOT|kubeletPlugin.containers.gpus.env CDI_ROOT: a setting of NVIDIA's plugin" \
     "computeDomain.enabled=true|additional properties 'computeDomain' not allowed"; do
     render --set "${refused%%|*}" >/dev/null 2>"$WORK/refused.err" && fail "${refused%%|*} rendered"
     grep -qF "${refused#*|}" "$WORK/refused.err" || fail "${refused%%|*}: $(cat "$WORK/refused.err")"
