@@ -1,25 +1,7 @@
 //! `gpu-dra match` and `gpu-dra explain` as a person runs them.
-use std::path::PathBuf;
-use std::process::{Command, Output};
-
-fn repo(path: &str) -> String {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join(path)
-        .display()
-        .to_string()
-}
-
-fn gpu_dra(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_gpu-dra"))
-        .args(args)
-        .env_remove("GPU_DRA_GPUS")
-        .output()
-        .expect("runs")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
+mod common;
+use common::{gpu_dra, repo, text};
+use std::process::Output;
 
 fn example(command: &str, extra: &[&str]) -> Output {
     let classes = repo("deviceclasses");

@@ -2,35 +2,17 @@
 //! with workloads and resource.k8s.io objects in v1beta1, v1beta2 and v1
 //! (tests/fixtures/manifests/*/training.yaml hold the same objects in each version).
 #![cfg(feature = "tools")]
+mod common;
+use common::{gpu_dra, repo, text};
 use std::io::Write as _;
-use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
 
 const VERSIONS: [&str; 3] = ["v1", "v1beta1", "v1beta2"];
 
-fn repo(path: &str) -> String {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join(path)
-        .display()
-        .to_string()
-}
-
 fn fixture(version: &str) -> String {
     repo(&format!("tests/fixtures/manifests/{version}/training.yaml"))
-}
-
-fn gpu_dra(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_gpu-dra"))
-        .args(args)
-        .env_remove("GPU_DRA_GPUS")
-        .output()
-        .expect("runs")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
 }
 
 /// `match` (or `explain`) on `gpus` with the stock classes and `extra` arguments.

@@ -7,32 +7,15 @@
 //! This is offline allocation through our copy of the scheduler's allocator, not pods: the
 //! scenarios themselves run as pods on the real node in `e2e/pods.sh`.
 #![cfg(feature = "tools")]
-use std::path::{Path, PathBuf};
+mod common;
+use common::{gpu_dra, repo, text};
+use std::path::Path;
 use std::process::{Command, Output};
 
 use serde_json::Value;
 
-fn repo(path: &str) -> String {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join(path)
-        .display()
-        .to_string()
-}
-
 fn spec(path: &str) -> String {
     repo(&format!("tests/fixtures/manifests/nvidia-demo/{path}"))
-}
-
-fn gpu_dra(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_gpu-dra"))
-        .args(args)
-        .env_remove("GPU_DRA_GPUS")
-        .output()
-        .expect("runs")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
 }
 
 /// `gpu-dra match` of one spec file on `slices` (`sim:...` or a file), stock classes.

@@ -1,5 +1,6 @@
-//! Claims as the node driver's integration tests need them: allocated on pool `n1` of
-//! `gpu.nvidia.com`, one device for request `gpu`, UID `uid-<name>`.
+//! What several integration tests share: claims as the node driver's tests need them (allocated
+//! on pool `n1` of `gpu.nvidia.com`, one device for request `gpu`, UID `uid-<name>`), and the
+//! `gpu-dra` binary run as a person runs it.
 #![allow(dead_code)]
 
 use gpu_dra::prepare::ClaimRef;
@@ -24,4 +25,25 @@ pub fn claim_ref(name: &str) -> ClaimRef {
         name: name.into(),
         uid: format!("uid-{name}"),
     }
+}
+
+/// A path inside the repository.
+pub fn repo(path: &str) -> String {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join(path)
+        .display()
+        .to_string()
+}
+
+/// `gpu-dra ARGS`, with no simulated GPUs from the environment.
+pub fn gpu_dra(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_gpu-dra"))
+        .args(args)
+        .env_remove("GPU_DRA_GPUS")
+        .output()
+        .expect("runs")
+}
+
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
 }
