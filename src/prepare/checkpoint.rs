@@ -298,7 +298,8 @@ impl CheckpointStore {
             }
             Err(e) => return Err(self.io_err(format!("cannot read: {e}"))),
         };
-        if self.nvidias(&bytes, boot_id)? {
+        let document = self.document(&bytes)?;
+        if self.nvidias(&document, boot_id)? {
             let backup = self.path.with_extension("json.dra-driver-nvidia-gpu");
             std::fs::copy(&self.path, &backup).map_err(|e| {
                 self.io_err(format!(
@@ -311,7 +312,7 @@ impl CheckpointStore {
                 LoadOutcome::ReplacedNvidia { backup },
             ));
         }
-        let mut checkpoint = self.parse(&bytes)?;
+        let mut checkpoint = self.parse(document)?;
         // A checkpoint from before boot IDs were recorded is taken as this boot's.
         if !checkpoint.node_boot_id.is_empty() && checkpoint.node_boot_id != boot_id {
             let dropped = checkpoint.claims.len();
@@ -334,10 +335,11 @@ impl CheckpointStore {
             }
             Err(e) => return Err(self.io_err(format!("cannot read: {e}"))),
         };
-        if self.nvidias(&bytes, boot_id)? {
+        let document = self.document(&bytes)?;
+        if self.nvidias(&document, boot_id)? {
             return Ok(Checkpoint::new(boot_id));
         }
-        let mut checkpoint = self.parse(&bytes)?;
+        let mut checkpoint = self.parse(document)?;
         if checkpoint.node_boot_id.is_empty() {
             checkpoint.node_boot_id = boot_id.to_string();
         }
@@ -360,11 +362,12 @@ impl CheckpointStore {
     /// Whether the file is NVIDIA's driver's checkpoint with no claim of this boot (true: it is
     /// replaced); one with claims of this boot is unusable: gpu-dra does not take over what
     /// another driver prepared, and starting empty would sweep what running pods use.
-    fn nvidias(&self, bytes: &[u8], boot_id: &str) -> Result<bool, CheckpointError> {
-        let Ok(document) = serde_json::from_slice::<serde_json::Value>(bytes) else {
-            return Ok(false);
-        };
-        match nvidia_claims(&document, boot_id) {
+    fn nvidias(
+        &self,
+        document: &serde_json::Value,
+        boot_id: &str,
+    ) -> Result<bool, CheckpointError> {
+        match nvidia_claims(document, boot_id) {
             None => Ok(false),
             Some(claims) if claims.is_empty() => Ok(true),
             Some(claims) => Err(CheckpointError::Unusable {
@@ -379,13 +382,19 @@ impl CheckpointStore {
     }
 
     /// Parses a checkpoint of this schema or an earlier one (migrated to this one).
-    fn parse(&self, bytes: &[u8]) -> Result<Checkpoint, CheckpointError> {
+    /// The file as JSON, read once for both NVIDIA's format and ours.
+    fn document(&self, bytes: &[u8]) -> Result<serde_json::Value, CheckpointError> {
+        serde_json::from_slice(bytes).map_err(|e| CheckpointError::Unusable {
+            path: self.path.clone(),
+            reason: format!("not a JSON document ({e})"),
+        })
+    }
+
+    fn parse(&self, document: serde_json::Value) -> Result<Checkpoint, CheckpointError> {
         let unusable = |reason: String| CheckpointError::Unusable {
             path: self.path.clone(),
             reason,
         };
-        let document: serde_json::Value = serde_json::from_slice(bytes)
-            .map_err(|e| unusable(format!("not a JSON document ({e})")))?;
         let version = document
             .get("schemaVersion")
             .and_then(serde_json::Value::as_u64)
