@@ -117,7 +117,11 @@ NVIDIA_VALUES=$ROOT/tests/fixtures/helm/nvidia-values.yaml
 render -f "$NVIDIA_VALUES" >/dev/null 2>"$WORK/nv.err" && fail "NVIDIA's values with NVIDIA's image rendered"
 grep -q "image.repository \"registry.k8s.io/dra-driver-nvidia/dra-driver-nvidia-gpu\" is NVIDIA's driver's image" "$WORK/nv.err" \
     || fail "NVIDIA's image: $(cat "$WORK/nv.err")"
-render -f "$NVIDIA_VALUES" --set image.repository=ghcr.io/gpu-dra/gpu-dra >"$WORK/nv.yaml" || fail "helm template with NVIDIA's values"
+# NVIDIA's defaults do not install with its own chart either: its guard wants
+# gpuResourcesEnabledOverride=true (the classic device plugin gone); so does ours, naming it.
+render -f "$NVIDIA_VALUES" --set image.repository=ghcr.io/gpu-dra/gpu-dra >/dev/null 2>"$WORK/nv.err" && fail "NVIDIA's values rendered without gpuResourcesEnabledOverride"
+grep -q "gpuResourcesEnabledOverride false" "$WORK/nv.err" || fail "gpuResourcesEnabledOverride: $(cat "$WORK/nv.err")"
+render -f "$NVIDIA_VALUES" --set image.repository=ghcr.io/gpu-dra/gpu-dra --set gpuResourcesEnabledOverride=true >"$WORK/nv.yaml" || fail "helm template with NVIDIA's values"
 as_json "$WORK/nv.yaml" >"$WORK/nv.json"
 jq -e '(.items[] | select(.kind == "DaemonSet") | .spec.template.spec
         | (.containers[0].args | index("--compute-domains") != null and index("--imex-mode=driver-managed") != null)
@@ -134,7 +138,7 @@ for refused in "webhook.enabled=true|webhook.enabled true (NVIDIA's admission we
     render --set "${refused%%|*}" >/dev/null 2>"$WORK/refused.err" && fail "${refused%%|*} rendered"
     grep -qF "${refused#*|}" "$WORK/refused.err" || fail "${refused%%|*}: $(cat "$WORK/refused.err")"
 done
-ok "NVIDIA's values.yaml: its keys move to gpu-dra's (ComputeDomains, node affinity, log level) and the API server accepts the render (dry run); NVIDIA's image, its webhook, a value without equivalent and an unknown key are refused, each named"
+ok "NVIDIA's values.yaml: its keys move to gpu-dra's (ComputeDomains, node affinity, log level) and the API server accepts the render (dry run); its install guard applies as in its chart; NVIDIA's image, its webhook, a value without equivalent and an unknown key are refused, each named"
 
 # ---------------------------------------------------------------- 2. apply RBAC, policy, classes
 jq '{apiVersion: "v1", kind: "List", items: [.items[] | select(.kind != "DaemonSet" and .kind != "Service")]}' \

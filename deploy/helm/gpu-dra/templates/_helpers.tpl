@@ -152,7 +152,13 @@ first by every template; it removes what it handled, so a second run changes not
 {{- fail "webhook.enabled true (NVIDIA's admission webhook for opaque configs): gpu-dra installs no webhook; the node driver refuses a claim whose opaque config is invalid at prepare, naming the field, and `gpu-dra match`/`explain` check claims before they are applied" -}}
 {{- end -}}
 {{- $_ := unset $v "webhook" -}}
-{{- /* Guards of NVIDIA's chart gpu-dra has no need for: any value. */ -}}
+{{- /* NVIDIA's chart's two install guards, applied as it applies them when a values file sets them. */ -}}
+{{- if and (hasKey $v "allowDefaultNamespace") (not $v.allowDefaultNamespace) (eq .Release.Namespace "default") -}}
+{{- fail "allowDefaultNamespace false (NVIDIA's chart): the release is in the default namespace; install with --namespace (and --create-namespace), or set allowDefaultNamespace true" -}}
+{{- end -}}
+{{- if and (hasKey $v "gpuResourcesEnabledOverride") (not $v.gpuResourcesEnabledOverride) $v.extendedResources.enabled -}}
+{{- fail "gpuResourcesEnabledOverride false (NVIDIA's chart: GPUs through DRA are not allowed beside the classic device plugin): set it true once the device plugin no longer serves nvidia.com/gpu on these nodes, or set extendedResources.enabled false so pods asking for nvidia.com/gpu keep the device plugin" -}}
+{{- end -}}
 {{- $_ := unset $v "gpuResourcesEnabledOverride" -}}
 {{- $_ := unset $v "allowDefaultNamespace" -}}
 {{- with $v.resourceApiVersion -}}
