@@ -24,7 +24,7 @@ mod pools;
 mod result;
 mod search;
 
-use std::cell::{OnceCell, RefCell};
+use std::cell::{Cell, OnceCell, RefCell};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::rc::Rc;
@@ -254,6 +254,7 @@ pub struct Allocator {
     selectors: RefCell<Vec<SelectorEntry>>,
     pools: RefCell<HashMap<NodeInfo, Rc<pools::NodePools>>>,
     filter_timeout: Option<Duration>,
+    allocate_one_invocations: Cell<u64>,
 }
 
 /// kube-scheduler's default DynamicResources `filterTimeout`: an allocation attempt on one node
@@ -305,6 +306,7 @@ impl Allocator {
             selectors: RefCell::new(Vec::new()),
             pools: RefCell::new(HashMap::new()),
             filter_timeout: Some(DEFAULT_FILTER_TIMEOUT),
+            allocate_one_invocations: Cell::new(0),
         }
     }
 
@@ -315,6 +317,28 @@ impl Allocator {
     pub fn with_filter_timeout(mut self, timeout: Option<Duration>) -> Self {
         self.filter_timeout = timeout.filter(|t| !t.is_zero());
         self
+    }
+
+    /// How often the search stepped (`allocateOne` calls) over all [`allocate`](Self::allocate)
+    /// calls so far: Go's `Stats.NumAllocateOneInvocations`, which Kubernetes' allocator tests
+    /// pin for searches that must prune (e2e/upstream-allocator.sh compares them).
+    pub fn allocate_one_invocations(&self) -> u64 {
+        self.allocate_one_invocations.get()
+    }
+
+    fn count_allocate_one_invocations(&self, steps: u64) {
+        self.allocate_one_invocations
+            .set(self.allocate_one_invocations.get().saturating_add(steps));
+    }
+
+    /// The `structured` implementation whose behaviour this allocator reproduces for its
+    /// features: `experimental` when a feature only that one has is on, else `incubating`.
+    pub fn channel(&self) -> &'static str {
+        if self.features.experimental() {
+            "experimental"
+        } else {
+            "incubating"
+        }
     }
 
     pub fn filter_timeout(&self) -> Option<Duration> {

@@ -1522,7 +1522,9 @@ pub(crate) fn allocate(
 ) -> Result<Outcome, AllocError> {
     let mut run = Run::new(alloc, pools, node, claims, state);
     run.prepare()?;
-    match run.allocate_one(At::default(), false, 0) {
+    let searched = run.allocate_one(At::default(), false, 0);
+    alloc.count_allocate_one_invocations(run.steps);
+    match searched {
         Err(Halt::Fatal(m)) => Err(AllocError(m)),
         Err(Halt::MaxSize) => Err(AllocError("allocation max size exceeded".to_string())),
         Err(Halt::TimedOut) => Err(AllocError(format!(
