@@ -1,6 +1,6 @@
 //! Allocates one pod's claims on one node, from one JSON document on stdin, and prints what
 //! kube-scheduler's allocator would return. It is how Kubernetes' own allocator test table
-//! (`e2e/upstream-allocator.sh`) runs against this crate: the Go side builds the objects, this
+//! (`e2e/upstream-tables.sh`) runs against this crate: the Go side builds the objects, this
 //! side allocates.
 //!
 //! ```text

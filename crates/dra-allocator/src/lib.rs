@@ -321,7 +321,7 @@ impl Allocator {
 
     /// How often the search stepped (`allocateOne` calls) over all [`allocate`](Self::allocate)
     /// calls so far: Go's `Stats.NumAllocateOneInvocations`, which Kubernetes' allocator tests
-    /// pin for searches that must prune (e2e/upstream-allocator.sh compares them).
+    /// pin for searches that must prune (e2e/upstream-tables.sh compares them).
     pub fn allocate_one_invocations(&self) -> u64 {
         self.allocate_one_invocations.get()
     }
@@ -458,9 +458,14 @@ impl Allocator {
             return Ok(done.clone());
         }
         // Compile before looking at the device: a compile error wins, as in Go.
-        let compiled = entry
-            .compiled
-            .get_or_init(|| self.compiler.get_or_compile(&entry.expression));
+        let compiled = entry.compiled.get_or_init(|| {
+            self.compiler.get_or_compile_with(
+                &entry.expression,
+                dra_cel::Features {
+                    consumable_capacity: self.features.consumable_capacity,
+                },
+            )
+        });
         let result = match &**compiled {
             Ok(sel) => sel.evaluate(self.view(slot, slice, device)?),
             Err(e) => return Ok(Err(e.clone())),

@@ -108,6 +108,8 @@ pub struct Checker<'a> {
     next_var: u32,
     /// Aggregate literals for the homogeneous-literal validator, which looks at final types.
     literals: Vec<Literal>,
+    /// Whether `device.allowMultipleAllocations` is declared (DRAConsumableCapacity).
+    pub multiple_allocations_declared: bool,
 }
 
 /// An aggregate literal's element expressions (id, optional): a list's elements, or a map's
@@ -183,6 +185,7 @@ impl<'a> Checker<'a> {
             mappings: Subst::new(),
             next_var: 0,
             literals: Vec::new(),
+            multiple_allocations_declared: true,
         }
     }
 
@@ -587,7 +590,7 @@ impl<'a> Checker<'a> {
                 "driver" => Type::String,
                 "attributes" => attributes_type(),
                 "capacity" => capacity_type(),
-                "allowMultipleAllocations" => Type::Bool,
+                "allowMultipleAllocations" if self.multiple_allocations_declared => Type::Bool,
                 _ => return self.error(e.id, format!("undefined field '{field}'")),
             },
             Type::Map(_, v) => (**v).clone(),

@@ -65,6 +65,23 @@ impl CelError {
     }
 }
 
+/// The feature gates the selector environment depends on (Go's `cel.Features`, as the
+/// scheduler and the API server build it from their gates).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Features {
+    /// DRAConsumableCapacity (beta, on in 1.37): declares `device.allowMultipleAllocations`.
+    pub consumable_capacity: bool,
+}
+
+impl Default for Features {
+    /// Kubernetes 1.37's defaults.
+    fn default() -> Self {
+        Features {
+            consumable_capacity: true,
+        }
+    }
+}
+
 /// A checked selector, ready to evaluate against many devices.
 #[derive(Debug)]
 pub struct Selector {
@@ -72,15 +89,20 @@ pub struct Selector {
     slots: usize,
 }
 
-/// Compiles a selector expression.
+/// Compiles a selector expression in Kubernetes 1.37's default environment.
 pub fn compile(expression: &str) -> Result<Selector, CelError> {
+    compile_with(expression, Features::default())
+}
+
+/// Compiles a selector expression in the environment of these feature gates.
+pub fn compile_with(expression: &str, features: Features) -> Result<Selector, CelError> {
     if expression.len() > MAX_EXPRESSION_LENGTH {
         return Err(CelError::Compile(format!(
             "Too long: may not be more than {MAX_EXPRESSION_LENGTH} bytes"
         )));
     }
     let source = expression.to_string();
-    on_compile_thread(move || compile_on_this_thread(&source))
+    on_compile_thread(move || compile_on_this_thread(&source, features))
 }
 
 /// Runs a compiler pass on its own thread with [`COMPILE_STACK_BYTES`] of stack.
@@ -178,7 +200,7 @@ fn recursion_limit_error() -> CelError {
     ))
 }
 
-fn compile_on_this_thread(source: &str) -> Result<Selector, CelError> {
+fn compile_on_this_thread(source: &str, features: Features) -> Result<Selector, CelError> {
     let parsed = parser().parse_with_source_info(source);
     let (ast, info): (IdedExpr, SourceInfo) = match parsed {
         Ok(p) => p,
@@ -213,6 +235,7 @@ fn compile_on_this_thread(source: &str) -> Result<Selector, CelError> {
         ));
     }
     let mut checker = Checker::new(&info);
+    checker.multiple_allocations_declared = features.consumable_capacity;
     let (root, ty) = checker.check_root(&ast);
     if checker.issues.is_empty() {
         // cel-go's AST validators (homogeneous literals) run only after a clean check.
@@ -492,26 +515,40 @@ impl Selector {
     }
 }
 
-/// Compiled selectors keyed by expression text: each distinct expression compiles once.
+/// Compiled selectors keyed by environment and expression text: each distinct expression
+/// compiles once per environment.
 #[derive(Default)]
 pub struct SelectorCache {
-    entries: Mutex<HashMap<String, Arc<Result<Selector, CelError>>>>,
+    entries: Mutex<HashMap<(Features, String), Compiled>>,
 }
+
+/// One expression's compilation, shared by every user of the cache.
+type Compiled = Arc<Result<Selector, CelError>>;
 
 impl SelectorCache {
     pub fn new() -> Self {
         Self::default()
     }
 
+    /// Compiled in Kubernetes 1.37's default environment.
     pub fn get_or_compile(&self, expression: &str) -> Arc<Result<Selector, CelError>> {
+        self.get_or_compile_with(expression, Features::default())
+    }
+
+    pub fn get_or_compile_with(
+        &self,
+        expression: &str,
+        features: Features,
+    ) -> Arc<Result<Selector, CelError>> {
+        let key = (features, expression.to_string());
         if let Ok(map) = self.entries.lock()
-            && let Some(hit) = map.get(expression)
+            && let Some(hit) = map.get(&key)
         {
             return hit.clone();
         }
-        let compiled = Arc::new(compile(expression));
+        let compiled = Arc::new(compile_with(expression, features));
         if let Ok(mut map) = self.entries.lock() {
-            map.insert(expression.to_string(), compiled.clone());
+            map.insert(key, compiled.clone());
         }
         compiled
     }

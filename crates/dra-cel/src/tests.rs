@@ -311,3 +311,34 @@ fn timestamp_map_keys_compare_locations_as_go() {
         Ok(true)
     );
 }
+
+/// Without DRAConsumableCapacity the environment has no `allowMultipleAllocations` (Kubernetes'
+/// own table: `allow_multiple_allocations_disabled`), in a selector or a presence test.
+#[test]
+fn multiple_allocations_need_consumable_capacity() {
+    let off = Features {
+        consumable_capacity: false,
+    };
+    for expr in [
+        "device.allowMultipleAllocations == false",
+        "has(device.allowMultipleAllocations)",
+    ] {
+        let err = compile_with(expr, off).expect_err(expr);
+        assert!(
+            err.message()
+                .contains("undefined field 'allowMultipleAllocations'"),
+            "{expr}: {err}"
+        );
+        assert!(
+            compile(expr).is_ok(),
+            "{expr} compiles with the 1.37 defaults"
+        );
+    }
+    let cache = SelectorCache::new();
+    let expr = "device.allowMultipleAllocations == false";
+    assert!(cache.get_or_compile_with(expr, off).is_err());
+    assert!(
+        cache.get_or_compile(expr).is_ok(),
+        "one entry per environment"
+    );
+}

@@ -4,7 +4,7 @@
 // allocator (crates/dra-allocator), through the allocate_json example binary named by
 // $ALLOCATE_JSON.
 //
-// The table is internal to its module, so e2e/upstream-allocator.sh copies the pinned module
+// The table is internal to its module, so e2e/upstream-tables.sh copies the pinned module
 // and places this file inside it, at structured/internal/gpudra; nothing upstream is changed.
 // Each Allocate call sends the test's objects to the binary as JSON and decodes its answer:
 // results, "unsatisfiable" (with the scheduler's reason, if any, wrapping
