@@ -112,32 +112,14 @@ func TestUpstreamCELTable(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
-					if a.CompileError != nil {
-						if scenario.expectCompileError == "" {
-							t.Fatalf("FAILURE: unexpected compile error: %v", *a.CompileError)
-						}
-						if !strings.Contains(*a.CompileError, scenario.expectCompileError) {
-							t.Fatalf("FAILURE: expected compile error to contain %q, but got instead: %v", scenario.expectCompileError, *a.CompileError)
-						}
+					if stop := expectError(t, "compile", a.CompileError, scenario.expectCompileError); stop {
 						return
-					}
-					if scenario.expectCompileError != "" {
-						t.Fatalf("FAILURE: expected compile error %q, got none", scenario.expectCompileError)
 					}
 					if scenario.expectCost != a.Cost {
 						t.Errorf("ERROR: expected CEL cost %d, got %d instead", scenario.expectCost, a.Cost)
 					}
-					if a.MatchError != nil {
-						if scenario.expectMatchError == "" {
-							t.Fatalf("FAILURE: unexpected evaluation error: %v", *a.MatchError)
-						}
-						if !strings.Contains(*a.MatchError, scenario.expectMatchError) {
-							t.Fatalf("FAILURE: expected evaluation error to contain %q, but got instead: %v", scenario.expectMatchError, *a.MatchError)
-						}
+					if stop := expectError(t, "evaluation", a.MatchError, scenario.expectMatchError); stop {
 						return
-					}
-					if scenario.expectMatchError != "" {
-						t.Fatalf("FAILURE: expected match error %q, got none", scenario.expectMatchError)
 					}
 					if a.Match == nil || *a.Match != scenario.expectMatch {
 						t.Fatalf("FAILURE: expected result %v, got %v", scenario.expectMatch, a.Match)
@@ -156,4 +138,19 @@ func combinations(a, b []bool) [][2]bool {
 		}
 	}
 	return out
+}
+
+// expectError holds one stage's error to the table's expectation (a substring, or "" for none)
+// as TestCEL does; it says whether the case ends there (the stage failed as expected).
+func expectError(t *testing.T, stage string, got *string, want string) bool {
+	t.Helper()
+	switch {
+	case got != nil && want == "":
+		t.Fatalf("FAILURE: unexpected %s error: %v", stage, *got)
+	case got != nil && !strings.Contains(*got, want):
+		t.Fatalf("FAILURE: expected %s error to contain %q, but got instead: %v", stage, want, *got)
+	case got == nil && want != "":
+		t.Fatalf("FAILURE: expected %s error %q, got none", stage, want)
+	}
+	return got != nil
 }
