@@ -255,6 +255,35 @@ mod tests {
 
     const H100_BYTES: u64 = 81559 * 1024 * 1024;
 
+    /// go-nvlib's own table (`TestGetMigMemorySizeGB`, v0.12.0): on 24, 40 and 80 GiB devices,
+    /// every size in 1/32 GiB steps is named after the memory-slice boundary at or above it.
+    #[test]
+    fn memory_sizes_match_go_nvlibs_table() {
+        const MIB: u64 = 1 << 20;
+        const GIB: u64 = 1 << 30;
+        let mut cases = 0;
+        for total in [24 * GIB, 40 * GIB, 80 * GIB] {
+            let slice = total / 8;
+            let mut size = GIB / 32;
+            while size <= total {
+                let expected = (1..=8)
+                    .map(|k| k * slice)
+                    .find(|&boundary| size <= boundary)
+                    .map(|boundary| boundary / GIB);
+                assert_eq!(
+                    Some(profile_memory_gb(size / MIB, total)),
+                    expected,
+                    "{} MiB on a {} GiB device",
+                    size / MIB,
+                    total / GIB
+                );
+                cases += 1;
+                size += GIB / 32;
+            }
+        }
+        assert_eq!(cases, (24 + 40 + 80) * 32);
+    }
+
     #[test]
     fn names_follow_go_nvlib_rounding() {
         assert_eq!(
