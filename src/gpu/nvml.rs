@@ -869,7 +869,7 @@ impl NvmlBackend {
                     cc.minor.max(0) as u32,
                 ),
                 memory_bytes: None,
-                pcie_root: pcie_root(&self.sysfs_root, &pci_bus_id),
+                pcie_root: super::pci::pcie_root(&self.sysfs_root, &pci_bus_id),
                 pci_bus_id,
                 numa_node,
                 addressing_mode,
@@ -1202,18 +1202,6 @@ pub fn normalize_bus_id(raw: &str) -> String {
         Some(rest) if rest.len() >= 4 && rest.as_bytes().get(4) == Some(&b':') => rest.to_string(),
         _ => id,
     }
-}
-
-/// The `pci<domain>:<bus>` root complex of a PCI device, from its sysfs path
-/// (`/sys/bus/pci/devices/<bdf>` → `../../../devices/pci0000:15/0000:15:01.0/<bdf>`).
-pub fn pcie_root(sysfs_root: &Path, bus_id: &str) -> Option<String> {
-    let link = sysfs_root.join("bus/pci/devices").join(bus_id);
-    let target = std::fs::read_link(&link).ok()?;
-    target
-        .components()
-        .filter_map(|c| c.as_os_str().to_str())
-        .find(|c| c.starts_with("pci") && c.contains(':'))
-        .map(str::to_string)
 }
 
 fn brand_name(brand: Brand) -> &'static str {
@@ -1594,22 +1582,5 @@ mod tests {
         assert_eq!(normalize_bus_id("00000000:18:00.0"), "0000:18:00.0");
         assert_eq!(normalize_bus_id("00000001:2A:00.0\0\0"), "0001:2a:00.0");
         assert_eq!(normalize_bus_id("0000:18:00.0"), "0000:18:00.0");
-    }
-
-    #[test]
-    fn pcie_root_comes_from_the_sysfs_link() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let devices = dir.path().join("bus/pci/devices");
-        std::fs::create_dir_all(&devices).expect("mkdir");
-        std::os::unix::fs::symlink(
-            "../../../devices/pci0000:15/0000:15:01.0/0000:18:00.0",
-            devices.join("0000:18:00.0"),
-        )
-        .expect("symlink");
-        assert_eq!(
-            pcie_root(dir.path(), "0000:18:00.0").as_deref(),
-            Some("pci0000:15")
-        );
-        assert_eq!(pcie_root(dir.path(), "0000:99:00.0"), None);
     }
 }

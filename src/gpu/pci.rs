@@ -139,6 +139,90 @@ pub enum PciError {
     Bind { bus_id: String, reason: String },
 }
 
+/// The `resource.kubernetes.io/pcieRoot` of a PCI device (`pci<domain>:<bus>`), or none
+/// (logged) where Kubernetes' helper has none: the attribute other drivers' devices are matched
+/// on, so it is derived exactly as `deviceattribute.GetPCIeRootAttributeByPCIBusID` derives it,
+/// which NVIDIA's driver and NIC drivers call.
+pub fn pcie_root(sysfs_root: &Path, bus_id: &str) -> Option<String> {
+    match resolve_pcie_root(sysfs_root, bus_id) {
+        Ok(root) => Some(root),
+        Err(e) => {
+            tracing::warn!(bus_id, error = %e, "no PCIe root for the device, publishing it without the attribute");
+            None
+        }
+    }
+}
+
+/// `GetPCIeRootAttributeByPCIBusID` (k8s.io/dynamic-resource-allocation/deviceattribute
+/// v0.37): the bus ID in extended BDF form; `bus/pci/devices/<id>` links to
+/// `devices/pci<root>/…/<id>`; the root is the first folder under `devices`.
+fn resolve_pcie_root(sysfs_root: &Path, bus_id: &str) -> Result<String, String> {
+    if bus_id.is_empty() {
+        return Err("PCI Bus ID cannot be empty".into());
+    }
+    if !is_extended_bdf(bus_id) {
+        return Err(format!("invalid PCI Bus ID format: {bus_id}"));
+    }
+    let link = Path::new("bus/pci/devices").join(bus_id);
+    let target = std::fs::read_link(sysfs_root.join(&link)).map_err(|e| {
+        format!(
+            "failed to resolve PCIe Root Complex for PCI Bus ID {bus_id}: failed to read symlink for PCI Bus ID {}: {e}",
+            link.display()
+        )
+    })?;
+    // Go's filepath.Clean of the link's folder joined with a relative target; an absolute
+    // target is taken as it is (and then fails the prefix check, as in Go).
+    let target = if target.is_absolute() {
+        target.to_string_lossy().into_owned()
+    } else {
+        let mut parts: Vec<String> = vec!["bus".into(), "pci".into(), "devices".into()];
+        for c in target.components() {
+            match c {
+                std::path::Component::ParentDir if parts.last().is_some_and(|p| p != "..") => {
+                    parts.pop();
+                }
+                std::path::Component::CurDir => {}
+                other => parts.push(other.as_os_str().to_string_lossy().into_owned()),
+            }
+        }
+        parts.join("/")
+    };
+    let invalid = |rule: String| {
+        format!(
+            "failed to resolve PCIe Root Complex for PCI Bus ID {bus_id}: symlink target for PCI Bus ID {bus_id} is invalid: {rule}: {target}"
+        )
+    };
+    if !target.starts_with("devices/pci") {
+        return Err(invalid("it must start with devices/pci".into()));
+    }
+    if target.rsplit('/').next() != Some(bus_id) {
+        return Err(invalid(format!("it must end with {bus_id}")));
+    }
+    let under_devices = target.trim_start_matches("devices/");
+    Ok(under_devices
+        .split('/')
+        .next()
+        .unwrap_or(under_devices)
+        .to_string())
+}
+
+/// `^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-9a-f]$` (deviceattribute's `verifyPCIBDFFormat`).
+fn is_extended_bdf(bus_id: &str) -> bool {
+    let b = bus_id.as_bytes();
+    let hex = |r: std::ops::Range<usize>| {
+        r.into_iter()
+            .all(|i| matches!(b[i], b'0'..=b'9' | b'a'..=b'f'))
+    };
+    b.len() == 12
+        && b[4] == b':'
+        && b[7] == b':'
+        && b[10] == b'.'
+        && hex(0..4)
+        && hex(5..7)
+        && hex(8..10)
+        && hex(11..12)
+}
+
 fn io(path: &Path, e: impl std::fmt::Display) -> PciError {
     PciError::Io {
         path: path.to_path_buf(),
@@ -340,7 +424,7 @@ pub fn scan(sysfs_root: &Path, aliases: &VfioAliases) -> Result<PciView, PciErro
                 .ok()
                 .and_then(|n| n.trim().parse::<i64>().ok())
                 .filter(|n| *n >= 0),
-            pcie_root: super::nvml::pcie_root(sysfs_root, &bus_id),
+            pcie_root: pcie_root(sysfs_root, &bus_id),
             addressable_memory: addressable_memory(&dir.join("resource")),
             vfio_cdev: fs::read_dir(dir.join("vfio-dev")).ok().and_then(|entries| {
                 entries
@@ -445,9 +529,53 @@ pub fn bind(sysfs_root: &Path, bus_id: &str, driver: &str) -> Result<(), PciErro
 #[cfg(test)]
 mod tests {
     use super::*;
+
     use crate::gpu::sim::{
         PciDriver, render_sysfs, sim_iommu_group, sim_pci_location, sim_vfio_aliases,
     };
+
+    /// Kubernetes' own cases (`TestGetPCIeRootAttributePCIBusID`, deviceattribute v0.37):
+    /// the same folders and links, the same outcome, errors naming the same rule.
+    #[test]
+    fn pcie_root_follows_kubernetes_deviceattribute() {
+        const ROOT: &str = "pci0000:00";
+        const BRIDGE: &str = "0000:01:00.0";
+        const ID: &str = "0000:02:00.0";
+        // A sysfs with `devices/<root>/<bridge>/<leaf>` and bus/pci/devices/ID linking to it.
+        let machine = |root: &str, leaf: &str| {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let device = format!("devices/{root}/{BRIDGE}/{leaf}");
+            std::fs::create_dir_all(dir.path().join(&device)).expect("mkdir");
+            let bus = dir.path().join("bus/pci/devices");
+            std::fs::create_dir_all(&bus).expect("mkdir");
+            std::os::unix::fs::symlink(format!("../../../{device}"), bus.join(ID))
+                .expect("symlink");
+            dir
+        };
+        let valid = machine(ROOT, ID);
+        assert_eq!(resolve_pcie_root(valid.path(), ID).as_deref(), Ok(ROOT));
+        assert_eq!(pcie_root(valid.path(), ID).as_deref(), Some(ROOT));
+
+        let empty = tempfile::tempdir().expect("tempdir");
+        let error = |sysfs: &Path, id: &str| resolve_pcie_root(sysfs, id).expect_err(id);
+        assert!(error(empty.path(), "").contains("PCI Bus ID cannot be empty"));
+        assert!(
+            error(empty.path(), "invalid-pci-id")
+                .contains("invalid PCI Bus ID format: invalid-pci-id")
+        );
+        assert!(error(empty.path(), "0000:02:00.0").contains("No such file or directory"));
+        let bad_prefix = machine("invalid-pci-root", ID);
+        assert!(error(bad_prefix.path(), ID).contains(&format!(
+            "symlink target for PCI Bus ID {ID} is invalid: it must start with"
+        )));
+        let bad_suffix = machine(ROOT, "0000:00:13.1");
+        assert!(error(bad_suffix.path(), ID).contains(&format!(
+            "symlink target for PCI Bus ID {ID} is invalid: it must end with"
+        )));
+        assert_eq!(pcie_root(bad_suffix.path(), ID), None);
+        // Upper case is not extended BDF to Kubernetes either (NVML's IDs are lowered first).
+        assert!(error(valid.path(), "0000:0A:00.0").contains("invalid PCI Bus ID format"));
+    }
 
     fn sim_aliases() -> VfioAliases {
         sim_vfio_aliases().clone()
