@@ -167,4 +167,61 @@ mod tests {
             assert!(e.contains(bad) && e.contains("memory"), "{e}");
         }
     }
+
+    /// NVIDIA's own cases (`TestApplyConsumableShares`, cmd/gpu-kubelet-plugin at 95932046): a
+    /// 16Gi GPU (or 10Mi + 500 bytes, rounded down to whole MiB) under each flag value.
+    #[test]
+    fn policies_match_nvidias_table() {
+        let device = |memory: &str| -> Device {
+            serde_json::from_value(serde_json::json!({
+                "name": "gpu-0",
+                "capacity": {"memory": {"value": memory}}
+            }))
+            .expect("device")
+        };
+        let bytes = |q: &Option<Quantity>| q.as_ref().map(|q| parse_bytes(&q.0));
+        let sixteen = 16 << 30;
+        // (flag, memory, max, default, min, shares)
+        let cases = [
+            ("disabled", "16Gi", None, 0, 0, None),
+            ("unlimited", "16Gi", Some(sixteen), 0, 0, None),
+            ("unlimited", "10486260", Some(10 << 20), 0, 0, None),
+            ("memory", "16Gi", Some(sixteen), sixteen, 1 << 20, None),
+            ("4", "16Gi", Some(sixteen), 0, 0, Some(4)),
+        ];
+        for (flag, memory, max, default, min, shares) in cases {
+            let mode: ConsumableShares = flag.parse().expect("flag");
+            let mut d = device(memory);
+            apply(&mut d, mode);
+            let caps = d.capacity.as_ref().expect("capacity");
+            let Some(max) = max else {
+                assert_eq!(d.allow_multiple_allocations, None, "{flag}");
+                assert!(caps["memory"].request_policy.is_none(), "{flag}");
+                assert!(!caps.contains_key("shares"), "{flag}");
+                continue;
+            };
+            assert_eq!(d.allow_multiple_allocations, Some(true), "{flag}");
+            let mem = &caps["memory"];
+            let policy = mem.request_policy.as_ref().expect("policy");
+            let range = policy.valid_range.as_ref().expect("range");
+            assert_eq!(parse_bytes(&mem.value.0), max, "{flag} {memory}: value");
+            assert_eq!(bytes(&range.max), Some(max), "{flag} {memory}: max");
+            assert_eq!(bytes(&range.step), Some(1 << 20), "{flag}: step");
+            assert_eq!(bytes(&policy.default), Some(default), "{flag}: default");
+            assert_eq!(parse_bytes(&range.min.0), min, "{flag}: min");
+            match shares {
+                None => assert!(!caps.contains_key("shares"), "{flag}"),
+                Some(n) => {
+                    let s = &caps["shares"];
+                    let policy = s.request_policy.as_ref().expect("shares policy");
+                    let range = policy.valid_range.as_ref().expect("shares range");
+                    assert_eq!(parse_bytes(&s.value.0), n);
+                    assert_eq!(bytes(&policy.default), Some(1));
+                    assert_eq!(parse_bytes(&range.min.0), 1);
+                    assert_eq!(bytes(&range.max), Some(n));
+                    assert_eq!(bytes(&range.step), Some(1));
+                }
+            }
+        }
+    }
 }
