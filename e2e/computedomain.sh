@@ -39,6 +39,8 @@ NAME=computedomain
 WORK=$(mktemp -d /tmp/gpu-dra-cd.XXXXXX)
 # shellcheck source=chart.sh
 source "$E2E/chart.sh"
+# shellcheck source=metrics-sample.sh
+source "$E2E/metrics-sample.sh"
 export GPU_DRA_CLUSTER_DIR=$WORK/cluster
 passed=0
 T0=$SECONDS
@@ -328,7 +330,13 @@ droot=$(node_dir cd-c)/driver-root
 mkdir -p "$droot/etc/admin-imex"
 printf 'BIND_INTERFACE_IP=%s\nSERVER_PORT=50000\nIMEX_NODE_CONFIG_FILE=/etc/admin-imex/nodes.cfg\nIMEX_CMD_ENABLED=1\nIMEX_CMD_PORT=50005\nIMEX_CMD_UNIX_DOMAIN_PATH=/etc/admin-imex/cmd.sock\nDAEMONIZE=1\n' "${IP[cd-c]}" >"$droot/etc/admin-imex/config.cfg"
 echo "${IP[cd-c]}" >"$droot/etc/admin-imex/nodes.cfg"
-NODE_ARGS="--imex-mode host-managed --imex-host-socket $droot/etc/admin-imex/cmd.sock" start_node cd-c
+cd_metrics_port=$(metrics_port)
+NODE_ARGS="--imex-mode host-managed --imex-host-socket $droot/etc/admin-imex/cmd.sock --metrics-addr 127.0.0.1:$cd_metrics_port" start_node cd-c
+# NVIDIA's prepared-devices series of the channel plugin, as its dashboards read it.
+cd_channels() {
+    curl -sf "http://127.0.0.1:$cd_metrics_port/metrics" |
+        awk '$1 == "nvidia_dra_prepared_devices{node=\"cd-c\",driver=\"compute-domain.nvidia.com\",device_type=\"channel\"}" { print $2 }'
+}
 ref_c=$(claim_ref nvbandwidth-test-worker-c)
 out=$(cd_kubelet cd-c prepare --claim "$ref_c") || true
 err=$(jq -r '.claims[0].error // empty' <<<"$out")
@@ -336,17 +344,19 @@ err=$(jq -r '.claims[0].error // empty' <<<"$out")
 chroot "$droot" /usr/bin/nvidia-imex -c /etc/admin-imex/config.cfg || fail "the admin's IMEX daemon did not start"
 out=$(cd_kubelet cd-c prepare --claim "$ref_c") || fail "host-managed prepare: $out"
 [[ -z $(jq -r '.claims[0].error // empty' <<<"$out") ]] || fail "host-managed prepare: $out"
+[[ $(cd_channels) == 1 ]] || fail "nvidia_dra_prepared_devices of the channel plugin after one prepare (a failed one before): $(cd_channels)"
 spec=$(cat "$(node_dir cd-c)"/cdi/k8s.compute-domain.nvidia.com-claim_*.json)
 [[ $(jq -r '.devices[0].containerEdits.deviceNodes | map(.path) | join(",")' <<<"$spec") == /dev/nvidia-caps-imex-channels/channel0 ]] || fail "host-managed CDI spec: $spec"
 [[ -z $(ls "$(node_dir cd-c)/state/compute-domains/domains" 2>/dev/null) ]] || fail "the host-managed plugin started a daemon of its own"
 kubectl get computedomain nvbandwidth-test-compute-domain -o json | jq -e '[.status.nodes[] | select(.name == "cd-c")] | length == 0' >/dev/null ||
     fail "the host-managed node registered itself in the domain"
 cd_kubelet cd-c unprepare --claim "$ref_c" >/dev/null || fail "host-managed unprepare"
+[[ $(cd_channels) == 0 ]] || fail "nvidia_dra_prepared_devices of the channel plugin after the unprepare: $(cd_channels)"
 admin=$(imex_daemons | while read -r p; do if [[ $(readlink "/proc/$p/root") == "$droot" ]]; then echo "$p"; fi; done)
 [[ -n $admin ]] || fail "the unprepare stopped the admin's IMEX daemon"
 kill "$admin"
 stop_node cd-c
-ok "host-managed IMEX (cd-c): a prepare fails naming the host daemon's socket until the admin's nvidia-imex answers READY there, then injects channel 0; no daemon of its own, no node entry, and the admin's daemon outlives the unprepare"
+ok "host-managed IMEX (cd-c): a prepare fails naming the host daemon's socket until the admin's nvidia-imex answers READY there, then injects channel 0 (nvidia_dra_prepared_devices channel 1, 0 again after the unprepare); no daemon of its own, no node entry, and the admin's daemon outlives the unprepare"
 
 # ---------------------------------------------------------------- 4. kill -9
 ref_b=$(claim_ref "${placed[cd-b]}")

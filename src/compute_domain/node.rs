@@ -730,6 +730,19 @@ impl NodeDriver for ChannelPlugin {
         }
         out
     }
+
+    /// NVIDIA's channel plugin types: a prepared claim holds one channel device (its CDI spec,
+    /// written last, says the prepare completed); daemons are never claimed here (the IMEX
+    /// daemon is this plugin's or the host's, not a pod's).
+    fn prepared_device_counts(&self) -> Vec<(&'static str, usize)> {
+        let channels = self
+            .book()
+            .claims
+            .keys()
+            .filter(|uid| self.cdi.spec_path(uid).exists())
+            .count();
+        vec![("channel", channels), ("daemon", 0), ("unknown", 0)]
+    }
 }
 
 /// Writes the book atomically into the state folder.

@@ -273,6 +273,16 @@ impl NvidiaMetrics {
             .inc();
     }
 
+    fn set_prepared_devices(&self, driver: &str, device_type: &'static str, count: usize) {
+        self.prepared_devices
+            .get_or_create(&NvidiaDeviceLabels {
+                node: self.node.clone(),
+                driver: driver.to_string(),
+                device_type,
+            })
+            .set(to_gauge(count));
+    }
+
     /// Devices of the completed claims by NVIDIA's device type, every type present (zero too).
     fn observe_checkpoint(&self, checkpoint: &Checkpoint) {
         let mut counts = [0usize; NVIDIA_DEVICE_TYPES.len()];
@@ -293,13 +303,7 @@ impl NvidiaMetrics {
             counts[kind] += 1;
         }
         for (device_type, count) in NVIDIA_DEVICE_TYPES.into_iter().zip(counts) {
-            self.prepared_devices
-                .get_or_create(&NvidiaDeviceLabels {
-                    node: self.node.clone(),
-                    driver: self.driver.clone(),
-                    device_type,
-                })
-                .set(to_gauge(count));
+            self.set_prepared_devices(&self.driver, device_type, count);
         }
     }
 }
@@ -938,9 +942,9 @@ impl DriverObserver for Metrics {
     }
 }
 
-/// Another kubelet plugin of this process (the ComputeDomain channel plugin), whose calls count
-/// in NVIDIA's request series under its own driver name, as NVIDIA's plugin of that name counts
-/// them.
+/// Another kubelet plugin of this process (the ComputeDomain channel plugin), whose calls and
+/// prepared devices count in NVIDIA's series under its own driver name, as NVIDIA's plugin of
+/// that name counts them.
 pub struct MeasuredDriver {
     inner: Arc<dyn crate::prepare::NodeDriver>,
     driver: String,
@@ -954,10 +958,21 @@ impl MeasuredDriver {
         metrics: Arc<Metrics>,
     ) -> Self {
         metrics.nvidia.add_driver(driver);
-        Self {
+        let measured = Self {
             inner,
             driver: driver.to_string(),
             metrics,
+        };
+        // What the plugin holds from before this start counts from the start.
+        measured.observe_prepared_devices();
+        measured
+    }
+
+    fn observe_prepared_devices(&self) {
+        for (device_type, count) in self.inner.prepared_device_counts() {
+            self.metrics
+                .nvidia
+                .set_prepared_devices(&self.driver, device_type, count);
         }
     }
 }
@@ -976,6 +991,7 @@ impl MeasuredDriver {
                 .nvidia
                 .finished(&self.driver, operation, result.is_ok(), seconds);
         }
+        self.observe_prepared_devices();
     }
 }
 
@@ -1005,6 +1021,10 @@ impl crate::prepare::NodeDriver for MeasuredDriver {
         let results = self.inner.unprepare(claims).await;
         self.finished("unprepare", started, &results);
         results
+    }
+
+    fn prepared_device_counts(&self) -> Vec<(&'static str, usize)> {
+        self.inner.prepared_device_counts()
     }
 }
 

@@ -689,12 +689,14 @@ fn a_process_pod_comes_from_its_cgroup() {
     assert_eq!(pod_uid_of_cgroup("0::/system.slice/sshd.service\n"), None);
 }
 
-/// The ComputeDomain channel plugin's calls count in NVIDIA's series under its driver name,
-/// beside the GPU driver's.
+/// The ComputeDomain channel plugin's calls and prepared devices count in NVIDIA's series under
+/// its driver name, beside the GPU driver's.
 #[tokio::test]
 async fn another_plugins_calls_count_under_its_driver_name() {
     use crate::prepare::{NodeDriver, PrepareResult, UnprepareResult};
-    struct Channels;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    /// Holds one channel per prepared claim; one was prepared before this start.
+    struct Channels(AtomicUsize);
     #[tonic::async_trait]
     impl NodeDriver for Channels {
         async fn prepare(&self, claims: Vec<ClaimRef>) -> Vec<(ClaimRef, PrepareResult)> {
@@ -704,6 +706,7 @@ async fn another_plugins_calls_count_under_its_driver_name() {
                     let result = if c.name == "bad" {
                         Err("no domain".to_string())
                     } else {
+                        self.0.fetch_add(1, Ordering::SeqCst);
                         Ok(vec![])
                     };
                     (c, result)
@@ -711,23 +714,36 @@ async fn another_plugins_calls_count_under_its_driver_name() {
                 .collect()
         }
         async fn unprepare(&self, claims: Vec<ClaimRef>) -> Vec<(ClaimRef, UnprepareResult)> {
+            self.0.fetch_sub(claims.len(), Ordering::SeqCst);
             claims.into_iter().map(|c| (c, Ok(()))).collect()
+        }
+        fn prepared_device_counts(&self) -> Vec<(&'static str, usize)> {
+            vec![("channel", self.0.load(Ordering::SeqCst)), ("daemon", 0)]
         }
     }
     let metrics = Arc::new(Metrics::for_node("gpu.nvidia.com", "node-1"));
     let driver = MeasuredDriver::new(
-        Arc::new(Channels),
+        Arc::new(Channels(AtomicUsize::new(1))),
         "compute-domain.nvidia.com",
         metrics.clone(),
     );
+    let cd = r#"driver="compute-domain.nvidia.com""#;
+    let channels =
+        format!(r#"nvidia_dra_prepared_devices{{node="node-1",{cd},device_type="channel"}}"#);
+    let daemons =
+        format!(r#"nvidia_dra_prepared_devices{{node="node-1",{cd},device_type="daemon"}}"#);
+    let text = metrics.encode().expect("encodes");
+    assert_samples(&text, &[(&channels, 1.0), (&daemons, 0.0)]);
     let bad = ClaimRef {
         name: "bad".into(),
         ..claim()
     };
     driver.prepare(vec![claim(), bad]).await;
+    let text = metrics.encode().expect("encodes");
+    assert_samples(&text, &[(&channels, 2.0)]);
     driver.unprepare(vec![claim()]).await;
     let text = metrics.encode().expect("encodes");
-    let cd = r#"driver="compute-domain.nvidia.com""#;
+    assert_samples(&text, &[(&channels, 1.0)]);
     assert_samples(
         &text,
         &[

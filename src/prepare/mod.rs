@@ -45,6 +45,13 @@ pub type UnprepareResult = Result<(), String>;
 pub trait NodeDriver: Send + Sync + 'static {
     async fn prepare(&self, claims: Vec<ClaimRef>) -> Vec<(ClaimRef, PrepareResult)>;
     async fn unprepare(&self, claims: Vec<ClaimRef>) -> Vec<(ClaimRef, UnprepareResult)>;
+
+    /// Devices of the claims prepared now, by NVIDIA's device type for this driver (every type
+    /// it has, zero too), for `nvidia_dra_prepared_devices`; empty where the driver's own
+    /// observer reports them (the GPU driver counts from its checkpoint).
+    fn prepared_device_counts(&self) -> Vec<(&'static str, usize)> {
+        Vec::new()
+    }
 }
 
 pub mod busy;
