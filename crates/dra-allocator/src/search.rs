@@ -1540,3 +1540,65 @@ pub(crate) fn allocate(
         Ok(true) => super::result::build(&run).map(Outcome::Allocated),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Kubernetes' own cases (`TestTolerationToleratesTaint`, resourceclaim v0.37.2).
+    #[test]
+    fn tolerations_follow_kubernetes() {
+        let toleration = |key: &str, operator: &str, value: &str, effect: &str| DeviceToleration {
+            key: Some(key.into()),
+            operator: Some(operator.into()),
+            value: (!value.is_empty()).then(|| value.into()),
+            effect: Some(effect.into()),
+            toleration_seconds: None,
+        };
+        let taint = |key: &str, value: &str, effect: &str| DeviceTaint {
+            key: key.into(),
+            value: (!value.is_empty()).then(|| value.into()),
+            effect: effect.into(),
+            time_added: None,
+        };
+        let cases = [
+            (
+                toleration("foo", "Exists", "", "NoSchedule"),
+                taint("foo", "", "NoSchedule"),
+                true,
+            ),
+            (
+                toleration("foo", "Exists", "", "NoSchedule"),
+                taint("foo", "bar", "NoSchedule"),
+                true,
+            ),
+            (
+                toleration("", "Exists", "", "NoSchedule"),
+                taint("foo", "bar", "NoSchedule"),
+                true,
+            ),
+            (
+                toleration("foo", "Equal", "bar", "NoSchedule"),
+                taint("foo", "bar", "NoSchedule"),
+                true,
+            ),
+            (
+                toleration("foo", "Equal", "value1", "NoSchedule"),
+                taint("foo", "value2", "NoSchedule"),
+                false,
+            ),
+            (
+                toleration("foo", "Equal", "bar", "NoSchedule"),
+                taint("foo", "bar", "NoExecute"),
+                false,
+            ),
+        ];
+        for (i, (toleration, taint, expected)) in cases.iter().enumerate() {
+            assert_eq!(
+                tolerates(toleration, taint),
+                *expected,
+                "case {i}: {toleration:?} {taint:?}"
+            );
+        }
+    }
+}
