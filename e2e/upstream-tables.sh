@@ -3,7 +3,8 @@
 # k8s.io/dynamic-resource-allocation module:
 #   allocator: structured/internal/allocatortesting (the cases its stable, incubating and
 #              experimental allocators must pass, the lexicographical-order ones and the
-#              interruption cases), against crates/dra-allocator (its allocate_json example);
+#              interruption cases), against crates/dra-allocator (its allocate_json example),
+#              with `gpu-dra explain` run on every case too (same decision, no failure);
 #   cel:       cel/compile_test.go's testcases (compile errors, cost estimates, matches and
 #              evaluation errors), against crates/dra-cel (its cel_case example).
 # Both tables are internal to their module (an internal package, a test variable), so the

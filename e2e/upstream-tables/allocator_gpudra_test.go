@@ -14,6 +14,8 @@
 // searches; the binary cannot see ctx, so a ctx already done is answered here with its error
 // (as the Go allocators do before searching), and a ctx deadline becomes the binary's search
 // timeout, whose expiry is reported as context.DeadlineExceeded, as the scheduler sees it.
+// Each call also runs gpu-dra's explain on the same inputs (the allocator table's scenarios
+// are its test cases too): it must render and reach the same decision, or the case fails.
 // Derived attributes are not reproduced by gpu-dra (kube-scheduler 1.37 defaults them off),
 // so the table skips cases that need them, as it does for Go allocators without a feature.
 package gpudra
@@ -119,6 +121,7 @@ type request struct {
 	Node           *v1.Node                     `json:"node"`
 	Claims         []*resourceapi.ResourceClaim `json:"claims"`
 	TimeoutSeconds *float64                     `json:"timeoutSeconds,omitempty"`
+	Explain        bool                         `json:"explain"`
 }
 
 type answer struct {
@@ -129,6 +132,8 @@ type answer struct {
 	Error         *string                        `json:"error"`
 	Channel       string                         `json:"channel"`
 	Invocations   int64                          `json:"allocateOneInvocations"`
+	Explanation   string                         `json:"explanation"`
+	ExplainAgrees bool                           `json:"explainAgrees"`
 }
 
 func id(d internal.DeviceID) deviceID {
@@ -157,6 +162,8 @@ func (a *rustAllocator) Allocate(ctx context.Context, node *v1.Node, claims []*r
 		Slices:  exactSlices(a.slices),
 		Node:    node,
 		Claims:  exactClaims(claims),
+		// gpu-dra explain runs on every case too: it must reach the allocator's decision.
+		Explain: true,
 	}
 	for d := range a.state.AllocatedDevices {
 		req.Allocated.Devices = append(req.Allocated.Devices, id(d))
@@ -205,6 +212,9 @@ func (a *rustAllocator) Allocate(ctx context.Context, node *v1.Node, claims []*r
 	var out answer
 	if err := json.Unmarshal(stdout.Bytes(), &out); err != nil {
 		return nil, fmt.Errorf("allocate_json answered %q: %w", stdout.String(), err)
+	}
+	if !out.ExplainAgrees || out.Explanation == "" {
+		return nil, fmt.Errorf("gpu-dra explain disagrees with the allocation on these inputs:\n%s", out.Explanation)
 	}
 	a.channel = internal.AllocatorChannel(out.Channel)
 	a.invocations += out.Invocations

@@ -16,21 +16,23 @@
 //!                "consumedCapacity": [{"driver": "d", "pool": "p", "device": "y",
 //!                                      "capacity": {"memory": "1Gi"}}]},
 //!  "classes": [DeviceClass…], "slices": [ResourceSlice…], "node": Node,
-//!  "claims": [ResourceClaim…], "timeoutSeconds": 10}
+//!  "claims": [ResourceClaim…], "timeoutSeconds": 10, "explain": true}
 //! ```
 //!
 //! Output: `{"results": [AllocationResult…]}` (one per claim), `{"unsatisfiable": true,
 //! "reason": "…"}` (no reason when the node is simply filtered out), `{"timedOut": true,
 //! "error": "…"}` or `{"error": "…"}` (the scheduler aborts the attempt with this text); each
 //! with `channel` (the Go implementation reproduced: `incubating` or `experimental`) and
-//! `allocateOneInvocations` (how often the search stepped, Go's `NumAllocateOneInvocations`).
+//! `allocateOneInvocations` (how often the search stepped, Go's `NumAllocateOneInvocations`);
+//! with `explain`, also `explanation` (what `gpu-dra explain` prints for these inputs) and
+//! `explainAgrees` (whether it reached the same decision).
 //! Bad input exits with status 2 and a message naming the field.
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use dra_allocator::{AllocatedState, Allocator, DeviceId, Features, NodeInfo, Outcome};
+use dra_allocator::{AllocatedState, Allocator, DeviceId, Features, NodeInfo, Outcome, explain};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use k8s_quantity::Quantity;
 use serde_json::{Value, json};
@@ -69,8 +71,16 @@ fn run(text: &str) -> Result<Value, String> {
                 .ok_or("timeoutSeconds: not a non-negative number")?,
         )),
     };
+    // `explain` (what `gpu-dra explain` prints) on the same inputs, from an allocator of its
+    // own so the search counts below stay the allocation's: it must reach the same decision.
+    let explained = input["explain"].as_bool().unwrap_or(false).then(|| {
+        let allocator =
+            Allocator::new(features, slices.clone(), classes.clone()).with_filter_timeout(timeout);
+        explain::explain(&allocator, &node, &claims, &state)
+    });
     let allocator = Allocator::new(features, slices, classes).with_filter_timeout(timeout);
-    let mut answer = match allocator.allocate(&node, &claims, &state) {
+    let outcome = allocator.allocate(&node, &claims, &state);
+    let mut answer = match outcome.clone() {
         Ok(Outcome::Allocated(results)) => json!({ "results": results }),
         Ok(Outcome::Unsatisfiable { reason }) => json!({ "unsatisfiable": true, "reason": reason }),
         Err(e) => {
@@ -78,6 +88,18 @@ fn run(text: &str) -> Result<Value, String> {
             json!({ "timedOut": error.ends_with("timed out trying to allocate devices"), "error": error })
         }
     };
+    if let Some(explanation) = explained {
+        let agrees = match (&explanation.decision, &outcome) {
+            (explain::Decision::Allocated(a), Ok(Outcome::Allocated(b))) => a == b,
+            (explain::Decision::Unsatisfiable(a), Ok(Outcome::Unsatisfiable { reason: b })) => {
+                a == b
+            }
+            (explain::Decision::Error(a), Err(b)) => *a == b.0,
+            _ => false,
+        };
+        answer["explanation"] = json!(explanation.render());
+        answer["explainAgrees"] = json!(agrees);
+    }
     answer["channel"] = json!(allocator.channel());
     answer["allocateOneInvocations"] = json!(allocator.allocate_one_invocations());
     Ok(answer)
