@@ -66,7 +66,7 @@ run() {
     passed=$((passed + $(grep -cE -- "^        --- PASS: $test/interrupt/" "$log" || true)))
     skipped=$({ grep -E -- "^    --- SKIP: $test/" "$log" || true; } | sed -E "s/.*$test\\/([^ ]*).*/\\1/" | paste -sd, -)
     line="upstream $table table (k8s.io/dynamic-resource-allocation $K8S_STAGING_VERSION): $passed cases pass on gpu-dra"
-    [[ -n $skipped ]] && line+="; skipped, as for Go allocators without derived attributes: $skipped"
+    [[ -n $skipped ]] && line+="; skipped: $skipped"
     echo "$line"
     if [[ -n ${GPU_DRA_TEST_REPORT:-} ]]; then echo "$line" >>"$GPU_DRA_TEST_REPORT"; fi
 }

@@ -180,7 +180,70 @@ fn feature_gates_as_the_scheduler_takes_them() {
         "stderr: {}",
         text(&out.stderr)
     );
+    // Every allocator gate of kube-scheduler 1.37 is reproduced, derived attributes too.
     let out = example("match", &["--feature-gates", "DRADerivedAttributes=true"]);
-    assert_eq!(out.status.code(), Some(2));
-    assert!(text(&out.stderr).contains("not supported"));
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+}
+
+/// DRADerivedAttributes (alpha): with the gate, two GPUs whose derived value (here: whether
+/// they are H100s) agrees are taken together; without it the scheduler refuses the request.
+#[test]
+fn derived_attributes_decide_constraints_with_their_gate() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let claim = dir.path().join("claim.yaml");
+    std::fs::write(
+        &claim,
+        r#"apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: same-kind, namespace: default}
+spec:
+  devices:
+    requests:
+    - name: gpus
+      exactly:
+        deviceClassName: gpu.nvidia.com
+        count: 2
+        derivedAttributes:
+        - name: derived/h100
+          expression: device.attributes['gpu.nvidia.com'].productName.contains('H100')
+    constraints:
+    - matchAttribute: derived/h100
+      requests: [gpus]
+"#,
+    )
+    .expect("write");
+    let classes = repo("deviceclasses");
+    let run = |gates: &str| {
+        gpu_dra(&[
+            "match",
+            "--slices",
+            "sim:1xT4,2xH100-SXM5-80GB",
+            "--classes",
+            &classes,
+            "--feature-gates",
+            gates,
+            "-o",
+            "json",
+            claim.to_str().expect("utf-8 path"),
+        ])
+    };
+    let out = run("DRADerivedAttributes=true");
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    let claim: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON claim");
+    let devices: Vec<&str> = claim["status"]["allocation"]["devices"]["results"]
+        .as_array()
+        .expect("results")
+        .iter()
+        .filter_map(|r| r["device"].as_str())
+        .collect();
+    // The T4 (gpu-0) first in name order would pair with an H100 without the constraint.
+    assert_eq!(devices, ["gpu-1", "gpu-2"]);
+    let out = run("DRADerivedAttributes=false");
+    assert_eq!(out.status.code(), Some(1), "stdout: {}", text(&out.stdout));
+    assert!(
+        text(&out.stderr)
+            .contains("cannot handle request with derived attributes, the feature is disabled"),
+        "stderr: {}",
+        text(&out.stderr)
+    );
 }

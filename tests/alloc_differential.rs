@@ -1263,14 +1263,49 @@ fn gates_scenario(seed: u64) -> (Scenario, bool) {
                 }
             }
         }
-        if rng.chance(4)
+        if rng.chance(8)
             && let Some(body) = devices["requests"][0].get_mut("exactly")
         {
-            // DRADerivedAttributes is off in both passes: the request is refused, in Go's words.
-            body["derivedAttributes"] = json!([{
-                "name": "derived/numa",
-                "expression": "device.attributes['resource.kubernetes.io'].numaNode",
-            }]);
+            // Refused, in Go's words, unless DRADerivedAttributes is on (the third pass):
+            // then constraints on the name compare the computed values, or the allocation
+            // fails where an expression does not evaluate on a device it looks at.
+            let (name, expression) = *rng.pick(&[
+                (
+                    "derived/numa",
+                    "device.attributes['resource.kubernetes.io'].numaNode",
+                ),
+                (
+                    "derived/product",
+                    "device.attributes['gpu.nvidia.com'].productName",
+                ),
+                (
+                    "derived/parent",
+                    "device.attributes['gpu.nvidia.com'].?parentUUID.orValue('whole')",
+                ),
+                (
+                    "derived/big",
+                    "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('40Gi')) >= 0",
+                ),
+                ("derived/pair", "[1, 2]"),
+                // Shadows the device's own attribute of that name.
+                ("gpu.nvidia.com/productName", "'same for all'"),
+            ]);
+            body["derivedAttributes"] = json!([{"name": name, "expression": expression}]);
+            if rng.chance(80) {
+                if body.get("count").is_none() && body.get("allocationMode").is_none() {
+                    body["count"] = json!(2);
+                }
+                let kind = if rng.chance(60) {
+                    "matchAttribute"
+                } else {
+                    "distinctAttribute"
+                };
+                let c = json!({kind: name, "requests": [devices["requests"][0]["name"].clone()]});
+                match devices["constraints"].as_array_mut() {
+                    Some(list) => list.push(c),
+                    None => devices["constraints"] = json!([c]),
+                }
+            }
         }
         if rng.chance(10)
             && let Some(body) = devices["requests"][0].get_mut("exactly")
@@ -1293,6 +1328,8 @@ struct Exercised {
     grouped: usize,
     skip_ops: usize,
     derived_refused: usize,
+    /// Claims with derived attributes decided with them (not refused for the feature).
+    derived_decided: usize,
 }
 
 fn exercised(s: &Scenario, verdicts: &[Verdict], counts: &mut Exercised) {
@@ -1323,6 +1360,14 @@ fn exercised(s: &Scenario, verdicts: &[Verdict], counts: &mut Exercised) {
             && e.contains("derived attributes")
         {
             counts.derived_refused += 1;
+        }
+        let derives = claim["spec"]["devices"]["requests"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|r| r["exactly"].get("derivedAttributes").is_some());
+        if derives && !matches!(v, Verdict::Error(e) if e.contains("derived attributes")) {
+            counts.derived_decided += 1;
         }
         let Verdict::Allocated(a) = v else { continue };
         let results = a["devices"]["results"]
@@ -1446,9 +1491,13 @@ fn allocations_match_kubernetes_with_cluster_gates() {
     );
     // The same scenarios under the default gates too: slices with compatibility groups are
     // then ignored, list attributes never match, skipNodeOperations is not looked at.
+    // And with DRADerivedAttributes on too: requests' derived attributes decide constraints.
+    let derived_gates = format!("{gates},DRADerivedAttributes=true");
+    let derived = Features::from_feature_gates(&derived_gates).expect("derived gates");
     let passes = [
         ("default", String::new(), Features::default()),
         ("cluster", gates, cluster),
+        ("derived", derived_gates, derived),
     ];
     for (pass, gates, features) in passes {
         let mut tally = Tally::default();
@@ -1479,7 +1528,7 @@ fn allocations_match_kubernetes_with_cluster_gates() {
         // Under the default gates list attributes never match, so constrained claims fail.
         // Passthrough pools offer every whole GPU for virtual machines too (A100s and A30s in
         // MIG mode off included), and a VFIO device an "any" request takes holds its whole GPU.
-        let share = if pass == "cluster" { 5 } else { 8 };
+        let share = if pass == "default" { 8 } else { 5 };
         assert!(
             allocated * share > claims,
             "{pass}: too few allocations: {allocated}/{claims}"
@@ -1490,6 +1539,9 @@ fn allocations_match_kubernetes_with_cluster_gates() {
             assert!(counts.grouped > 20, "{counts:?}");
             assert!(counts.skip_ops > 20, "{counts:?}");
             assert!(counts.derived_refused > 5, "{counts:?}");
+        } else if pass == "derived" {
+            assert_eq!(counts.derived_refused, 0, "{counts:?}");
+            assert!(counts.derived_decided > 20, "{counts:?}");
         } else {
             assert_eq!(counts.grouped + counts.skip_ops, 0, "{counts:?}");
         }

@@ -16,8 +16,8 @@
 // timeout, whose expiry is reported as context.DeadlineExceeded, as the scheduler sees it.
 // Each call also runs gpu-dra's explain on the same inputs (the allocator table's scenarios
 // are its test cases too): it must render and reach the same decision, or the case fails.
-// Derived attributes are not reproduced by gpu-dra (kube-scheduler 1.37 defaults them off),
-// so the table skips cases that need them, as it does for Go allocators without a feature.
+// Every feature the Go allocators have is supported (the experimental one's too, derived
+// attributes included), so no case is skipped.
 package gpudra
 
 import (
@@ -49,7 +49,6 @@ func TestUpstreamAllocatorTable(t *testing.T) {
 		t.Fatal("ALLOCATE_JSON must name the allocate_json binary (cargo build --release -p dra-allocator --example allocate_json)")
 	}
 	supported := internal.FeaturesAll
-	supported.DerivedAttributes = false
 	newAllocator := func(
 		ctx context.Context,
 		features internal.Features,

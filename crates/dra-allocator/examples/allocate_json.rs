@@ -148,9 +148,6 @@ fn features(value: &Value) -> Result<Features, String> {
             "AdminAccess" => &mut f.admin_access,
             "CompatibilityGroups" => &mut f.compatibility_groups,
             "ConsumableCapacity" => &mut f.consumable_capacity,
-            "DerivedAttributes" if on => {
-                return Err("features.DerivedAttributes: not reproduced by this allocator".into());
-            }
             "DerivedAttributes" => &mut f.derived_attributes,
             "DeviceBindingAndStatus" => &mut f.device_binding_and_status,
             "DeviceTaints" => &mut f.device_taints,

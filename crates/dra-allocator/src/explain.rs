@@ -13,6 +13,7 @@ use k8s_openapi::api::resource::v1::{
 use regex::Regex;
 
 use super::capacity::{self, Amount};
+use super::derived::DerivedValues;
 use super::nodesel::node_matches;
 use super::search::{
     AttrSet, AttrValue, GroupIntersection, Run, attr_set, attr_value, blocking_taint,
@@ -186,7 +187,8 @@ pub fn explain(
             }
         })
         .collect();
-    let run = Run::new(alloc, &pools, node, claims, state);
+    let derived = DerivedValues::new(alloc, &pools, claims);
+    let run = Run::new(alloc, &pools, &derived, node, claims, state);
     // Per pool and counter set, what the allocated devices' compatibility groups allow: the
     // same for every device and request, so worked out once.
     let baselines: Vec<GroupBaseline> = if alloc.features().compatibility_groups {
@@ -780,6 +782,32 @@ fn amount_text(q: &Quantity) -> String {
     }
 }
 
+/// The derived attributes of a request (`name`) or subrequest (`name/sub`) of the claim.
+fn derived_attributes_of<'c>(
+    claim: &'c ResourceClaim,
+    name: &str,
+) -> Option<&'c Vec<k8s_openapi::api::resource::v1::DeviceDerivedAttribute>> {
+    let (base, sub) = match name.split_once('/') {
+        Some((base, sub)) => (base, Some(sub)),
+        None => (name, None),
+    };
+    let request = device_claim(claim)?
+        .requests
+        .iter()
+        .flatten()
+        .find(|r| r.name == base)?;
+    match sub {
+        None => request.exactly.as_ref()?.derived_attributes.as_ref(),
+        Some(sub) => request
+            .first_available
+            .iter()
+            .flatten()
+            .find(|s| s.name == sub)?
+            .derived_attributes
+            .as_ref(),
+    }
+}
+
 fn explain_constraints(
     run: &Run<'_>,
     claim: &ResourceClaim,
@@ -809,7 +837,24 @@ fn explain_constraints(
                     continue;
                 };
                 let device = run.device(index);
-                let found = lookup_attribute(device, &d.id.driver, attribute);
+                // A derived attribute of the request stands for the device's own.
+                let derived = derived_attributes_of(claim, &report.name);
+                let found = match run.derived.of(derived).iter().find(|(n, _)| n == attribute) {
+                    Some(&(_, expression)) => {
+                        match run
+                            .derived
+                            .value(run.alloc, run.pools, expression, index, attribute)
+                        {
+                            Ok(a) => Some(a),
+                            Err(e) => {
+                                let entry = format!("{}:{}", report.name, d.id.device);
+                                groups.push((format!("(error: {e})"), vec![entry]));
+                                continue;
+                            }
+                        }
+                    }
+                    None => lookup_attribute(device, &d.id.driver, attribute),
+                };
                 let value = match found.map(attr_value) {
                     Some(AttrValue::Str(s)) => format!("'{s}'"),
                     Some(AttrValue::Int(i)) => i.to_string(),

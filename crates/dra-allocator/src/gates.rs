@@ -30,9 +30,6 @@ pub enum GateError {
         feature: String,
         disabled: Vec<String>,
     },
-    /// A gate the scheduler accepts but whose allocator behaviour is not reproduced here.
-    #[error("feature gate {0} is not supported by this allocator")]
-    Unsupported(String),
 }
 
 /// One gate at kube-scheduler 1.37's default emulation version (1.37) and minimum
@@ -206,11 +203,6 @@ pub fn features(spec: &str) -> Result<Features, GateError> {
         partitionable_devices: g("DRAPartitionableDevices"),
         prioritized_list: g("DRAPrioritizedList"),
     };
-    // Derived attributes need CEL-computed attribute values in constraints, which this
-    // allocator does not evaluate: refuse instead of allocating differently.
-    if features.derived_attributes {
-        return Err(GateError::Unsupported("DRADerivedAttributes".to_string()));
-    }
     Ok(features)
 }
 
@@ -258,10 +250,8 @@ mod tests {
             err("DRAListTypeAttributes=yes"),
             "invalid value of DRAListTypeAttributes=yes, err: strconv.ParseBool: parsing \"yes\": invalid syntax"
         );
-        assert_eq!(
-            err("DRADerivedAttributes=true"),
-            "feature gate DRADerivedAttributes is not supported by this allocator"
-        );
+        let derived = features("DRADerivedAttributes=true").expect("derived attributes");
+        assert!(derived.derived_attributes && derived.experimental());
         // Whitespace and empty items are tolerated, as by featuregate.
         assert!(
             features(" DRAListTypeAttributes = true ,,")

@@ -7,7 +7,7 @@
 //! that is the one `NewAllocator` picks. With alpha gates on (list-type attributes, compatibility
 //! groups, optional node operations: the e2e cluster's `K8S_FEATURE_GATES`) it picks the
 //! "experimental" one, whose differences are reproduced behind the same [`Features`] switches
-//! (see [`Features::from_feature_gates`]); derived attributes are not. Search order,
+//! (see [`Features::from_feature_gates`]), derived attributes included. Search order,
 //! backtracking, memoization boundaries and error texts follow Go; only the data layout is ours
 //! (devices are flattened into one candidate list per node, selector results are cached across
 //! calls, device views are built once).
@@ -16,6 +16,7 @@
 //! scheduling cycle; callers that allocate several pods in a row mark each result in an
 //! [`AllocatedState`] as the scheduler's allocated-devices tracker does.
 mod capacity;
+mod derived;
 pub mod explain;
 pub mod gates;
 pub mod load;
@@ -45,7 +46,7 @@ pub struct Features {
     pub admin_access: bool,
     pub compatibility_groups: bool,
     pub consumable_capacity: bool,
-    /// Not reproduced: [`Features::from_feature_gates`] refuses to turn it on.
+    /// Requests' `derivedAttributes` stand for devices' attributes in constraints.
     pub derived_attributes: bool,
     pub device_binding_and_status: bool,
     pub device_taints: bool,

@@ -13,6 +13,7 @@ use k8s_openapi::api::resource::v1::{
 };
 
 use super::capacity::{self, Amount, CapacityDef, Consumed};
+use super::derived::DerivedValues;
 use super::nodesel::node_matches;
 use super::pools::{Candidate, NodePools};
 use super::{AllocError, AllocatedState, Allocator, DeviceId, NodeInfo, kobj};
@@ -72,6 +73,9 @@ pub(crate) struct Req<'a> {
     pub all_devices: Vec<usize>,
     /// Index into the per-request memo of selector results.
     pub flat: usize,
+    /// Derived attributes (name, expression in [`DerivedValues`]): constraints compare these
+    /// instead of the device's own attributes of that name.
+    pub derived: Vec<(&'a str, usize)>,
 }
 
 impl Req<'_> {
@@ -238,18 +242,18 @@ impl<'a> Constraint<'a> {
         }
     }
 
-    /// Adds a device if it keeps the constraint satisfied.
+    /// Adds a device, whose attribute this constraint compares is `attribute`, if it keeps
+    /// the constraint satisfied.
     pub fn add(
         &mut self,
         request: &str,
         sub: Option<&str>,
-        device: &'a Device,
-        driver: &str,
+        attribute: Option<&'a DeviceAttribute>,
     ) -> bool {
         if !self.applies_to(request, sub) {
             return true;
         }
-        let Some(attr) = lookup_attribute(device, driver, self.attribute) else {
+        let Some(attr) = attribute else {
             return false;
         };
         if self.list {
@@ -434,6 +438,8 @@ struct Undo {
 pub(crate) struct Run<'a> {
     pub alloc: &'a Allocator,
     pub pools: &'a NodePools,
+    /// The claims' derived attributes and their values per device.
+    pub derived: &'a DerivedValues,
     pub node: &'a NodeInfo,
     pub claims: &'a [ResourceClaim],
     pub state: &'a AllocatedState,
@@ -498,13 +504,14 @@ struct RequestView<'a> {
     selectors: &'a [DeviceSelector],
     tolerations: Option<&'a Vec<DeviceToleration>>,
     capacity: Option<&'a k8s_openapi::api::resource::v1::CapacityRequirements>,
-    derived_attributes: bool,
+    derived_attributes: Option<&'a Vec<k8s_openapi::api::resource::v1::DeviceDerivedAttribute>>,
 }
 
 impl<'a> Run<'a> {
     pub fn new(
         alloc: &'a Allocator,
         pools: &'a NodePools,
+        derived: &'a DerivedValues,
         node: &'a NodeInfo,
         claims: &'a [ResourceClaim],
         state: &'a AllocatedState,
@@ -533,6 +540,7 @@ impl<'a> Run<'a> {
         Self {
             alloc,
             pools,
+            derived,
             node,
             claims,
             state,
@@ -567,6 +575,27 @@ impl<'a> Run<'a> {
 
     pub fn candidate(&self, index: usize) -> &'a Candidate {
         &self.pools.candidates[index]
+    }
+
+    /// `lookupAttribute`: the request's derived attribute of that name if it has one, else the
+    /// device's own.
+    pub fn attribute(
+        &self,
+        claim: usize,
+        at: At,
+        index: usize,
+        device: &'a Device,
+        driver: &str,
+        name: &str,
+    ) -> Result<Option<&'a DeviceAttribute>, String> {
+        let req = &self.reqs[claim][at.request][at.sub];
+        match req.derived.iter().find(|(derived, _)| *derived == name) {
+            Some(&(_, expression)) => self
+                .derived
+                .value(self.alloc, self.pools, expression, index, name)
+                .map(Some),
+            None => Ok(lookup_attribute(device, driver, name)),
+        }
     }
 
     pub fn id(&self, index: usize) -> &'a DeviceId {
@@ -634,10 +663,7 @@ impl<'a> Run<'a> {
                             selectors: sub.selectors.as_deref().unwrap_or(&[]),
                             tolerations: sub.tolerations.as_ref(),
                             capacity: sub.capacity.as_ref(),
-                            derived_attributes: sub
-                                .derived_attributes
-                                .as_ref()
-                                .is_some_and(|d| !d.is_empty()),
+                            derived_attributes: sub.derived_attributes.as_ref(),
                         };
                         let req = self.validate(ci, ri, si, view, Some(&request.name))?;
                         min = min.min(req.num_devices);
@@ -655,9 +681,7 @@ impl<'a> Run<'a> {
                         selectors: exactly.and_then(|e| e.selectors.as_deref()).unwrap_or(&[]),
                         tolerations: exactly.and_then(|e| e.tolerations.as_ref()),
                         capacity: exactly.and_then(|e| e.capacity.as_ref()),
-                        derived_attributes: exactly
-                            .and_then(|e| e.derived_attributes.as_ref())
-                            .is_some_and(|d| !d.is_empty()),
+                        derived_attributes: exactly.and_then(|e| e.derived_attributes.as_ref()),
                     };
                     let req = self.validate(ci, ri, 0, view, None)?;
                     min_devices = req.num_devices;
@@ -712,7 +736,8 @@ impl<'a> Run<'a> {
         let features = self.alloc.features;
         let obj = kobj(&self.claims[claim]);
         let name = view.name;
-        if view.derived_attributes {
+        let derives = view.derived_attributes.is_some_and(|d| !d.is_empty());
+        if derives && !features.derived_attributes {
             return Err(AllocError(format!(
                 "claim {obj}, request {name}: cannot handle request with derived attributes, the feature is disabled"
             )));
@@ -785,6 +810,7 @@ impl<'a> Run<'a> {
             capacity,
             all_devices: Vec::new(),
             flat,
+            derived: self.derived.of(view.derived_attributes),
         };
         match mode {
             "ExactCount" => {
@@ -1239,7 +1265,21 @@ impl<'a> Run<'a> {
         };
         let driver = &self.pools.pools[self.candidate(index).pool].driver;
         for i in 0..self.constraints[claim].len() {
-            if !self.constraints[claim][i].add(base, sub, device, driver) {
+            // Only a constraint that applies to the request looks at the attribute (a derived
+            // one may fail to evaluate, and then the allocation fails).
+            let attribute = if self.constraints[claim][i].applies_to(base, sub) {
+                let name = self.constraints[claim][i].attribute;
+                match self.attribute(claim, at, index, device, driver, name) {
+                    Ok(a) => a,
+                    Err(e) => {
+                        self.rollback(undo);
+                        return Err(Halt::Fatal(e));
+                    }
+                }
+            } else {
+                None
+            };
+            if !self.constraints[claim][i].add(base, sub, attribute) {
                 self.rollback(undo);
                 if must {
                     return Err(Halt::Fatal(format!(
@@ -1520,7 +1560,8 @@ pub(crate) fn allocate(
     claims: &[ResourceClaim],
     state: &AllocatedState,
 ) -> Result<Outcome, AllocError> {
-    let mut run = Run::new(alloc, pools, node, claims, state);
+    let derived = DerivedValues::new(alloc, pools, claims);
+    let mut run = Run::new(alloc, pools, &derived, node, claims, state);
     run.prepare()?;
     let searched = run.allocate_one(At::default(), false, 0);
     alloc.count_allocate_one_invocations(run.steps);

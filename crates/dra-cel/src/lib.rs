@@ -82,6 +82,30 @@ impl Default for Features {
     }
 }
 
+/// What a compiled expression must evaluate to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Output {
+    /// A selector: `bool`.
+    Selector,
+    /// A derived attribute (DRADerivedAttributes): a primitive scalar, or with `lists` a list of
+    /// them. `any_attributes`: attribute values are declared `google.protobuf.Any` (without
+    /// DRAListTypeAttributes), which is how type names in errors spell them.
+    Derived { lists: bool, any_attributes: bool },
+}
+
+/// A derived attribute's value, as a `DeviceAttribute` holds it (versions as their text).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum AttributeValue {
+    Bool(bool),
+    Int(i64),
+    String(String),
+    Version(String),
+    Bools(Vec<bool>),
+    Ints(Vec<i64>),
+    Strings(Vec<String>),
+    Versions(Vec<String>),
+}
+
 /// A checked selector, ready to evaluate against many devices.
 #[derive(Debug)]
 pub struct Selector {
@@ -102,7 +126,31 @@ pub fn compile_with(expression: &str, features: Features) -> Result<Selector, Ce
         )));
     }
     let source = expression.to_string();
-    on_compile_thread(move || compile_on_this_thread(&source, features))
+    on_compile_thread(move || compile_on_this_thread(&source, features, Output::Selector))
+}
+
+/// Compiles a derived attribute's expression (`derivedAttributes[].expression`) as
+/// kube-scheduler does (`GetOrCompileDerivedAttribute`): it must evaluate to a primitive scalar
+/// (string, integer, boolean, semver) or, where `lists` allows (the scheduler's stored
+/// expressions always do; new ones with DRAListTypeAttributes), a list of them.
+/// `list_type_attributes`: the DRAListTypeAttributes gate of the environment.
+pub fn compile_derived(
+    expression: &str,
+    features: Features,
+    lists: bool,
+    list_type_attributes: bool,
+) -> Result<Selector, CelError> {
+    if expression.len() > MAX_EXPRESSION_LENGTH {
+        return Err(CelError::Compile(format!(
+            "Too long: may not be more than {MAX_EXPRESSION_LENGTH} bytes"
+        )));
+    }
+    let source = expression.to_string();
+    let output = Output::Derived {
+        lists,
+        any_attributes: !list_type_attributes,
+    };
+    on_compile_thread(move || compile_on_this_thread(&source, features, output))
 }
 
 /// Runs a compiler pass on its own thread with [`COMPILE_STACK_BYTES`] of stack.
@@ -200,7 +248,11 @@ fn recursion_limit_error() -> CelError {
     ))
 }
 
-fn compile_on_this_thread(source: &str, features: Features) -> Result<Selector, CelError> {
+fn compile_on_this_thread(
+    source: &str,
+    features: Features,
+    output: Output,
+) -> Result<Selector, CelError> {
     let parsed = parser().parse_with_source_info(source);
     let (ast, info): (IdedExpr, SourceInfo) = match parsed {
         Ok(p) => p,
@@ -257,7 +309,15 @@ fn compile_on_this_thread(source: &str, features: Features) -> Result<Selector, 
             rendered.join("\n")
         )));
     }
-    if !check::valid_output(&ty) {
+    if let Output::Derived {
+        lists,
+        any_attributes,
+    } = output
+    {
+        if let Some(message) = derived_output_error(&ty, lists, any_attributes) {
+            return Err(CelError::Compile(message));
+        }
+    } else if !check::valid_output(&ty) {
         // cel.Type.String() spells null as `null_type` (FormatCELType says `null`).
         let shown = if ty == types::Type::Null {
             "null_type".to_string()
@@ -488,6 +548,23 @@ fn enhance_runtime_error(message: &str) -> String {
 }
 
 impl Selector {
+    /// Evaluates a derived attribute's expression (compiled by [`compile_derived`]) on one
+    /// device: its value, or the error kube-scheduler reports (`EvaluateDerivedAttribute`).
+    pub fn evaluate_attribute(&self, device: &DeviceView) -> Result<AttributeValue, CelError> {
+        if let Some(e) = &device.conversion_error {
+            return Err(CelError::Runtime(e.clone()));
+        }
+        let mut ctx = Ctx {
+            device,
+            locals: vec![Ok(Value::Null); self.slots],
+            cost: 0,
+            limit: MAX_COST,
+        };
+        let value = eval::eval(&self.root, &mut ctx)
+            .map_err(|e| CelError::Runtime(e.message.to_string()))?;
+        attribute_value(&value).map_err(CelError::Runtime)
+    }
+
     /// Evaluates against one device with the default cost limit.
     pub fn evaluate(&self, device: &DeviceView) -> Result<bool, CelError> {
         self.evaluate_with_limit(device, MAX_COST)
@@ -513,6 +590,122 @@ impl Selector {
             Err(e) => Err(CelError::Runtime(enhance_runtime_error(&e.message))),
         }
     }
+}
+
+/// `isAllowedDerivedAttributeType`: a primitive scalar (or `dyn`/`any`), or a list of one.
+fn derived_output_error(ty: &types::Type, lists: bool, any_attributes: bool) -> Option<String> {
+    use types::Type;
+    let scalar = |t: &Type| {
+        matches!(
+            t,
+            Type::Bool | Type::Int | Type::String | Type::Dyn | Type::Semver
+        )
+    };
+    let allowed = scalar(ty) || (lists && matches!(ty, Type::List(e) if scalar(e)));
+    if allowed {
+        return None;
+    }
+    let mut shown = if *ty == Type::Null {
+        "null_type".to_string()
+    } else {
+        ty.full_name()
+    };
+    if any_attributes {
+        // Without DRAListTypeAttributes the environment declares attribute values `Any`.
+        shown = shown.replace(
+            "map(string, map(string, dyn))",
+            "map(string, map(string, google.protobuf.Any))",
+        );
+    }
+    Some(if lists {
+        format!(
+            "must evaluate to a primitive scalar (string, integer, boolean, semver) or a list of these scalars, not {shown}"
+        )
+    } else {
+        format!(
+            "must evaluate to a primitive scalar (string, integer, boolean, semver), not {shown}"
+        )
+    })
+}
+
+/// Go's `%T` of a CEL value's native form, as derived-attribute errors name types.
+fn go_type(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "structpb.NullValue",
+        Value::Bool(_) => "bool",
+        Value::Int(_) => "int64",
+        Value::Uint(_) => "uint64",
+        Value::Double(_) => "float64",
+        Value::String(_) => "string",
+        Value::Bytes(_) => "[]uint8",
+        Value::List(_) => "[]ref.Val",
+        Value::Map(_) | Value::Domains(_) | Value::Device => "map[ref.Val]ref.Val",
+        Value::Quantity(_) => "*resource.Quantity",
+        Value::Semver(_) => "semver.Version",
+        Value::Ip(_) => "netip.Addr",
+        Value::Cidr(_) => "netip.Prefix",
+        Value::Url(_) => "*url.URL",
+        Value::Duration(_) => "time.Duration",
+        Value::Timestamp(_) => "time.Time",
+        Value::Format(_) => "*library.NamedFormat",
+        Value::Optional(_) => "*types.Optional",
+        Value::Type(_) => "*types.Type",
+    }
+}
+
+/// `valToDeviceAttribute`.
+fn attribute_value(v: &Value) -> Result<AttributeValue, String> {
+    Ok(match v {
+        Value::Bool(b) => AttributeValue::Bool(*b),
+        Value::Int(i) => AttributeValue::Int(*i),
+        Value::String(s) => AttributeValue::String(s.to_string()),
+        Value::Semver(s) => AttributeValue::Version(s.to_string()),
+        Value::List(items) => {
+            let Some(first) = items.first() else {
+                return Ok(AttributeValue::Strings(Vec::new()));
+            };
+            fn all<T>(
+                items: &[Value],
+                kind: &str,
+                get: impl Fn(&Value) -> Option<T>,
+            ) -> Result<Vec<T>, String> {
+                items
+                    .iter()
+                    .enumerate()
+                    .map(|(i, item)| {
+                        get(item).ok_or_else(|| {
+                            format!(
+                                "expected list element at index {i} to be {kind}, got {}",
+                                go_type(item)
+                            )
+                        })
+                    })
+                    .collect()
+            }
+            match first {
+                Value::Bool(_) => AttributeValue::Bools(all(items, "bool", |v| match v {
+                    Value::Bool(b) => Some(*b),
+                    _ => None,
+                })?),
+                Value::Int(_) => AttributeValue::Ints(all(items, "int", |v| match v {
+                    Value::Int(i) => Some(*i),
+                    _ => None,
+                })?),
+                Value::String(_) => AttributeValue::Strings(all(items, "string", |v| match v {
+                    Value::String(s) => Some(s.to_string()),
+                    _ => None,
+                })?),
+                Value::Semver(_) => AttributeValue::Versions(all(items, "semver", |v| match v {
+                    Value::Semver(s) => Some(s.to_string()),
+                    _ => None,
+                })?),
+                other => {
+                    return Err(format!("unsupported list element type: {}", go_type(other)));
+                }
+            }
+        }
+        other => return Err(format!("unsupported CEL return type: {}", go_type(other))),
+    })
 }
 
 /// Compiled selectors keyed by environment and expression text: each distinct expression

@@ -342,3 +342,158 @@ fn multiple_allocations_need_consumable_capacity() {
         "one entry per environment"
     );
 }
+
+/// Kubernetes' own cases for derived attributes' expressions (`TestCompileDerivedAttributes`,
+/// dynamic-resource-allocation v0.37.2): (expression, list-type attributes, stored expression,
+/// expected error). Stored expressions may always be lists.
+#[test]
+fn derived_attributes_compile_as_kubernetes_compiles_them() {
+    let cases: &[(&str, bool, bool, &str)] = &[
+        ("true", false, false, ""),
+        ("[true, false]", true, false, ""),
+        ("1", false, false, ""),
+        ("[1, 2, 3]", true, false, ""),
+        (r#""fish""#, false, false, ""),
+        (r#"["a", "b"]"#, true, false, ""),
+        (r#"semver("1.0.0")"#, false, false, ""),
+        (r#"[semver("1.0.0"), semver("2.0.0")]"#, true, false, ""),
+        (
+            r#"device.attributes["dra.example.com"]["numa"]"#,
+            false,
+            false,
+            "",
+        ),
+        (
+            r#"[device.attributes["dra.example.com"]["numa"]]"#,
+            true,
+            false,
+            "",
+        ),
+        (r#"dyn("foo")"#, false, false, ""),
+        (r#"[dyn("foo"), dyn(1)]"#, true, false, ""),
+        ("[1, 2, 3]", false, true, ""),
+        (
+            "device.attributes",
+            false,
+            false,
+            "must evaluate to a primitive scalar (string, integer, boolean, semver), not map(string, map(string, google.protobuf.Any))",
+        ),
+        (
+            "[1, 2, 3]",
+            false,
+            false,
+            "must evaluate to a primitive scalar (string, integer, boolean, semver), not list(int)",
+        ),
+        (
+            "[device.attributes]",
+            true,
+            false,
+            "must evaluate to a primitive scalar (string, integer, boolean, semver) or a list of these scalars, not list(map(string, map(string, dyn)))",
+        ),
+        (
+            "null",
+            true,
+            false,
+            "must evaluate to a primitive scalar (string, integer, boolean, semver) or a list of these scalars, not null_type",
+        ),
+    ];
+    for (expr, list_type, stored, error) in cases {
+        let lists = *list_type || *stored;
+        match compile_derived(expr, Features::default(), lists, *list_type) {
+            Ok(_) => assert!(error.is_empty(), "{expr}: compiled, expected {error:?}"),
+            Err(e) => assert!(
+                !error.is_empty() && e.message().contains(error),
+                "{expr}: {e}, expected {error:?}"
+            ),
+        }
+    }
+}
+
+/// Kubernetes' own cases for derived attributes' values (`TestEvaluateDerivedAttributes`).
+#[test]
+fn derived_attributes_evaluate_as_kubernetes_evaluates_them() {
+    use AttributeValue as A;
+    let device: Device = serde_json::from_value(serde_json::json!({
+        "name": "d",
+        "attributes": {
+            "bool-attr": {"bool": true},
+            "int-attr": {"int": 42},
+            "str-attr": {"string": "hello"},
+            "ver-attr": {"version": "1.0.0"},
+            "bool-list-attr": {"bools": [true, false]},
+            "int-list-attr": {"ints": [1, 2, 3]},
+            "str-list-attr": {"strings": ["hello", "world"]},
+            "ver-list-attr": {"versions": ["1.0.0", "2.0.0"]}
+        }
+    }))
+    .expect("device json");
+    let device = DeviceView::new("driver-a", &device).expect("view");
+    let attr = |name: &str| format!(r#"device.attributes["driver-a"]["{name}"]"#);
+    let strings = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let values: Vec<(String, AttributeValue)> = vec![
+        ("true".into(), A::Bool(true)),
+        ("42".into(), A::Int(42)),
+        (r#""hello""#.into(), A::String("hello".into())),
+        (r#"semver("1.0.0")"#.into(), A::Version("1.0.0".into())),
+        (attr("bool-attr"), A::Bool(true)),
+        (attr("int-attr"), A::Int(42)),
+        (attr("str-attr"), A::String("hello".into())),
+        (attr("ver-attr"), A::Version("1.0.0".into())),
+        ("[true, false]".into(), A::Bools(vec![true, false])),
+        ("[1, 2, 3]".into(), A::Ints(vec![1, 2, 3])),
+        (
+            r#"["hello", "world"]"#.into(),
+            A::Strings(strings(&["hello", "world"])),
+        ),
+        (
+            r#"[semver("1.0.0"), semver("2.0.0")]"#.into(),
+            A::Versions(strings(&["1.0.0", "2.0.0"])),
+        ),
+        (attr("bool-list-attr"), A::Bools(vec![true, false])),
+        (attr("int-list-attr"), A::Ints(vec![1, 2, 3])),
+        (
+            attr("str-list-attr"),
+            A::Strings(strings(&["hello", "world"])),
+        ),
+        (
+            attr("ver-list-attr"),
+            A::Versions(strings(&["1.0.0", "2.0.0"])),
+        ),
+    ];
+    for (expr, expected) in values {
+        let selector = compile_derived(&expr, Features::default(), true, true).expect(&expr);
+        assert_eq!(selector.evaluate_attribute(&device), Ok(expected), "{expr}");
+    }
+    let pair = |a: &str, b: &str| format!("[dyn({}), dyn({})]", attr(a), attr(b));
+    let errors = [
+        (
+            pair("ver-attr", "str-attr"),
+            "expected list element at index 1 to be semver, got string",
+        ),
+        (
+            pair("int-attr", "str-attr"),
+            "expected list element at index 1 to be int, got string",
+        ),
+        (
+            pair("str-attr", "int-attr"),
+            "expected list element at index 1 to be string, got int64",
+        ),
+        (attr("non-existent-attr"), "no such key"),
+        (
+            format!(r#"{} + "hello""#, attr("int-attr")),
+            "no such overload",
+        ),
+        (
+            "dyn(null)".into(),
+            "unsupported CEL return type: structpb.NullValue",
+        ),
+    ];
+    for (expr, error) in errors {
+        let selector = compile_derived(&expr, Features::default(), true, true).expect(&expr);
+        let e = selector.evaluate_attribute(&device).expect_err(&expr);
+        assert!(
+            e.message().contains(error),
+            "{expr}: {e}, expected {error:?}"
+        );
+    }
+}
