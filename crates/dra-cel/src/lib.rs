@@ -551,6 +551,19 @@ impl Selector {
     /// Evaluates a derived attribute's expression (compiled by [`compile_derived`]) on one
     /// device: its value, or the error kube-scheduler reports (`EvaluateDerivedAttribute`).
     pub fn evaluate_attribute(&self, device: &DeviceView) -> Result<AttributeValue, CelError> {
+        let value = self
+            .value(device, MAX_COST)?
+            .map_err(|e| CelError::Runtime(e.message.to_string()))?;
+        attribute_value(&value).map_err(CelError::Runtime)
+    }
+
+    /// The expression's value on one device; the outer error is the device's own (an
+    /// attribute that could not be converted), the inner one evaluation's.
+    fn value(
+        &self,
+        device: &DeviceView,
+        cost_limit: u64,
+    ) -> Result<Result<Value, eval::EvalError>, CelError> {
         if let Some(e) = &device.conversion_error {
             return Err(CelError::Runtime(e.clone()));
         }
@@ -558,11 +571,9 @@ impl Selector {
             device,
             locals: vec![Ok(Value::Null); self.slots],
             cost: 0,
-            limit: MAX_COST,
+            limit: cost_limit,
         };
-        let value = eval::eval(&self.root, &mut ctx)
-            .map_err(|e| CelError::Runtime(e.message.to_string()))?;
-        attribute_value(&value).map_err(CelError::Runtime)
+        Ok(eval::eval(&self.root, &mut ctx))
     }
 
     /// Evaluates against one device with the default cost limit.
@@ -575,16 +586,7 @@ impl Selector {
         device: &DeviceView,
         cost_limit: u64,
     ) -> Result<bool, CelError> {
-        if let Some(e) = &device.conversion_error {
-            return Err(CelError::Runtime(e.clone()));
-        }
-        let mut ctx = Ctx {
-            device,
-            locals: vec![Ok(Value::Null); self.slots],
-            cost: 0,
-            limit: cost_limit,
-        };
-        match eval::eval(&self.root, &mut ctx) {
+        match self.value(device, cost_limit)? {
             Ok(Value::Bool(b)) => Ok(b),
             Ok(other) => Err(CelError::Runtime(not_bool_message(&other))),
             Err(e) => Err(CelError::Runtime(enhance_runtime_error(&e.message))),
