@@ -190,9 +190,9 @@ fn feature_gates_as_the_scheduler_takes_them() {
 #[test]
 fn derived_attributes_decide_constraints_with_their_gate() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let claim = dir.path().join("claim.yaml");
+    let claim_path = dir.path().join("claim.yaml");
     std::fs::write(
-        &claim,
+        &claim_path,
         r#"apiVersion: resource.k8s.io/v1
 kind: ResourceClaim
 metadata: {name: same-kind, namespace: default}
@@ -224,7 +224,7 @@ spec:
             gates,
             "-o",
             "json",
-            claim.to_str().expect("utf-8 path"),
+            claim_path.to_str().expect("utf-8 path"),
         ])
     };
     let out = run("DRADerivedAttributes=true");
@@ -246,4 +246,34 @@ spec:
         "stderr: {}",
         text(&out.stderr)
     );
+    // The API server's create-time rules, with the gate: a derived attribute no constraint
+    // uses, and one whose expression is no scalar, are refused naming the field.
+    let fixture = std::fs::read_to_string(&claim_path).expect("read");
+    for (edit, field, reason) in [
+        (
+            fixture.replace(
+                "matchAttribute: derived/h100",
+                "matchAttribute: derived/other",
+            ),
+            "spec.devices.requests[0].exactly.derivedAttributes[0].name",
+            "must be referenced by at least one matchAttribute or distinctAttribute constraint",
+        ),
+        (
+            fixture.replace(
+                "expression: device.attributes['gpu.nvidia.com'].productName.contains('H100')",
+                "expression: device.attributes",
+            ),
+            "spec.devices.requests[0].exactly.derivedAttributes[0].expression",
+            "must evaluate to a primitive scalar (string, integer, boolean, semver)",
+        ),
+    ] {
+        std::fs::write(&claim_path, edit).expect("write");
+        let out = run("DRADerivedAttributes=true");
+        assert_eq!(out.status.code(), Some(2), "stdout: {}", text(&out.stdout));
+        let stderr = text(&out.stderr);
+        assert!(
+            stderr.contains(field) && stderr.contains(reason) && stderr.contains("same-kind"),
+            "stderr: {stderr}"
+        );
+    }
 }

@@ -183,6 +183,10 @@ fn read_inputs(
     m.add_sources(&inputs.filenames, None, cel).map_err(usage)?;
     m.add_documents(docs, cel).map_err(usage)?;
     manifests::driver_config::check(&m, &inputs.driver_name).map_err(usage)?;
+    // The gates are checked again (with the flag's name) where allocation starts.
+    if let Ok(features) = Features::from_feature_gates(&inputs.feature_gates) {
+        manifests::derived::check(&m, &features).map_err(usage)?;
+    }
     let plan = manifests::plan(&m, inputs.replicas, classes).map_err(usage)?;
     for note in m.notes.iter().chain(&plan.notes) {
         eprintln!("note: {note}");

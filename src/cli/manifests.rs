@@ -11,6 +11,7 @@
 //! `<pod>-<pod claim>-<5 characters>`. Generated names are derived from the inputs (the API
 //! server's are random), so the same manifests always give the same names.
 pub mod convert;
+pub mod derived;
 pub mod driver_config;
 pub mod extended;
 pub mod placement;

@@ -1,0 +1,162 @@
+//! The API server's create-time checks on requests' `derivedAttributes` (k8s.io/kubernetes
+//! v1.37 `validateDeviceDerivedAttribute`), applied where the DRADerivedAttributes gate is on:
+//! names unique per request, each used by a `matchAttribute`/`distinctAttribute` constraint
+//! that targets the request, expressions that compile as a derived attribute's (a new
+//! expression: lists only with DRAListTypeAttributes). The cost limits are not checked here;
+//! kube-scheduler still evaluates every expression within its runtime cost limit.
+use std::collections::{BTreeMap, BTreeSet};
+
+use dra_allocator::Features;
+use k8s_openapi::api::resource::v1::{DeviceClaim, DeviceDerivedAttribute};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use super::{DEFAULT_NAMESPACE, Entry, ManifestError, Manifests};
+
+/// Checks every claim's and template's derived attributes (nothing when the gate is off: the
+/// scheduler then refuses such requests, naming the gate).
+pub fn check(m: &Manifests, features: &Features) -> Result<(), ManifestError> {
+    if !features.derived_attributes {
+        return Ok(());
+    }
+    for entry in &m.claims {
+        let devices = entry.object.spec.as_ref().and_then(|s| s.devices.as_ref());
+        check_claim(
+            entry,
+            "ResourceClaim",
+            &entry.object.metadata,
+            devices,
+            "spec.devices",
+            features,
+        )?;
+    }
+    for entry in &m.templates {
+        let devices = entry
+            .object
+            .spec
+            .as_ref()
+            .and_then(|s| s.spec.as_ref())
+            .and_then(|s| s.devices.as_ref());
+        check_claim(
+            entry,
+            "ResourceClaimTemplate",
+            &entry.object.metadata,
+            devices,
+            "spec.spec.devices",
+            features,
+        )?;
+    }
+    Ok(())
+}
+
+fn check_claim<T>(
+    entry: &Entry<T>,
+    kind: &str,
+    meta: &ObjectMeta,
+    devices: Option<&DeviceClaim>,
+    at: &str,
+    features: &Features,
+) -> Result<(), ManifestError> {
+    let Some(devices) = devices else {
+        return Ok(());
+    };
+    let fail = |field: String, message: String| ManifestError::Field {
+        object: format!(
+            "{kind} {}/{}",
+            meta.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE),
+            meta.name
+                .as_deref()
+                .or(meta.generate_name.as_deref())
+                .unwrap_or("<no name>")
+        ),
+        origin: entry.origin.clone(),
+        field,
+        message,
+    };
+    // Attributes the constraints compare, by the request they target ("" for all requests).
+    let mut used: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    for c in devices.constraints.iter().flatten() {
+        let Some(attribute) = c
+            .match_attribute
+            .as_deref()
+            .or(c.distinct_attribute.as_deref())
+        else {
+            continue;
+        };
+        match c.requests.as_deref() {
+            None | Some([]) => {
+                used.entry("").or_default().insert(attribute);
+            }
+            Some(requests) => {
+                for r in requests {
+                    used.entry(r.as_str()).or_default().insert(attribute);
+                }
+            }
+        }
+    }
+    let is_used = |name: &str, request: &str| {
+        let uses = |r: &str| used.get(r).is_some_and(|set| set.contains(name));
+        uses("")
+            || uses(request)
+            || request
+                .split_once('/')
+                .is_some_and(|(parent, _)| uses(parent))
+    };
+    let check = |attributes: Option<&Vec<DeviceDerivedAttribute>>, request: &str, path: String| {
+        let mut names = BTreeSet::new();
+        for (k, attribute) in attributes.into_iter().flatten().enumerate() {
+            let at = format!("{path}.derivedAttributes[{k}]");
+            if !names.insert(attribute.name.as_str()) {
+                return Err(fail(
+                    format!("{at}.name"),
+                    format!("Duplicate value: {:?}", attribute.name),
+                ));
+            }
+            if !attribute.name.is_empty() && !is_used(&attribute.name, request) {
+                return Err(fail(
+                    format!("{at}.name"),
+                    format!(
+                        "Invalid value: {:?}: must be referenced by at least one matchAttribute or distinctAttribute constraint targeting this request",
+                        attribute.name
+                    ),
+                ));
+            }
+            if attribute.expression.is_empty() {
+                continue;
+            }
+            let compiled = dra_cel::compile_derived(
+                &attribute.expression,
+                dra_cel::Features {
+                    consumable_capacity: features.consumable_capacity,
+                },
+                features.list_type_attributes,
+                features.list_type_attributes,
+            );
+            if let Err(e) = compiled {
+                let first = e.message().lines().next().unwrap_or("").to_string();
+                return Err(fail(
+                    format!("{at}.expression"),
+                    format!("Invalid value: {:?}: {first}", attribute.expression),
+                ));
+            }
+        }
+        Ok(())
+    };
+    for (i, request) in devices.requests.iter().flatten().enumerate() {
+        let path = format!("{at}.requests[{i}]");
+        if let Some(exactly) = &request.exactly {
+            check(
+                exactly.derived_attributes.as_ref(),
+                &request.name,
+                format!("{path}.exactly"),
+            )?;
+        }
+        for (j, sub) in request.first_available.iter().flatten().enumerate() {
+            check(
+                sub.derived_attributes.as_ref(),
+                &format!("{}/{}", request.name, sub.name),
+                format!("{path}.firstAvailable[{j}]"),
+            )?;
+        }
+    }
+    Ok(())
+}
