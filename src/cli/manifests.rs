@@ -285,6 +285,61 @@ pub struct Manifests {
     next_seq: usize,
 }
 
+/// One claim's or template's device spec, with what a message about one of its fields names.
+pub struct DeviceClaimRef<'m> {
+    /// `ResourceClaim NAMESPACE/NAME` or `ResourceClaimTemplate NAMESPACE/NAME`.
+    pub object: String,
+    pub origin: &'m Origin,
+    pub devices: Option<&'m k8s_openapi::api::resource::v1::DeviceClaim>,
+    /// Path of `devices` in the object: `spec.devices` or `spec.spec.devices`.
+    pub at: &'static str,
+}
+
+impl DeviceClaimRef<'_> {
+    pub fn field_error(&self, field: String, message: String) -> ManifestError {
+        ManifestError::Field {
+            object: self.object.clone(),
+            origin: self.origin.clone(),
+            field,
+            message,
+        }
+    }
+}
+
+impl Manifests {
+    /// Every claim's and template's device spec, claims first.
+    pub fn device_claims(&self) -> impl Iterator<Item = DeviceClaimRef<'_>> {
+        let label =
+            |kind: &str, meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
+                let name = meta
+                    .name
+                    .as_deref()
+                    .or(meta.generate_name.as_deref())
+                    .unwrap_or("<no name>");
+                let namespace = meta.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE);
+                format!("{kind} {namespace}/{name}")
+            };
+        let claims = self.claims.iter().map(move |e| DeviceClaimRef {
+            object: label("ResourceClaim", &e.object.metadata),
+            origin: &e.origin,
+            devices: e.object.spec.as_ref().and_then(|s| s.devices.as_ref()),
+            at: "spec.devices",
+        });
+        let templates = self.templates.iter().map(move |e| DeviceClaimRef {
+            object: label("ResourceClaimTemplate", &e.object.metadata),
+            origin: &e.origin,
+            devices: e
+                .object
+                .spec
+                .as_ref()
+                .and_then(|s| s.spec.as_ref())
+                .and_then(|s| s.devices.as_ref()),
+            at: "spec.spec.devices",
+        });
+        claims.chain(templates)
+    }
+}
+
 /// The namespace and name written in a document, for messages before it is decoded.
 fn raw_identity(value: &Value, namespaced: bool) -> String {
     let meta = value.get("metadata");

@@ -8,9 +8,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use dra_allocator::Features;
 use k8s_openapi::api::resource::v1::{DeviceClaim, DeviceDerivedAttribute};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use super::{DEFAULT_NAMESPACE, Entry, ManifestError, Manifests};
+use super::{DeviceClaimRef, ManifestError, Manifests};
 
 /// Checks every claim's and template's derived attributes (nothing when the gate is off: the
 /// scheduler then refuses such requests, naming the gate).
@@ -18,60 +17,20 @@ pub fn check(m: &Manifests, features: &Features) -> Result<(), ManifestError> {
     if !features.derived_attributes {
         return Ok(());
     }
-    for entry in &m.claims {
-        let devices = entry.object.spec.as_ref().and_then(|s| s.devices.as_ref());
-        check_claim(
-            entry,
-            "ResourceClaim",
-            &entry.object.metadata,
-            devices,
-            "spec.devices",
-            features,
-        )?;
-    }
-    for entry in &m.templates {
-        let devices = entry
-            .object
-            .spec
-            .as_ref()
-            .and_then(|s| s.spec.as_ref())
-            .and_then(|s| s.devices.as_ref());
-        check_claim(
-            entry,
-            "ResourceClaimTemplate",
-            &entry.object.metadata,
-            devices,
-            "spec.spec.devices",
-            features,
-        )?;
+    for claim in m.device_claims() {
+        if let Some(devices) = claim.devices {
+            check_claim(&claim, devices, features)?;
+        }
     }
     Ok(())
 }
 
-fn check_claim<T>(
-    entry: &Entry<T>,
-    kind: &str,
-    meta: &ObjectMeta,
-    devices: Option<&DeviceClaim>,
-    at: &str,
+fn check_claim(
+    claim: &DeviceClaimRef<'_>,
+    devices: &DeviceClaim,
     features: &Features,
 ) -> Result<(), ManifestError> {
-    let Some(devices) = devices else {
-        return Ok(());
-    };
-    let fail = |field: String, message: String| ManifestError::Field {
-        object: format!(
-            "{kind} {}/{}",
-            meta.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE),
-            meta.name
-                .as_deref()
-                .or(meta.generate_name.as_deref())
-                .unwrap_or("<no name>")
-        ),
-        origin: entry.origin.clone(),
-        field,
-        message,
-    };
+    let fail = |field: String, message: String| claim.field_error(field, message);
     // Attributes the constraints compare, by the request they target ("" for all requests).
     let mut used: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
     for c in devices.constraints.iter().flatten() {
@@ -142,7 +101,7 @@ fn check_claim<T>(
         Ok(())
     };
     for (i, request) in devices.requests.iter().flatten().enumerate() {
-        let path = format!("{at}.requests[{i}]");
+        let path = format!("{}.requests[{i}]", claim.at);
         if let Some(exactly) = &request.exactly {
             check(
                 exactly.derived_attributes.as_ref(),

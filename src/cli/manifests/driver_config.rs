@@ -8,38 +8,18 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 /// Decodes every opaque config for `gpu_driver` (and for NVIDIA's ComputeDomain channel driver,
 /// which gpu-dra also serves); other drivers' configs are theirs.
 pub fn check(m: &Manifests, gpu_driver: &str) -> Result<(), ManifestError> {
-    for entry in &m.claims {
-        let configs = entry
-            .object
-            .spec
-            .as_ref()
-            .and_then(|s| s.devices.as_ref())
-            .and_then(|d| d.config.as_deref());
-        check_configs(
-            entry,
-            "ResourceClaim",
-            &entry.object.metadata,
-            configs,
-            "spec.devices.config",
-            gpu_driver,
-        )?;
-    }
-    for entry in &m.templates {
-        let configs = entry
-            .object
-            .spec
-            .as_ref()
-            .and_then(|s| s.spec.as_ref())
-            .and_then(|s| s.devices.as_ref())
-            .and_then(|d| d.config.as_deref());
-        check_configs(
-            entry,
-            "ResourceClaimTemplate",
-            &entry.object.metadata,
-            configs,
-            "spec.spec.devices.config",
-            gpu_driver,
-        )?;
+    for claim in m.device_claims() {
+        let configs = claim.devices.and_then(|d| d.config.as_deref());
+        for (i, config) in configs.unwrap_or_default().iter().enumerate() {
+            if let Some(opaque) = &config.opaque {
+                decode(&opaque.driver, &opaque.parameters.0, gpu_driver).map_err(|message| {
+                    claim.field_error(
+                        format!("{}.config[{i}].opaque.parameters{}", claim.at, message.0),
+                        message.1,
+                    )
+                })?;
+            }
+        }
     }
     for entry in &m.classes {
         let configs = entry.object.spec.as_ref().and_then(|s| s.config.as_deref());
@@ -54,34 +34,6 @@ pub fn check(m: &Manifests, gpu_driver: &str) -> Result<(), ManifestError> {
                     )
                 })?;
             }
-        }
-    }
-    Ok(())
-}
-
-/// A claim's or template's configs (the same type in both).
-fn check_configs<T>(
-    entry: &Entry<T>,
-    kind: &str,
-    meta: &ObjectMeta,
-    configs: Option<&[k8s_openapi::api::resource::v1::DeviceClaimConfiguration]>,
-    at: &str,
-    gpu_driver: &str,
-) -> Result<(), ManifestError> {
-    for (i, config) in configs.unwrap_or_default().iter().enumerate() {
-        if let Some(opaque) = &config.opaque {
-            decode(&opaque.driver, &opaque.parameters.0, gpu_driver).map_err(|message| {
-                let namespace = meta
-                    .namespace
-                    .as_deref()
-                    .unwrap_or(super::DEFAULT_NAMESPACE);
-                field(
-                    entry,
-                    format!("{kind} {namespace}/{}", name(meta)),
-                    format!("{at}[{i}].opaque.parameters{}", message.0),
-                    message.1,
-                )
-            })?;
         }
     }
     Ok(())
