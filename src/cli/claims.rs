@@ -162,7 +162,7 @@ fn simulated_slices(
 /// (skipped kinds, replica counts) go to stderr.
 fn read_inputs(
     inputs: &ClaimInputs,
-    cel: &SelectorCache,
+    features: &Features,
     classes: &[DeviceClass],
     docs: Vec<manifests::Doc>,
 ) -> Result<(Manifests, Plan), CliError> {
@@ -171,27 +171,31 @@ fn read_inputs(
             "nothing to allocate: give -f FILE|DIR|- (Pods, workloads, ResourceClaims, ...) or CLAIM.yaml",
         ));
     }
-    let mut m = Manifests::default();
+    let mut m = manifests_with(features);
     if let Some(claim) = &inputs.claim {
-        m.add_sources(
-            &[claim.display().to_string()],
-            Some(Kind::ResourceClaim),
-            cel,
-        )
-        .map_err(usage)?;
+        m.add_sources(&[claim.display().to_string()], Some(Kind::ResourceClaim))
+            .map_err(usage)?;
     }
-    m.add_sources(&inputs.filenames, None, cel).map_err(usage)?;
-    m.add_documents(docs, cel).map_err(usage)?;
+    m.add_sources(&inputs.filenames, None).map_err(usage)?;
+    m.add_documents(docs).map_err(usage)?;
     manifests::driver_config::check(&m, &inputs.driver_name).map_err(usage)?;
-    // The gates are checked again (with the flag's name) where allocation starts.
-    if let Ok(features) = Features::from_feature_gates(&inputs.feature_gates) {
-        manifests::derived::check(&m, &features).map_err(usage)?;
-    }
+    manifests::derived::check(&m, features).map_err(usage)?;
     let plan = manifests::plan(&m, inputs.replicas, classes).map_err(usage)?;
     for note in m.notes.iter().chain(&plan.notes) {
         eprintln!("note: {note}");
     }
     Ok((m, plan))
+}
+
+/// The feature gates of `--feature-gates` (kube-scheduler's, taken as the cluster's).
+fn feature_gates(inputs: &ClaimInputs) -> Result<Features, CliError> {
+    Features::from_feature_gates(&inputs.feature_gates)
+        .map_err(|e| usage(format!("--feature-gates: {e}")))
+}
+
+/// Objects to read, checked as an API server with these gates checks them on create.
+fn manifests_with(features: &Features) -> Manifests {
+    Manifests::with_gates(manifests::validate::ApiGates::from(features))
 }
 
 pub(super) fn load(inputs: &ClaimInputs) -> Result<Loaded, CliError> {
@@ -205,6 +209,7 @@ pub(super) fn load_with(
     cluster: Option<super::live::Snapshot>,
 ) -> Result<Loaded, CliError> {
     let cel = Arc::new(SelectorCache::new());
+    let features = feature_gates(inputs)?;
     let mut cluster = cluster.unwrap_or_else(|| super::live::Snapshot {
         classes: vec![],
         slices: vec![],
@@ -231,23 +236,23 @@ pub(super) fn load_with(
                 all_slices.extend(crate::compute_domain::node::channel_slices(node, None));
             }
         } else {
-            let mut files = Manifests::default();
+            let mut files = manifests_with(&features);
             files
-                .add_typed(&[PathBuf::from(source)], Kind::ResourceSlice, &cel)
+                .add_typed(&[PathBuf::from(source)], Kind::ResourceSlice)
                 .map_err(usage)?;
             all_slices.extend(files.slices.into_iter().map(|e| e.object));
         }
     }
-    let mut stock = Manifests::default();
+    let mut stock = manifests_with(&features);
     stock
-        .add_typed(&inputs.classes, Kind::DeviceClass, &cel)
+        .add_typed(&inputs.classes, Kind::DeviceClass)
         .map_err(usage)?;
     let mut stock_classes: Vec<DeviceClass> =
         stock.classes.iter().map(|e| e.object.clone()).collect();
     stock_classes.extend(cluster.classes.iter().cloned());
     let (m, plan) = read_inputs(
         inputs,
-        &cel,
+        &features,
         &stock_classes,
         std::mem::take(&mut cluster.docs),
     )?;
@@ -287,8 +292,8 @@ pub(super) fn load_with(
         }
     }
     check_classes(&plan, &classes)?;
-    let mut held = Manifests::default();
-    held.add_typed(&inputs.allocated, Kind::ResourceClaim, &cel)
+    let mut held = manifests_with(&features);
+    held.add_typed(&inputs.allocated, Kind::ResourceClaim)
         .map_err(usage)?;
     let rules: Vec<_> = m
         .taint_rules
@@ -300,8 +305,6 @@ pub(super) fn load_with(
     for note in manifests::taint_rules::apply(&rules, &mut all_slices) {
         eprintln!("note: {note}");
     }
-    let features = Features::from_feature_gates(&inputs.feature_gates)
-        .map_err(|e| usage(format!("--feature-gates: {e}")))?;
     let mut state = AllocatedState::new();
     for entry in &held.claims {
         let claim = &entry.object;
@@ -501,13 +504,13 @@ fn pending(unit: &Unit, done: &HashSet<String>) -> Vec<ResourceClaim> {
 }
 
 fn print_v1(args: &MatchArgs) -> Result<ExitCode, CliError> {
-    let cel = SelectorCache::new();
-    let mut stock = Manifests::default();
+    let features = feature_gates(&args.inputs)?;
+    let mut stock = manifests_with(&features);
     stock
-        .add_typed(&args.inputs.classes, Kind::DeviceClass, &cel)
+        .add_typed(&args.inputs.classes, Kind::DeviceClass)
         .map_err(usage)?;
     let stock_classes: Vec<DeviceClass> = stock.classes.into_iter().map(|e| e.object).collect();
-    let (m, plan) = read_inputs(&args.inputs, &cel, &stock_classes, vec![])?;
+    let (m, plan) = read_inputs(&args.inputs, &features, &stock_classes, vec![])?;
     let encode = |e: serde_json::Error| CliError::Encode(e.to_string());
     let mut items: Vec<serde_json::Value> = m
         .v1_objects()

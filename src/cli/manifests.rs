@@ -24,7 +24,6 @@ use std::io::Read as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use dra_cel::SelectorCache;
 use k8s_openapi::api::resource::v1::{
     DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
 };
@@ -282,6 +281,8 @@ pub struct Manifests {
     pub workloads: Vec<Entry<Workload>>,
     /// One line per skipped object.
     pub notes: Vec<String>,
+    /// The API server's gates its create-time checks of objects read follow.
+    pub gates: validate::ApiGates,
     next_seq: usize,
 }
 
@@ -307,6 +308,14 @@ impl DeviceClaimRef<'_> {
 }
 
 impl Manifests {
+    /// None read yet; objects read will be checked as an API server with these gates would.
+    pub fn with_gates(gates: validate::ApiGates) -> Self {
+        Manifests {
+            gates,
+            ..Manifests::default()
+        }
+    }
+
     /// Every claim's and template's device spec, claims first.
     pub fn device_claims(&self) -> impl Iterator<Item = DeviceClaimRef<'_>> {
         let label =
@@ -418,39 +427,27 @@ impl Manifests {
         &mut self,
         sources: &[String],
         default_kind: Option<Kind>,
-        cel: &SelectorCache,
     ) -> Result<(), ManifestError> {
         for source in sources {
-            for_each_document(source, |doc| {
-                self.add_document(doc, default_kind, None, cel)
-            })?;
+            for_each_document(source, |doc| self.add_document(doc, default_kind, None))?;
         }
         Ok(())
     }
 
     /// Reads files that must hold `kind` only (`--classes`, `--slices`, `--allocated`).
-    pub fn add_typed(
-        &mut self,
-        paths: &[PathBuf],
-        kind: Kind,
-        cel: &SelectorCache,
-    ) -> Result<(), ManifestError> {
+    pub fn add_typed(&mut self, paths: &[PathBuf], kind: Kind) -> Result<(), ManifestError> {
         for path in paths {
             for_each_document(&path.display().to_string(), |doc| {
-                self.add_document(doc, Some(kind), Some(kind), cel)
+                self.add_document(doc, Some(kind), Some(kind))
             })?;
         }
         Ok(())
     }
 
     /// Documents read elsewhere (a live cluster's objects), as `-f` takes them.
-    pub fn add_documents(
-        &mut self,
-        docs: Vec<Doc>,
-        cel: &SelectorCache,
-    ) -> Result<(), ManifestError> {
+    pub fn add_documents(&mut self, docs: Vec<Doc>) -> Result<(), ManifestError> {
         for doc in docs {
-            self.add_document(doc, None, None, cel)?;
+            self.add_document(doc, None, None)?;
         }
         Ok(())
     }
@@ -460,7 +457,6 @@ impl Manifests {
         doc: Doc,
         default_kind: Option<Kind>,
         only: Option<Kind>,
-        cel: &SelectorCache,
     ) -> Result<(), ManifestError> {
         let Doc { mut value, origin } = doc;
         let document_error = |message: String| ManifestError::Document {
@@ -552,16 +548,7 @@ impl Manifests {
                     ),
                 )
             })?;
-            return self.add_resource(
-                k,
-                version,
-                &value,
-                &object,
-                origin,
-                seq,
-                only.is_none(),
-                cel,
-            );
+            return self.add_resource(k, version, &value, &object, origin, seq, only.is_none());
         }
         if kind == crate::compute_domain::api::KIND && only.is_none() {
             // NVIDIA's controller makes the domain's channel template: match gets it the same.
@@ -578,7 +565,6 @@ impl Manifests {
                 },
                 None,
                 None,
-                cel,
             );
         }
         if kind == "MPIJob" && only.is_none() {
@@ -675,7 +661,6 @@ impl Manifests {
         origin: Origin,
         seq: usize,
         validate_claims: bool,
-        cel: &SelectorCache,
     ) -> Result<(), ManifestError> {
         let fail = |e: FieldError| field_error(object, &origin, e);
         let converted = convert::to_v1(kind, version, value).map_err(fail)?;
@@ -684,7 +669,7 @@ impl Manifests {
                 let mut claim = *claim;
                 name_object(&mut claim.metadata, true, &origin).map_err(fail)?;
                 if validate_claims {
-                    validate::claim_spec(claim.spec.as_ref(), "spec", cel).map_err(fail)?;
+                    validate::claim_spec(claim.spec.as_ref(), "spec", self.gates).map_err(fail)?;
                 }
                 self.claims.push(Entry {
                     object: claim,
@@ -698,7 +683,7 @@ impl Manifests {
                 template_metadata(template.spec.as_ref().and_then(|s| s.metadata.as_ref()))
                     .map_err(fail)?;
                 let spec = template.spec.as_ref().and_then(|s| s.spec.as_ref());
-                validate::claim_spec(spec, "spec.spec", cel).map_err(fail)?;
+                validate::claim_spec(spec, "spec.spec", self.gates).map_err(fail)?;
                 self.templates.push(Entry {
                     object: template,
                     origin,
@@ -708,7 +693,7 @@ impl Manifests {
             V1Object::Class(class) => {
                 let mut class = *class;
                 name_object(&mut class.metadata, false, &origin).map_err(fail)?;
-                validate::class_spec(class.spec.as_ref(), cel).map_err(fail)?;
+                validate::class_spec(class.spec.as_ref(), self.gates).map_err(fail)?;
                 self.classes.push(Entry {
                     object: class,
                     origin,
@@ -759,7 +744,8 @@ fn name_object(meta: &mut ObjectMeta, namespaced: bool, origin: &Origin) -> Resu
             None => return Err(FieldError::new("metadata.name", "Required value")),
         }
     }
-    validate::dns_subdomain(meta.name.as_deref().unwrap_or(""), "metadata.name")
+    validate::dns_subdomain(meta.name.as_deref().unwrap_or(""), "metadata.name")?;
+    validate::labels_and_annotations(meta.labels.as_ref(), meta.annotations.as_ref(), "metadata")
 }
 
 /// "ObjectMeta may contain labels and annotations ... No other fields are allowed".
@@ -776,7 +762,11 @@ fn template_metadata(meta: Option<&ObjectMeta>) -> Result<(), FieldError> {
             "Forbidden: only labels and annotations may be set",
         ));
     }
-    Ok(())
+    validate::labels_and_annotations(
+        meta.labels.as_ref(),
+        meta.annotations.as_ref(),
+        "spec.metadata",
+    )
 }
 
 fn at_path<'a>(value: &'a Value, path: &[&str]) -> Option<&'a Value> {
@@ -1467,7 +1457,7 @@ spec:
     fn read(text: &str) -> Result<Manifests, ManifestError> {
         let mut m = Manifests::default();
         for doc in parse_text(text, "t.yaml")? {
-            m.add_document(doc, None, None, &SelectorCache::new())?;
+            m.add_document(doc, None, None)?;
         }
         Ok(m)
     }

@@ -48,6 +48,7 @@ fn answer(line: &str) -> Result<Value, String> {
         serde_json::from_value(case["device"].clone()).map_err(|e| format!("device: {e}"))?;
     let features = CostFeatures {
         list_type_attributes: case["listTypeAttributes"].as_bool().unwrap_or(false),
+        consumable_capacity: case["consumableCapacity"].as_bool().unwrap_or(true),
     };
     let environment = dra_cel::Features {
         consumable_capacity: case["consumableCapacity"].as_bool().unwrap_or(true),

@@ -843,9 +843,10 @@ fn lit_int(x: &X) -> Option<i64> {
     }
 }
 
+/// cel-go's `nodeAsUintValue`: an int literal, negative ones as 0.
 fn node_as_uint(n: &Node, default: u64) -> u64 {
     match n.expr.and_then(lit_int) {
-        Some(i) => i as u64,
+        Some(i) => u64::try_from(i).unwrap_or(0),
         None => default,
     }
 }
@@ -1088,9 +1089,10 @@ impl Coster {
         }
         match decl_of(&self.get_path(e).read()) {
             Some(Decl::OuterAttrs | Decl::InnerAttrs) if !self.list => {
-                e.ty.to_string().replace("dyn", "google.protobuf.Any")
+                e.ty.full_name().replace("dyn", "google.protobuf.Any")
             }
-            _ => e.ty.to_string(),
+            // cel-go's Type.String(): well-known types by their full names.
+            _ => e.ty.full_name(),
         }
     }
 
@@ -1851,12 +1853,23 @@ fn sortable(el: &Type, ids: &mut Vec<&'static str>, s: &'static str, o: &'static
 const ATTRIBUTES_DYN: &str = "map(string, map(string, dyn))";
 const ATTRIBUTES_ANY: &str = "map(string, map(string, any))";
 
-/// The feature gates kube-apiserver's NewExpressions environment depends on
-/// (`cel.Features`); consumable capacity is always on (1.37 default).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// The feature gates kube-apiserver's NewExpressions environment depends on (`cel.Features`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CostFeatures {
     /// DRAListTypeAttributes (alpha, off by default).
     pub list_type_attributes: bool,
+    /// DRAConsumableCapacity (beta, on by default): declares `device.allowMultipleAllocations`.
+    pub consumable_capacity: bool,
+}
+
+impl Default for CostFeatures {
+    /// Kubernetes 1.37's defaults.
+    fn default() -> Self {
+        CostFeatures {
+            list_type_attributes: false,
+            consumable_capacity: true,
+        }
+    }
 }
 
 /// The worst-case cost kube-apiserver estimates for a selector (`CompilationResult.MaxCost`
@@ -1868,23 +1881,70 @@ pub fn estimate_cost(expression: &str) -> Result<u64, CelError> {
 /// [`estimate_cost`] for an API server with these gates.
 pub fn estimate_cost_with(expression: &str, features: CostFeatures) -> Result<u64, CelError> {
     let source = expression.to_string();
-    super::on_compile_thread(move || estimate_on_this_thread(&source, features))
+    super::on_compile_thread(move || estimate_on_this_thread(&source, features, false))
 }
 
-fn estimate_on_this_thread(source: &str, features: CostFeatures) -> Result<u64, CelError> {
+/// The worst-case cost kube-apiserver estimates for a new derived attribute's expression
+/// (`derivedAttributes[].expression`, compiled as one: a scalar, or a list with
+/// DRAListTypeAttributes); validation rejects it above [`super::MAX_COST`], and a claim whose
+/// expressions add up to more than that.
+pub fn estimate_derived_cost_with(
+    expression: &str,
+    features: CostFeatures,
+) -> Result<u64, CelError> {
+    let source = expression.to_string();
+    super::on_compile_thread(move || estimate_on_this_thread(&source, features, true))
+}
+
+fn estimate_on_this_thread(
+    source: &str,
+    features: CostFeatures,
+    derived: bool,
+) -> Result<u64, CelError> {
     // Same parse and check as `compile` (its errors are the API server's too, but for the type
     // of attribute values, which this environment declares `any`).
     // A result that is not a selector's is reported below, in this environment's type names.
-    let wrong_output = match super::compile(source) {
-        Ok(_) => false,
-        Err(CelError::Compile(m)) if m.starts_with("must evaluate to bool") => true,
-        Err(CelError::Compile(m)) if features.list_type_attributes => {
-            return Err(CelError::Compile(m));
+    let environment = super::Features {
+        consumable_capacity: features.consumable_capacity,
+    };
+    // A derived attribute of the wrong type is reported after the type checker's errors, which
+    // the cost pass below finds in this environment's types.
+    let mut derived_output_error = None;
+    if derived {
+        let compiled = super::compile_derived(
+            source,
+            environment,
+            features.list_type_attributes,
+            features.list_type_attributes,
+        );
+        match compiled {
+            Ok(_) => {}
+            Err(CelError::Compile(m)) if m.starts_with("must evaluate to a primitive scalar") => {
+                derived_output_error = Some(m);
+            }
+            Err(CelError::Compile(m)) if features.list_type_attributes => {
+                return Err(CelError::Compile(m));
+            }
+            Err(CelError::Compile(m)) => {
+                return Err(CelError::Compile(m.replace(ATTRIBUTES_DYN, ATTRIBUTES_ANY)));
+            }
+            Err(e) => return Err(e),
         }
-        Err(CelError::Compile(m)) => {
-            return Err(CelError::Compile(m.replace(ATTRIBUTES_DYN, ATTRIBUTES_ANY)));
+    }
+    let wrong_output = if derived {
+        false
+    } else {
+        match super::compile_with(source, environment) {
+            Ok(_) => false,
+            Err(CelError::Compile(m)) if m.starts_with("must evaluate to bool") => true,
+            Err(CelError::Compile(m)) if features.list_type_attributes => {
+                return Err(CelError::Compile(m));
+            }
+            Err(CelError::Compile(m)) => {
+                return Err(CelError::Compile(m.replace(ATTRIBUTES_DYN, ATTRIBUTES_ANY)));
+            }
+            Err(e) => return Err(e),
         }
-        Err(e) => return Err(e),
     };
     let (ast, info) = super::parser()
         .parse_with_source_info(source)
@@ -1916,6 +1976,18 @@ fn estimate_on_this_thread(source: &str, features: CostFeatures) -> Result<u64, 
             "compilation failed: {}",
             super::format_issue(source, line, col, &e)
         )));
+    }
+    if let Some(message) = derived_output_error {
+        // Without DRAListTypeAttributes attribute values are `Any`, in what the type is shown as.
+        return Err(CelError::Compile(match message.split_once(", not ") {
+            Some((wanted, _)) if !features.list_type_attributes => {
+                format!("{wanted}, not {}", c.shown_type(&root))
+            }
+            _ => message,
+        }));
+    }
+    if derived {
+        return Ok(cost.max);
     }
     // The API server's attribute type is `any`: other dynamic results are not selectors.
     // With DRAListTypeAttributes the attribute type is `dyn`: every dynamic result passes.

@@ -103,6 +103,24 @@ fn is_label_key_name(s: &str) -> bool {
         && b.iter().all(|&c| ext(c))
 }
 
+/// The API server's checks of object names, label keys and label values (util/validation's
+/// `IsDNS1123Label`, `IsDNS1123Subdomain`, `IsQualifiedName`, `IsValidLabelValue`): each returns
+/// its error messages, none for a good value.
+pub mod names {
+    pub fn dns1123_label(s: &str) -> Vec<String> {
+        super::dns1123_label(s)
+    }
+    pub fn dns1123_subdomain(s: &str) -> Vec<String> {
+        super::dns1123_subdomain(s, false)
+    }
+    pub fn qualified_name(s: &str) -> Vec<String> {
+        super::qualified_name(s)
+    }
+    pub fn label_value(s: &str) -> Vec<String> {
+        super::label_value(s)
+    }
+}
+
 /// util/validation `IsDNS1123Label` (its length message says "characters").
 fn dns1123_label(s: &str) -> Vec<String> {
     let mut errs = Vec::new();

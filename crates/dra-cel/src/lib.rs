@@ -27,9 +27,10 @@ use std::sync::{Arc, Mutex};
 use cel::common::ast::{Expr, IdedExpr, SourceInfo};
 
 use check::{Checker, Node};
-pub use cost::{CostFeatures, estimate_cost, estimate_cost_with};
+pub use cost::{CostFeatures, estimate_cost, estimate_cost_with, estimate_derived_cost_with};
 pub use device::{DeviceError, DeviceView};
 use eval::Ctx;
+pub use format::names;
 use value::Value;
 
 /// `CELSelectorExpressionMaxLength` (bytes).

@@ -5,7 +5,8 @@
 //! own tests (e2e/cel-fixtures) and generated expressions near and over the 1,000,000 limit
 //! (nested comprehensions over attributes, strings and lists, concatenation, regexes).
 //! Estimates must be identical, and so whether an expression is rejected (compile error, or
-//! an estimate above the limit).
+//! an estimate above the limit). The same corpus, with scalar- and list-valued expressions
+//! added, is compared compiled as derived attributes' expressions.
 
 use dra_cel::{MAX_COST, MAX_EXPRESSION_LENGTH, estimate_cost};
 use serde_json::{Value as Json, json};
@@ -404,6 +405,47 @@ impl Gen {
     }
 }
 
+/// How our estimates compare with the oracle's answers.
+#[derive(Default)]
+struct Compared {
+    mismatches: usize,
+    /// Refused by both, for the same reason in the same words.
+    refused: usize,
+    /// Accepted with an estimate over the limit.
+    over: usize,
+}
+
+fn compare(
+    label: &str,
+    exprs: &[String],
+    answers: &[Json],
+    ours: impl Fn(&str) -> Result<u64, dra_cel::CelError>,
+) -> Compared {
+    let mut out = Compared::default();
+    for (e, want) in exprs.iter().zip(answers) {
+        let ours = ours(e);
+        let ok = match (&ours, want.get("cost").and_then(Json::as_u64)) {
+            (Ok(c), Some(w)) => {
+                if w > MAX_COST {
+                    out.over += 1;
+                }
+                *c == w
+            }
+            (Err(e), None) => {
+                out.refused += 1;
+                normalise(&json!({"error": {"kind": e.kind(), "message": e.message()}}))
+                    == normalise(want)
+            }
+            _ => false,
+        };
+        if !ok {
+            out.mismatches += 1;
+            eprintln!("MISMATCH ({label}) {e:?}\n  ours: {ours:?}\n  k8s:  {want}");
+        }
+    }
+    out
+}
+
 #[test]
 #[ignore = "needs CEL_ORACLE, the Go cel-oracle on the pinned Kubernetes modules (e2e/run-tests builds it and runs ignored tests)"]
 fn estimated_cost_matches_kubernetes() {
@@ -420,29 +462,9 @@ fn estimated_cost_matches_kubernetes() {
     let lines: Vec<Json> = exprs.iter().map(|e| json!({ "expression": e })).collect();
     let answers = common::ask_oracle(&["--estimate-cost".to_string()], &lines);
 
-    let mut mismatches = 0;
-    let mut over = 0;
-    for (e, want) in exprs.iter().zip(&answers) {
-        let ours = estimate_cost(e);
-        let ok = match (&ours, want.get("cost").and_then(Json::as_u64)) {
-            (Ok(c), Some(w)) => {
-                if w > MAX_COST {
-                    over += 1;
-                }
-                *c == w
-            }
-            // Rejected by both, for the same reason in the same words.
-            (Err(e), None) => {
-                normalise(&json!({"error": {"kind": e.kind(), "message": e.message()}}))
-                    == normalise(want)
-            }
-            _ => false,
-        };
-        if !ok {
-            mismatches += 1;
-            eprintln!("MISMATCH {e:?}\n  ours: {ours:?}\n  k8s:  {want}");
-        }
-    }
+    let Compared {
+        mismatches, over, ..
+    } = compare("default gates", &exprs, &answers, estimate_cost);
     common::report(&format!(
         "CEL cost (default gates): {} expressions compared with Kubernetes' estimator, {over} over the limit, {mismatches} mismatches",
         exprs.len()
@@ -469,6 +491,9 @@ fn list_attribute_exprs() -> Vec<String> {
         "dyn(1)".into(),
         format!("{a}.productName + 'x'"),
         format!("[{a}.productName]"),
+        "duration('1s')".into(),
+        "timestamp('2020-01-01T00:00:00Z')".into(),
+        "[duration('1s')]".into(),
     ]
 }
 
@@ -491,26 +516,90 @@ fn estimated_cost_matches_kubernetes_with_cluster_gates() {
     );
     let features = dra_cel::CostFeatures {
         list_type_attributes: true,
+        ..Default::default()
     };
-    let mut mismatches = 0;
-    for (e, want) in exprs.iter().zip(&answers) {
-        let ours = dra_cel::estimate_cost_with(e, features);
-        let ok = match (&ours, want.get("cost").and_then(Json::as_u64)) {
-            (Ok(c), Some(w)) => *c == w,
-            (Err(e), None) => {
-                normalise(&json!({"error": {"kind": e.kind(), "message": e.message()}}))
-                    == normalise(want)
-            }
-            _ => false,
-        };
-        if !ok {
-            mismatches += 1;
-            eprintln!("MISMATCH {e:?}\n  ours: {ours:?}\n  k8s:  {want}");
-        }
-    }
+    let Compared { mismatches, .. } = compare("cluster gates", &exprs, &answers, |e| {
+        dra_cel::estimate_cost_with(e, features)
+    });
     common::report(&format!(
         "CEL cost (cluster gates): {} expressions compared with Kubernetes' estimator, {mismatches} mismatches",
         exprs.len()
     ));
     assert_eq!(mismatches, 0);
+}
+
+/// Expressions that are a derived attribute's value (DRADerivedAttributes): scalars of every
+/// kind, and lists, which a new expression may return only with DRAListTypeAttributes.
+fn derived_exprs() -> Vec<String> {
+    let a = "device.attributes['gpu.nvidia.com']";
+    let c = "device.capacity['gpu.nvidia.com']";
+    vec![
+        format!("{a}.productName"),
+        format!("{a}.index"),
+        format!("{a}.driverVersion"),
+        format!("{a}.productName + '-' + {a}.architecture"),
+        format!("{a}.index * 2 + 1"),
+        format!("{a}.index > 1 ? 'high' : 'low'"),
+        format!("{c}.memory.value()"),
+        format!("{c}.memory.compareTo(quantity('10Gi')) > 0"),
+        format!("{a}.productName.lowerAscii().replace('nvidia ', '')"),
+        format!("{a}.nvlinkDomains"),
+        format!("{a}.nvlinkDomains.map(d, d + 'x')"),
+        format!("{a}.nvlinkDomains.size()"),
+        "device.attributes".into(),
+        "device.attributes.map(d, d)".into(),
+        "[1, 2, 3]".into(),
+        "{'a': 1}".into(),
+        "device.driver".into(),
+        "semver('1.2.3')".into(),
+        "1.5".into(),
+        "null".into(),
+        "device.attributes.exists(d, device.attributes[d].exists(k, true)) ? 1 : 0".into(),
+    ]
+}
+
+/// A derived attribute's expression is compiled and priced on create like a selector, but must
+/// be a scalar (or a list with DRAListTypeAttributes): ours against kube-apiserver's, with the
+/// default gates and the cluster's. Every selector of the corpus is a boolean scalar too.
+#[test]
+#[ignore = "needs CEL_ORACLE, the Go cel-oracle on the pinned Kubernetes modules (e2e/run-tests builds it and runs ignored tests)"]
+fn derived_attribute_cost_matches_kubernetes() {
+    let exprs: Vec<String> = corpus()
+        .into_iter()
+        .chain(list_attribute_exprs())
+        .chain(derived_exprs())
+        .filter(|e| e.len() <= MAX_EXPRESSION_LENGTH)
+        .collect();
+    let lines: Vec<Json> = exprs
+        .iter()
+        .map(|e| json!({ "expression": e, "derived": true }))
+        .collect();
+    for (label, list_type_attributes, gates) in [
+        ("default gates", false, String::new()),
+        ("cluster gates", true, common::cluster_gates()),
+    ] {
+        let answers = common::ask_oracle(
+            &[
+                "--estimate-cost".to_string(),
+                format!("--feature-gates={gates}"),
+            ],
+            &lines,
+        );
+        let features = dra_cel::CostFeatures {
+            list_type_attributes,
+            ..Default::default()
+        };
+        let Compared {
+            mismatches,
+            refused,
+            ..
+        } = compare(label, &exprs, &answers, |e| {
+            dra_cel::estimate_derived_cost_with(e, features)
+        });
+        common::report(&format!(
+            "CEL derived-attribute cost ({label}): {} expressions compared with Kubernetes' estimator, {refused} refused by both, {mismatches} mismatches",
+            exprs.len()
+        ));
+        assert_eq!(mismatches, 0);
+    }
 }

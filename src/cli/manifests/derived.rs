@@ -2,14 +2,18 @@
 //! v1.37 `validateDeviceDerivedAttribute`), applied where the DRADerivedAttributes gate is on:
 //! names unique per request, each used by a `matchAttribute`/`distinctAttribute` constraint
 //! that targets the request, expressions that compile as a derived attribute's (a new
-//! expression: lists only with DRAListTypeAttributes). The cost limits are not checked here;
-//! kube-scheduler still evaluates every expression within its runtime cost limit.
+//! expression: lists only with DRAListTypeAttributes), at most 32 per request, each within the
+//! length and estimated cost limits of a selector and all of a claim's within that cost too.
+use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet};
 
 use dra_allocator::Features;
 use k8s_openapi::api::resource::v1::{DeviceClaim, DeviceDerivedAttribute};
 
 use super::{DeviceClaimRef, ManifestError, Manifests};
+
+/// `DeviceDerivedAttributesMaxSize`.
+const MAX_DERIVED_ATTRIBUTES: usize = 32;
 
 /// Checks every claim's and template's derived attributes (nothing when the gate is off: the
 /// scheduler then refuses such requests, naming the gate).
@@ -60,15 +64,21 @@ fn check_claim(
                 .split_once('/')
                 .is_some_and(|(parent, _)| uses(parent))
     };
+    // The estimated cost of the claim's expressions, all together.
+    let total_cost = Cell::new(0u64);
     let check = |attributes: Option<&Vec<DeviceDerivedAttribute>>, request: &str, path: String| {
+        let count = attributes.map_or(0, Vec::len);
+        if count > MAX_DERIVED_ATTRIBUTES {
+            return Err(fail(
+                format!("{path}.derivedAttributes"),
+                format!("Too many: {count}: must have at most {MAX_DERIVED_ATTRIBUTES} items"),
+            ));
+        }
         let mut names = BTreeSet::new();
         for (k, attribute) in attributes.into_iter().flatten().enumerate() {
             let at = format!("{path}.derivedAttributes[{k}]");
             if !names.insert(attribute.name.as_str()) {
-                return Err(fail(
-                    format!("{at}.name"),
-                    format!("Duplicate value: {:?}", attribute.name),
-                ));
+                return Err(fail(at, format!("Duplicate value: {:?}", attribute.name)));
             }
             if !attribute.name.is_empty() && !is_used(&attribute.name, request) {
                 return Err(fail(
@@ -82,20 +92,38 @@ fn check_claim(
             if attribute.expression.is_empty() {
                 continue;
             }
-            let compiled = dra_cel::compile_derived(
+            let field = format!("{at}.expression");
+            if attribute.expression.len() > dra_cel::MAX_EXPRESSION_LENGTH {
+                return Err(fail(
+                    field,
+                    format!(
+                        "Too long: may not be more than {} bytes",
+                        dra_cel::MAX_EXPRESSION_LENGTH
+                    ),
+                ));
+            }
+            let cost = dra_cel::estimate_derived_cost_with(
                 &attribute.expression,
-                dra_cel::Features {
+                dra_cel::CostFeatures {
+                    list_type_attributes: features.list_type_attributes,
                     consumable_capacity: features.consumable_capacity,
                 },
-                features.list_type_attributes,
-                features.list_type_attributes,
             );
-            if let Err(e) = compiled {
-                let first = e.message().lines().next().unwrap_or("").to_string();
-                return Err(fail(
-                    format!("{at}.expression"),
-                    format!("Invalid value: {:?}: {first}", attribute.expression),
-                ));
+            match cost {
+                Err(e) => {
+                    let first = e.message().lines().next().unwrap_or("").to_string();
+                    return Err(fail(
+                        field,
+                        format!("Invalid value: {:?}: {first}", attribute.expression),
+                    ));
+                }
+                Ok(cost) if cost > dra_cel::MAX_COST => {
+                    return Err(fail(
+                        field,
+                        "Forbidden: too complex, exceeds cost limit".to_string(),
+                    ));
+                }
+                Ok(cost) => total_cost.set(total_cost.get().saturating_add(cost)),
             }
         }
         Ok(())
@@ -116,6 +144,12 @@ fn check_claim(
                 format!("{path}.firstAvailable[{j}]"),
             )?;
         }
+    }
+    if total_cost.get() > dra_cel::MAX_COST {
+        return Err(fail(
+            claim.at.to_string(),
+            "Forbidden: too complex, total cost of derived attribute CEL expressions in the claim exceeds cost limit".to_string(),
+        ));
     }
     Ok(())
 }

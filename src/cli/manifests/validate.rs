@@ -1,30 +1,103 @@
-//! The API server's create-time checks on claim and class specs that matter for allocation
-//! (k8s.io/kubernetes v1.37 `pkg/apis/resource/validation`): request names, one of `exactly` or
-//! `firstAvailable`, device class names, allocation mode and count, selectors that compile,
-//! and constraint/config references to requests. Messages follow `field.Error`'s wording.
-use std::collections::BTreeSet;
+//! The API server's create-time checks on claim and class specs and on object metadata
+//! (k8s.io/kubernetes v1.37 `pkg/apis/resource/validation`, with the limits its declarative
+//! validation adds): request names, one of `exactly` or `firstAvailable`, device class names,
+//! allocation mode and count, selectors that compile in the API server's CEL environment within
+//! its length and cost limits, tolerations, constraint/config references to requests, opaque
+//! configs, list sizes, labels and annotations. Messages follow `field.Error`'s wording; the
+//! first error found is returned. A list longer than its limit is reported before its items, as
+//! the API server stops there.
+//!
+//! `e2e/upstream-tables.sh validation` holds these to Kubernetes' own validation tables.
+use std::collections::{BTreeMap, BTreeSet};
 
-use dra_cel::{CelError, SelectorCache};
+use dra_cel::{CelError, CostFeatures, MAX_COST, MAX_EXPRESSION_LENGTH, names};
 use k8s_openapi::api::resource::v1::{
-    DeviceClaim, DeviceClassSpec, DeviceSelector, ExactDeviceRequest, ResourceClaimSpec,
+    DeviceClaim, DeviceClassSpec, DeviceSelector, DeviceToleration, ExactDeviceRequest,
+    OpaqueDeviceConfiguration, ResourceClaimSpec,
 };
 
 use super::convert::FieldError;
+
+/// `DeviceRequestsMaxSize` (also the limit on a constraint's or config's request references).
+const MAX_REQUESTS: usize = 32;
+const MAX_CONSTRAINTS: usize = 32;
+const MAX_CONFIGS: usize = 32;
+const MAX_SELECTORS: usize = 32;
+const MAX_SUBREQUESTS: usize = 8;
+const MAX_TOLERATIONS: usize = 16;
+/// `OpaqueParametersMaxLength` (bytes of the parameters' JSON).
+const MAX_PARAMETERS: usize = 10 * 1024;
+/// `TotalAnnotationSizeLimitB`.
+const MAX_ANNOTATIONS: usize = 256 * 1024;
+/// `DriverNameMaxLength`.
+const MAX_DRIVER_NAME: usize = 63;
+
+/// The API server's feature gates its checks depend on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ApiGates {
+    /// DRAConsumableCapacity: `device.allowMultipleAllocations` in selectors; a constraint
+    /// without an attribute is reported on the constraint.
+    pub consumable_capacity: bool,
+    /// DRAListTypeAttributes: attribute values are `dyn` in the CEL environment.
+    pub list_type_attributes: bool,
+}
+
+impl Default for ApiGates {
+    /// Kubernetes 1.37's defaults.
+    fn default() -> Self {
+        ApiGates {
+            consumable_capacity: true,
+            list_type_attributes: false,
+        }
+    }
+}
+
+impl From<&dra_allocator::Features> for ApiGates {
+    fn from(f: &dra_allocator::Features) -> Self {
+        ApiGates {
+            consumable_capacity: f.consumable_capacity,
+            list_type_attributes: f.list_type_attributes,
+        }
+    }
+}
 
 /// Checks a claim spec found at `path` (`spec`, or `spec.spec` in a template).
 pub fn claim_spec(
     spec: Option<&ResourceClaimSpec>,
     path: &str,
-    cel: &SelectorCache,
+    gates: ApiGates,
 ) -> Result<(), FieldError> {
     match spec.and_then(|s| s.devices.as_ref()) {
-        Some(devices) => device_claim(devices, &format!("{path}.devices"), cel),
+        Some(devices) => device_claim(devices, &format!("{path}.devices"), gates),
         None => Ok(()),
     }
 }
 
-fn device_claim(claim: &DeviceClaim, path: &str, cel: &SelectorCache) -> Result<(), FieldError> {
+/// `Too many` for a list longer than `max`.
+fn at_most<T>(list: Option<&[T]>, max: usize, at: &str) -> Result<(), FieldError> {
+    let n = list.map_or(0, <[T]>::len);
+    if n > max {
+        return Err(FieldError::new(
+            at,
+            format!("Too many: {n}: must have at most {max} items"),
+        ));
+    }
+    Ok(())
+}
+
+fn device_claim(claim: &DeviceClaim, path: &str, gates: ApiGates) -> Result<(), FieldError> {
     let requests = claim.requests.as_deref().unwrap_or_default();
+    at_most(Some(requests), MAX_REQUESTS, &format!("{path}.requests"))?;
+    at_most(
+        claim.constraints.as_deref(),
+        MAX_CONSTRAINTS,
+        &format!("{path}.constraints"),
+    )?;
+    at_most(
+        claim.config.as_deref(),
+        MAX_CONFIGS,
+        &format!("{path}.config"),
+    )?;
     let mut names = BTreeSet::new();
     // `request` and `request/subrequest`, the names constraints and config may use.
     let mut references = BTreeSet::new();
@@ -33,7 +106,7 @@ fn device_claim(claim: &DeviceClaim, path: &str, cel: &SelectorCache) -> Result<
         dns_label(&request.name, &format!("{at}.name"))?;
         if !names.insert(request.name.as_str()) {
             return Err(FieldError::new(
-                format!("{at}.name"),
+                at,
                 format!("Duplicate value: {:?}", request.name),
             ));
         }
@@ -49,25 +122,27 @@ fn device_claim(claim: &DeviceClaim, path: &str, cel: &SelectorCache) -> Result<
             (Some(_), false) => {
                 return Err(FieldError::new(
                     at,
-                    "Invalid value: exactly one of `exactly` or `firstAvailable` is required, but multiple fields are set",
+                    "Invalid value: null: exactly one of `exactly` or `firstAvailable` is required, but multiple fields are set",
                 ));
             }
-            (Some(exactly), true) => exact_request(exactly, &format!("{at}.exactly"), cel)?,
+            (Some(exactly), true) => exact_request(exactly, &format!("{at}.exactly"), gates)?,
             (None, false) => {
+                at_most(Some(subs), MAX_SUBREQUESTS, &format!("{at}.firstAvailable"))?;
                 let mut sub_names = BTreeSet::new();
                 for (j, sub) in subs.iter().enumerate() {
                     let at = format!("{at}.firstAvailable[{j}]");
                     dns_label(&sub.name, &format!("{at}.name"))?;
                     if !sub_names.insert(sub.name.as_str()) {
                         return Err(FieldError::new(
-                            format!("{at}.name"),
+                            at,
                             format!("Duplicate value: {:?}", sub.name),
                         ));
                     }
                     references.insert(format!("{}/{}", request.name, sub.name));
                     class_name(&sub.device_class_name, &format!("{at}.deviceClassName"))?;
-                    selectors(sub.selectors.as_deref(), &format!("{at}.selectors"), cel)?;
+                    selectors(sub.selectors.as_deref(), &format!("{at}.selectors"), gates)?;
                     mode_and_count(sub.allocation_mode.as_deref(), sub.count, &at)?;
+                    tolerations(sub.tolerations.as_deref(), &format!("{at}.tolerations"))?;
                 }
             }
         }
@@ -75,19 +150,31 @@ fn device_claim(claim: &DeviceClaim, path: &str, cel: &SelectorCache) -> Result<
     for (i, constraint) in claim.constraints.iter().flatten().enumerate() {
         let at = format!("{path}.constraints[{i}]");
         request_refs(constraint.requests.as_deref(), &references, &at)?;
-        if constraint.match_attribute.is_none() && constraint.distinct_attribute.is_none() {
-            return Err(FieldError::new(
-                at,
-                "Required value: exactly one of \"matchAttribute\" or \"distinctAttribute\" is required",
-            ));
+        let attribute = match (&constraint.match_attribute, &constraint.distinct_attribute) {
+            (Some(name), _) => Some((name, "matchAttribute")),
+            (None, Some(name)) => Some((name, "distinctAttribute")),
+            (None, None) => None,
+        };
+        match attribute {
+            Some((name, field)) => fully_qualified_name(name, &format!("{at}.{field}"))?,
+            None if gates.consumable_capacity => {
+                return Err(FieldError::new(
+                    at,
+                    "Required value: exactly one of \"matchAttribute\" or \"distinctAttribute\" is required, but multiple fields are set",
+                ));
+            }
+            None => {
+                return Err(FieldError::new(
+                    format!("{at}.matchAttribute"),
+                    "Required value",
+                ));
+            }
         }
     }
     for (i, config) in claim.config.iter().flatten().enumerate() {
         let at = format!("{path}.config[{i}]");
         request_refs(config.requests.as_deref(), &references, &at)?;
-        if config.opaque.is_none() {
-            return Err(FieldError::new(format!("{at}.opaque"), "Required value"));
-        }
+        opaque(config.opaque.as_ref(), &format!("{at}.opaque"))?;
     }
     Ok(())
 }
@@ -95,15 +182,16 @@ fn device_claim(claim: &DeviceClaim, path: &str, cel: &SelectorCache) -> Result<
 fn exact_request(
     request: &ExactDeviceRequest,
     at: &str,
-    cel: &SelectorCache,
+    gates: ApiGates,
 ) -> Result<(), FieldError> {
     class_name(&request.device_class_name, &format!("{at}.deviceClassName"))?;
     selectors(
         request.selectors.as_deref(),
         &format!("{at}.selectors"),
-        cel,
+        gates,
     )?;
-    mode_and_count(request.allocation_mode.as_deref(), request.count, at)
+    mode_and_count(request.allocation_mode.as_deref(), request.count, at)?;
+    tolerations(request.tolerations.as_deref(), &format!("{at}.tolerations"))
 }
 
 fn request_refs(
@@ -111,39 +199,239 @@ fn request_refs(
     known: &BTreeSet<String>,
     at: &str,
 ) -> Result<(), FieldError> {
+    let at = format!("{at}.requests");
+    at_most(refs, MAX_REQUESTS, &at)?;
+    let mut seen = BTreeSet::new();
     for (k, name) in refs.unwrap_or_default().iter().enumerate() {
-        if !known.contains(name) {
-            return Err(FieldError::new(
-                format!("{at}.requests[{k}]"),
+        let field = format!("{at}[{k}]");
+        let invalid = || {
+            FieldError::new(
+                &field,
                 format!(
                     "Invalid value: {name:?}: must be the name of a request in the claim or the name of a request and a subrequest separated by '/'"
                 ),
-            ));
+            )
+        };
+        let segments: Vec<&str> = name.split('/').collect();
+        if segments.len() > 2 {
+            return Err(invalid());
+        }
+        for segment in segments {
+            dns_label(segment, &field)?;
+        }
+        if !known.contains(name) {
+            return Err(invalid());
+        }
+        if !seen.insert(name) {
+            return Err(FieldError::new(field, format!("Duplicate value: {name:?}")));
         }
     }
     Ok(())
+}
+
+/// `validateDeviceToleration`, with the declarative limit on their number.
+fn tolerations(list: Option<&[DeviceToleration]>, at: &str) -> Result<(), FieldError> {
+    at_most(list, MAX_TOLERATIONS, at)?;
+    for (i, t) in list.unwrap_or_default().iter().enumerate() {
+        let at = format!("{at}[{i}]");
+        if let Some(key) = t.key.as_deref().filter(|k| !k.is_empty()) {
+            invalid_if(names::qualified_name(key), key, &format!("{at}.key"))?;
+        }
+        let value = t.value.as_deref().unwrap_or("");
+        match t.operator.as_deref().unwrap_or("") {
+            "Exists" if !value.is_empty() => {
+                return Err(FieldError::new(
+                    format!("{at}.value"),
+                    format!("Invalid value: {value:?}: must be empty for operator `Exists`"),
+                ));
+            }
+            "Exists" => {}
+            "Equal" => invalid_if(names::label_value(value), value, &format!("{at}.value"))?,
+            "" => return Err(FieldError::new(format!("{at}.operator"), "Required value")),
+            other => {
+                return Err(FieldError::new(
+                    format!("{at}.operator"),
+                    format!(
+                        "Unsupported value: {other:?}: supported values: \"Equal\", \"Exists\""
+                    ),
+                ));
+            }
+        }
+        match t.effect.as_deref().unwrap_or("") {
+            "" | "NoSchedule" | "NoExecute" | "None" => {}
+            other => {
+                return Err(FieldError::new(
+                    format!("{at}.effect"),
+                    format!(
+                        "Unsupported value: {other:?}: supported values: \"NoExecute\", \"NoSchedule\", \"None\""
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// An opaque config: a driver name and parameters that are a JSON object within the limit.
+fn opaque(config: Option<&OpaqueDeviceConfiguration>, at: &str) -> Result<(), FieldError> {
+    let Some(config) = config else {
+        return Err(FieldError::new(at, "Required value"));
+    };
+    driver_name(&config.driver, &format!("{at}.driver"))?;
+    let at = format!("{at}.parameters");
+    let parameters = &config.parameters.0;
+    if parameters.is_null() {
+        return Err(FieldError::new(at, "Required value"));
+    }
+    // kubectl sends parameters as compact JSON; that is what the limit measures.
+    let length = serde_json::to_string(parameters).map_or(0, |s| s.len());
+    if length > MAX_PARAMETERS {
+        return Err(FieldError::new(
+            at,
+            format!("Too long: may not be more than {MAX_PARAMETERS} bytes"),
+        ));
+    }
+    if !parameters.is_object() {
+        return Err(FieldError::new(
+            at,
+            "Invalid value: \"<value omitted>\": must be a valid JSON object",
+        ));
+    }
+    Ok(())
+}
+
+/// `ValidateCSIDriverName`, which DRA driver names share.
+fn driver_name(name: &str, at: &str) -> Result<(), FieldError> {
+    if name.is_empty() {
+        return Err(FieldError::new(at, "Required value"));
+    }
+    if name.len() > MAX_DRIVER_NAME {
+        return Err(FieldError::new(
+            at,
+            format!("Too long: may not be more than {MAX_DRIVER_NAME} bytes"),
+        ));
+    }
+    invalid_if(names::dns1123_subdomain(&name.to_lowercase()), name, at)
+}
+
+/// A `matchAttribute`/`distinctAttribute`: `<domain>/<C identifier>`.
+fn fully_qualified_name(name: &str, at: &str) -> Result<(), FieldError> {
+    let invalid = |message: &str| {
+        Err(FieldError::new(
+            at,
+            format!("Invalid value: {name:?}: {message}"),
+        ))
+    };
+    // The API server lets names with more than one slash through (a known gap it keeps for
+    // objects already stored).
+    if name.matches('/').count() > 1 {
+        return Ok(());
+    }
+    let Some((domain, id)) = name.split_once('/') else {
+        return invalid("a fully qualified name must be a domain and a name separated by a slash");
+    };
+    if domain.is_empty() {
+        return invalid("the domain must not be empty");
+    }
+    driver_name(domain, at)?;
+    if id.is_empty() {
+        return invalid("the name must not be empty");
+    }
+    if id.len() > 32 {
+        return Err(FieldError::new(
+            at,
+            "Too long: may not be more than 32 bytes",
+        ));
+    }
+    let c_identifier = id.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+        && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !c_identifier {
+        return invalid(
+            "a valid C identifier must start with alphabetic character or '_', followed by a string of alphanumeric characters or '_' (e.g. 'my_name',  or 'MY_NAME',  or 'MyName', regex used for validation is '[A-Za-z_][A-Za-z0-9_]*')",
+        );
+    }
+    Ok(())
+}
+
+/// The first of a format's messages, as `Invalid value`.
+fn invalid_if(messages: Vec<String>, value: &str, at: &str) -> Result<(), FieldError> {
+    match messages.into_iter().next() {
+        Some(message) => Err(FieldError::new(
+            at,
+            format!("Invalid value: {value:?}: {message}"),
+        )),
+        None => Ok(()),
+    }
 }
 
 /// Checks a DeviceClass spec.
-pub fn class_spec(spec: Option<&DeviceClassSpec>, cel: &SelectorCache) -> Result<(), FieldError> {
+pub fn class_spec(spec: Option<&DeviceClassSpec>, gates: ApiGates) -> Result<(), FieldError> {
     let Some(spec) = spec else { return Ok(()) };
-    selectors(spec.selectors.as_deref(), "spec.selectors", cel)?;
+    at_most(spec.selectors.as_deref(), MAX_SELECTORS, "spec.selectors")?;
+    selectors(spec.selectors.as_deref(), "spec.selectors", gates)?;
+    at_most(spec.config.as_deref(), MAX_CONFIGS, "spec.config")?;
     for (i, config) in spec.config.iter().flatten().enumerate() {
-        if config.opaque.is_none() {
-            return Err(FieldError::new(
-                format!("spec.config[{i}].opaque"),
-                "Required value",
-            ));
-        }
+        opaque(config.opaque.as_ref(), &format!("spec.config[{i}].opaque"))?;
+    }
+    if let Some(name) = &spec.extended_resource_name
+        && !is_extended_resource_name(name)
+    {
+        return Err(FieldError::new(
+            "spec.extendedResourceName",
+            format!("Invalid value: {name:?}: must be a valid extended resource name"),
+        ));
     }
     Ok(())
 }
 
+/// `IsExtendedResourceName`: a domain-prefixed name outside `kubernetes.io`, which is still a
+/// qualified name as a quota's `requests.<name>`.
+fn is_extended_resource_name(name: &str) -> bool {
+    let native = !name.contains('/') || name.contains("kubernetes.io/");
+    !native
+        && !name.starts_with("requests.")
+        && names::qualified_name(&format!("requests.{name}")).is_empty()
+}
+
+/// Labels and annotations (`metadata.labels`, `metadata.annotations` under `at`).
+pub fn labels_and_annotations(
+    labels: Option<&BTreeMap<String, String>>,
+    annotations: Option<&BTreeMap<String, String>>,
+    at: &str,
+) -> Result<(), FieldError> {
+    let labels_at = format!("{at}.labels");
+    for (key, value) in labels.into_iter().flatten() {
+        invalid_if(names::qualified_name(key), key, &labels_at)?;
+        invalid_if(names::label_value(value), value, &labels_at)?;
+    }
+    let annotations_at = format!("{at}.annotations");
+    let mut size = 0;
+    for (key, value) in annotations.into_iter().flatten() {
+        // Case does not matter in annotation keys.
+        invalid_if(
+            names::qualified_name(&key.to_lowercase()),
+            key,
+            &annotations_at,
+        )?;
+        size += key.len() + value.len();
+    }
+    if size > MAX_ANNOTATIONS {
+        return Err(FieldError::new(
+            annotations_at,
+            format!("Too long: may not be more than {MAX_ANNOTATIONS} bytes"),
+        ));
+    }
+    Ok(())
+}
+
+/// Selectors as the API server compiles them on create: its environment (attribute values are
+/// `any` without DRAListTypeAttributes), the length limit and the estimated cost limit.
 fn selectors(
     selectors: Option<&[DeviceSelector]>,
     at: &str,
-    cel: &SelectorCache,
+    gates: ApiGates,
 ) -> Result<(), FieldError> {
+    at_most(selectors, MAX_SELECTORS, at)?;
     for (i, selector) in selectors.unwrap_or_default().iter().enumerate() {
         let Some(expression) = selector.cel.as_ref().map(|c| c.expression.as_str()) else {
             return Err(FieldError::new(format!("{at}[{i}].cel"), "Required value"));
@@ -152,12 +440,28 @@ fn selectors(
         if expression.is_empty() {
             return Err(FieldError::new(field, "Required value"));
         }
-        // The API server compiles selectors when a claim or class is created.
-        if let Err(CelError::Compile(message) | CelError::Runtime(message)) =
-            &*cel.get_or_compile(expression)
-        {
-            let first = message.lines().next().unwrap_or("");
-            return Err(FieldError::new(field, format!("does not compile: {first}")));
+        if expression.len() > MAX_EXPRESSION_LENGTH {
+            return Err(FieldError::new(
+                field,
+                format!("Too long: may not be more than {MAX_EXPRESSION_LENGTH} bytes"),
+            ));
+        }
+        let features = CostFeatures {
+            list_type_attributes: gates.list_type_attributes,
+            consumable_capacity: gates.consumable_capacity,
+        };
+        match dra_cel::estimate_cost_with(expression, features) {
+            Err(CelError::Compile(message) | CelError::Runtime(message)) => {
+                let first = message.lines().next().unwrap_or("");
+                return Err(FieldError::new(field, format!("does not compile: {first}")));
+            }
+            Ok(cost) if cost > MAX_COST => {
+                return Err(FieldError::new(
+                    field,
+                    "Forbidden: too complex, exceeds cost limit",
+                ));
+            }
+            Ok(_) => {}
         }
     }
     Ok(())
@@ -195,36 +499,12 @@ fn dns_label(name: &str, at: &str) -> Result<(), FieldError> {
     if name.is_empty() {
         return Err(FieldError::new(at, "Required value"));
     }
-    if name.len() > 63 || !label_chars(name) {
-        return Err(FieldError::new(
-            at,
-            format!(
-                "Invalid value: {name:?}: a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character"
-            ),
-        ));
-    }
-    Ok(())
-}
-
-fn label_chars(label: &str) -> bool {
-    let alnum = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
-    !label.is_empty()
-        && label.chars().all(|c| alnum(c) || c == '-')
-        && label.starts_with(alnum)
-        && label.ends_with(alnum)
+    invalid_if(names::dns1123_label(name), name, at)
 }
 
 /// RFC 1123 subdomain: what object names (and device class names) must be.
 pub fn dns_subdomain(name: &str, at: &str) -> Result<(), FieldError> {
-    if name.len() > 253 || !name.split('.').all(label_chars) {
-        return Err(FieldError::new(
-            at,
-            format!(
-                "Invalid value: {name:?}: a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character"
-            ),
-        ));
-    }
-    Ok(())
+    invalid_if(names::dns1123_subdomain(name), name, at)
 }
 
 #[cfg(test)]
@@ -240,7 +520,58 @@ mod tests {
     }
 
     fn check(requests: serde_json::Value) -> Result<(), FieldError> {
-        claim_spec(Some(&spec(requests)), "spec", &SelectorCache::new())
+        claim_spec(Some(&spec(requests)), "spec", ApiGates::default())
+    }
+
+    #[test]
+    fn extended_resource_names_as_the_api_server_checks_them() {
+        for good in ["example.com/gpu", "nvidia.com/gpu"] {
+            assert!(is_extended_resource_name(good), "{good}");
+        }
+        for bad in [
+            "example.com",
+            "kubernetes.io/gpu",
+            "requests.example.com/gpu",
+            "example.com/a/b",
+        ] {
+            assert!(!is_extended_resource_name(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn metadata_labels_and_annotations_are_checked() {
+        let map = |k: &str, v: &str| BTreeMap::from([(k.to_string(), v.to_string())]);
+        assert!(labels_and_annotations(Some(&map("a/b", "c")), Some(&map("X/Y", "")), "m").is_ok());
+        let err = labels_and_annotations(Some(&map("a", "spaces not allowed")), None, "metadata")
+            .unwrap_err();
+        assert_eq!(err.field, "metadata.labels");
+        let err = labels_and_annotations(None, Some(&map("!@#", "")), "metadata").unwrap_err();
+        assert_eq!(err.field, "metadata.annotations");
+        let big = map("a", &"x".repeat(MAX_ANNOTATIONS));
+        let err = labels_and_annotations(None, Some(&big), "metadata").unwrap_err();
+        assert!(err.message.starts_with("Too long"), "{err:?}");
+    }
+
+    #[test]
+    fn opaque_parameters_limit_counts_compact_json() {
+        let config = |parameters: serde_json::Value| OpaqueDeviceConfiguration {
+            driver: "gpu.nvidia.com".into(),
+            parameters: k8s_openapi::apimachinery::pkg::runtime::RawExtension(parameters),
+        };
+        // {"s":"..."} is 8 bytes around the string.
+        let at_limit = json!({"s": "x".repeat(MAX_PARAMETERS - 8)});
+        assert!(opaque(Some(&config(at_limit)), "c").is_ok());
+        let over = json!({"s": "x".repeat(MAX_PARAMETERS - 7)});
+        assert!(
+            opaque(Some(&config(over)), "c")
+                .unwrap_err()
+                .message
+                .starts_with("Too long")
+        );
+        let err = opaque(Some(&config(json!("text"))), "c").unwrap_err();
+        assert_eq!(err.field, "c.parameters");
+        let err = opaque(Some(&config(json!(null))), "c").unwrap_err();
+        assert_eq!(err.message, "Required value");
     }
 
     #[test]

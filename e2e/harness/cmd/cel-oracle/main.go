@@ -30,6 +30,8 @@
 //
 //	{"cost": <estimated maximum cost>}  (validation rejects it when above 1,000,000)
 //	{"error": {"kind": "compile", "message": "..."}}
+//
+// An input line with "derived": true is compiled as a new derived attribute's expression.
 package main
 
 import (
@@ -54,6 +56,9 @@ type input struct {
 	Driver     string              `json:"driver"`
 	Expression string              `json:"expression"`
 	Device     *resourceapi.Device `json:"device"`
+	// With --estimate-cost: compile as a new derived attribute's expression (a request's
+	// derivedAttributes[].expression), as validation does.
+	Derived bool `json:"derived"`
 }
 
 type errorOut struct {
@@ -167,7 +172,7 @@ func estimateLine(c compiler, line []byte) any {
 		return errorf("input", "invalid input line: %v", err)
 	}
 	envType := environment.NewExpressions
-	res := c.CompileCELExpression(req.Expression, cel.Options{EnvType: &envType})
+	res := c.CompileCELExpression(req.Expression, cel.Options{EnvType: &envType, DerivedAttribute: req.Derived})
 	if res.Error != nil {
 		return errorf("compile", "%s", res.Error.Detail)
 	}
