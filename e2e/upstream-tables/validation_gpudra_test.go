@@ -1,9 +1,9 @@
-// Kubernetes' create-time validation table for ResourceClaims, ResourceClaimTemplates and
-// DeviceClasses (k8s.io/kubernetes pkg/apis/resource/validation: TestValidateClaim,
-// TestValidateClaimTemplate, TestValidateClass) run against `gpu-dra match --print-v1`, which
-// refuses what the API server would refuse.
+// Kubernetes' create-time validation tables for ResourceClaims, ResourceClaimTemplates,
+// DeviceClasses and DeviceTaintRules (k8s.io/kubernetes pkg/apis/resource/validation:
+// TestValidateClaim, TestValidateClaimTemplate, TestValidateClass, TestValidateDeviceTaint) run
+// against `gpu-dra match --print-v1`, which refuses what the API server would refuse.
 //
-// e2e/upstream-tables.sh copies the package beside this file and renames its three exported
+// e2e/upstream-tables.sh copies the package beside this file and renames its four exported
 // create-time validators to upstream*; the functions below take their names, so every case of
 // the tables goes through them. Each returns upstream's own errors (so the table still checks
 // upstream against its expectations) plus one error naming any disagreement with gpu-dra.
@@ -48,6 +48,7 @@ import (
 	"k8s.io/kubernetes/pkg/apis/resource"
 	_ "k8s.io/kubernetes/pkg/apis/resource/install"
 	"k8s.io/kubernetes/pkg/registry/resource/deviceclass"
+	"k8s.io/kubernetes/pkg/registry/resource/devicetaintrule"
 	"k8s.io/kubernetes/pkg/registry/resource/resourceclaim"
 	"k8s.io/kubernetes/pkg/registry/resource/resourceclaimtemplate"
 )
@@ -89,6 +90,11 @@ func ValidateResourceClaimTemplate(template *resource.ResourceClaimTemplate) fie
 func ValidateDeviceClass(class *resource.DeviceClass) field.ErrorList {
 	errs := upstreamValidateDeviceClass(class)
 	return append(errs, compareWithGpuDRA(class, &resourcev1.DeviceClass{}, "DeviceClass", "deviceclasses", deviceclass.Strategy)...)
+}
+
+func ValidateDeviceTaintRule(rule *resource.DeviceTaintRule) field.ErrorList {
+	errs := upstreamValidateDeviceTaintRule(rule)
+	return append(errs, compareWithGpuDRA(rule, &resourcev1.DeviceTaintRule{}, "DeviceTaintRule", "devicetaintrules", devicetaintrule.Strategy)...)
 }
 
 // adminNamespaces: the namespaces the table's objects are in, each labelled for admin access.

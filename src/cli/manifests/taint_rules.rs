@@ -8,6 +8,7 @@ use k8s_openapi::api::resource::{v1, v1alpha3, v1beta2};
 use serde_json::Value;
 
 use super::convert::{FieldError, decode, decode_canonical};
+use super::validate;
 
 /// The `apiVersion`s that serve DeviceTaintRule.
 pub const API_VERSIONS: [&str; 3] = [
@@ -15,7 +16,6 @@ pub const API_VERSIONS: [&str; 3] = [
     "resource.k8s.io/v1beta2",
     "resource.k8s.io/v1alpha3",
 ];
-const EFFECTS: [&str; 3] = ["NoSchedule", "NoExecute", "None"];
 
 /// Decodes a DeviceTaintRule of `api_version` strictly and returns it as v1.
 pub fn to_v1(api_version: &str, doc: &Value) -> Result<v1::DeviceTaintRule, FieldError> {
@@ -47,71 +47,21 @@ pub fn to_v1(api_version: &str, doc: &Value) -> Result<v1::DeviceTaintRule, Fiel
     Ok(rule)
 }
 
-/// What the API server's validation refuses in a rule's taint.
+/// What the API server's validation refuses in a rule's selector and taint.
 fn validate(rule: &v1::DeviceTaintRule) -> Result<(), FieldError> {
-    let taint = &rule.spec.taint;
-    if let Err(reason) = qualified_name(&taint.key) {
-        return Err(FieldError::new("spec.taint.key", reason));
+    if let Some(selector) = &rule.spec.device_selector {
+        let at = "spec.deviceSelector";
+        if let Some(driver) = &selector.driver {
+            validate::driver_name(driver, &format!("{at}.driver"))?;
+        }
+        if let Some(pool) = &selector.pool {
+            validate::pool_name(pool, &format!("{at}.pool"))?;
+        }
+        if let Some(device) = &selector.device {
+            validate::dns_label(device, &format!("{at}.device"))?;
+        }
     }
-    if let Some(value) = &taint.value
-        && (value.len() > 63
-            || !value
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-            || value.starts_with(['-', '_', '.'])
-            || value.ends_with(['-', '_', '.']))
-    {
-        return Err(FieldError::new(
-            "spec.taint.value",
-            format!(
-                "{value:?} is not a valid label value (at most 63 alphanumerics, '-', '_' or '.', starting and ending alphanumeric)"
-            ),
-        ));
-    }
-    if !EFFECTS.contains(&taint.effect.as_str()) {
-        return Err(FieldError::new(
-            "spec.taint.effect",
-            format!(
-                "{:?} is not supported; use {}",
-                taint.effect,
-                EFFECTS.join(", ")
-            ),
-        ));
-    }
-    Ok(())
-}
-
-/// A label key: `[prefix/]name`, name at most 63 alphanumerics, '-', '_', '.'.
-fn qualified_name(key: &str) -> Result<(), String> {
-    let name = key.rsplit('/').next().unwrap_or(key);
-    let prefix = key.len() > name.len();
-    let ok_name = !name.is_empty()
-        && name.len() <= 63
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
-        && name.ends_with(|c: char| c.is_ascii_alphanumeric());
-    let ok_prefix = !prefix || {
-        let domain = &key[..key.len() - name.len() - 1];
-        !domain.is_empty()
-            && domain.len() <= 253
-            && domain.split('.').all(|label| {
-                !label.is_empty()
-                    && label
-                        .chars()
-                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-                    && !label.starts_with('-')
-                    && !label.ends_with('-')
-            })
-    };
-    if ok_name && ok_prefix {
-        Ok(())
-    } else {
-        Err(format!(
-            "{key:?} is not a qualified name (an optional DNS subdomain prefix and '/', then at most 63 alphanumerics, '-', '_' or '.')"
-        ))
-    }
+    validate::taint(&rule.spec.taint, "spec.taint")
 }
 
 fn matches(

@@ -12,8 +12,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use dra_cel::{CelError, CostFeatures, MAX_COST, MAX_EXPRESSION_LENGTH, names};
 use k8s_openapi::api::resource::v1::{
-    DeviceClaim, DeviceClassSpec, DeviceSelector, DeviceToleration, ExactDeviceRequest,
-    OpaqueDeviceConfiguration, ResourceClaimSpec,
+    DeviceClaim, DeviceClassSpec, DeviceSelector, DeviceTaint, DeviceToleration,
+    ExactDeviceRequest, OpaqueDeviceConfiguration, ResourceClaimSpec,
 };
 
 use super::convert::FieldError;
@@ -29,6 +29,8 @@ const MAX_TOLERATIONS: usize = 16;
 const MAX_PARAMETERS: usize = 10 * 1024;
 /// `TotalAnnotationSizeLimitB`.
 const MAX_ANNOTATIONS: usize = 256 * 1024;
+/// What a taint's effect (and a toleration's) may be.
+const TAINT_EFFECTS: &str = "\"NoExecute\", \"NoSchedule\", \"None\"";
 /// `DriverNameMaxLength`.
 const MAX_DRIVER_NAME: usize = 63;
 
@@ -262,9 +264,7 @@ fn tolerations(list: Option<&[DeviceToleration]>, at: &str) -> Result<(), FieldE
             other => {
                 return Err(FieldError::new(
                     format!("{at}.effect"),
-                    format!(
-                        "Unsupported value: {other:?}: supported values: \"NoExecute\", \"NoSchedule\", \"None\""
-                    ),
+                    format!("Unsupported value: {other:?}: supported values: {TAINT_EFFECTS}"),
                 ));
             }
         }
@@ -301,7 +301,7 @@ fn opaque(config: Option<&OpaqueDeviceConfiguration>, at: &str) -> Result<(), Fi
 }
 
 /// `ValidateCSIDriverName`, which DRA driver names share.
-fn driver_name(name: &str, at: &str) -> Result<(), FieldError> {
+pub fn driver_name(name: &str, at: &str) -> Result<(), FieldError> {
     if name.is_empty() {
         return Err(FieldError::new(at, "Required value"));
     }
@@ -494,12 +494,46 @@ fn class_name(name: &str, at: &str) -> Result<(), FieldError> {
     dns_subdomain(name, at)
 }
 
-/// RFC 1123 label: what request names must be.
-fn dns_label(name: &str, at: &str) -> Result<(), FieldError> {
+/// RFC 1123 label: what request and device names must be.
+pub fn dns_label(name: &str, at: &str) -> Result<(), FieldError> {
     if name.is_empty() {
         return Err(FieldError::new(at, "Required value"));
     }
     invalid_if(names::dns1123_label(name), name, at)
+}
+
+/// `validatePoolName`: at most 253 bytes, RFC 1123 subdomains separated by `/`.
+pub fn pool_name(name: &str, at: &str) -> Result<(), FieldError> {
+    if name.is_empty() {
+        return Err(FieldError::new(at, "Required value"));
+    }
+    if name.len() > 253 {
+        return Err(FieldError::new(
+            at,
+            "Too long: may not be more than 253 bytes",
+        ));
+    }
+    name.split('/').try_for_each(|part| dns_subdomain(part, at))
+}
+
+/// `validateDeviceTaint` on create: a label key, a label value, a known effect.
+pub fn taint(taint: &DeviceTaint, at: &str) -> Result<(), FieldError> {
+    let key_at = format!("{at}.key");
+    if taint.key.is_empty() {
+        return Err(FieldError::new(key_at, "Required value"));
+    }
+    invalid_if(names::qualified_name(&taint.key), &taint.key, &key_at)?;
+    if let Some(value) = taint.value.as_deref().filter(|v| !v.is_empty()) {
+        invalid_if(names::label_value(value), value, &format!("{at}.value"))?;
+    }
+    match taint.effect.as_str() {
+        "" => Err(FieldError::new(format!("{at}.effect"), "Required value")),
+        "NoSchedule" | "NoExecute" | "None" => Ok(()),
+        other => Err(FieldError::new(
+            format!("{at}.effect"),
+            format!("Unsupported value: {other:?}: supported values: {TAINT_EFFECTS}"),
+        )),
+    }
 }
 
 /// RFC 1123 subdomain: what object names (and device class names) must be.
