@@ -1,6 +1,7 @@
 // The e2e harness: kube-apiserver, kube-scheduler and kubectl (tool directives, built by
 // e2e/build-k8s.sh) and our Go tools on the same pinned Kubernetes modules: kubelet-sim,
-// cel-oracle, alloc-oracle, plus their tests and the CEL benchmark.
+// cel-oracle, alloc-oracle, plus their tests and the CEL benchmark; slicevalidation (our slices
+// through kube-apiserver's create path).
 module gpu-dra/e2e/harness
 
 go 1.26.0
