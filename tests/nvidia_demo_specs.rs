@@ -387,7 +387,7 @@ fn a_bad_opaque_config_fails_match_naming_its_field() {
         (
             "strategy: MPS",
             "strategy: Mps",
-            "spec.spec.devices.config[1].opaque.parameters: unknown variant `Mps`, expected `TimeSlicing` or `MPS`",
+            "spec.spec.devices.config[1].opaque.parameters.sharing.strategy: unknown variant `Mps`, expected `TimeSlicing` or `MPS`",
         ),
         (
             "apiVersion: resource.nvidia.com/v1beta1\n            kind: GpuConfig\n            sharing:\n              strategy: TimeSlicing",

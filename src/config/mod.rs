@@ -193,15 +193,9 @@ pub fn decode(parameters: &serde_json::Value) -> Result<DeviceConfig, ConfigErro
     body.remove("kind");
     let body = serde_json::Value::Object(body);
     let config = match kind {
-        "GpuConfig" => {
-            DeviceConfig::GpuConfig(serde_json::from_value(body).map_err(|e| serde_err(&e))?)
-        }
-        "MigDeviceConfig" => {
-            DeviceConfig::MigDeviceConfig(serde_json::from_value(body).map_err(|e| serde_err(&e))?)
-        }
-        "VfioDeviceConfig" => {
-            DeviceConfig::VfioDeviceConfig(serde_json::from_value(body).map_err(|e| serde_err(&e))?)
-        }
+        "GpuConfig" => DeviceConfig::GpuConfig(from_body(body)?),
+        "MigDeviceConfig" => DeviceConfig::MigDeviceConfig(from_body(body)?),
+        "VfioDeviceConfig" => DeviceConfig::VfioDeviceConfig(from_body(body)?),
         other => {
             return Err(err(
                 "kind",
@@ -215,8 +209,14 @@ pub fn decode(parameters: &serde_json::Value) -> Result<DeviceConfig, ConfigErro
     Ok(config)
 }
 
-fn serde_err(e: &serde_json::Error) -> ConfigError {
-    err("parameters", strict_decoding_reason(e))
+/// Decodes a config's fields, an error naming the field serde stopped at (the object holding
+/// an unknown field, `parameters` itself at the top).
+fn from_body<T: serde::de::DeserializeOwned>(body: serde_json::Value) -> Result<T, ConfigError> {
+    serde_path_to_error::deserialize(body).map_err(|e| {
+        let path = e.path().to_string();
+        let field = if path == "." { "parameters" } else { &path };
+        err(field, strict_decoding_reason(e.inner()))
+    })
 }
 
 /// serde's reason for refusing parameters, with an unknown field worded as NVIDIA's driver
@@ -379,6 +379,31 @@ mod tests {
             "iommu": {"backendPolicy": "PreferIommuFD"}
         }));
         assert_eq!(fd.backend(), IommuBackend::PreferIommuFd);
+    }
+
+    /// NVIDIA's admission webhook table (cmd/webhook/main_test.go,
+    /// TestResourceClaimValidatingWebhook): the GpuConfigs it allows and denies, which prepare
+    /// (and `match`) accept and refuse alike, naming the field it names.
+    #[test]
+    fn nvidias_webhook_table() {
+        let gpu_config = |sharing: serde_json::Value| json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": sharing});
+        let allowed = gpu_config(
+            json!({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Default"}}),
+        );
+        decode(&allowed).expect("allowed by NVIDIA's webhook");
+        for (denied, field) in [
+            (
+                json!({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Invalid Interval"}}),
+                "interval",
+            ),
+            (
+                json!({"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": -1}}),
+                "defaultActiveThreadPercentage",
+            ),
+        ] {
+            let err = decode(&gpu_config(denied.clone())).expect_err("denied by NVIDIA's webhook");
+            assert!(err.to_string().contains(field), "{denied}: {err}");
+        }
     }
 
     #[test]
