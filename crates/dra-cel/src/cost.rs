@@ -1854,7 +1854,7 @@ const ATTRIBUTES_DYN: &str = "map(string, map(string, dyn))";
 const ATTRIBUTES_ANY: &str = "map(string, map(string, any))";
 
 /// The feature gates kube-apiserver's NewExpressions environment depends on (`cel.Features`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct CostFeatures {
     /// DRAListTypeAttributes (alpha, off by default).
     pub list_type_attributes: bool,

@@ -8,7 +8,8 @@
 //! the API server stops there.
 //!
 //! `e2e/upstream-tables.sh validation` holds these to Kubernetes' own validation tables.
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{LazyLock, Mutex};
 
 use dra_cel::{CelError, CostFeatures, MAX_COST, MAX_EXPRESSION_LENGTH, names};
 use k8s_openapi::api::resource::v1::{
@@ -450,7 +451,7 @@ fn selectors(
             list_type_attributes: gates.list_type_attributes,
             consumable_capacity: gates.consumable_capacity,
         };
-        match dra_cel::estimate_cost_with(expression, features) {
+        match selector_cost(expression, features) {
             Err(CelError::Compile(message) | CelError::Runtime(message)) => {
                 let first = message.lines().next().unwrap_or("");
                 return Err(FieldError::new(field, format!("does not compile: {first}")));
@@ -465,6 +466,22 @@ fn selectors(
         }
     }
     Ok(())
+}
+
+/// [`dra_cel::estimate_cost_with`], once per expression and gates in this process: inputs often
+/// repeat a selector in many claims, and estimating is the costly part of these checks.
+fn selector_cost(expression: &str, features: CostFeatures) -> Result<u64, CelError> {
+    static ESTIMATES: LazyLock<Mutex<HashMap<(String, CostFeatures), Result<u64, CelError>>>> =
+        LazyLock::new(Mutex::default);
+    let key = (expression.to_string(), features);
+    if let Some(known) = ESTIMATES.lock().ok().and_then(|m| m.get(&key).cloned()) {
+        return known;
+    }
+    let estimate = dra_cel::estimate_cost_with(expression, features);
+    if let Ok(mut known) = ESTIMATES.lock() {
+        known.insert(key, estimate.clone());
+    }
+    estimate
 }
 
 fn mode_and_count(mode: Option<&str>, count: Option<i64>, at: &str) -> Result<(), FieldError> {
