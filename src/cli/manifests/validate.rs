@@ -471,8 +471,8 @@ fn selectors(
 /// [`dra_cel::estimate_cost_with`], once per expression and gates in this process: inputs often
 /// repeat a selector in many claims, and estimating is the costly part of these checks.
 fn selector_cost(expression: &str, features: CostFeatures) -> Result<u64, CelError> {
-    static ESTIMATES: LazyLock<Mutex<HashMap<(String, CostFeatures), Result<u64, CelError>>>> =
-        LazyLock::new(Mutex::default);
+    type Estimates = HashMap<(String, CostFeatures), Result<u64, CelError>>;
+    static ESTIMATES: LazyLock<Mutex<Estimates>> = LazyLock::new(Mutex::default);
     let key = (expression.to_string(), features);
     if let Some(known) = ESTIMATES.lock().ok().and_then(|m| m.get(&key).cloned()) {
         return known;
