@@ -9,15 +9,16 @@
 #              evaluation errors), against crates/dra-cel (its cel_case example);
 # and from the pinned k8s.io/kubernetes module:
 #   validation: pkg/apis/resource/validation's create-time tables for ResourceClaims,
-#              ResourceClaimTemplates, DeviceClasses and DeviceTaintRules (TestValidateClaim,
-#              TestValidateClaimTemplate, TestValidateClass, TestValidateDeviceTaint), against `gpu-dra match
+#              ResourceClaimTemplates, DeviceClasses, DeviceTaintRules and ResourceSlices
+#              (TestValidateClaim, TestValidateClaimTemplate, TestValidateClass,
+#              TestValidateDeviceTaint, TestValidateResourceSlice), against `gpu-dra match
 #              --print-v1`: it must accept what kube-apiserver accepts and refuse what it
 #              refuses, naming a field it names; run with the default gates and again with
 #              DRADerivedAttributes on (requests' derivedAttributes are dropped without it).
 # The tables are internal to their module (an internal package, a test variable, a function's
 # local table), so the package is copied to a scratch folder and
 # e2e/upstream-tables/*_gpudra_test.go are placed inside the copy. For the validation table the
-# copy's four create validators are renamed upstream* so that the adapter's, under their
+# copy's five create validators are renamed upstream* so that the adapter's, under their
 # names, see every case (it still returns upstream's errors, so the table keeps checking
 # upstream too); nothing else is changed.
 #
@@ -134,14 +135,14 @@ for table in "${tables[@]}"; do
             cp "$HERE/harness/go.mod" "$HERE/harness/go.sum" "$scratch/"
             cp "$upstream"/*.go "$scratch/resourcevalidation/"
             chmod -R u+w "$scratch"
-            validators='ValidateResourceClaim|ValidateResourceClaimTemplate|ValidateDeviceClass|ValidateDeviceTaintRule'
-            [[ $(grep -cE "^func ($validators)\(" "$scratch/resourcevalidation/validation.go") == 4 ]] || {
+            validators='ValidateResourceClaim|ValidateResourceClaimTemplate|ValidateDeviceClass|ValidateDeviceTaintRule|ValidateResourceSlice'
+            [[ $(grep -cE "^func ($validators)\(" "$scratch/resourcevalidation/validation.go") == 5 ]] || {
                 echo "e2e/upstream-tables: $upstream/validation.go does not define $validators as expected" >&2
                 exit 1
             }
             sed -i -E "s/^func ($validators)\(/func upstream\1(/" "$scratch/resourcevalidation/validation.go"
             cp "$HERE/upstream-tables/validation_gpudra_test.go" "$scratch/resourcevalidation/gpudra_test.go"
-            tests='TestValidateClaim|TestValidateClaimTemplate|TestValidateClass|TestValidateDeviceTaint'
+            tests='TestValidateClaim|TestValidateClaimTemplate|TestValidateClass|TestValidateDeviceTaint|TestValidateResourceSlice'
             run validation "validation table (k8s.io/kubernetes $K8S_VERSION)" \
                 "$scratch" resourcevalidation "$tests" "GPU_DRA=$bin" -- "$@"
             run validation "validation table, cluster gates and DRADerivedAttributes (k8s.io/kubernetes $K8S_VERSION)" \

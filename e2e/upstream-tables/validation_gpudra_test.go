@@ -1,9 +1,10 @@
 // Kubernetes' create-time validation tables for ResourceClaims, ResourceClaimTemplates,
-// DeviceClasses and DeviceTaintRules (k8s.io/kubernetes pkg/apis/resource/validation:
-// TestValidateClaim, TestValidateClaimTemplate, TestValidateClass, TestValidateDeviceTaint) run
-// against `gpu-dra match --print-v1`, which refuses what the API server would refuse.
+// DeviceClasses, DeviceTaintRules and ResourceSlices (k8s.io/kubernetes
+// pkg/apis/resource/validation: TestValidateClaim, TestValidateClaimTemplate, TestValidateClass,
+// TestValidateDeviceTaint, TestValidateResourceSlice) run against `gpu-dra match --print-v1`,
+// which refuses what the API server would refuse.
 //
-// e2e/upstream-tables.sh copies the package beside this file and renames its four exported
+// e2e/upstream-tables.sh copies the package beside this file and renames its five exported
 // create-time validators to upstream*; the functions below take their names, so every case of
 // the tables goes through them. Each returns upstream's own errors (so the table still checks
 // upstream against its expectations) plus one error naming any disagreement with gpu-dra.
@@ -51,6 +52,7 @@ import (
 	"k8s.io/kubernetes/pkg/registry/resource/devicetaintrule"
 	"k8s.io/kubernetes/pkg/registry/resource/resourceclaim"
 	"k8s.io/kubernetes/pkg/registry/resource/resourceclaimtemplate"
+	"k8s.io/kubernetes/pkg/registry/resource/resourceslice"
 )
 
 // The DRA gates `gpu-dra match --feature-gates` takes that are not locked in 1.37: each case
@@ -95,6 +97,11 @@ func ValidateDeviceClass(class *resource.DeviceClass) field.ErrorList {
 func ValidateDeviceTaintRule(rule *resource.DeviceTaintRule) field.ErrorList {
 	errs := upstreamValidateDeviceTaintRule(rule)
 	return append(errs, compareWithGpuDRA(rule, &resourcev1.DeviceTaintRule{}, "DeviceTaintRule", "devicetaintrules", devicetaintrule.Strategy)...)
+}
+
+func ValidateResourceSlice(slice *resource.ResourceSlice) field.ErrorList {
+	errs := upstreamValidateResourceSlice(slice)
+	return append(errs, compareWithGpuDRA(slice, &resourcev1.ResourceSlice{}, "ResourceSlice", "resourceslices", resourceslice.Strategy)...)
 }
 
 // adminNamespaces: the namespaces the table's objects are in, each labelled for admin access.

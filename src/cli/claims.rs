@@ -171,7 +171,7 @@ fn read_inputs(
             "nothing to allocate: give -f FILE|DIR|- (Pods, workloads, ResourceClaims, ...) or CLAIM.yaml",
         ));
     }
-    let mut m = manifests_with(features);
+    let mut m = manifests_with(inputs)?;
     if let Some(claim) = &inputs.claim {
         m.add_sources(&[claim.display().to_string()], Some(Kind::ResourceClaim))
             .map_err(usage)?;
@@ -193,9 +193,11 @@ fn feature_gates(inputs: &ClaimInputs) -> Result<Features, CliError> {
         .map_err(|e| usage(format!("--feature-gates: {e}")))
 }
 
-/// Objects to read, checked as an API server with these gates checks them on create.
-fn manifests_with(features: &Features) -> Manifests {
-    Manifests::with_gates(manifests::validate::ApiGates::from(features))
+/// Objects to read, checked as an API server with `--feature-gates` checks them on create.
+fn manifests_with(inputs: &ClaimInputs) -> Result<Manifests, CliError> {
+    let gates = manifests::validate::ApiGates::parse(&inputs.feature_gates)
+        .map_err(|e| usage(format!("--feature-gates: {e}")))?;
+    Ok(Manifests::with_gates(gates))
 }
 
 pub(super) fn load(inputs: &ClaimInputs) -> Result<Loaded, CliError> {
@@ -236,14 +238,14 @@ pub(super) fn load_with(
                 all_slices.extend(crate::compute_domain::node::channel_slices(node, None));
             }
         } else {
-            let mut files = manifests_with(&features);
+            let mut files = manifests_with(inputs)?;
             files
                 .add_typed(&[PathBuf::from(source)], Kind::ResourceSlice)
                 .map_err(usage)?;
             all_slices.extend(files.slices.into_iter().map(|e| e.object));
         }
     }
-    let mut stock = manifests_with(&features);
+    let mut stock = manifests_with(inputs)?;
     stock
         .add_typed(&inputs.classes, Kind::DeviceClass)
         .map_err(usage)?;
@@ -292,7 +294,7 @@ pub(super) fn load_with(
         }
     }
     check_classes(&plan, &classes)?;
-    let mut held = manifests_with(&features);
+    let mut held = manifests_with(inputs)?;
     held.add_typed(&inputs.allocated, Kind::ResourceClaim)
         .map_err(usage)?;
     let rules: Vec<_> = m
@@ -505,7 +507,7 @@ fn pending(unit: &Unit, done: &HashSet<String>) -> Vec<ResourceClaim> {
 
 fn print_v1(args: &MatchArgs) -> Result<ExitCode, CliError> {
     let features = feature_gates(&args.inputs)?;
-    let mut stock = manifests_with(&features);
+    let mut stock = manifests_with(&args.inputs)?;
     stock
         .add_typed(&args.inputs.classes, Kind::DeviceClass)
         .map_err(usage)?;

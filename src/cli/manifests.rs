@@ -17,6 +17,7 @@ pub mod extended;
 pub mod placement;
 pub mod taint_rules;
 pub mod validate;
+pub mod validate_slice;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
@@ -703,6 +704,7 @@ impl Manifests {
             V1Object::Slice(slice) => {
                 let mut slice = *slice;
                 name_object(&mut slice.metadata, false, &origin).map_err(fail)?;
+                validate_slice::slice_spec(&slice.spec, self.gates).map_err(fail)?;
                 self.slices.push(Entry {
                     object: slice,
                     origin,

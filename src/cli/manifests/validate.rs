@@ -39,10 +39,16 @@ const MAX_DRIVER_NAME: usize = 63;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ApiGates {
     /// DRAConsumableCapacity: `device.allowMultipleAllocations` in selectors; a constraint
-    /// without an attribute is reported on the constraint.
+    /// without an attribute is reported on the constraint; devices' request policies.
     pub consumable_capacity: bool,
-    /// DRAListTypeAttributes: attribute values are `dyn` in the CEL environment.
+    /// DRAListTypeAttributes: attribute values are `dyn` in the CEL environment; list values.
     pub list_type_attributes: bool,
+    /// DRANodeAllocatableResources: devices' `nodeAllocatableResources`.
+    pub node_allocatable_resources: bool,
+    /// DRAPartitionableDevicesType: slices' `partitionTypeAttribute`.
+    pub partitionable_devices_type: bool,
+    /// DRAOptionalNodeOperations: slices' `skipNodeOperations`.
+    pub optional_node_operations: bool,
 }
 
 impl Default for ApiGates {
@@ -51,16 +57,26 @@ impl Default for ApiGates {
         ApiGates {
             consumable_capacity: true,
             list_type_attributes: false,
+            node_allocatable_resources: false,
+            partitionable_devices_type: false,
+            optional_node_operations: false,
         }
     }
 }
 
-impl From<&dra_allocator::Features> for ApiGates {
-    fn from(f: &dra_allocator::Features) -> Self {
-        ApiGates {
-            consumable_capacity: f.consumable_capacity,
-            list_type_attributes: f.list_type_attributes,
-        }
+impl ApiGates {
+    /// From `--feature-gates` (kube-scheduler's syntax, taken as the cluster's) over 1.37's
+    /// defaults.
+    pub fn parse(spec: &str) -> Result<Self, dra_allocator::gates::GateError> {
+        let enabled = dra_allocator::gates::parse(spec)?;
+        let on = |name: &str| enabled.get(name).copied().unwrap_or(false);
+        Ok(ApiGates {
+            consumable_capacity: on("DRAConsumableCapacity"),
+            list_type_attributes: on("DRAListTypeAttributes"),
+            node_allocatable_resources: on("DRANodeAllocatableResources"),
+            partitionable_devices_type: on("DRAPartitionableDevicesType"),
+            optional_node_operations: on("DRAOptionalNodeOperations"),
+        })
     }
 }
 
@@ -77,7 +93,7 @@ pub fn claim_spec(
 }
 
 /// `Too many` for a list longer than `max`.
-fn at_most<T>(list: Option<&[T]>, max: usize, at: &str) -> Result<(), FieldError> {
+pub fn at_most<T>(list: Option<&[T]>, max: usize, at: &str) -> Result<(), FieldError> {
     let n = list.map_or(0, <[T]>::len);
     if n > max {
         return Err(FieldError::new(
@@ -344,18 +360,26 @@ fn fully_qualified_name(name: &str, at: &str) -> Result<(), FieldError> {
             "Too long: may not be more than 32 bytes",
         ));
     }
-    let c_identifier = id.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+    c_identifier(id, at)
+}
+
+/// `IsCIdentifier`: what the name part of attribute and capacity names must be.
+pub fn c_identifier(id: &str, at: &str) -> Result<(), FieldError> {
+    let valid = id.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
         && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-    if !c_identifier {
-        return invalid(
-            "a valid C identifier must start with alphabetic character or '_', followed by a string of alphanumeric characters or '_' (e.g. 'my_name',  or 'MY_NAME',  or 'MyName', regex used for validation is '[A-Za-z_][A-Za-z0-9_]*')",
-        );
+    if !valid {
+        return Err(FieldError::new(
+            at,
+            format!(
+                "Invalid value: {id:?}: a valid C identifier must start with alphabetic character or '_', followed by a string of alphanumeric characters or '_' (e.g. 'my_name',  or 'MY_NAME',  or 'MyName', regex used for validation is '[A-Za-z_][A-Za-z0-9_]*')"
+            ),
+        ));
     }
     Ok(())
 }
 
 /// The first of a format's messages, as `Invalid value`.
-fn invalid_if(messages: Vec<String>, value: &str, at: &str) -> Result<(), FieldError> {
+pub fn invalid_if(messages: Vec<String>, value: &str, at: &str) -> Result<(), FieldError> {
     match messages.into_iter().next() {
         Some(message) => Err(FieldError::new(
             at,
