@@ -9,6 +9,7 @@
 //!
 //! Not checked: whether a consumable capacity's request-policy options, range and default fit
 //! the capacity and the step (quantity arithmetic; the structure of the policy is checked).
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 
 use dra_cel::names;
@@ -326,20 +327,22 @@ fn device(device: &Device, at: &str, per_device: bool, gates: ApiGates) -> Resul
     dns_label(&device.name, &format!("{at}.name"))?;
     let empty = BTreeMap::new();
     // Without DRAListTypeAttributes the API server drops list values before validating.
-    let attributes: BTreeMap<&String, DeviceAttribute> = device
+    let attributes: Vec<(&String, Cow<DeviceAttribute>)> = device
         .attributes
         .as_ref()
         .unwrap_or(&empty)
         .iter()
         .map(|(k, a)| {
-            let mut a = a.clone();
-            if !gates.list_type_attributes {
-                (a.bools, a.ints, a.strings, a.versions) = (None, None, None, None);
+            if gates.list_type_attributes || !has_list(a) {
+                return (k, Cow::Borrowed(a));
             }
-            (k, a)
+            let mut a = a.clone();
+            (a.bools, a.ints, a.strings, a.versions) = (None, None, None, None);
+            (k, Cow::Owned(a))
         })
         .collect();
-    let capacity = device.capacity.clone().unwrap_or_default();
+    let no_capacity = BTreeMap::new();
+    let capacity = device.capacity.as_ref().unwrap_or(&no_capacity);
     let total = attributes.len() + capacity.len();
     if total > MAX_ATTRIBUTES_AND_CAPACITIES {
         return Err(FieldError::new(
@@ -350,8 +353,8 @@ fn device(device: &Device, at: &str, per_device: bool, gates: ApiGates) -> Resul
         ));
     }
     let values: usize = attributes
-        .values()
-        .map(|a| {
+        .iter()
+        .map(|(_, a)| {
             let listed = [
                 a.bools.as_ref().map_or(0, Vec::len),
                 a.ints.as_ref().map_or(0, Vec::len),
@@ -378,7 +381,7 @@ fn device(device: &Device, at: &str, per_device: bool, gates: ApiGates) -> Resul
     }
     let capacity_at = format!("{at}.capacity");
     let multiple = gates.consumable_capacity && device.allow_multiple_allocations == Some(true);
-    for (key, capacity) in &capacity {
+    for (key, capacity) in capacity {
         qualified_key(key, &capacity_at)?;
         let policy_at = format!("{capacity_at}[{key}].requestPolicy");
         match &capacity.request_policy {
