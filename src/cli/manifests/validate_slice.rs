@@ -377,7 +377,17 @@ fn device(device: &Device, at: &str, per_device: bool, gates: ApiGates) -> Resul
     let attributes_at = format!("{at}.attributes");
     for (key, attribute) in &attributes {
         qualified_key(key, &attributes_at)?;
-        attribute_value(attribute, &format!("{attributes_at}[{key}]"))?;
+        let at = format!("{attributes_at}[{key}]");
+        if let Cow::Owned(dropped) = attribute
+            && attribute_value(dropped, &at).is_err()
+        {
+            // Slices read from a cluster that has the gate: say which flag is missing.
+            return Err(FieldError::new(
+                at,
+                "Invalid value: a list value needs the DRAListTypeAttributes gate (--feature-gates DRAListTypeAttributes=true); without it the API server drops list values, and exactly one value must be specified",
+            ));
+        }
+        attribute_value(attribute, &at)?;
     }
     let capacity_at = format!("{at}.capacity");
     let multiple = gates.consumable_capacity && device.allow_multiple_allocations == Some(true);
