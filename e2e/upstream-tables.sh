@@ -14,7 +14,9 @@
 #              TestValidateDeviceTaint, TestValidateResourceSlice), against `gpu-dra match
 #              --print-v1`: it must accept what kube-apiserver accepts and refuse what it
 #              refuses, naming a field it names; run with the default gates and again with
-#              DRADerivedAttributes on (requests' derivedAttributes are dropped without it).
+#              DRADerivedAttributes on (requests' derivedAttributes are dropped without it);
+#              with them, 1,000 valid objects changed at random, compared the same way
+#              (e2e/upstream-tables/validation_fuzz_gpudra_test.go).
 # The tables are internal to their module (an internal package, a test variable, a function's
 # local table), so the package is copied to a scratch folder and
 # e2e/upstream-tables/*_gpudra_test.go are placed inside the copy. For the validation table the
@@ -96,6 +98,7 @@ run() {
     passed=$(grep -E -- "^    --- PASS: ($test)/" "$log" | grep -vc -- "/interrupt (" || true)
     passed=$((passed + $(grep -cE -- "^        --- PASS: ($test)/interrupt/" "$log" || true)))
     skipped=$({ grep -E -- "^    --- SKIP: ($test)/" "$log" || true; } | sed -E "s/.*--- SKIP: ([^ ]*).*/\1/" | paste -sd, -)
+    grep -o 'validation fuzz (.*' "$log" || true
     line="upstream $label: $passed cases pass on gpu-dra"
     [[ -n $skipped ]] && line+="; skipped: $skipped"
     echo "$line"
@@ -142,7 +145,9 @@ for table in "${tables[@]}"; do
             }
             sed -i -E "s/^func ($validators)\(/func upstream\1(/" "$scratch/resourcevalidation/validation.go"
             cp "$HERE/upstream-tables/validation_gpudra_test.go" "$scratch/resourcevalidation/gpudra_test.go"
-            tests='TestValidateClaim|TestValidateClaimTemplate|TestValidateClass|TestValidateDeviceTaint|TestValidateResourceSlice'
+            cp "$HERE/upstream-tables/validation_fuzz_gpudra_test.go" "$scratch/resourcevalidation/gpudra_fuzz_test.go"
+            # The fuzz test (no subtests) is not counted as a case; it prints its own line.
+            tests='TestValidateClaim|TestValidateClaimTemplate|TestValidateClass|TestValidateDeviceTaint|TestValidateResourceSlice|TestGpuDRAValidationFuzz'
             run validation "validation table (k8s.io/kubernetes $K8S_VERSION)" \
                 "$scratch" resourcevalidation "$tests" "GPU_DRA=$bin" -- "$@"
             run validation "validation table, cluster gates and DRADerivedAttributes (k8s.io/kubernetes $K8S_VERSION)" \

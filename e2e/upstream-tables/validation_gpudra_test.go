@@ -139,29 +139,69 @@ func compareWithGpuDRA(internal runtime.Object, v1 runtime.Object, kind string, 
 	if err != nil {
 		return disagree("encoding: %v", err)
 	}
+	if problem := compareJSON(data, resourceName, strategy); problem != "" {
+		return disagree("%s", problem)
+	}
+	return nil
+}
+
+// compareJSON says how gpu-dra disagrees with the API server about an object sent as `data`
+// ("" when it does not). An object the API server cannot even decode must be refused by
+// gpu-dra too (such errors name no field the way validation does).
+func compareJSON(data []byte, resourceName string, strategy rest.RESTCreateStrategy) string {
+	data = inCallersNamespace(data, strategy)
 	want, err := apiServerCreate(data, resourceName, strategy)
 	if err != nil {
-		return disagree("%v", err)
+		want = field.ErrorList{field.Invalid(nil, nil, err.Error())}
 	}
 	accepted, refusal, err := runGpuDRA(data)
 	if err != nil {
-		return disagree("%v", err)
+		return err.Error()
 	}
 	switch {
 	case len(want) == 0 && !accepted:
-		return disagree("the API server accepts it, gpu-dra refuses it: %s", refusal)
+		return fmt.Sprintf("the API server accepts it, gpu-dra refuses it: %s", refusal)
 	case len(want) > 0 && accepted:
-		return disagree("the API server refuses it (%s), gpu-dra accepts it", want.ToAggregate())
+		return fmt.Sprintf("the API server refuses it (%s), gpu-dra accepts it", want.ToAggregate())
 	case len(want) > 0:
 		named := refusedField(refusal)
 		for _, e := range want {
-			if e.Field == named {
-				return nil
+			if e.Field == named || e.Field == "<nil>" {
+				return ""
+			}
+			// A list item that is null: gpu-dra's decoder refuses the item, the API server's
+			// decodes it as empty and refuses its fields.
+			if strings.Contains(refusal, "invalid type: null") && strings.HasPrefix(e.Field, named+".") {
+				return ""
 			}
 		}
-		return disagree("both refuse it, but gpu-dra names %q (%s) and the API server %s", named, refusal, want.ToAggregate())
+		return fmt.Sprintf("both refuse it, but gpu-dra names %q (%s) and the API server %s", named, refusal, want.ToAggregate())
 	}
-	return nil
+	return ""
+}
+
+// inCallersNamespace puts a namespaced object without a namespace in "default", as kubectl
+// and `match` do (the API server takes it from the request).
+func inCallersNamespace(data []byte, strategy rest.RESTCreateStrategy) []byte {
+	if !strategy.NamespaceScoped() {
+		return data
+	}
+	var obj map[string]any
+	if json.Unmarshal(data, &obj) != nil {
+		return data
+	}
+	meta, ok := obj["metadata"].(map[string]any)
+	if !ok {
+		return data
+	}
+	if ns, _ := meta["namespace"].(string); ns != "" {
+		return data
+	}
+	meta["namespace"] = "default"
+	if out, err := json.Marshal(obj); err == nil {
+		return out
+	}
+	return data
 }
 
 // apiServerCreate is what kube-apiserver does with a create of the v1 object: decoding

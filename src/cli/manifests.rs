@@ -740,6 +740,9 @@ fn name_object(meta: &mut ObjectMeta, namespaced: bool, origin: &Origin) -> Resu
     if namespaced && meta.namespace.as_deref().unwrap_or("").is_empty() {
         meta.namespace = Some(DEFAULT_NAMESPACE.to_string());
     }
+    if let Some(namespace) = meta.namespace.as_deref() {
+        validate::dns_label(namespace, "metadata.namespace")?;
+    }
     if meta.name.as_deref().unwrap_or("").is_empty() {
         match meta.generate_name.as_deref().filter(|g| !g.is_empty()) {
             Some(base) => meta.name = Some(generated_name(base, &origin.to_string())),

@@ -25,7 +25,6 @@ const MAX_CONSTRAINTS: usize = 32;
 const MAX_CONFIGS: usize = 32;
 const MAX_SELECTORS: usize = 32;
 const MAX_SUBREQUESTS: usize = 8;
-const MAX_TOLERATIONS: usize = 16;
 /// `OpaqueParametersMaxLength` (bytes of the parameters' JSON).
 const MAX_PARAMETERS: usize = 10 * 1024;
 /// `TotalAnnotationSizeLimitB`.
@@ -161,6 +160,7 @@ fn device_claim(claim: &DeviceClaim, path: &str, gates: ApiGates) -> Result<(), 
                     class_name(&sub.device_class_name, &format!("{at}.deviceClassName"))?;
                     selectors(sub.selectors.as_deref(), &format!("{at}.selectors"), gates)?;
                     mode_and_count(sub.allocation_mode.as_deref(), sub.count, &at)?;
+                    capacity_requests(sub.capacity.as_ref(), &at)?;
                     tolerations(sub.tolerations.as_deref(), &format!("{at}.tolerations"))?;
                 }
             }
@@ -210,7 +210,23 @@ fn exact_request(
         gates,
     )?;
     mode_and_count(request.allocation_mode.as_deref(), request.count, at)?;
+    capacity_requests(request.capacity.as_ref(), at)?;
     tolerations(request.tolerations.as_deref(), &format!("{at}.tolerations"))
+}
+
+/// A request's `capacity.requests`: quantities.
+fn capacity_requests(
+    capacity: Option<&k8s_openapi::api::resource::v1::CapacityRequirements>,
+    at: &str,
+) -> Result<(), FieldError> {
+    for (name, q) in capacity
+        .and_then(|c| c.requests.as_ref())
+        .into_iter()
+        .flatten()
+    {
+        quantity(q, &format!("{at}.capacity.requests[{name}]"))?;
+    }
+    Ok(())
 }
 
 fn request_refs(
@@ -248,9 +264,9 @@ fn request_refs(
     Ok(())
 }
 
-/// `validateDeviceToleration`, with the declarative limit on their number.
+/// `validateDeviceToleration` (a request's tolerations have no limit on their number; a
+/// device's taints do).
 fn tolerations(list: Option<&[DeviceToleration]>, at: &str) -> Result<(), FieldError> {
-    at_most(list, MAX_TOLERATIONS, at)?;
     for (i, t) in list.unwrap_or_default().iter().enumerate() {
         let at = format!("{at}[{i}]");
         if let Some(key) = t.key.as_deref().filter(|k| !k.is_empty()) {
@@ -376,6 +392,23 @@ pub fn c_identifier(id: &str, at: &str) -> Result<(), FieldError> {
         ));
     }
     Ok(())
+}
+
+/// A quantity as the API server's decoder reads it (`resource.ParseQuantity`).
+pub fn quantity(
+    q: &k8s_openapi::apimachinery::pkg::api::resource::Quantity,
+    at: &str,
+) -> Result<(), FieldError> {
+    match k8s_quantity::Quantity::parse(&q.0) {
+        Ok(_) => Ok(()),
+        Err(_) => Err(FieldError::new(
+            at,
+            format!(
+                "Invalid value: {:?}: quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'",
+                q.0
+            ),
+        )),
+    }
 }
 
 /// The first of a format's messages, as `Invalid value`.

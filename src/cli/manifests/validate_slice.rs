@@ -116,7 +116,7 @@ pub fn slice_spec(spec: &ResourceSliceSpec, gates: ApiGates) -> Result<(), Field
     for (i, set) in sets.unwrap_or_default().iter().enumerate() {
         let at = format!("spec.sharedCounters[{i}]");
         counter_name(&set.name, &format!("{at}.name"))?;
-        counters(set.counters.keys(), &format!("{at}.counters"))?;
+        counters(&set.counters, &format!("{at}.counters"))?;
         if !set_names.insert(set.name.as_str()) {
             return Err(FieldError::new(
                 at,
@@ -138,11 +138,11 @@ fn counter_name(name: &str, at: &str) -> Result<(), FieldError> {
     dns_label(name, at)
 }
 
-fn counters<'a>(
-    names: impl ExactSizeIterator<Item = &'a String>,
+fn counters(
+    counters: &BTreeMap<String, k8s_openapi::api::resource::v1::Counter>,
     at: &str,
 ) -> Result<(), FieldError> {
-    let n = names.len();
+    let n = counters.len();
     if n == 0 {
         return Err(FieldError::new(at, "Required value"));
     }
@@ -152,8 +152,9 @@ fn counters<'a>(
             format!("Too many: {n}: must have at most {MAX_COUNTERS} items"),
         ));
     }
-    for name in names {
+    for (name, counter) in counters {
         invalid_if(names::dns1123_label(name), name, at)?;
+        validate::quantity(&counter.value, &format!("{at}[{name}].value"))?;
     }
     Ok(())
 }
@@ -393,7 +394,37 @@ fn device(device: &Device, at: &str, per_device: bool, gates: ApiGates) -> Resul
     let multiple = gates.consumable_capacity && device.allow_multiple_allocations == Some(true);
     for (key, capacity) in capacity {
         qualified_key(key, &capacity_at)?;
+        validate::quantity(&capacity.value, &format!("{capacity_at}[{key}].value"))?;
         let policy_at = format!("{capacity_at}[{key}].requestPolicy");
+        if let Some(policy) = &capacity.request_policy {
+            let range = policy.valid_range.as_ref();
+            let quantities = policy
+                .default
+                .iter()
+                .map(|q| (q, "default".to_string()))
+                .chain(
+                    policy
+                        .valid_values
+                        .iter()
+                        .flatten()
+                        .enumerate()
+                        .map(|(i, q)| (q, format!("validValues[{i}]"))),
+                )
+                .chain(range.map(|r| (&r.min, "validRange.min".to_string())))
+                .chain(
+                    range
+                        .and_then(|r| r.max.as_ref())
+                        .map(|q| (q, "validRange.max".to_string())),
+                )
+                .chain(
+                    range
+                        .and_then(|r| r.step.as_ref())
+                        .map(|q| (q, "validRange.step".to_string())),
+                );
+            for (q, field) in quantities {
+                validate::quantity(q, &format!("{policy_at}.{field}"))?;
+            }
+        }
         match &capacity.request_policy {
             // Without DRAConsumableCapacity the API server drops request policies.
             Some(_) if gates.consumable_capacity && !multiple => {
@@ -442,7 +473,7 @@ fn device(device: &Device, at: &str, per_device: bool, gates: ApiGates) -> Resul
     for (i, c) in consumed.unwrap_or_default().iter().enumerate() {
         let at = format!("{consumed_at}[{i}]");
         counter_name(&c.counter_set, &format!("{at}.counterSet"))?;
-        counters(c.counters.keys(), &format!("{at}.counters"))?;
+        counters(&c.counters, &format!("{at}.counters"))?;
         if !sets.insert(c.counter_set.as_str()) {
             return Err(FieldError::new(
                 at,
@@ -485,6 +516,30 @@ fn device(device: &Device, at: &str, per_device: bool, gates: ApiGates) -> Resul
 /// `validateNodeAllocatableResources`: cpu, memory or hugepages, each mapped from a capacity of
 /// the device or given as an overhead, with positive multipliers and non-negative overheads.
 fn node_allocatable(device: &Device, at: &str) -> Result<(), FieldError> {
+    for (name, resource) in device.node_allocatable_resources.iter().flatten() {
+        let at = format!("{at}[{name}]");
+        let mapping = resource.mapping.as_ref();
+        let overhead = resource.overhead.as_ref();
+        for (q, field) in [
+            (
+                mapping.and_then(|m| m.capacity_multiplier.as_ref()),
+                "mapping.capacityMultiplier",
+            ),
+            (
+                mapping.and_then(|m| m.device_multiplier.as_ref()),
+                "mapping.deviceMultiplier",
+            ),
+            (overhead.and_then(|o| o.per_pod.as_ref()), "overhead.perPod"),
+            (
+                overhead.and_then(|o| o.per_container.as_ref()),
+                "overhead.perContainer",
+            ),
+        ] {
+            if let Some(q) = q {
+                validate::quantity(q, &format!("{at}.{field}"))?;
+            }
+        }
+    }
     let sign = |q: &k8s_openapi::apimachinery::pkg::api::resource::Quantity| {
         k8s_quantity::Quantity::parse(&q.0)
             .map(|q| q.as_approximate_float())
