@@ -2,12 +2,14 @@
 //! (k8s.io/kubernetes v1.37 `pkg/apis/resource/validation`, with the limits its declarative
 //! validation adds): request names, one of `exactly` or `firstAvailable`, device class names,
 //! allocation mode and count, selectors that compile in the API server's CEL environment within
-//! its length and cost limits, tolerations, constraint/config references to requests, opaque
-//! configs, list sizes, labels and annotations. Messages follow `field.Error`'s wording; the
+//! its length and cost limits, tolerations, quantities, constraint/config references to
+//! requests, opaque configs, list sizes, labels and annotations; and the name formats the other
+//! checks share (`validate_slice`, `taint_rules`). Messages follow `field.Error`'s wording; the
 //! first error found is returned. A list longer than its limit is reported before its items, as
 //! the API server stops there.
 //!
-//! `e2e/upstream-tables.sh validation` holds these to Kubernetes' own validation tables.
+//! `e2e/upstream-tables.sh validation` holds these to Kubernetes' own validation tables and to
+//! kube-apiserver's create path on randomly changed objects.
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{LazyLock, Mutex};
 
