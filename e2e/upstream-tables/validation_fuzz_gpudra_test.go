@@ -74,6 +74,13 @@ const fuzzCounterSlice = `{"apiVersion":"resource.k8s.io/v1","kind":"ResourceSli
 "spec":{"driver":"gpu.nvidia.com","pool":{"name":"node-1","generation":1,"resourceSliceCount":2},"nodeName":"node-1",
 "sharedCounters":[{"name":"gpu-0-counter-set","counters":{"memory-slice-0":{"value":"1"},"multiprocessors":{"value":"132"}}}]}}`
 
+const fuzzSharedSlice = `{"apiVersion":"resource.k8s.io/v1","kind":"ResourceSlice","metadata":{"name":"shared"},
+"spec":{"driver":"gpu.nvidia.com","pool":{"name":"node-1","generation":1,"resourceSliceCount":1},"nodeName":"node-1",
+"devices":[
+ {"name":"gpu-0","allowMultipleAllocations":true,
+  "capacity":{"memory":{"value":"80Gi","requestPolicy":{"default":"1Gi","validRange":{"min":"1Gi","max":"80Gi","step":"1Gi"}}},
+   "shares":{"value":"4","requestPolicy":{"default":"1","validValues":["1","2","4"]}}}}]}}`
+
 // Values a field may be swapped for: good and bad names, lengths at and past limits, numbers,
 // versions, operators, expressions, quantities.
 var fuzzValues = []any{
@@ -83,7 +90,7 @@ var fuzzValues = []any{
 	strings.Repeat("a", 65), strings.Repeat("a", 253), strings.Repeat("a", 254),
 	"1.2.3", "1.2", "01.2.3", "1.2.3-rc.1", "NoSchedule", "NoExecute", "None", "Foo", "Exists", "Equal",
 	"ExactCount", "All", "device.driver == 'x'", "device.attributes['a'].b > 1", "1 +", "true",
-	"-1Gi", "0", "1Gi", "0.5", "1e3", "!@#",
+	"-1Gi", "0", "1Gi", "2Gi", "80Gi", "81Gi", "1.5Gi", "0.5", "3", "5", "1e3", "!@#",
 	0, -1, 1, 2, 33, 65, true, false, nil,
 }
 
@@ -109,6 +116,7 @@ func TestGpuDRAValidationFuzz(t *testing.T) {
 		{fuzzTaintRule, "devicetaintrules", devicetaintrule.Strategy},
 		{fuzzSlice, "resourceslices", resourceslice.Strategy},
 		{fuzzCounterSlice, "resourceslices", resourceslice.Strategy},
+		{fuzzSharedSlice, "resourceslices", resourceslice.Strategy},
 	}
 	// Each seed must be accepted by both as it is.
 	for _, s := range seeds {

@@ -437,6 +437,36 @@ impl Quantity {
         }
     }
 
+    /// Go `Quantity.Value`: the value rounded away from zero to an integer, when it fits an
+    /// `i64`.
+    pub fn value(&self) -> Option<i64> {
+        let (mantissa, exp10) = self.mantissa_exp10();
+        let ten = BigInt::from(10);
+        let integer = if exp10 >= 0 {
+            mantissa * ten.pow(u32::try_from(exp10).ok()?)
+        } else {
+            let divisor = ten.pow(u32::try_from(-exp10).ok()?);
+            let quotient = &mantissa / &divisor;
+            if (&mantissa % &divisor).is_zero() {
+                quotient
+            } else if mantissa.is_negative() {
+                quotient - 1
+            } else {
+                quotient + 1
+            }
+        };
+        integer.to_i64()
+    }
+
+    /// Whether the value has a fractional part.
+    pub fn is_fractional(&self) -> bool {
+        let (mantissa, exp10) = self.mantissa_exp10();
+        exp10 < 0
+            && u32::try_from(-exp10)
+                .map(|e| !(mantissa % BigInt::from(10).pow(e)).is_zero())
+                .unwrap_or(true)
+    }
+
     pub fn sign(&self) -> i64 {
         match &self.amount {
             Amount::Int64 { value, .. } => value.signum(),
@@ -632,6 +662,21 @@ fn cmp_dec(a: &BigInt, sa: i32, b: &BigInt, sb: i32) -> Ordering {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Go's `Quantity.Value()` (rounded away from zero) and fractional parts.
+    #[test]
+    fn integer_values_round_away_from_zero() {
+        let value = |s: &str| Quantity::parse(s).unwrap().value();
+        assert_eq!(value("1Gi"), Some(1 << 30));
+        assert_eq!(value("1.5"), Some(2));
+        assert_eq!(value("100m"), Some(1));
+        assert_eq!(value("-1.5"), Some(-2));
+        assert_eq!(value("1e3"), Some(1000));
+        assert_eq!(value("10E"), None);
+        let fractional = |s: &str| Quantity::parse(s).unwrap().is_fractional();
+        assert!(fractional("0.5") && fractional("1500m"));
+        assert!(!fractional("2000m") && !fractional("1Gi") && !fractional("1e3"));
+    }
 
     fn q(s: &str) -> Quantity {
         Quantity::parse(s).unwrap_or_else(|e| panic!("{s}: {e}"))

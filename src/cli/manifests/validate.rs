@@ -50,6 +50,8 @@ pub struct ApiGates {
     pub partitionable_devices_type: bool,
     /// DRAOptionalNodeOperations: slices' `skipNodeOperations`.
     pub optional_node_operations: bool,
+    /// DRAFractionalCapacityRange: request policies' options told apart as decimals.
+    pub fractional_capacity_range: bool,
 }
 
 impl Default for ApiGates {
@@ -61,6 +63,7 @@ impl Default for ApiGates {
             node_allocatable_resources: false,
             partitionable_devices_type: false,
             optional_node_operations: false,
+            fractional_capacity_range: false,
         }
     }
 }
@@ -77,6 +80,7 @@ impl ApiGates {
             node_allocatable_resources: on("DRANodeAllocatableResources"),
             partitionable_devices_type: on("DRAPartitionableDevicesType"),
             optional_node_operations: on("DRAOptionalNodeOperations"),
+            fractional_capacity_range: on("DRAFractionalCapacityRange"),
         })
     }
 }

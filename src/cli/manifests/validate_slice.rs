@@ -7,14 +7,16 @@
 //! limit before its items. Held to Kubernetes' `TestValidateResourceSlice` by
 //! `e2e/upstream-tables.sh validation`.
 //!
-//! Not checked: whether a consumable capacity's request-policy options, range and default fit
-//! the capacity and the step (quantity arithmetic; the structure of the policy is checked).
+//! Not reproduced: with DRAFractionalCapacityRange, a range with fractional values is stepped in
+//! thousandths by the API server; its steps are not checked here (the rest of the range is).
 use std::borrow::Cow;
+use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};
 
 use dra_cel::names;
 use k8s_openapi::api::core::v1::{NodeSelector, NodeSelectorRequirement};
 use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, ResourceSliceSpec};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::convert::FieldError;
 use super::validate::{self, ApiGates, at_most, dns_label, invalid_if};
@@ -448,14 +450,18 @@ fn device(device: &Device, at: &str, per_device: bool, gates: ApiGates) -> Resul
                         "Required value",
                     ));
                 }
-                if let Some(range) = &policy.valid_range
-                    && let Some(step) = &range.step
-                    && (step.0.starts_with('-') || quantity_is_zero(&step.0))
-                {
-                    return Err(FieldError::new(
-                        format!("{policy_at}.validRange.step"),
-                        format!("Invalid value: {:?}: must be greater than zero", step.0),
-                    ));
+                // Quantities were checked above: these parse.
+                let parse = |q: &Quantity| k8s_quantity::Quantity::parse(&q.0).ok();
+                if let (Some(capacity), Some(default)) = (
+                    parse(&capacity.value),
+                    policy.default.as_ref().and_then(parse),
+                ) {
+                    if !values.is_empty() {
+                        valid_values(&capacity, &default, values, &policy_at, gates)?;
+                    }
+                    if let Some(range) = &policy.valid_range {
+                        valid_range(&capacity, &default, range, &policy_at, gates)?;
+                    }
                 }
             }
             _ => {}
@@ -673,8 +679,190 @@ fn partition_type_attribute(spec: &ResourceSliceSpec, name: &str) -> Result<(), 
     Ok(())
 }
 
-fn quantity_is_zero(q: &str) -> bool {
-    k8s_quantity::Quantity::parse(q).is_ok_and(|q| q.as_approximate_float() == 0.0)
+/// `CapacityRequestPolicyDiscreteMaxOptions`.
+const MAX_VALID_VALUES: usize = 10;
+
+/// `validateRequestPolicyValidValues`: at most 10 options, ascending, unique, none above the
+/// capacity, the default among them.
+fn valid_values(
+    capacity: &k8s_quantity::Quantity,
+    default: &k8s_quantity::Quantity,
+    values: &[Quantity],
+    policy_at: &str,
+    gates: ApiGates,
+) -> Result<(), FieldError> {
+    let at = format!("{policy_at}.validValues");
+    at_most(Some(values), MAX_VALID_VALUES, &at)?;
+    let parsed: Vec<k8s_quantity::Quantity> = values
+        .iter()
+        .filter_map(|q| k8s_quantity::Quantity::parse(&q.0).ok())
+        .collect();
+    for (i, pair) in parsed.windows(2).enumerate() {
+        if pair[0].cmp_value(&pair[1]) == Ordering::Greater {
+            return Err(FieldError::new(
+                format!("{at}[{}]", i + 1),
+                format!(
+                    "Invalid value: \"{}\": values must be sorted in ascending order",
+                    pair[1]
+                ),
+            ));
+        }
+    }
+    let mut keys = BTreeSet::new();
+    for (i, option) in parsed.iter().enumerate() {
+        if option.cmp_value(capacity) == Ordering::Greater {
+            return Err(FieldError::new(
+                format!("{at}[{i}]"),
+                format!(
+                    "Invalid value: \"{option}\": option is larger than capacity value: {capacity}"
+                ),
+            ));
+        }
+        // Options are told apart as integers, or as decimals with fractional ranges on.
+        let key = match option.value() {
+            Some(v) if !gates.fractional_capacity_range => v.to_string(),
+            _ => option.to_string(),
+        };
+        if !keys.insert(key) {
+            return Err(FieldError::new(
+                format!("{at}[{i}]"),
+                format!("Duplicate value: \"{option}\""),
+            ));
+        }
+    }
+    if !parsed
+        .iter()
+        .any(|o| o.cmp_value(default) == Ordering::Equal)
+    {
+        return Err(FieldError::new(
+            at,
+            format!(
+                "Invalid value: \"{default}\": default value is not valid according to the requestPolicy"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// `validateRequestPolicyRange`: min, max and default within the capacity and each other; a
+/// positive step that fits once above min, with default and max whole steps from min. With
+/// DRAFractionalCapacityRange and fractional values the API server steps in thousandths, which
+/// is not reproduced: those steps are not checked.
+fn valid_range(
+    capacity: &k8s_quantity::Quantity,
+    default: &k8s_quantity::Quantity,
+    range: &k8s_openapi::api::resource::v1::CapacityRequestPolicyRange,
+    policy_at: &str,
+    gates: ApiGates,
+) -> Result<(), FieldError> {
+    let at = format!("{policy_at}.validRange");
+    let parse = |q: &Quantity| k8s_quantity::Quantity::parse(&q.0).ok();
+    let invalid = |field: &str, value: &k8s_quantity::Quantity, message: String| {
+        Err(FieldError::new(
+            format!("{at}.{field}"),
+            format!("Invalid value: \"{value}\": {message}"),
+        ))
+    };
+    let Some(min) = parse(&range.min) else {
+        return Ok(());
+    };
+    if min.cmp_value(capacity) == Ordering::Greater {
+        return invalid(
+            "min",
+            &min,
+            format!("min is larger than capacity value: {capacity}"),
+        );
+    }
+    if default.cmp_value(&min) == Ordering::Less {
+        return invalid(
+            "default",
+            default,
+            format!("default is less than min: {min}"),
+        );
+    }
+    let max = range.max.as_ref().and_then(parse);
+    if let Some(max) = &max {
+        if min.cmp_value(max) == Ordering::Greater {
+            return invalid("max", &min, format!("min is larger than max: {max}"));
+        }
+        if max.cmp_value(capacity) == Ordering::Greater {
+            return invalid(
+                "max",
+                max,
+                format!("max is larger than capacity value: {capacity}"),
+            );
+        }
+        if default.cmp_value(max) == Ordering::Greater {
+            return invalid(
+                "default",
+                default,
+                format!("default is more than max: {max}"),
+            );
+        }
+    }
+    let Some(step) = range.step.as_ref().and_then(parse) else {
+        return Ok(());
+    };
+    if step.sign() <= 0 {
+        return invalid("step", &step, "must be greater than zero".into());
+    }
+    let one_step = min.add(&step);
+    if one_step.cmp_value(capacity) == Ordering::Greater {
+        return invalid(
+            "step",
+            &step,
+            format!("one step {one_step} is larger than capacity value: {capacity}"),
+        );
+    }
+    let fractional = [Some(&min), max.as_ref(), Some(&step), Some(default)]
+        .into_iter()
+        .flatten()
+        .any(k8s_quantity::Quantity::is_fractional);
+    if gates.fractional_capacity_range && fractional {
+        return Ok(());
+    }
+    // Integer steps read each value rounded up to an integer, within [0, MaxInt64].
+    let checked = [
+        (Some(default), "default"),
+        (Some(&min), "min"),
+        (max.as_ref(), "max"),
+        (Some(&step), "step"),
+    ];
+    for (q, field) in checked {
+        let Some(q) = q else { continue };
+        if q.sign() < 0 {
+            return invalid(field, q, "must be greater than or equal to 0".into());
+        }
+        if q.value().is_none() {
+            return invalid(
+                field,
+                q,
+                "must not be larger than 9223372036854775807".into(),
+            );
+        }
+    }
+    let (Some(d), Some(m), Some(s)) = (default.value(), min.value(), step.value()) else {
+        return Ok(());
+    };
+    let multiple = |v: i64| (v - m) % s == 0;
+    if !multiple(d) {
+        return invalid(
+            "step",
+            default,
+            format!("value is not a multiple of a given step ({step}) from ({min})"),
+        );
+    }
+    if let Some(max) = &max
+        && let Some(x) = max.value()
+        && !multiple(x)
+    {
+        return invalid(
+            "step",
+            max,
+            format!("value is not a multiple of a given step ({step}) from ({min})"),
+        );
+    }
+    Ok(())
 }
 
 /// An attribute or capacity name: `<domain>/<C identifier>` or a bare C identifier, within
