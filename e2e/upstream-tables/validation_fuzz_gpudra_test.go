@@ -20,8 +20,10 @@ package validation
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -184,10 +186,12 @@ func mutate(rng *rand.Rand, doc any) any {
 		places = append(places, place{set, v})
 		switch v := v.(type) {
 		case map[string]any:
-			for k, child := range v {
+			// In key order: Go's map order is random, and a seed must pick the same places.
+			for _, k := range slices.Sorted(maps.Keys(v)) {
 				if k == "apiVersion" || k == "kind" {
 					continue
 				}
+				child := v[k]
 				walk(child, func(n any) {
 					if n == deleted {
 						delete(v, k)

@@ -162,7 +162,7 @@ fn simulated_slices(
 /// (skipped kinds, replica counts) go to stderr.
 fn read_inputs(
     inputs: &ClaimInputs,
-    features: &Features,
+    gates: &Gates,
     classes: &[DeviceClass],
     docs: Vec<manifests::Doc>,
 ) -> Result<(Manifests, Plan), CliError> {
@@ -171,7 +171,7 @@ fn read_inputs(
             "nothing to allocate: give -f FILE|DIR|- (Pods, workloads, ResourceClaims, ...) or CLAIM.yaml",
         ));
     }
-    let mut m = manifests_with(inputs)?;
+    let mut m = Manifests::with_gates(gates.api);
     if let Some(claim) = &inputs.claim {
         m.add_sources(&[claim.display().to_string()], Some(Kind::ResourceClaim))
             .map_err(usage)?;
@@ -179,7 +179,7 @@ fn read_inputs(
     m.add_sources(&inputs.filenames, None).map_err(usage)?;
     m.add_documents(docs).map_err(usage)?;
     manifests::driver_config::check(&m, &inputs.driver_name).map_err(usage)?;
-    manifests::derived::check(&m, features).map_err(usage)?;
+    manifests::derived::check(&m, &gates.scheduler).map_err(usage)?;
     let plan = manifests::plan(&m, inputs.replicas, classes).map_err(usage)?;
     for note in m.notes.iter().chain(&plan.notes) {
         eprintln!("note: {note}");
@@ -187,17 +187,19 @@ fn read_inputs(
     Ok((m, plan))
 }
 
-/// The feature gates of `--feature-gates` (kube-scheduler's, taken as the cluster's).
-fn feature_gates(inputs: &ClaimInputs) -> Result<Features, CliError> {
-    Features::from_feature_gates(&inputs.feature_gates)
-        .map_err(|e| usage(format!("--feature-gates: {e}")))
+/// `--feature-gates` (kube-scheduler's, taken as the cluster's), parsed once: what the
+/// allocator follows and what the API server's create-time checks follow.
+struct Gates {
+    scheduler: Features,
+    api: manifests::validate::ApiGates,
 }
 
-/// Objects to read, checked as an API server with `--feature-gates` checks them on create.
-fn manifests_with(inputs: &ClaimInputs) -> Result<Manifests, CliError> {
-    let gates = manifests::validate::ApiGates::parse(&inputs.feature_gates)
-        .map_err(|e| usage(format!("--feature-gates: {e}")))?;
-    Ok(Manifests::with_gates(gates))
+fn feature_gates(inputs: &ClaimInputs) -> Result<Gates, CliError> {
+    let bad = |e: dra_allocator::gates::GateError| usage(format!("--feature-gates: {e}"));
+    Ok(Gates {
+        scheduler: Features::from_feature_gates(&inputs.feature_gates).map_err(bad)?,
+        api: manifests::validate::ApiGates::parse(&inputs.feature_gates).map_err(bad)?,
+    })
 }
 
 pub(super) fn load(inputs: &ClaimInputs) -> Result<Loaded, CliError> {
@@ -211,7 +213,8 @@ pub(super) fn load_with(
     cluster: Option<super::live::Snapshot>,
 ) -> Result<Loaded, CliError> {
     let cel = Arc::new(SelectorCache::new());
-    let features = feature_gates(inputs)?;
+    let gates = feature_gates(inputs)?;
+    let features = gates.scheduler;
     let mut cluster = cluster.unwrap_or_else(|| super::live::Snapshot {
         classes: vec![],
         slices: vec![],
@@ -238,14 +241,14 @@ pub(super) fn load_with(
                 all_slices.extend(crate::compute_domain::node::channel_slices(node, None));
             }
         } else {
-            let mut files = manifests_with(inputs)?;
+            let mut files = Manifests::with_gates(gates.api);
             files
                 .add_typed(&[PathBuf::from(source)], Kind::ResourceSlice)
                 .map_err(usage)?;
             all_slices.extend(files.slices.into_iter().map(|e| e.object));
         }
     }
-    let mut stock = manifests_with(inputs)?;
+    let mut stock = Manifests::with_gates(gates.api);
     stock
         .add_typed(&inputs.classes, Kind::DeviceClass)
         .map_err(usage)?;
@@ -254,7 +257,7 @@ pub(super) fn load_with(
     stock_classes.extend(cluster.classes.iter().cloned());
     let (m, plan) = read_inputs(
         inputs,
-        &features,
+        &gates,
         &stock_classes,
         std::mem::take(&mut cluster.docs),
     )?;
@@ -294,7 +297,7 @@ pub(super) fn load_with(
         }
     }
     check_classes(&plan, &classes)?;
-    let mut held = manifests_with(inputs)?;
+    let mut held = Manifests::with_gates(gates.api);
     held.add_typed(&inputs.allocated, Kind::ResourceClaim)
         .map_err(usage)?;
     let rules: Vec<_> = m
@@ -506,13 +509,13 @@ fn pending(unit: &Unit, done: &HashSet<String>) -> Vec<ResourceClaim> {
 }
 
 fn print_v1(args: &MatchArgs) -> Result<ExitCode, CliError> {
-    let features = feature_gates(&args.inputs)?;
-    let mut stock = manifests_with(&args.inputs)?;
+    let gates = feature_gates(&args.inputs)?;
+    let mut stock = Manifests::with_gates(gates.api);
     stock
         .add_typed(&args.inputs.classes, Kind::DeviceClass)
         .map_err(usage)?;
     let stock_classes: Vec<DeviceClass> = stock.classes.into_iter().map(|e| e.object).collect();
-    let (m, plan) = read_inputs(&args.inputs, &features, &stock_classes, vec![])?;
+    let (m, plan) = read_inputs(&args.inputs, &gates, &stock_classes, vec![])?;
     let encode = |e: serde_json::Error| CliError::Encode(e.to_string());
     let mut items: Vec<serde_json::Value> = m
         .v1_objects()

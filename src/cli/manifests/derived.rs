@@ -67,13 +67,12 @@ fn check_claim(
     // The estimated cost of the claim's expressions, all together.
     let total_cost = Cell::new(0u64);
     let check = |attributes: Option<&Vec<DeviceDerivedAttribute>>, request: &str, path: String| {
-        let count = attributes.map_or(0, Vec::len);
-        if count > MAX_DERIVED_ATTRIBUTES {
-            return Err(fail(
-                format!("{path}.derivedAttributes"),
-                format!("Too many: {count}: must have at most {MAX_DERIVED_ATTRIBUTES} items"),
-            ));
-        }
+        super::validate::at_most(
+            attributes.map(Vec::as_slice),
+            MAX_DERIVED_ATTRIBUTES,
+            &format!("{path}.derivedAttributes"),
+        )
+        .map_err(|e| fail(e.field, e.message))?;
         let mut names = BTreeSet::new();
         for (k, attribute) in attributes.into_iter().flatten().enumerate() {
             let at = format!("{path}.derivedAttributes[{k}]");

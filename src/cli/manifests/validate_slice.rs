@@ -117,7 +117,7 @@ pub fn slice_spec(spec: &ResourceSliceSpec, gates: ApiGates) -> Result<(), Field
     let mut set_names = BTreeSet::new();
     for (i, set) in sets.unwrap_or_default().iter().enumerate() {
         let at = format!("spec.sharedCounters[{i}]");
-        counter_name(&set.name, &format!("{at}.name"))?;
+        dns_label(&set.name, &format!("{at}.name"))?;
         counters(&set.counters, &format!("{at}.counters"))?;
         if !set_names.insert(set.name.as_str()) {
             return Err(FieldError::new(
@@ -131,13 +131,6 @@ pub fn slice_spec(spec: &ResourceSliceSpec, gates: ApiGates) -> Result<(), Field
 
 fn has_list(a: &DeviceAttribute) -> bool {
     a.bools.is_some() || a.ints.is_some() || a.strings.is_some() || a.versions.is_some()
-}
-
-fn counter_name(name: &str, at: &str) -> Result<(), FieldError> {
-    if name.is_empty() {
-        return Err(FieldError::new(at, "Required value"));
-    }
-    dns_label(name, at)
 }
 
 fn counters(
@@ -478,7 +471,7 @@ fn device(device: &Device, at: &str, per_device: bool, gates: ApiGates) -> Resul
     let mut sets = BTreeSet::new();
     for (i, c) in consumed.unwrap_or_default().iter().enumerate() {
         let at = format!("{consumed_at}[{i}]");
-        counter_name(&c.counter_set, &format!("{at}.counterSet"))?;
+        dns_label(&c.counter_set, &format!("{at}.counterSet"))?;
         counters(&c.counters, &format!("{at}.counters"))?;
         if !sets.insert(c.counter_set.as_str()) {
             return Err(FieldError::new(
