@@ -11,9 +11,11 @@
 //!   `<function> <GPU minor or ->`, so tests can count what the NVML backend asks;
 //! - `FAKE_NVML_NAMELESS_WHEN_LOST` (any value): a lost GPU's handle by index answers
 //!   `NVML_ERROR_GPU_IS_LOST` too, as for a GPU the driver knows nothing of, so it cannot be named;
-//! - `FAKE_NVML_MIG_DELAY_MS`: GPU instance creates and destroys take this long (real ones take
-//!   up to seconds), slept before the fake's lock is taken, so calls on different GPUs overlap as
-//!   on hardware and a backend that serialises them shows it.
+//! - `FAKE_NVML_MIG_GATE`: a directory; each GPU instance create and destroy (real ones take up to
+//!   seconds) first leaves a file `entered-<pid>-<n>` there, then waits, before the fake's lock is
+//!   taken, until a file `open` exists there. A test holding the gate shut sees how many calls are
+//!   inside at once, so a backend that serialises calls on different GPUs shows it whatever the
+//!   machine's load, with no clock in the test.
 //!
 //! Faults come from the simulator too (`gpu-dra sim inject`, `SimNode::inject`): event sets poll
 //! the state for the events it records, and a GPU it marks lost answers `NVML_ERROR_GPU_IS_LOST`
@@ -241,16 +243,27 @@ impl Fake {
 
 static FAKE: Mutex<Option<Fake>> = Mutex::new(None);
 
-/// `FAKE_NVML_MIG_DELAY_MS` as read at the first init. Apart from `FAKE`, so the delay is slept
-/// without holding it (the simulator's own `with_mig_delay` would sleep inside `Fake::change`, under
-/// the fake's lock, serialising every call).
-static MIG_DELAY_MS: AtomicU64 = AtomicU64::new(0);
+/// `FAKE_NVML_MIG_GATE` as read at the first init. Apart from `FAKE`, so the gate is waited at
+/// without holding it (waiting inside `Fake::change`, under the fake's lock, would serialise
+/// every call).
+static MIG_GATE: Mutex<Option<PathBuf>> = Mutex::new(None);
+static MIG_GATE_ENTRIES: AtomicU64 = AtomicU64::new(0);
 
-/// How long a GPU instance create or destroy takes; called before any lock is taken.
+/// Where a GPU instance create or destroy spends its time; called before any lock but the gate's
+/// own (released before waiting) is taken.
 fn mig_work_takes_time() {
-    let ms = MIG_DELAY_MS.load(Ordering::Relaxed);
-    if ms > 0 {
-        std::thread::sleep(Duration::from_millis(ms));
+    let gate = MIG_GATE.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let Some(gate) = gate else {
+        return;
+    };
+    let entry = MIG_GATE_ENTRIES.fetch_add(1, Ordering::Relaxed);
+    // A marker the test cannot see would make it wait in vain; it fails on its own deadline.
+    let _ = std::fs::write(
+        gate.join(format!("entered-{}-{entry}", std::process::id())),
+        b"",
+    );
+    while !gate.join("open").exists() {
+        std::thread::sleep(Duration::from_millis(2));
     }
 }
 
@@ -363,11 +376,8 @@ pub extern "C" fn nvmlInit_v2() -> Ret {
     let node_name = std::env::var("FAKE_NVML_NODE").unwrap_or_else(|_| "fake-node".into());
     let state = std::env::var_os("FAKE_NVML_STATE").map(Into::into);
     let node = SimNode::new(spec, &node_name, state);
-    let delay = std::env::var("FAKE_NVML_MIG_DELAY_MS")
-        .ok()
-        .and_then(|ms| ms.trim().parse().ok())
-        .unwrap_or(0);
-    MIG_DELAY_MS.store(delay, Ordering::Relaxed);
+    *MIG_GATE.lock().unwrap_or_else(|p| p.into_inner()) =
+        std::env::var_os("FAKE_NVML_MIG_GATE").map(PathBuf::from);
     let (Ok(inventory), Ok(state)) = (node.inventory(), node.state()) else {
         return UNKNOWN;
     };
