@@ -585,7 +585,8 @@ impl Builder<'_> {
             }
             _ => {
                 let mut parts: Vec<X> = bodies.iter().map(|b| self.build(b)).collect();
-                let expr = parts.pop().expect("transform body");
+                // The macro parser gives a transform one or two bodies; none is estimated as an empty list.
+                let expr = parts.pop().unwrap_or_else(|| self.empty_list());
                 let filter = parts.pop();
                 let (init, add) = if name == "transformList" {
                     let init = self.empty_list();
@@ -725,8 +726,7 @@ impl GoPath {
     }
     fn append(&self, s: &str) -> GoPath {
         let cap = self.cap();
-        if self.len < cap {
-            let arr = self.arr.clone().expect("capacity without array");
+        if let Some(arr) = self.arr.clone().filter(|_| self.len < cap) {
             arr.borrow_mut()[self.len] = s.to_string();
             return GoPath {
                 arr: Some(arr),
@@ -1802,8 +1802,8 @@ fn overload_ids(func: &str, target: Option<&X>, args: &[X]) -> Vec<&'static str>
         "lists.range" => ids.push("lists_range"),
         "reverse" if target.is_some() => ids.push("list_reverse"),
         "distinct" if target.is_some() => ids.push("list_distinct"),
-        "sort" if target.is_some() => {
-            let el = elem_of(&target.unwrap().ty);
+        "sort" if let Some(target) = target => {
+            let el = elem_of(&target.ty);
             sortable(&el, &mut ids, "sort_string", "sort_other");
         }
         "@sortByAssociatedKeys" if !args.is_empty() => {
