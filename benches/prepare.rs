@@ -3,11 +3,25 @@
 //! with real files in a temporary directory. Prints p50/p99/max over 1,000 claims for whole GPUs
 //! and for dynamic MIG placements (carved and destroyed), and unprepare latency; with the fake
 //! `nvidia-cuda-mps-control` built (`cargo build --release -p fakenvml`) and as root, also for MPS
-//! claims (the daemon started and stopped).
+//! claims (the daemon started and stopped). Last, whole-GPU prepare and unprepare with the health
+//! monitor running, on a quiet node and during a storm of XID 13 events (a tenant's illegal memory
+//! accesses, which the monitor counts and ignores), 50 every 2 ms.
 //!
 //! Run: `cargo bench --bench prepare`
+#[path = "../tests/common/scripted.rs"]
+mod scripted;
+
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
+
+use gpu_dra::gpu::GpuControl;
+use gpu_dra::gpu::events::{GpuEvent, GpuEventKind};
+use gpu_dra::health::HealthChange;
+use gpu_dra::health::monitor::HealthSink;
+use gpu_dra::plugin::DeviceHealth;
+use k8s_openapi::api::resource::v1::DeviceTaint;
+use scripted::{Scripted, start_monitor};
 
 use gpu_dra::gpu::sim::SimNode;
 use gpu_dra::prepare::claims::MemoryClaims;
@@ -57,7 +71,7 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 fn report(what: &str, mut samples: Vec<Duration>) {
     samples.sort();
     println!(
-        "{what:<34} n={:<5} p50={:>8.3} ms  p99={:>8.3} ms  max={:>8.3} ms",
+        "{what:<36} n={:<5} p50={:>8.3} ms  p99={:>8.3} ms  max={:>8.3} ms",
         samples.len(),
         percentile(&samples, 0.50).as_secs_f64() * 1e3,
         percentile(&samples, 0.99).as_secs_f64() * 1e3,
@@ -72,11 +86,22 @@ fn bench_driver(
     dir: &std::path::Path,
     mps_control: Option<&std::path::Path>,
 ) -> (Driver, Arc<MemoryClaims>) {
-    let sim = Arc::new(SimNode::new(
+    bench_driver_on(dir, mps_control, Arc::new(bench_node(dir)))
+}
+
+fn bench_node(dir: &std::path::Path) -> SimNode {
+    SimNode::new(
         "8xH100-SXM5-80GB".parse().expect("spec"),
         "bench-node",
         Some(dir.join("hw.json")),
-    ));
+    )
+}
+
+fn bench_driver_on(
+    dir: &std::path::Path,
+    mps_control: Option<&std::path::Path>,
+    sim: Arc<dyn GpuControl>,
+) -> (Driver, Arc<MemoryClaims>) {
     let driver_root = dir.join("driver-root");
     gpu_dra::prepare::driver_files::write_fake_driver_root(
         &driver_root,
@@ -114,17 +139,21 @@ fn round_trip(
     driver: &Driver,
     uid: String,
 ) -> (Duration, Duration) {
+    runtime.block_on(timed_round_trip(driver, uid))
+}
+
+async fn timed_round_trip(driver: &Driver, uid: String) -> (Duration, Duration) {
     let claim_ref = ClaimRef {
         namespace: "bench".into(),
         name: uid.clone(),
         uid,
     };
     let started = Instant::now();
-    let result = runtime.block_on(driver.prepare(vec![claim_ref.clone()]));
+    let result = driver.prepare(vec![claim_ref.clone()]).await;
     let prepare = started.elapsed();
     assert!(result[0].1.is_ok(), "{:?}", result[0].1);
     let started = Instant::now();
-    let result = runtime.block_on(driver.unprepare(vec![claim_ref]));
+    let result = driver.unprepare(vec![claim_ref]).await;
     let unprepare = started.elapsed();
     assert!(result[0].1.is_ok(), "{:?}", result[0].1);
     (prepare, unprepare)
@@ -161,6 +190,7 @@ fn main() {
         report(&label.replace("prepare", "unprepare"), unprepare);
     }
     mps(&runtime);
+    xid_storm();
 }
 
 /// MPS claims on whole GPUs: prepare starts the claim's control daemon (and waits for it to
@@ -217,4 +247,93 @@ fn mps(runtime: &tokio::runtime::Runtime) {
     }
     report("prepare MPS whole GPU (fake daemon)", prepare);
     report("unprepare MPS whole GPU", unprepare);
+}
+
+/// Counts the events the monitor saw; faults are not expected here.
+#[derive(Default)]
+struct Seen(AtomicUsize);
+
+impl HealthSink for Seen {
+    fn taints_changed(&self, _taints: std::collections::BTreeMap<String, Vec<DeviceTaint>>) {}
+    fn changed(&self, change: &HealthChange) {
+        panic!("a fault during the XID 13 storm: {change:?}");
+    }
+    fn event_seen(&self, _event: &GpuEvent) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+    fn device_health(&self, _health: &[DeviceHealth]) {}
+}
+
+/// Whole-GPU prepare and unprepare with the health monitor running (on the multi-threaded
+/// runtime `gpu-dra run` uses), quiet and then during an XID 13 storm.
+fn xid_storm() {
+    let runtime = gpu_dra::node::runtime().expect("runtime");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (gpus, events) = Scripted::new(bench_node(dir.path()));
+    let (driver, claims) = bench_driver_on(dir.path(), None, gpus.clone());
+    let driver = Arc::new(driver);
+    let published = {
+        let state = driver.state();
+        let options = gpu_dra::slices::SliceOptions {
+            modes: Some(state.modes().clone()),
+            ..gpu_dra::slices::SliceOptions::new("gpu.nvidia.com", "bench-node")
+        };
+        gpu_dra::slices::build(&state.inventory(), &options).expect("slices")
+    };
+    let seen = Arc::new(Seen::default());
+    runtime.block_on(async {
+        let shutdown = start_monitor(
+            gpus,
+            driver.clone(),
+            published,
+            dir.path().join("state"),
+            seen.clone(),
+        )
+        .await;
+        let run = async |label: &str| {
+            let mut prepare = Vec::with_capacity(CLAIMS);
+            let mut unprepare = Vec::with_capacity(CLAIMS);
+            for i in 0..CLAIMS {
+                let uid = format!("{label}-{i}");
+                claims.insert(claim(&uid, &format!("gpu-{}", i % 8)));
+                let (p, u) = timed_round_trip(&driver, uid).await;
+                prepare.push(p);
+                unprepare.push(u);
+            }
+            report(&format!("prepare whole GPU, {label}"), prepare);
+            report(&format!("unprepare whole GPU, {label}"), unprepare);
+        };
+        run("monitor, quiet").await;
+        let stop = Arc::new(AtomicBool::new(false));
+        let storm = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut sent = 0usize;
+                while !stop.load(Ordering::Relaxed) {
+                    for _ in 0..50 {
+                        let event = GpuEvent {
+                            minor: (sent % 8) as u32,
+                            kind: GpuEventKind::Xid { code: 13 },
+                            gpu_instance_id: None,
+                            compute_instance_id: None,
+                        };
+                        if events.send(event).is_err() {
+                            return sent;
+                        }
+                        sent += 1;
+                    }
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                sent
+            })
+        };
+        run("XID 13 storm").await;
+        stop.store(true, Ordering::Relaxed);
+        let sent = storm.join().expect("storm thread");
+        println!(
+            "  (storm: {sent} events sent, {} seen by the monitor so far)",
+            seen.0.load(Ordering::Relaxed)
+        );
+        let _ = shutdown.send(true);
+    });
 }

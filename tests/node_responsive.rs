@@ -1,19 +1,20 @@
-//! Nothing blocks the node agent's async workers: while a MIG carve takes two seconds (a slow
-//! GPU, as real ones can be), kubelet's registration and health calls, the gRPC health probe and
-//! `/healthz` keep answering at once, on the runtime `gpu-dra run` uses; claims on other GPUs
-//! prepare beside the carve, claims on the same GPU wait their turn.
+//! Nothing blocks the node agent's async workers: while a MIG carve is held inside its GPU
+//! instance create (a slow GPU, as real ones can be; here the test holds it for as long as it
+//! likes), kubelet's registration and health calls, the gRPC health probe and `/healthz` answer,
+//! on the runtime `gpu-dra run` uses; claims on other GPUs prepare beside the carve, claims on
+//! the same GPU wait their turn. Each "answers while held" is checked with the carve still held,
+//! so a call that waited for it could never answer: no timing decides the outcome.
 
 mod common;
+#[path = "common/scripted.rs"]
+mod scripted;
 use common::{claim, claim_ref};
-use std::collections::BTreeMap;
+use scripted::Scripted;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
 
+use gpu_dra::gpu::GpuControl;
 use gpu_dra::gpu::sim::SimNode;
-use gpu_dra::gpu::{
-    GpuControl, GpuError, GpuInstanceInfo, MigMode, NodeInventory, Placement, SharingSettings,
-};
 use gpu_dra::metrics::{Metrics, MetricsServer};
 use gpu_dra::plugin::proto::{dra_v1, health_v1, registration};
 use gpu_dra::plugin::{PluginConfig, PluginServer};
@@ -23,91 +24,6 @@ use gpu_dra::prepare::driver::Driver;
 use gpu_dra::prepare::state::{DeviceState, DriverConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::transport::{Channel, Endpoint};
-
-const CARVE: Duration = Duration::from_secs(2);
-/// Far below the carve: an answer this fast was not queued behind it. (Typically ~1 ms.)
-const PROMPT: Duration = Duration::from_millis(250);
-
-/// The simulator with slow GPU-instance creation that counts how many creations overlap, per GPU
-/// and in all.
-struct SlowGpus {
-    sim: SimNode,
-    carve: Duration,
-    carving: Mutex<BTreeMap<u32, usize>>,
-    most_on_one_gpu: Mutex<usize>,
-    most_in_all: Mutex<usize>,
-    created: Mutex<usize>,
-}
-
-impl SlowGpus {
-    fn new(sim: SimNode, carve: Duration) -> Self {
-        Self {
-            sim,
-            carve,
-            carving: Mutex::new(BTreeMap::new()),
-            most_on_one_gpu: Mutex::new(0),
-            most_in_all: Mutex::new(0),
-            created: Mutex::new(0),
-        }
-    }
-
-    fn count(&self, minor: u32, delta: isize) {
-        let mut carving = self.carving.lock().expect("lock");
-        let now = carving.entry(minor).or_default();
-        *now = now.checked_add_signed(delta).expect("count");
-        let on_gpu = *now;
-        let in_all: usize = carving.values().sum();
-        let mut most = self.most_on_one_gpu.lock().expect("lock");
-        *most = (*most).max(on_gpu);
-        let mut most = self.most_in_all.lock().expect("lock");
-        *most = (*most).max(in_all);
-    }
-}
-
-impl GpuControl for SlowGpus {
-    fn inventory(&self) -> Result<NodeInventory, GpuError> {
-        self.sim.inventory()
-    }
-    fn set_mig_mode(&self, minor: u32, enabled: bool) -> Result<MigMode, GpuError> {
-        GpuControl::set_mig_mode(&self.sim, minor, enabled)
-    }
-    fn create_gpu_instance(
-        &self,
-        minor: u32,
-        profile_id: u32,
-        placement: Placement,
-    ) -> Result<u32, GpuError> {
-        self.count(minor, 1);
-        std::thread::sleep(self.carve);
-        self.count(minor, -1);
-        *self.created.lock().expect("lock") += 1;
-        GpuControl::create_gpu_instance(&self.sim, minor, profile_id, placement)
-    }
-    fn create_compute_instance(&self, minor: u32, gi: u32) -> Result<(u32, String), GpuError> {
-        GpuControl::create_compute_instance(&self.sim, minor, gi)
-    }
-    fn destroy_compute_instance(&self, minor: u32, gi: u32, ci: u32) -> Result<(), GpuError> {
-        GpuControl::destroy_compute_instance(&self.sim, minor, gi, ci)
-    }
-    fn destroy_gpu_instance(&self, minor: u32, gi: u32) -> Result<(), GpuError> {
-        GpuControl::destroy_gpu_instance(&self.sim, minor, gi)
-    }
-    fn gpu_instances(&self, minor: u32) -> Result<Vec<GpuInstanceInfo>, GpuError> {
-        GpuControl::gpu_instances(&self.sim, minor)
-    }
-    fn sharing_settings(&self, minor: u32) -> Result<SharingSettings, GpuError> {
-        GpuControl::sharing_settings(&self.sim, minor)
-    }
-    fn set_sharing_settings(&self, minor: u32, settings: SharingSettings) -> Result<(), GpuError> {
-        GpuControl::set_sharing_settings(&self.sim, minor, settings)
-    }
-    fn probe(&self, minor: u32) -> Result<gpu_dra::gpu::events::GpuProbe, GpuError> {
-        GpuControl::probe(&self.sim, minor)
-    }
-    fn event_source(&self) -> Result<Box<dyn gpu_dra::gpu::events::GpuEventSource>, GpuError> {
-        GpuControl::event_source(&self.sim)
-    }
-}
 
 fn mig_claim() -> k8s_openapi::api::resource::v1::ResourceClaim {
     serde_json::from_value(serde_json::json!({
@@ -138,24 +54,15 @@ async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
     response
 }
 
-/// Runs `call` and returns how long it took.
-async fn timed<F: std::future::Future<Output = ()>>(call: F) -> Duration {
-    let started = Instant::now();
-    call.await;
-    started.elapsed()
-}
-
-/// A node of simulated GPUs whose carves take `carve`, opened as the driver opens it.
-fn slow_node(spec: &str, carve: Duration) -> (tempfile::TempDir, Arc<SlowGpus>, DeviceState) {
+/// A node of simulated GPUs whose carves the test holds, opened as the driver opens it.
+fn held_node(spec: &str) -> (tempfile::TempDir, Arc<Scripted>, DeviceState) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let gpus = Arc::new(SlowGpus::new(
-        SimNode::new(
-            spec.parse().expect("spec"),
-            "n1",
-            Some(dir.path().join("hw.json")),
-        ),
-        carve,
+    let (gpus, _events) = Scripted::new(SimNode::new(
+        spec.parse().expect("spec"),
+        "n1",
+        Some(dir.path().join("hw.json")),
     ));
+    gpus.hold_creates();
     let config = DriverConfig {
         driver_name: "gpu.nvidia.com".into(),
         mig_policy: gpu_dra::gpu::mig::MigPolicy::Auto,
@@ -179,7 +86,7 @@ fn kubelet_and_probes_answer_while_a_slow_carve_runs() {
 }
 
 async fn answers_during_a_slow_carve() {
-    let (dir, _gpus, state) = slow_node("sim:1xH100-SXM5-80GB", CARVE);
+    let (dir, gpus, state) = held_node("sim:1xH100-SXM5-80GB");
     let claims = Arc::new(MemoryClaims::default());
     claims.insert(mig_claim());
     let driver = Arc::new(Driver::new(state, claims));
@@ -201,22 +108,19 @@ async fn answers_during_a_slow_carve() {
     let mut dra =
         dra_v1::dra_plugin_client::DraPluginClient::new(connect(plugin.dra_socket_path()).await);
     let carve = tokio::spawn(async move {
-        let started = Instant::now();
-        let response = dra
-            .node_prepare_resources(dra_v1::NodePrepareResourcesRequest {
-                claims: vec![dra_v1::Claim {
-                    namespace: "default".into(),
-                    name: "slice".into(),
-                    uid: "uid-slice".into(),
-                }],
-            })
-            .await
-            .expect("prepare")
-            .into_inner();
-        (started.elapsed(), response)
+        dra.node_prepare_resources(dra_v1::NodePrepareResourcesRequest {
+            claims: vec![dra_v1::Claim {
+                namespace: "default".into(),
+                name: "slice".into(),
+                uid: "uid-slice".into(),
+            }],
+        })
+        .await
+        .expect("prepare")
+        .into_inner()
     });
-    // Let the prepare reach the slow GPU.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    gpus.wait_carving(0, 1, "the prepare never reached its GPU instance create")
+        .await;
 
     let mut registration = registration::registration_client::RegistrationClient::new(
         connect(plugin.registration_socket_path()).await,
@@ -226,62 +130,46 @@ async fn answers_during_a_slow_carve() {
     );
     let mut probe =
         tonic_health::pb::health_client::HealthClient::new(connect(plugin.dra_socket_path()).await);
-    let mut slowest = Duration::ZERO;
     for _ in 0..5 {
-        let answers = [
-            timed(async {
-                registration
-                    .get_info(registration::InfoRequest {})
-                    .await
-                    .expect("GetInfo");
-            })
-            .await,
-            timed(async {
-                health
-                    .node_watch_resources(health_v1::NodeWatchResourcesRequest {})
-                    .await
-                    .expect("health stream");
-            })
-            .await,
-            timed(async {
-                probe
-                    .check(tonic_health::pb::HealthCheckRequest::default())
-                    .await
-                    .expect("gRPC health");
-            })
-            .await,
-            timed(async {
-                assert!(
-                    http_get(metrics_addr, "/healthz")
-                        .await
-                        .starts_with("HTTP/1.1 200")
-                );
-            })
-            .await,
-        ];
-        slowest = answers.into_iter().fold(slowest, Duration::max);
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        gpus.answers("kubelet's GetInfo", async {
+            registration
+                .get_info(registration::InfoRequest {})
+                .await
+                .expect("GetInfo");
+        })
+        .await;
+        gpus.answers("kubelet's health stream", async {
+            health
+                .node_watch_resources(health_v1::NodeWatchResourcesRequest {})
+                .await
+                .expect("health stream");
+        })
+        .await;
+        gpus.answers("the gRPC health probe", async {
+            probe
+                .check(tonic_health::pb::HealthCheckRequest::default())
+                .await
+                .expect("gRPC health");
+        })
+        .await;
+        let healthz = gpus
+            .answers("/healthz", http_get(metrics_addr, "/healthz"))
+            .await;
+        assert!(healthz.starts_with("HTTP/1.1 200"), "{healthz}");
     }
     assert!(
         !carve.is_finished(),
-        "the measurements ran while the carve was still going"
+        "the carve ended while held in its GPU instance create"
     );
-    let (took, response) = carve.await.expect("prepare task");
+    gpus.release(0);
+    let response = carve.await.expect("prepare task");
     assert_eq!(response.claims["uid-slice"].error, "");
-    assert!(took >= CARVE, "the carve really was slow ({took:?})");
-    assert!(
-        slowest < PROMPT,
-        "kubelet and probe calls took up to {slowest:?} while a {CARVE:?} carve ran"
-    );
-    eprintln!("slowest answer during a {CARVE:?} carve: {slowest:?}");
+    assert_eq!(gpus.gates().created, 1);
     plugin.shutdown().await.expect("shutdown");
 }
 
 // Claims on different GPUs prepare side by side; claims on the same GPU, and the same claim
 // asked for twice, take turns.
-
-/// Carves in the side-by-side test: long enough to tell overlapping from queued.
-const SIDE_CARVE: Duration = Duration::from_secs(1);
 
 #[test]
 fn claims_on_different_gpus_prepare_side_by_side() {
@@ -291,7 +179,7 @@ fn claims_on_different_gpus_prepare_side_by_side() {
 }
 
 async fn side_by_side() {
-    let (dir, gpus, state) = slow_node("sim:3xH100-SXM5-80GB", SIDE_CARVE);
+    let (dir, gpus, state) = held_node("sim:3xH100-SXM5-80GB");
     let claims = Arc::new(MemoryClaims::default());
     let wanted = [
         ("first-on-0", "gpu-0-mig-1g10gb-19-0"),
@@ -303,52 +191,59 @@ async fn side_by_side() {
         claims.insert(claim(name, device));
     }
     let driver = Arc::new(Driver::new(state, claims));
-
-    let started = Instant::now();
-    // Each as its own kubelet call, as kubelet prepares different pods; "first-on-0" twice.
-    let calls = ["first-on-0", "on-1", "first-on-0", "whole-2", "second-on-0"];
-    let mut tasks = Vec::new();
-    for (i, name) in calls.into_iter().enumerate() {
+    // Each as its own kubelet call, as kubelet prepares different pods.
+    let prepare = |name: &'static str| {
         let driver = driver.clone();
-        tasks.push(tokio::spawn(async move {
-            // Start in this order, a moment apart.
-            tokio::time::sleep(Duration::from_millis(20 * i as u64)).await;
+        tokio::spawn(async move {
             let results = driver.prepare(vec![claim_ref(name)]).await;
-            (name, started.elapsed(), results)
-        }));
-    }
-    let mut done = BTreeMap::new();
-    let mut devices: BTreeMap<&str, Vec<_>> = BTreeMap::new();
-    for task in tasks {
-        let (name, took, results) = task.await.expect("task");
-        let [(_, result)] = <[_; 1]>::try_from(results).expect("one result");
-        let prepared = result.unwrap_or_else(|e| panic!("{name}: {e}"));
-        devices.entry(name).or_default().push(prepared);
-        done.entry(name).or_insert(Vec::new()).push(took);
-    }
-    eprintln!("finished after: {done:?}");
+            let [(_, result)] = <[_; 1]>::try_from(results).expect("one result");
+            result.unwrap_or_else(|e| panic!("{name}: {e}"))
+        })
+    };
 
-    assert!(
-        done["whole-2"][0] < SIDE_CARVE / 2,
-        "a whole GPU waited for carves on other GPUs: {done:?}"
+    // GPU 0's carve is held; GPU 1's carve starts beside it.
+    let first_on_0 = prepare("first-on-0");
+    gpus.wait_carving(0, 1, "first-on-0 never reached its GPU instance create")
+        .await;
+    let on_1 = prepare("on-1");
+    gpus.wait_carving(1, 1, "GPU 1 is not carved beside GPU 0")
+        .await;
+    // A whole GPU needs no carve and waits for none.
+    let whole_2 = gpus.answers("whole-2", prepare("whole-2")).await;
+    let whole_2 = whole_2.expect("whole-2");
+    // The same claim asked for again, and a second claim on GPU 0, while first-on-0 is held.
+    let first_again = prepare("first-on-0");
+    let second_on_0 = prepare("second-on-0");
+    // first-on-0 finishes; asking for it again must not wait for second-on-0's carve, which
+    // now starts on GPU 0 and is held.
+    gpus.release(0);
+    let first = first_on_0.await.expect("first-on-0");
+    gpus.wait_carving(0, 1, "second-on-0 never reached its GPU instance create")
+        .await;
+    let again = gpus
+        .answers("first-on-0 asked for again", first_again)
+        .await
+        .expect("first-on-0 again");
+    assert_eq!(first, again, "the claim asked for twice got other devices");
+    assert!(!second_on_0.is_finished(), "second-on-0 ended while held");
+    gpus.release(0);
+    gpus.release(1);
+    let (second, on_1) = (
+        second_on_0.await.expect("second-on-0"),
+        on_1.await.expect("on-1"),
     );
-    assert!(
-        done["on-1"][0] < SIDE_CARVE * 2,
-        "GPU 1 was carved after GPU 0, not beside it: {done:?}"
-    );
-    assert!(
-        done["second-on-0"][0] >= SIDE_CARVE * 2,
-        "two carves on GPU 0 overlapped: {done:?}"
-    );
-    assert_eq!(*gpus.most_on_one_gpu.lock().expect("lock"), 1);
-    assert_eq!(*gpus.most_in_all.lock().expect("lock"), 2);
-    // The claim asked for twice was carved once and reported the same devices both times.
-    assert_eq!(*gpus.created.lock().expect("lock"), 3);
-    assert_eq!(devices["first-on-0"][0], devices["first-on-0"][1]);
-    assert!(
-        done["first-on-0"][1] < SIDE_CARVE * 2,
-        "asking again for a prepared claim waited for another claim's carve: {done:?}"
-    );
+    assert!(!first.is_empty() && !second.is_empty() && !on_1.is_empty());
+    assert!(!whole_2.is_empty());
+    {
+        let gates = gpus.gates();
+        assert_eq!(gates.most_on_one_gpu, 1, "two carves on GPU 0 overlapped");
+        assert_eq!(
+            gates.most_in_all, 2,
+            "GPUs 0 and 1 were not carved side by side"
+        );
+        // The claim asked for twice was carved once.
+        assert_eq!(gates.created, 3);
+    }
 
     let checkpoint = driver.with_state(|s| s.checkpoint()).await;
     assert_eq!(checkpoint.claims.len(), 4);
