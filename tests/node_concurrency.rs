@@ -6,15 +6,23 @@
 //! cancelled by kubelet's deadline keeps that lock until its work is done.
 //!
 //! These run the driver in-process behind its real gRPC sockets (the kubelet's view), with
-//! simulated GPUs whose GPU instance creates take `CARVE` (`SimNode::with_mig_delay`, as
-//! `gpu-dra run --sim-mig-delay` does). `e2e/bench-kubelet.sh` measures the same through the real
-//! kubelet with the image installed by the chart.
+//! simulated GPUs whose GPU instance creates the test holds inside the GPU and lets go one by one
+//! (`tests/common/scripted.rs`), and a claim read the test holds likewise: "side by side" is seen
+//! as carves inside their GPUs at once, "does not wait" as an answer that comes while what it
+//! must not wait for is still held, so a machine's load cannot fail these tests. "Take turns" is
+//! seen as never two carves at once, after giving a wrong driver half a second to start a second
+//! one. `e2e/bench-kubelet.sh` measures latencies through the real kubelet with the image
+//! installed by the chart.
 mod common;
+#[path = "common/scripted.rs"]
+mod scripted;
 use common::{claim, claim_ref};
+use scripted::Scripted;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use gpu_dra::gpu::GpuControl;
 use gpu_dra::gpu::sim::SimNode;
 use gpu_dra::plugin::proto::dra_v1;
 use gpu_dra::plugin::{PluginConfig, PluginServer};
@@ -26,20 +34,22 @@ use gpu_dra::prepare::{ClaimRef, NodeDriver};
 use k8s_openapi::api::resource::v1::{AllocatedDeviceStatus, ResourceClaim};
 use tonic::transport::{Channel, Endpoint};
 
-/// Long enough to tell carves that overlap from carves that queue.
-const CARVE: Duration = Duration::from_secs(1);
+/// How long a wrong driver is given to start a second carve where operations must take turns.
+const TURN: Duration = Duration::from_millis(500);
 
-/// The node's hardware, kept in `dir` so that several driver instances share it.
-fn sim(dir: &Path) -> SimNode {
-    SimNode::new(
+/// The node's hardware, kept in `dir` so that several driver instances share it, with GPU
+/// instance creates held until the test releases them.
+fn node(dir: &Path) -> Arc<Scripted> {
+    let (gpus, _events) = Scripted::new(SimNode::new(
         "sim:4xH100-SXM5-80GB".parse().expect("spec"),
         "n1",
         Some(dir.join("hw.json")),
-    )
-    .with_mig_delay(CARVE)
+    ));
+    gpus.hold_creates();
+    gpus
 }
 
-fn open_state(dir: &Path) -> DeviceState {
+fn open_state(dir: &Path, gpus: &Arc<Scripted>) -> DeviceState {
     let config = DriverConfig {
         driver_name: "gpu.nvidia.com".into(),
         mig_policy: gpu_dra::gpu::mig::MigPolicy::Auto,
@@ -51,9 +61,12 @@ fn open_state(dir: &Path) -> DeviceState {
         passthrough: false,
         driver_root: None,
     };
-    DeviceState::open(config, Arc::new(sim(dir)))
-        .expect("open")
-        .0
+    DeviceState::open(config, gpus.clone()).expect("open").0
+}
+
+/// GPU instances on GPU 0, as the hardware has them.
+fn instances_on_gpu0(gpus: &Scripted) -> usize {
+    gpus.gpu_instances(0).expect("GPU 0").len()
 }
 
 /// A MIG claim on each GPU, and one whole GPU.
@@ -69,18 +82,18 @@ fn claims() -> Arc<MemoryClaims> {
     claims
 }
 
-/// Answers like `inner`, but reads of the claim named `slow` take `delay` (an API server that
-/// is slow for one claim).
+/// Answers like `inner`, but a read of the claim named `slow` waits until `release` is notified
+/// (an API server that is slow for one claim, for as long as the test likes).
 struct SlowReads {
     inner: Arc<MemoryClaims>,
-    delay: Duration,
+    release: Arc<tokio::sync::Semaphore>,
 }
 
 #[tonic::async_trait]
 impl ClaimSource for SlowReads {
     async fn get(&self, namespace: &str, name: &str) -> Result<Option<ResourceClaim>, String> {
         if name == "slow" {
-            tokio::time::sleep(self.delay).await;
+            let _read = self.release.acquire().await.map_err(|e| e.to_string())?;
         }
         self.inner.get(namespace, name).await
     }
@@ -118,9 +131,9 @@ async fn connect(socket: &Path) -> Channel {
 }
 
 /// Sends one NodePrepareResources call per claim at once, as kubelet does for as many pods, each
-/// on a connection of its own; returns when each call was answered, in `names` order.
-async fn prepare_at_once(socket: &Path, names: &[&str]) -> Vec<Duration> {
-    let started = Instant::now();
+/// on a connection of its own; each task ends when its call was answered (and fails unless the
+/// claim was prepared with one device).
+async fn prepare_at_once(socket: &Path, names: &[&str]) -> Vec<tokio::task::JoinHandle<()>> {
     let mut calls = Vec::new();
     for name in names {
         let mut client = dra_v1::dra_plugin_client::DraPluginClient::new(connect(socket).await);
@@ -140,14 +153,16 @@ async fn prepare_at_once(socket: &Path, names: &[&str]) -> Vec<Duration> {
             let answer = &response.claims[&format!("uid-{name}")];
             assert!(answer.error.is_empty(), "{name}: {}", answer.error);
             assert_eq!(answer.devices.len(), 1, "{name}");
-            started.elapsed()
         }));
     }
-    let mut done = Vec::new();
+    calls
+}
+
+/// Waits for each call to be answered; `what` says what it must not be waiting for.
+async fn answered(gpus: &Scripted, calls: Vec<tokio::task::JoinHandle<()>>, what: &str) {
     for call in calls {
-        done.push(call.await.expect("call"));
+        gpus.answers(what, call).await.expect("call");
     }
-    done
 }
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -155,31 +170,52 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 /// Three pods, each a MIG claim on its own GPU, prepared at once through the plugin socket: the
-/// three carves overlap (about one carve in all, not three). A fourth pod whose claim takes 3 s
-/// to read from the API server does not hold the others up.
+/// three carves are inside their GPUs at once, and all three pods are answered while a fourth
+/// pod's claim read from the API server is still held.
 #[test]
 fn pods_on_different_gpus_prepare_side_by_side_through_the_socket() {
     runtime().block_on(async {
         let dir = tempfile::tempdir().expect("tempdir");
+        let gpus = node(dir.path());
+        let slow_read = Arc::new(tokio::sync::Semaphore::new(0));
         let driver = Driver::new(
-            open_state(dir.path()),
+            open_state(dir.path(), &gpus),
             Arc::new(SlowReads {
                 inner: claims(),
-                delay: 3 * CARVE,
+                release: slow_read.clone(),
             }),
         );
         let plugin = serve(dir.path(), Arc::new(driver)).await;
-        let done =
-            prepare_at_once(plugin.dra_socket_path(), &["mig-0", "mig-1", "mig-2", "slow"]).await;
-        eprintln!("answered after {done:?}");
-        for (name, took) in ["mig-0", "mig-1", "mig-2"].iter().zip(&done) {
-            assert!(
-                *took < CARVE * 2,
-                "{name} took {took:?}: carves on different GPUs were serialized, or waited for the slow claim read"
-            );
+        let mut calls = prepare_at_once(
+            plugin.dra_socket_path(),
+            &["mig-0", "mig-1", "mig-2", "slow"],
+        )
+        .await;
+        let slow = calls.pop().expect("the slow call");
+        for minor in 0..3 {
+            gpus.wait_carving(
+                minor,
+                1,
+                "carves on different GPUs are serialized, or wait for the slow claim read",
+            )
+            .await;
         }
-        assert!(done[3] >= 3 * CARVE, "the slow claim's read was slow");
-        assert!(done[3] < 5 * CARVE, "and only that: {done:?}");
+        for minor in 0..3 {
+            gpus.release(minor);
+        }
+        answered(
+            &gpus,
+            calls,
+            "a pod's prepare, for another pod's claim read",
+        )
+        .await;
+        assert!(!slow.is_finished(), "the slow claim was answered unread");
+        slow_read.add_permits(1);
+        gpus.wait_carving(3, 1, "the slow claim, once read, is carved")
+            .await;
+        gpus.release(3);
+        answered(&gpus, vec![slow], "the slow claim").await;
+        assert_eq!(gpus.gates().most_in_all, 3);
     });
 }
 
@@ -189,31 +225,49 @@ fn pods_on_different_gpus_prepare_side_by_side_through_the_socket() {
 fn rolling_update_mode_serializes_only_while_another_instance_runs() {
     runtime().block_on(async {
         let dir = tempfile::tempdir().expect("tempdir");
+        let gpus = node(dir.path());
         let plugin_dir = dir.path().join("plugin");
         std::fs::create_dir_all(&plugin_dir).expect("plugin dir");
         let instances = plugin_dir.join(lock::INSTANCES_DIR);
-        let driver = Driver::new(open_state(dir.path()), claims()).with_node_lock(
+        let driver = Driver::new(open_state(dir.path(), &gpus), claims()).with_node_lock(
             NodeLock::open(&plugin_dir.join(lock::SERIALIZE_LOCK)).expect("lock"),
             Presence::register(&instances, "this-pod").expect("presence"),
         );
         let driver = Arc::new(driver);
         let plugin = serve(dir.path(), driver.clone()).await;
         let alone = prepare_at_once(plugin.dra_socket_path(), &["mig-0", "mig-1"]).await;
-        eprintln!("alone: answered after {alone:?}");
-        assert!(
-            alone.iter().all(|took| *took < CARVE * 2),
-            "alone on the node, carves on two GPUs overlap: {alone:?}"
-        );
+        gpus.wait_carving(0, 1, "alone: mig-0's carve").await;
+        gpus.wait_carving(1, 1, "alone on the node, carves on two GPUs overlap")
+            .await;
+        gpus.release(0);
+        gpus.release(1);
+        answered(&gpus, alone, "alone").await;
 
         // The new pod of a rolling update registers: from now on one operation at a time.
         let other = Presence::register(&instances, "next-pod").expect("presence");
+        gpus.gates().most_in_all = 0;
         let both = prepare_at_once(plugin.dra_socket_path(), &["mig-2", "slow"]).await;
-        eprintln!("with another instance: answered after {both:?}");
-        let last = both.iter().max().copied().unwrap_or_default();
-        assert!(
-            last >= CARVE * 2,
-            "while two instances run, operations are serialized: {both:?}"
+        let carving = || gpus.carving(2) + gpus.carving(3);
+        let deadline = std::time::Instant::now() + scripted::DEADLINE;
+        while carving() == 0 {
+            if std::time::Instant::now() > deadline {
+                gpus.fail("with another instance: no carve started".into());
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        tokio::time::sleep(TURN).await;
+        assert_eq!(
+            carving(),
+            1,
+            "while two instances run, operations are serialized"
         );
+        let (first, second) = if gpus.carving(2) == 1 { (2, 3) } else { (3, 2) };
+        gpus.release(first);
+        gpus.wait_carving(second, 1, "the second operation, after the first")
+            .await;
+        gpus.release(second);
+        answered(&gpus, both, "with another instance").await;
+        assert_eq!(gpus.gates().most_in_all, 1, "never two carves at once");
 
         // It is gone again (its process exited): side by side once more.
         drop(other);
@@ -225,10 +279,11 @@ fn rolling_update_mode_serializes_only_while_another_instance_runs() {
             result.unwrap_or_else(|e| panic!("unprepare {claim}: {e}"));
         }
         let again = prepare_at_once(plugin.dra_socket_path(), &["mig-0", "mig-1"]).await;
-        assert!(
-            again.iter().all(|took| *took < CARVE * 2),
-            "alone again, carves overlap: {again:?}"
-        );
+        gpus.wait_carving(0, 1, "alone again: mig-0's carve").await;
+        gpus.wait_carving(1, 1, "alone again, carves overlap").await;
+        gpus.release(0);
+        gpus.release(1);
+        answered(&gpus, again, "alone again").await;
         assert!(
             !instances.join("next-pod.lock").exists(),
             "the gone instance's presence file was removed"
@@ -239,50 +294,65 @@ fn rolling_update_mode_serializes_only_while_another_instance_runs() {
 /// Kubelet's deadline cancels a prepare in the middle of its carve; kubelet then calls the other
 /// instance of a rolling update for the same claim. The second instance must wait for the first
 /// one's carve (the node lock belongs to the work, not to the cancelled call) and then find the
-/// claim prepared, instead of rolling back an instance still being built and carving another.
+/// claim prepared, instead of rolling back an instance still being built and carving another
+/// (which, with one carve released, would never finish).
 #[test]
 fn a_cancelled_prepare_keeps_the_node_lock_until_its_work_is_done() {
     runtime().block_on(async {
         let dir = tempfile::tempdir().expect("tempdir");
+        let gpus = node(dir.path());
         let plugin_dir = dir.path().join("plugin");
         std::fs::create_dir_all(&plugin_dir).expect("plugin dir");
         let instances = plugin_dir.join(lock::INSTANCES_DIR);
         let lock_path = plugin_dir.join(lock::SERIALIZE_LOCK);
         let claims = claims();
-        let old = Driver::new(open_state(dir.path()), claims.clone()).with_node_lock(
-            NodeLock::open(&lock_path).expect("lock"),
-            Presence::register(&instances, "old-pod").expect("presence"),
+        let old = Arc::new(
+            Driver::new(open_state(dir.path(), &gpus), claims.clone()).with_node_lock(
+                NodeLock::open(&lock_path).expect("lock"),
+                Presence::register(&instances, "old-pod").expect("presence"),
+            ),
         );
         // The new instance starts while the old one runs (in-process here: flock treats each
         // open file description as its own holder, as for two processes).
-        let new = Driver::new(open_state(dir.path()), claims.clone()).with_node_lock(
-            NodeLock::open(&lock_path).expect("lock"),
-            Presence::register(&instances, "new-pod").expect("presence"),
+        let new = Arc::new(
+            Driver::new(open_state(dir.path(), &gpus), claims.clone()).with_node_lock(
+                NodeLock::open(&lock_path).expect("lock"),
+                Presence::register(&instances, "new-pod").expect("presence"),
+            ),
         );
 
-        let started = Instant::now();
-        let cancelled =
-            tokio::time::timeout(CARVE / 5, old.prepare(vec![claim_ref("mig-0")])).await;
-        assert!(cancelled.is_err(), "the first call was cancelled mid-carve");
-        let retried = new.prepare(vec![claim_ref("mig-0")]).await;
-        let took = started.elapsed();
+        // Kubelet gives up on the old instance's call while its carve is inside the GPU.
+        tokio::select! {
+            _ = old.prepare(vec![claim_ref("mig-0")]) => {
+                gpus.fail("the first call ended while its carve was held".into())
+            }
+            () = gpus.wait_carving(0, 1, "the first call's carve") => {}
+        }
+        let retried = {
+            let new = new.clone();
+            tokio::spawn(async move { new.prepare(vec![claim_ref("mig-0")]).await })
+        };
+        tokio::time::sleep(TURN).await;
+        assert!(
+            !retried.is_finished(),
+            "the retry ran while the cancelled carve still held the node"
+        );
+        assert_eq!(gpus.carving(0), 1, "the retry started a carve of its own");
+        gpus.release(0);
+        let retried = gpus
+            .answers("the retry, once the cancelled carve is done", retried)
+            .await
+            .expect("retry task");
         let [(_, result)] = <[_; 1]>::try_from(retried).expect("one result");
         let devices = result.expect("the retried prepare succeeds");
-        assert!(
-            took >= CARVE,
-            "the retry ran while the cancelled carve still held the node ({took:?})"
-        );
 
         // One carve, recorded once; both instances agree.
-        let instances_on_gpu0 = sim(dir.path())
-            .state()
-            .expect("sim state")
-            .gpus
-            .iter()
-            .find(|g| g.minor == 0)
-            .map(|g| g.gpu_instances.len())
-            .unwrap_or_default();
-        assert_eq!(instances_on_gpu0, 1, "exactly one GPU instance was carved");
+        assert_eq!(
+            instances_on_gpu0(&gpus),
+            1,
+            "exactly one GPU instance was carved"
+        );
+        assert_eq!(gpus.gates().created, 1);
         let checkpoint = new.with_state(|s| s.checkpoint()).await;
         let entry = &checkpoint.claims["uid-mig-0"];
         assert!(entry.is_completed());
@@ -291,16 +361,9 @@ fn a_cancelled_prepare_keeps_the_node_lock_until_its_work_is_done() {
         let again = old.prepare(vec![claim_ref("mig-0")]).await;
         let [(_, again)] = <[_; 1]>::try_from(again).expect("one result");
         assert_eq!(again.expect("prepared"), devices);
-        let instances_on_gpu0 = sim(dir.path())
-            .state()
-            .expect("sim state")
-            .gpus
-            .iter()
-            .find(|g| g.minor == 0)
-            .map(|g| g.gpu_instances.len())
-            .unwrap_or_default();
         assert_eq!(
-            instances_on_gpu0, 1,
+            instances_on_gpu0(&gpus),
+            1,
             "asking the old instance again carved nothing"
         );
     });
