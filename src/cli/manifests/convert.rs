@@ -156,10 +156,14 @@ pub fn to_v1(kind: Kind, version: Version, doc: &Value) -> Result<V1Object, Fiel
             Version::V1beta2 => relabel::<v1beta2::DeviceClass, _>(doc, |_| {})?,
             Version::V1beta1 => relabel::<v1beta1::DeviceClass, _>(doc, |_| {})?,
         })),
-        Kind::ResourceSlice => V1Object::Slice(Box::new(match version {
-            Version::V1 => decode(doc)?,
-            Version::V1beta2 => relabel::<v1beta2::ResourceSlice, _>(doc, |_| {})?,
-            Version::V1beta1 => relabel::<v1beta1::ResourceSlice, _>(doc, v1beta1_slice_to_v1)?,
+        Kind::ResourceSlice => V1Object::Slice(Box::new({
+            let filled = with_omitted_slice_values(doc);
+            let doc = filled.as_ref().unwrap_or(doc);
+            match version {
+                Version::V1 => decode(doc)?,
+                Version::V1beta2 => relabel::<v1beta2::ResourceSlice, _>(doc, |_| {})?,
+                Version::V1beta1 => relabel::<v1beta1::ResourceSlice, _>(doc, v1beta1_slice_to_v1)?,
+            }
         })),
     })
 }
@@ -407,8 +411,11 @@ fn is_device_claim(map: &Map<String, Value>) -> bool {
 }
 
 /// Decodes `doc` as `T`, strictly: a type error names its field, and so does a field `T` does
-/// not have (one set to null is let through, as before).
+/// not have (one set to null is let through, as before). A null where `T` needs a value is read as
+/// Go reads it (see [`with_go_zero_values`]).
 pub fn decode<T: DeserializeOwned>(doc: &Value) -> Result<T, FieldError> {
+    let zeroed = with_go_zero_values::<T>(doc);
+    let doc = zeroed.as_ref().unwrap_or(doc);
     let mut unknown: Option<Vec<Step>> = None;
     // Straight from the tree, noting what `T` ignores; only a document that does not decode is
     // laid out line by line to name its field.
@@ -431,6 +438,105 @@ pub fn decode<T: DeserializeOwned>(doc: &Value) -> Result<T, FieldError> {
         Some(steps) => Err(FieldError::new(path_of(&steps), "unknown field")),
         None => Ok(value),
     }
+}
+
+/// Go's decoder reads `null` as the zero value of what is expected there (an empty struct, `""`,
+/// 0, false, an empty list, quantity 0), so kube-apiserver validates a null list item as an empty
+/// one. k8s-openapi refuses a null where it needs a value (a list item, a map's value): `doc`
+/// with each such null replaced by that zero value, or `None` when nothing was replaced.
+fn with_go_zero_values<T: DeserializeOwned>(doc: &Value) -> Option<Value> {
+    let nulls = count_nulls(doc);
+    if nulls == 0 {
+        return None;
+    }
+    let mut zeroed = doc.clone();
+    let mut changed = false;
+    // Each round replaces the first null the decoder stops at.
+    for _ in 0..nulls {
+        let Err(error) = serde_path_to_error::deserialize::<_, T>(&zeroed) else {
+            break;
+        };
+        let message = error.inner().to_string();
+        let Some(expected) = message.strip_prefix("invalid type: null, expected ") else {
+            break;
+        };
+        let zero = go_zero_value(expected);
+        match slot_mut(&mut zeroed, error.path()) {
+            Some(slot) if slot.is_null() => *slot = zero,
+            _ => break,
+        }
+        changed = true;
+    }
+    changed.then_some(zeroed)
+}
+
+fn count_nulls(value: &Value) -> usize {
+    match value {
+        Value::Null => 1,
+        Value::Array(items) => items.iter().map(count_nulls).sum(),
+        Value::Object(map) => map.values().map(count_nulls).sum(),
+        _ => 0,
+    }
+}
+
+/// Go's zero value for what serde says it expected (`a string`, `i64`, `Quantity`, a struct's
+/// name...).
+fn go_zero_value(expected: &str) -> Value {
+    match expected {
+        "Quantity" => Value::from("0"),
+        "a string" | "a character" => Value::from(""),
+        "a boolean" => Value::from(false),
+        "a sequence" => Value::Array(Vec::new()),
+        "i8" | "i16" | "i32" | "i64" | "u8" | "u16" | "u32" | "u64" | "isize" | "usize" => {
+            Value::from(0)
+        }
+        "f32" | "f64" => Value::from(0.0),
+        // A struct (named by its type) or a map.
+        _ => Value::Object(Map::new()),
+    }
+}
+
+/// The value at a path serde_path_to_error reports.
+fn slot_mut<'a>(doc: &'a mut Value, path: &serde_path_to_error::Path) -> Option<&'a mut Value> {
+    path.iter().try_fold(doc, |value, segment| match segment {
+        serde_path_to_error::Segment::Seq { index } => value.get_mut(*index),
+        serde_path_to_error::Segment::Map { key } => value.get_mut(key.as_str()),
+        _ => None,
+    })
+}
+
+/// A device capacity's or counter's `value` is a plain `resource.Quantity` in Go: left out, or
+/// null, kube-apiserver reads 0. k8s-openapi would read `""`, which the API server refuses when it
+/// is written, so a ResourceSlice's omitted values are filled in before decoding: `doc` with them,
+/// or `None` when none is omitted.
+fn with_omitted_slice_values(doc: &Value) -> Option<Value> {
+    fn fill(value: &mut Value, changed: &mut bool) {
+        match value {
+            Value::Object(map) => {
+                for (key, entry) in map.iter_mut() {
+                    if let ("capacity" | "counters", Value::Object(entries)) =
+                        (key.as_str(), &mut *entry)
+                    {
+                        for item in entries.values_mut() {
+                            if let Value::Object(fields) = item
+                                && fields.get("value").is_none_or(Value::is_null)
+                            {
+                                fields.insert("value".into(), Value::from("0"));
+                                *changed = true;
+                            }
+                        }
+                    }
+                    fill(entry, changed);
+                }
+            }
+            Value::Array(items) => items.iter_mut().for_each(|item| fill(item, changed)),
+            _ => {}
+        }
+    }
+    let mut filled = doc.clone();
+    let mut changed = false;
+    fill(&mut filled, &mut changed);
+    changed.then_some(filled)
 }
 
 /// As [`decode`], with the value's canonical JSON (what an older version converts from).
@@ -701,6 +807,67 @@ mod tests {
         let err = to_v1(Kind::ResourceSlice, Version::V1, &doc).unwrap_err();
         assert_eq!(err.field, "spec.devices[1].attributes[a.b/c].colour");
         assert_eq!(err.message, "unknown field");
+    }
+
+    #[test]
+    fn nulls_are_read_as_go_zero_values() {
+        // A null list item is an empty one (validated as such later), a null quantity 0, a null
+        // string "".
+        let doc = claim(
+            "resource.k8s.io/v1",
+            json!([{"name": "gpu", "exactly": {"deviceClassName": "c",
+                "selectors": [null, {"cel": {"expression": "true"}}],
+                "capacity": {"requests": {"memory": null}}}}, null]),
+        );
+        let spec = v1_spec(to_v1(Kind::ResourceClaim, Version::V1, &doc).unwrap());
+        let requests = &spec["devices"]["requests"];
+        assert_eq!(requests[0]["exactly"]["selectors"][0], json!({}));
+        assert_eq!(
+            requests[0]["exactly"]["selectors"][1]["cel"]["expression"],
+            "true"
+        );
+        assert_eq!(
+            requests[0]["exactly"]["capacity"]["requests"]["memory"],
+            "0"
+        );
+        assert_eq!(requests[1]["name"], "");
+        let mut doc = claim("resource.k8s.io/v1beta1", json!([{"name": "gpu"}]));
+        doc["spec"]["devices"]["constraints"] = json!([{"requests": ["gpu", null]}]);
+        let spec = v1_spec(to_v1(Kind::ResourceClaim, Version::V1beta1, &doc).unwrap());
+        assert_eq!(
+            spec["devices"]["constraints"][0]["requests"],
+            json!(["gpu", ""])
+        );
+    }
+
+    #[test]
+    fn a_slices_omitted_capacity_and_counter_values_are_zero_and_an_empty_one_is_not() {
+        let slice = |capacity: Value| {
+            json!({
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+                "metadata": {"name": "s"},
+                "spec": {"driver": "d", "nodeName": "n",
+                    "pool": {"name": "p", "generation": 1, "resourceSliceCount": 1},
+                    "sharedCounters": [{"name": "set", "counters": {"mem": {}}}],
+                    "devices": [{"name": "gpu-0", "capacity": capacity,
+                        "consumesCounters": [{"counterSet": "set",
+                            "counters": {"mem": {"value": null}}}]}]},
+            })
+        };
+        let decoded = |doc: &Value| match to_v1(Kind::ResourceSlice, Version::V1, doc).unwrap() {
+            V1Object::Slice(s) => serde_json::to_value(s.spec).unwrap(),
+            other => panic!("not a slice: {other:?}"),
+        };
+        let spec = decoded(&slice(json!({"memory": {}})));
+        assert_eq!(spec["devices"][0]["capacity"]["memory"]["value"], "0");
+        assert_eq!(spec["sharedCounters"][0]["counters"]["mem"]["value"], "0");
+        assert_eq!(
+            spec["devices"][0]["consumesCounters"][0]["counters"]["mem"]["value"],
+            "0"
+        );
+        // Written as "", the value stays "" (the API server refuses it; validation says so).
+        let spec = decoded(&slice(json!({"memory": {"value": ""}})));
+        assert_eq!(spec["devices"][0]["capacity"]["memory"]["value"], "");
     }
 
     #[test]
