@@ -11,7 +11,8 @@
 #   validation: pkg/apis/resource/validation's create-time tables for ResourceClaims,
 #              ResourceClaimTemplates, DeviceClasses, DeviceTaintRules and ResourceSlices
 #              (TestValidateClaim, TestValidateClaimTemplate, TestValidateClass,
-#              TestValidateDeviceTaint, TestValidateResourceSlice), against `gpu-dra match
+#              TestValidateDeviceTaint, TestValidateResourceSlice, and TestValidateDeviceCapacity,
+#              each case's capacity on a device of a ResourceSlice), against `gpu-dra match
 #              --print-v1`: it must accept what kube-apiserver accepts and refuse what it
 #              refuses, naming a field it names; run with the default gates and again with
 #              DRADerivedAttributes on (requests' derivedAttributes are dropped without it);
@@ -22,7 +23,9 @@
 # e2e/upstream-tables/*_gpudra_test.go are placed inside the copy. For the validation table the
 # copy's five create validators are renamed upstream* so that the adapter's, under their
 # names, see every case (it still returns upstream's errors, so the table keeps checking
-# upstream too); nothing else is changed.
+# upstream too), and TestValidateDeviceCapacity's one call of the capacity helper is pointed at
+# the adapter's gpudraValidateDeviceCapacity (which calls the helper too); nothing else is
+# changed.
 #
 # Usage: e2e/upstream-tables.sh [allocator|cel|validation] [go test flags, e.g. -run 'TestUpstreamAllocatorTable/NAME' -v]
 # ALLOCATE_JSON, CEL_CASE and GPU_DRA name built binaries (e2e/run-tests passes the ones
@@ -144,10 +147,18 @@ for table in "${tables[@]}"; do
                 exit 1
             }
             sed -i -E "s/^func ($validators)\(/func upstream\1(/" "$scratch/resourcevalidation/validation.go"
+            # TestValidateDeviceCapacity calls the capacity helper itself: its one call goes
+            # through the adapter instead.
+            capacity_test="$scratch/resourcevalidation/validation_device_capacity_test.go"
+            [[ $(grep -c 'errs := validateMultiAllocatableDeviceCapacity(' "$capacity_test") == 1 ]] || {
+                echo "e2e/upstream-tables: $capacity_test does not call validateMultiAllocatableDeviceCapacity as expected" >&2
+                exit 1
+            }
+            sed -i 's/errs := validateMultiAllocatableDeviceCapacity(/errs := gpudraValidateDeviceCapacity(/' "$capacity_test"
             cp "$HERE/upstream-tables/validation_gpudra_test.go" "$scratch/resourcevalidation/gpudra_test.go"
             cp "$HERE/upstream-tables/validation_fuzz_gpudra_test.go" "$scratch/resourcevalidation/gpudra_fuzz_test.go"
             # The fuzz test (no subtests) is not counted as a case; it prints its own line.
-            tests='TestValidateClaim|TestValidateClaimTemplate|TestValidateClass|TestValidateDeviceTaint|TestValidateResourceSlice|TestGpuDRAValidationFuzz'
+            tests='TestValidateClaim|TestValidateClaimTemplate|TestValidateClass|TestValidateDeviceTaint|TestValidateResourceSlice|TestValidateDeviceCapacity|TestGpuDRAValidationFuzz'
             run validation "validation table (k8s.io/kubernetes $K8S_VERSION)" \
                 "$scratch" resourcevalidation "$tests" "GPU_DRA=$bin" -- "$@"
             run validation "validation table, cluster gates and DRADerivedAttributes (k8s.io/kubernetes $K8S_VERSION)" \

@@ -458,6 +458,29 @@ impl Quantity {
         integer.to_i64()
     }
 
+    /// The value in thousandths, when it is a whole number of thousandths that fits an `i64`:
+    /// what Go's `NewMilliQuantity(q.MilliValue())` gives back equal to `q` (a finer value
+    /// rounds, a larger one overflows).
+    pub fn exact_milli_value(&self) -> Option<i64> {
+        let (mantissa, exp10) = self.mantissa_exp10();
+        let exp10 = exp10.checked_add(3)?;
+        let ten = BigInt::from(10);
+        let milli = if exp10 >= 0 {
+            // Past 10^19 no i64 is reached whatever the mantissa (zero aside).
+            if exp10 > 19 {
+                return mantissa.is_zero().then_some(0);
+            }
+            mantissa * ten.pow(u32::try_from(exp10).ok()?)
+        } else {
+            let divisor = ten.pow(u32::try_from(-exp10).ok()?);
+            if !(&mantissa % &divisor).is_zero() {
+                return None;
+            }
+            mantissa / divisor
+        };
+        milli.to_i64()
+    }
+
     /// Whether the value has a fractional part.
     pub fn is_fractional(&self) -> bool {
         let (mantissa, exp10) = self.mantissa_exp10();
@@ -662,6 +685,23 @@ fn cmp_dec(a: &BigInt, sa: i32, b: &BigInt, sb: i32) -> Ordering {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Values Go's `NewMilliQuantity(q.MilliValue())` gives back unchanged.
+    #[test]
+    fn exact_milli_values() {
+        let milli = |s: &str| Quantity::parse(s).unwrap().exact_milli_value();
+        assert_eq!(milli("1.5"), Some(1500));
+        assert_eq!(milli("250m"), Some(250));
+        assert_eq!(milli("-2"), Some(-2000));
+        assert_eq!(milli("1Ki"), Some(1_024_000));
+        assert_eq!(milli("0"), Some(0));
+        assert_eq!(milli("0.0005"), None, "finer than a thousandth");
+        assert_eq!(milli("1u"), None);
+        assert_eq!(milli("9223372036854775807m"), Some(i64::MAX));
+        assert_eq!(milli("9223372036854775808m"), None, "past i64");
+        assert_eq!(milli("10E"), None);
+        assert_eq!(milli("1e30"), None);
+    }
 
     /// Go's `Quantity.Value()` (rounded away from zero) and fractional parts.
     #[test]

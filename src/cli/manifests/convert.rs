@@ -510,32 +510,47 @@ fn slot_mut<'a>(doc: &'a mut Value, path: &serde_path_to_error::Path) -> Option<
 /// is written, so a ResourceSlice's omitted values are filled in before decoding: `doc` with them,
 /// or `None` when none is omitted.
 fn with_omitted_slice_values(doc: &Value) -> Option<Value> {
-    fn fill(value: &mut Value, changed: &mut bool) {
-        match value {
-            Value::Object(map) => {
-                for (key, entry) in map.iter_mut() {
-                    if let ("capacity" | "counters", Value::Object(entries)) =
-                        (key.as_str(), &mut *entry)
-                    {
-                        for item in entries.values_mut() {
-                            if let Value::Object(fields) = item
-                                && fields.get("value").is_none_or(Value::is_null)
-                            {
-                                fields.insert("value".into(), Value::from("0"));
-                                *changed = true;
-                            }
-                        }
-                    }
-                    fill(entry, changed);
-                }
+    /// Each entry of the map at `map` (a name → capacity or counter) gets `value: "0"` if it
+    /// has none.
+    fn fill(map: Option<&mut Value>, changed: &mut bool) {
+        let Some(Value::Object(entries)) = map else {
+            return;
+        };
+        for entry in entries.values_mut() {
+            if let Value::Object(fields) = entry
+                && fields.get("value").is_none_or(Value::is_null)
+            {
+                fields.insert("value".into(), Value::from("0"));
+                *changed = true;
             }
-            Value::Array(items) => items.iter_mut().for_each(|item| fill(item, changed)),
-            _ => {}
+        }
+    }
+    fn fill_counters(consumption: Option<&mut Value>, changed: &mut bool) {
+        if let Some(Value::Array(items)) = consumption {
+            for item in items {
+                fill(item.get_mut("counters"), changed);
+            }
         }
     }
     let mut filled = doc.clone();
     let mut changed = false;
-    fill(&mut filled, &mut changed);
+    let spec = filled.get_mut("spec");
+    if let Some(spec) = spec {
+        fill_counters(spec.get_mut("sharedCounters"), &mut changed);
+        if let Some(Value::Array(devices)) = spec.get_mut("devices") {
+            for device in devices {
+                // v1beta1 keeps them under `basic`.
+                let device = match device.get("basic") {
+                    Some(Value::Object(_)) => device.get_mut("basic"),
+                    _ => Some(device),
+                };
+                if let Some(device) = device {
+                    fill(device.get_mut("capacity"), &mut changed);
+                    fill_counters(device.get_mut("consumesCounters"), &mut changed);
+                }
+            }
+        }
+    }
     changed.then_some(filled)
 }
 
@@ -858,8 +873,14 @@ mod tests {
             V1Object::Slice(s) => serde_json::to_value(s.spec).unwrap(),
             other => panic!("not a slice: {other:?}"),
         };
-        let spec = decoded(&slice(json!({"memory": {}})));
+        // A capacity may be named `capacity` (or `counters`): only the value is filled in.
+        let spec = decoded(&slice(json!({"memory": {},
+            "capacity": {"value": "1", "requestPolicy": {"default": "1"}}})));
         assert_eq!(spec["devices"][0]["capacity"]["memory"]["value"], "0");
+        assert_eq!(
+            spec["devices"][0]["capacity"]["capacity"],
+            json!({"value": "1", "requestPolicy": {"default": "1"}})
+        );
         assert_eq!(spec["sharedCounters"][0]["counters"]["mem"]["value"], "0");
         assert_eq!(
             spec["devices"][0]["consumesCounters"][0]["counters"]["mem"]["value"],

@@ -6,9 +6,6 @@
 //! disabled gate are not looked at. The first error found is returned, a list longer than its
 //! limit before its items. Held to Kubernetes' `TestValidateResourceSlice` by
 //! `e2e/upstream-tables.sh validation`.
-//!
-//! Not reproduced: with DRAFractionalCapacityRange, a range with fractional values is stepped in
-//! thousandths by the API server; its steps are not checked here (the rest of the range is).
 use std::borrow::Cow;
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};
@@ -738,9 +735,8 @@ fn valid_values(
 }
 
 /// `validateRequestPolicyRange`: min, max and default within the capacity and each other; a
-/// positive step that fits once above min, with default and max whole steps from min. With
-/// DRAFractionalCapacityRange and fractional values the API server steps in thousandths, which
-/// is not reproduced: those steps are not checked.
+/// positive step that fits once above min, with default and max whole steps from min, counted
+/// in integers, or with DRAFractionalCapacityRange and a fractional value in thousandths.
 fn valid_range(
     capacity: &k8s_quantity::Quantity,
     default: &k8s_quantity::Quantity,
@@ -793,51 +789,75 @@ fn valid_range(
             );
         }
     }
-    let Some(step) = range.step.as_ref().and_then(parse) else {
-        return Ok(());
-    };
-    if step.sign() <= 0 {
-        return invalid("step", &step, "must be greater than zero".into());
-    }
-    let one_step = min.add(&step);
-    if one_step.cmp_value(capacity) == Ordering::Greater {
-        return invalid(
-            "step",
-            &step,
-            format!("one step {one_step} is larger than capacity value: {capacity}"),
-        );
-    }
-    let fractional = [Some(&min), max.as_ref(), Some(&step), Some(default)]
-        .into_iter()
-        .flatten()
-        .any(k8s_quantity::Quantity::is_fractional);
-    if gates.fractional_capacity_range && fractional {
-        return Ok(());
-    }
-    // Integer steps read each value rounded up to an integer, within [0, MaxInt64].
-    let checked = [
+    let step = range.step.as_ref().and_then(parse);
+    // With DRAFractionalCapacityRange, a fractional value anywhere (the default included) puts
+    // the range in thousandths, each value first checked to be a whole number of them.
+    let use_milli = gates.fractional_capacity_range
+        && [Some(&min), max.as_ref(), step.as_ref(), Some(default)]
+            .into_iter()
+            .flatten()
+            .any(k8s_quantity::Quantity::is_fractional);
+    let values = [
         (Some(default), "default"),
         (Some(&min), "min"),
         (max.as_ref(), "max"),
-        (Some(&step), "step"),
+        (step.as_ref(), "step"),
     ];
-    for (q, field) in checked {
-        let Some(q) = q else { continue };
-        if q.sign() < 0 {
-            return invalid(field, q, "must be greater than or equal to 0".into());
-        }
-        if q.value().is_none() {
-            return invalid(
-                field,
-                q,
-                "must not be larger than 9223372036854775807".into(),
-            );
+    if use_milli {
+        for (q, field) in values {
+            if let Some(q) = q
+                && q.exact_milli_value().is_none()
+            {
+                return invalid(
+                    field,
+                    q,
+                    "value cannot be represented as a milli value".into(),
+                );
+            }
         }
     }
-    let (Some(d), Some(m), Some(s)) = (default.value(), min.value(), step.value()) else {
+    let Some(step) = &step else {
         return Ok(());
     };
-    let multiple = |v: i64| (v - m) % s == 0;
+    if step.sign() <= 0 {
+        return invalid("step", step, "must be greater than zero".into());
+    }
+    let one_step = min.add(step);
+    if one_step.cmp_value(capacity) == Ordering::Greater {
+        return invalid(
+            "step",
+            step,
+            format!("one step {one_step} is larger than capacity value: {capacity}"),
+        );
+    }
+    // Integer steps read each value rounded up to an integer, within [0, MaxInt64].
+    if !use_milli {
+        for (q, field) in values {
+            let Some(q) = q else { continue };
+            if q.sign() < 0 {
+                return invalid(field, q, "must be greater than or equal to 0".into());
+            }
+            if q.value().is_none() {
+                return invalid(
+                    field,
+                    q,
+                    "must not be larger than 9223372036854775807".into(),
+                );
+            }
+        }
+    }
+    let read = |q: &k8s_quantity::Quantity| {
+        if use_milli {
+            q.exact_milli_value()
+        } else {
+            q.value()
+        }
+    };
+    let (Some(d), Some(m), Some(s)) = (read(default), read(&min), read(step)) else {
+        return Ok(());
+    };
+    // Go's int64 arithmetic (the values were bounded above; the difference wraps as in Go).
+    let multiple = |v: i64| v.wrapping_sub(m).wrapping_rem(s) == 0;
     if !multiple(d) {
         return invalid(
             "step",
@@ -846,7 +866,7 @@ fn valid_range(
         );
     }
     if let Some(max) = &max
-        && let Some(x) = max.value()
+        && let Some(x) = read(max)
         && !multiple(x)
     {
         return invalid(
