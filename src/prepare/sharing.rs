@@ -396,6 +396,69 @@ mod tests {
         );
     }
 
+    /// NVIDIA's `TestMpsPerDevicePinnedMemoryLimitNormalize` (api/nvidia.com/resource/v1beta1/
+    /// sharing_test.go): a default limit, per-device overrides by index or UUID, MiB-based `M`
+    /// units, and what is refused. Its cases without devices have no counterpart (a claim's MPS
+    /// configuration always applies to at least one device); its "too low" cases are refused when
+    /// the configuration is decoded, naming the field.
+    #[test]
+    fn nvidias_pinned_memory_limit_table() {
+        let limits = |mps: serde_json::Value| {
+            let mut record = mps_record(mps);
+            record.uuid = "UUID0".into();
+            daemon_spec(&[record], |d| d.uuid.clone())
+                .map(|spec| spec.expect("a daemon").pinned_limits)
+        };
+        let ok = |mps: serde_json::Value, want: &[(&str, &str)]| {
+            let want: BTreeMap<String, String> = want
+                .iter()
+                .map(|(k, v)| ((*k).into(), (*v).into()))
+                .collect();
+            assert_eq!(limits(mps.clone()), Ok(want), "{mps}");
+        };
+        ok(serde_json::json!({}), &[]);
+        ok(
+            serde_json::json!({"defaultPinnedDeviceMemoryLimit": "2Gi"}),
+            &[("UUID0", "2048M")],
+        );
+        for key in ["0", "UUID0"] {
+            ok(
+                serde_json::json!({"defaultPinnedDeviceMemoryLimit": "2Gi",
+                    "defaultPerDevicePinnedMemoryLimit": {key: "1Gi"}}),
+                &[("UUID0", "1024M")],
+            );
+        }
+        for key in ["UUID1", "1"] {
+            let error = limits(serde_json::json!({"defaultPinnedDeviceMemoryLimit": "2Gi",
+                "defaultPerDevicePinnedMemoryLimit": {key: "1Gi"}}))
+            .expect_err(key);
+            assert!(
+                error.contains(&format!("defaultPerDevicePinnedMemoryLimit[{key:?}]")),
+                "{error}"
+            );
+        }
+        for (limit, megabytes) in [
+            ("10Mi", "10M"),
+            ("1Gi", "1024M"),
+            ("10M", "9M"),
+            ("1G", "953M"),
+        ] {
+            ok(
+                serde_json::json!({"defaultPinnedDeviceMemoryLimit": limit}),
+                &[("UUID0", megabytes)],
+            );
+        }
+        for mps in [
+            serde_json::json!({"defaultPinnedDeviceMemoryLimit": "1M"}),
+            serde_json::json!({"defaultPerDevicePinnedMemoryLimit": {"UUID0": "1M"}}),
+        ] {
+            let config = serde_json::json!({"apiVersion": "resource.nvidia.com/v1beta1",
+                "kind": "GpuConfig", "sharing": {"strategy": "MPS", "mpsConfig": mps}});
+            let error = decode(&config).expect_err("below 1Mi").to_string();
+            assert!(error.contains("below the 1Mi minimum"), "{error}");
+        }
+    }
+
     #[test]
     fn a_multi_user_daemon_is_asked_for() {
         let record = mps_record(serde_json::json!({"multiUser": true}));
