@@ -101,9 +101,9 @@ wait_for "gpu-0 tainted for the ECC error" 10 bash -c "[[ \$(kubectl get resourc
 before=$(taints gpu-0)
 stop_driver
 DRIVER_ARGS=$ARGS start_driver
-sleep 3
+wait_for "the restarted driver taking the faults over" 30 grep -q "devices still unhealthy from before the restart" "$WORK/driver.log"
+sleep 3 # several of its probe rounds (500 ms) and rescans (1 s): a wrong one would have untainted by now
 [[ $(taints gpu-0) == "$before" ]] || fail "the restart changed gpu-0's taints: $(taints gpu-0) (was $before)"
-grep -q "devices still unhealthy from before the restart" "$WORK/driver.log" || fail "the restarted driver did not take the faults over"
 sim inject --gpu 0 --reset >/dev/null
 wait_for "gpu-0 untainted after the second reset" 10 bash -c "[[ \$(kubectl get resourceslices -o json | jq -c '[.items[].spec.devices[]? | select(.name == \"gpu-0\") | .taints // [] | length] | add') == 0 ]]"
 ok "a double-bit ECC error taints gpu-0 NoExecute (its class's effect); the taint outlives a driver restart and clears at reset"
