@@ -136,14 +136,10 @@ fn a_fault_during_a_slow_carve_is_tainted_at_once() {
         node.gpus.hold_creates();
         let driver = node.driver.clone();
         let carving = tokio::spawn(async move { driver.prepare(vec![claim_ref("carve-0")]).await });
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while node.gpus.carving(0) == 0 {
-            if Instant::now() > deadline {
-                node.gpus.open_all();
-                panic!("the carve never reached its GPU instance create");
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        node.gpus
+            .wait_carving(0, 1, "the carve never reached its GPU instance create")
+            .await;
+        let deadline = Instant::now() + scripted::DEADLINE;
         let sent = Instant::now();
         node.events.send(xid(0, 79)).expect("send");
         let tainted = loop {
@@ -151,8 +147,8 @@ fn a_fault_during_a_slow_carve_is_tainted_at_once() {
                 break at;
             }
             if Instant::now() > deadline {
-                node.gpus.open_all();
-                panic!("XID 79 on GPU 0 not tainted while a carve is held on it");
+                node.gpus
+                    .fail("XID 79 on GPU 0 not tainted while a carve is held on it".into());
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         };

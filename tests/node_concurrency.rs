@@ -248,12 +248,10 @@ fn rolling_update_mode_serializes_only_while_another_instance_runs() {
         gpus.gates().most_in_all = 0;
         let both = prepare_at_once(plugin.dra_socket_path(), &["mig-2", "slow"]).await;
         let carving = || gpus.carving(2) + gpus.carving(3);
-        let deadline = std::time::Instant::now() + scripted::DEADLINE;
-        while carving() == 0 {
-            if std::time::Instant::now() > deadline {
-                gpus.fail("with another instance: no carve started".into());
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
+        // One of the two starts; which one is the node's choice.
+        tokio::select! {
+            () = gpus.wait_carving(2, 1, "with another instance: no carve started") => {}
+            () = gpus.wait_carving(3, 1, "with another instance: no carve started") => {}
         }
         tokio::time::sleep(TURN).await;
         assert_eq!(
