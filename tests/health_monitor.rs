@@ -2,7 +2,9 @@
 //! node nothing. The monitor runs here as `gpu-dra run` runs it (its own task, NVML-style events
 //! from a thread, the driver's state), over simulated GPUs whose GPU instance creates the test
 //! holds at a gate; events are fed through a scripted event source so that the test controls
-//! exactly what arrives and when, and nothing here depends on timing. `e2e/health.sh` checks taints end to end on the control plane.
+//! exactly what arrives and when, and nothing here depends on timing. In-process, below the
+//! gRPC layer: `e2e/health.sh` checks taints end to end on the control plane, and `e2e/pods.sh`
+//! the eviction on the real node with the image installed by the chart.
 mod common;
 #[path = "common/scripted.rs"]
 mod scripted;

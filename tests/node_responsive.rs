@@ -4,6 +4,11 @@
 //! on the runtime `gpu-dra run` uses; claims on other GPUs prepare beside the carve, claims on
 //! the same GPU wait their turn. Each "answers while held" is checked with the carve still held,
 //! so a call that waited for it could never answer: no timing decides the outcome.
+//!
+//! In-process, not the shipped image: the first test calls the driver through its real plugin
+//! and registration sockets (kubelet's view over gRPC); the side-by-side test calls `Driver`
+//! below the gRPC layer. Through the real kubelet with the image installed by the chart:
+//! `e2e/pods.sh` and `e2e/bench-kubelet.sh`.
 
 mod common;
 #[path = "common/scripted.rs"]
