@@ -694,6 +694,18 @@ mod pinned {
         mean_lifetime: f64,
         tolerance: f64,
     ) -> (f64, usize, usize) {
+        floor_forcing(gpus, mix, mean_lifetime, tolerance, false)
+    }
+
+    /// With `forcing`, a request is never turned away while some GPU has room for it however
+    /// its instances lie (every order then has a device for it, so must place it).
+    fn floor_forcing(
+        gpus: &[Gpu],
+        mix: &[(Wanted, f64)],
+        mean_lifetime: f64,
+        tolerance: f64,
+        forcing: bool,
+    ) -> (f64, usize, usize) {
         let (first, weights) = super::super::bound::checked(gpus, mix, mean_lifetime).expect("mix");
         let one = Gpus::solve(first, mix, mean_lifetime, 100_000).expect("one GPU");
         let kinds = Kinds::of(&one).expect("kinds");
@@ -706,6 +718,21 @@ mod pinned {
             .enumerate()
             .map(|(i, p)| (*p, i as u32))
             .collect();
+        let n_requests = weights.len();
+        // must[c * R + r]: request r fits every layout of count vector c.
+        let mut must = vec![forcing; per.len() * n_requests];
+        for (s, set) in one.states.sets.iter().enumerate() {
+            let packed: u64 = set
+                .iter()
+                .map(|held| 1u64 << (BITS * kinds.of_held(held) as u32))
+                .sum();
+            let c = at[&packed] as usize;
+            for r in 0..n_requests {
+                if one.choices[s][r].is_empty() {
+                    must[c * n_requests + r] = false;
+                }
+            }
+        }
         let unit = |k: usize| 1u64 << (BITS * k as u32);
         let plus: Vec<u32> = per
             .iter()
@@ -730,6 +757,7 @@ mod pinned {
         let mut index: HashMap<Vec<u32>, u32> = HashMap::from([(start, 0)]);
         let mut arrivals: Vec<Vec<Vec<u32>>> = Vec::new();
         let mut departures: Vec<Vec<(u32, u32)>> = Vec::new();
+        let mut forced: Vec<u32> = Vec::new();
         let mut i = 0;
         while i < states.len() {
             let state = states[i].clone();
@@ -746,7 +774,11 @@ mod pinned {
                 j
             };
             let mut per_request = Vec::with_capacity(weights.len());
+            let mut forced_here = 0u32;
             for r in 0..weights.len() {
+                if state.iter().any(|c| must[*c as usize * n_requests + r]) {
+                    forced_here |= 1 << r;
+                }
                 let mut next = Vec::new();
                 for g in 0..gpus.len() {
                     if g > 0 && state[g] == state[g - 1] {
@@ -774,6 +806,7 @@ mod pinned {
             }
             arrivals.push(per_request);
             departures.push(leaving);
+            forced.push(forced_here);
             i += 1;
         }
         let n = states.len();
@@ -790,10 +823,15 @@ mod pinned {
                 let here = h[i];
                 let mut rate = 0.0;
                 for (r, w) in weights.iter().enumerate() {
+                    let away = if forced[i] & (1 << r) != 0 {
+                        f64::INFINITY
+                    } else {
+                        1.0
+                    };
                     let cheapest = arrivals[i][r]
                         .iter()
                         .map(|j| h[*j as usize] - here)
-                        .fold(1.0, f64::min);
+                        .fold(away, f64::min);
                     rate += w * cheapest;
                 }
                 for (j, live) in &departures[i] {
@@ -816,10 +854,12 @@ mod pinned {
             let plain =
                 repacked_bound(&gpus, &mix, lifetime, 10_000_000, (1e-6, 100_000), u32::MAX)
                     .expect("plain");
-            let (pinned, states, iterations) = floor(&gpus, &mix, lifetime, 1e-6);
+            let forcing = std::env::var("FORCING").is_ok();
+            let (pinned, states, iterations) = floor_forcing(&gpus, &mix, lifetime, 1e-6, forcing);
             let mut line = format!(
-                "lifetime {lifetime}: plain {:.4}%, pinned {:.4}% ({states} states, {iterations} iterations)",
+                "lifetime {lifetime}: plain {:.4}%, pinned{} {:.4}% ({states} states, {iterations} iterations)",
                 100.0 * plain.best_at_least,
+                if forcing { " and forced" } else { "" },
                 100.0 * pinned
             );
             if std::env::var("BEST").is_ok() {
@@ -835,6 +875,17 @@ mod pinned {
     fn below_the_best_order_and_above_the_plain_floor() {
         tests::between_the_best_order_and_the_plain_floor(|gpus, mix, lifetime| {
             floor(gpus, mix, lifetime, 1e-7).0
+        });
+    }
+
+    #[test]
+    fn forced_below_the_best_order_and_above_the_pinned_floor() {
+        tests::between_the_best_order_and_the_plain_floor(|gpus, mix, lifetime| {
+            let forced = floor_forcing(gpus, mix, lifetime, 1e-7, true).0;
+            let pinned = floor(gpus, mix, lifetime, 1e-7).0;
+            eprintln!("  pinned {pinned:.5}, forced {forced:.5}");
+            assert!(forced >= pinned - 1e-6);
+            forced
         });
     }
 }
