@@ -17,6 +17,7 @@
 //! `ALLOC_ORACLE` names the oracle binary (`cd e2e/harness && go build -o /tmp/alloc-oracle
 //! ./cmd/alloc-oracle`). Plain `cargo test` lists the test as ignored, with that reason;
 //! `cargo test -- --include-ignored` (e2e/run-tests) runs it, and without the oracle it fails.
+//! `ALLOC_SEED=<n>` compares another corpus: the scenarios from seed n on (CI runs from 0).
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -32,6 +33,17 @@ mod report;
 use report::report;
 
 const SCENARIOS: u64 = 240;
+
+/// The seeds of `count` scenarios, from `ALLOC_SEED` (default 0) on.
+fn seeds(count: u64) -> std::ops::Range<u64> {
+    let first = match std::env::var("ALLOC_SEED") {
+        Ok(v) => v
+            .parse::<u64>()
+            .unwrap_or_else(|_| panic!("ALLOC_SEED={v:?}: not a whole number")),
+        Err(_) => 0,
+    };
+    first..first.saturating_add(count)
+}
 const NODE: &str = "node-a";
 const OTHER_NODE: &str = "node-b";
 const DRIVER: &str = "gpu.nvidia.com";
@@ -1042,7 +1054,7 @@ fn allocations_match_kubernetes() {
     let oracle = oracle();
     let dir = tempfile::tempdir().expect("tempdir");
     let mut tally = Tally::default();
-    for seed in 0..SCENARIOS {
+    for seed in seeds(SCENARIOS) {
         let s = scenario(seed);
         tally.compare(
             "alloc-mismatch",
@@ -1414,7 +1426,7 @@ fn pods_with_several_claims_match_kubernetes() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut mismatches = Vec::new();
     let (mut multi, mut multi_allocated, mut pods, mut timed_out) = (0, 0, 0, 0);
-    for seed in 0..POD_SCENARIOS {
+    for seed in seeds(POD_SCENARIOS) {
         let s = pod_scenario(seed);
         let mine = ours(&s);
         let go = theirs(&oracle, dir.path(), &s);
@@ -1502,7 +1514,7 @@ fn allocations_match_kubernetes_with_cluster_gates() {
     for (pass, gates, features) in passes {
         let mut tally = Tally::default();
         let mut counts = Exercised::default();
-        for seed in 0..SCENARIOS {
+        for seed in seeds(SCENARIOS) {
             let (s, declares) = gates_scenario(seed);
             let mut node = NodeInfo::named(NODE);
             let mut extra = Vec::new();
