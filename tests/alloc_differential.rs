@@ -44,6 +44,7 @@ fn seeds(count: u64) -> std::ops::Range<u64> {
     };
     first..first.saturating_add(count)
 }
+
 const NODE: &str = "node-a";
 const OTHER_NODE: &str = "node-b";
 const DRIVER: &str = "gpu.nvidia.com";

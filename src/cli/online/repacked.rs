@@ -116,14 +116,17 @@ impl Kinds {
         one.states
             .sets
             .iter()
-            .map(|set| {
-                set.iter()
-                    .map(|held| 1u64 << (BITS * self.of_held(held) as u32))
-                    .sum()
-            })
+            .map(|set| self.packed(set))
             .collect::<HashSet<u64>>()
             .into_iter()
             .collect()
+    }
+
+    /// One GPU's layout as its packed count vector.
+    fn packed(&self, set: &[Held]) -> u64 {
+        set.iter()
+            .map(|held| 1u64 << (BITS * self.of_held(held) as u32))
+            .sum()
     }
 
     /// A packed count vector's count of kind `k`.
@@ -722,11 +725,7 @@ mod pinned {
         // must[c * R + r]: request r fits every layout of count vector c.
         let mut must = vec![forcing; per.len() * n_requests];
         for (s, set) in one.states.sets.iter().enumerate() {
-            let packed: u64 = set
-                .iter()
-                .map(|held| 1u64 << (BITS * kinds.of_held(held) as u32))
-                .sum();
-            let c = at[&packed] as usize;
+            let c = at[&kinds.packed(set)] as usize;
             for r in 0..n_requests {
                 if one.choices[s][r].is_empty() {
                     must[c * n_requests + r] = false;
