@@ -84,10 +84,13 @@ chart_install() {
         --wait --timeout 120s >&2 || fail "helm install did not reach a ready release"
 }
 
-# chart_upgrade REF: `helm upgrade` to REF's tag with chart_install's values.
+# chart_upgrade REF [HELM ARGS...]: `helm upgrade` to REF's tag with chart_install's values
+# (and these), waiting for the release to be ready.
 chart_upgrade() {
+    local ref=$1
+    shift
     driver_logs_archive
-    "$HELM" upgrade "$CHART_RELEASE" "$ROOT/deploy/helm/gpu-dra" "${CHART_ARGS[@]}" --set "image.tag=${1##*:}" \
+    "$HELM" upgrade "$CHART_RELEASE" "$ROOT/deploy/helm/gpu-dra" "${CHART_ARGS[@]}" --set "image.tag=${ref##*:}" "$@" \
         --wait --timeout 180s >&2 || fail "helm upgrade did not reach a ready release"
 }
 

@@ -189,6 +189,68 @@ out=$(kubectl create -f "$WORK/foreign.yaml" 2>&1) || fail "the policy must not 
 kubectl delete -f "$WORK/foreign.yaml" >&2
 ok "the policy rejects the driver's ResourceSlice writes for another node and another driver (other users unaffected)"
 
+# ComputeDomains with the clique label: RBAC lets the driver patch Nodes and ComputeDomain
+# status at all; the chart's policies narrow that to its own Node's one label and its own node's
+# entry in status.nodes. Checked with the same Node-bound token, as the API server evaluates them.
+render --include-crds --set computeDomains.enabled=true --set computeDomains.gpuCliqueLabel=true >"$WORK/cdlabel.yaml" \
+    || fail "helm template with computeDomains.gpuCliqueLabel"
+as_json "$WORK/cdlabel.yaml" | jq --arg role "$RELEASE" '{apiVersion: "v1", kind: "List", items: [.items[]
+        | select(.kind == "ValidatingAdmissionPolicy" or .kind == "ValidatingAdmissionPolicyBinding"
+            or (.kind == "ClusterRole" and .metadata.name == $role))]}' |
+    kubectl apply -f - >&2 || fail "applying the ComputeDomain RBAC and policies"
+kubectl apply -f - >&2 <<'NODE'
+apiVersion: v1
+kind: Node
+metadata: {name: other-node, labels: {kubernetes.io/hostname: other-node}}
+NODE
+wait_for "the Node policy enforced" 30 bash -c "! kubectl --kubeconfig $WORK/driver.kubeconfig label node other-node --dry-run=server nvidia.com/gpu.clique=x"
+refused() { # WHY COMMAND...: the driver's token may not do it, and the policy says WHY
+    local why=$1 out
+    shift
+    out=$(sa_kubectl "$@" 2>&1) && fail "the driver's token could: $*"
+    [[ $out == *"ValidatingAdmissionPolicy"* && $out == *"$why"* ]] || fail "$* refused for the wrong reason: $out"
+}
+sa_kubectl label node "$NODE" nvidia.com/gpu.clique=4f7c.1 >&2 || fail "the driver cannot set its own Node's clique label"
+refused "may only change that Node, not other-node" label node other-node nvidia.com/gpu.clique=4f7c.1
+refused "may only change that Node, not other-node" taint node other-node evict=all:NoExecute
+refused "may not change a Node's spec" taint node "$NODE" evict=all:NoExecute
+refused "may change only the nvidia.com/gpu.clique label of its Node, not node-role.kubernetes.io/control-plane" \
+    label node "$NODE" node-role.kubernetes.io/control-plane=
+refused "may not change a Node's annotations" annotate node "$NODE" note=x
+sa_kubectl label node "$NODE" nvidia.com/gpu.clique- >&2 || fail "the driver cannot remove its own Node's clique label"
+[[ -z $(kubectl get node other-node -o jsonpath='{.spec.taints}') ]] || fail "other-node was tainted"
+ok "the Node policy: the driver's token sets and removes its own Node's clique label, and cannot label or taint another Node, nor change anything else of its own"
+
+kubectl create namespace tenant-b --dry-run=client -o yaml | kubectl apply -f - >&2
+kubectl apply -f - >&2 <<'DOMAIN'
+apiVersion: resource.nvidia.com/v1beta1
+kind: ComputeDomain
+metadata: {name: training, namespace: tenant-b}
+spec:
+  numNodes: 2
+  channel: {resourceClaimTemplate: {name: training-channel}}
+DOMAIN
+kubectl -n tenant-b patch computedomain training --subresource=status --type=merge \
+    -p '{"status": {"nodes": [{"name": "other-node", "ipAddress": "10.0.0.2", "cliqueID": "4f7c.1", "index": 0, "status": "Ready"}]}}' >&2 \
+    || fail "the admin cannot write the ComputeDomain's status"
+add_entry() { # NAME IP INDEX: a JSON patch adding a status.nodes entry
+    printf '[{"op": "add", "path": "/status/nodes/-", "value": {"name": "%s", "ipAddress": "%s", "cliqueID": "4f7c.1", "index": %s}}]' "$@"
+}
+wait_for "the ComputeDomain policy enforced" 30 bash -c "! kubectl --kubeconfig $WORK/driver.kubeconfig -n tenant-b patch computedomain training --subresource=status --type=json --dry-run=server -p '$(add_entry intruder 10.0.0.9 2)'"
+sa_kubectl -n tenant-b patch computedomain training --subresource=status --type=json -p "$(add_entry "$NODE" 10.0.0.1 1)" >&2 \
+    || fail "the driver cannot add its own node's entry"
+refused "may only write its own entry in status.nodes, not intruder" -n tenant-b patch computedomain training \
+    --subresource=status --type=json -p "$(add_entry intruder 10.0.0.9 2)"
+refused "may only write its own entry in status.nodes, not other-node" -n tenant-b patch computedomain training \
+    --subresource=status --type=json -p '[{"op": "replace", "path": "/status/nodes/0/ipAddress", "value": "10.6.6.6"}]'
+refused "may not change a ComputeDomain's status.status" -n tenant-b patch computedomain training \
+    --subresource=status --type=merge -p '{"status": {"status": "Ready"}}'
+nodes=$(kubectl -n tenant-b get computedomain training -o json | jq -c '[.status.nodes[] | {name, ipAddress}]')
+[[ $nodes == '[{"name":"other-node","ipAddress":"10.0.0.2"},{"name":"'"$NODE"'","ipAddress":"10.0.0.1"}]' ]] \
+    || fail "status.nodes after the refused writes: $nodes"
+ok "the ComputeDomain policy: the driver's token writes its own node's entry in another namespace's domain, and cannot add another node's, change one, or the domain's status"
+kubectl delete node other-node >&2
+
 # ---------------------------------------------------------------- 4. the driver on the token alone
 # With the chart's DRAListTypeAttributes gate (the per-device overhead runs in e2e/gates.sh:
 # kube-scheduler 1.37.2 cannot bind the nvidia.com/gpu pod of section 5 to a device with it).

@@ -182,5 +182,49 @@ wait_for "all CDI specs removed" 30 bash -c "! ls '$GPU_DRA_CDI_ROOT'/k8s.gpu.nv
 ok "the new instance unprepared every claim, including the old instance's"
 
 [[ $(driver_ready) == "$NEW_POD" ]] || fail "the new driver pod is not Ready any more"
+
+# A new driver pod that prepares a claim and goes away while the old pod serves (here
+# `kubectl rollout undo` of an upgrade; a crash-looping new image is the same), the old pod having
+# done nothing in between: before its next operation the old pod must read what the new one
+# wrote (the claim, its MIG instance), not trust its own book. Garbage collection every hour
+# keeps the old pod idle; minReadySeconds keeps it beside the new one.
+chart_upgrade "$FIRST_REF" --set 'extraEnv[0].name=GPU_DRA_GC_INTERVAL' --set 'extraEnv[0].value=1h'
+IDLE_POD=$(driver_ready) || fail "no ready driver pod after the third upgrade"
+DAEMONSET=$(kubectl -n "$CHART_NAMESPACE" get ds -l "app.kubernetes.io/instance=$CHART_RELEASE" -o name)
+[[ $(wc -l <<<"$DAEMONSET") == 1 ]] || fail "expected one DaemonSet: $DAEMONSET"
+kubectl -n "$CHART_NAMESPACE" patch "$DAEMONSET" --type merge -p '{"spec":{"minReadySeconds":3600}}' >/dev/null
+driver_logs_archive
+"$HELM" upgrade "$CHART_RELEASE" "$ROOT/deploy/helm/gpu-dra" "${CHART_ARGS[@]}" --set "image.tag=${SECOND_REF##*:}" \
+    --set 'extraEnv[0].name=GPU_DRA_GC_INTERVAL' --set 'extraEnv[0].value=1h' >&2 \
+    || fail "helm upgrade (no wait) failed"
+surge_ready() { # the DaemonSet's pod other than $IDLE_POD, once it is Ready
+    driver_pods | jq -e -r --arg idle "$IDLE_POD" '[.items[] | select(.metadata.name != $idle and .metadata.deletionTimestamp == null)
+        | select(any(.status.conditions[]?; .type == "Ready" and .status == "True")) | .metadata.name] | select(length == 1) | .[0]'
+}
+wait_for "a new driver pod Ready beside $IDLE_POD" 90 surge_ready
+SURGE_POD=$(surge_ready)
+wait_for "two registration sockets" 30 bash -c "[[ \$(find '$REGISTRY' -maxdepth 1 -type s -name '*-reg.sock' | wc -l) == 2 ]]"
+pod q1
+wait_for "pod q1 to run" 60 kubectl wait --for=condition=Ready pod/q1 --timeout=1s
+driver_logs_archive
+pod_logs "$SURGE_POD" | grep -q 'prepared claim' || fail "the new pod $SURGE_POD did not prepare q1's claim (the kubelet calls the newest instance)"
+kubectl -n "$CHART_NAMESPACE" rollout undo "$DAEMONSET" >/dev/null || fail "rollout undo failed"
+# The undone template is the old pod's again; it counts as available (and the new one goes) once
+# minReadySeconds no longer holds it back.
+kubectl -n "$CHART_NAMESPACE" patch "$DAEMONSET" --type merge -p '{"spec":{"minReadySeconds":0}}' >/dev/null
+wait_for "the new pod $SURGE_POD gone after rollout undo" 90 bash -c "! kubectl -n $CHART_NAMESPACE get pod $SURGE_POD"
+wait_for "one registration socket again" 30 bash -c "[[ \$(find '$REGISTRY' -maxdepth 1 -type s -name '*-reg.sock' | wc -l) == 1 ]]"
+[[ $(driver_ready) == "$IDLE_POD" ]] || fail "$IDLE_POD should be the one driver pod after the undo"
+ok "$SURGE_POD prepared q1's claim beside $IDLE_POD and went away (rollout undo)"
+# The old pod's next prepare must not write its stale book over the claim the new one recorded,
+# and its unprepare of that claim must undo it.
+pod q2
+wait_for "pod q2 to run" 60 kubectl wait --for=condition=Ready pod/q2 --timeout=1s
+[[ $(mig_instances) == 2 ]] || fail "expected q1's and q2's MIG instances, found $(mig_instances)"
+kubectl delete pods q1 q2 --wait=true --timeout=60s >/dev/null
+wait_for "q1's and q2's MIG instances destroyed by $IDLE_POD" 60 no_mig_instances
+wait_for "q1's and q2's CDI specs removed by $IDLE_POD" 30 bash -c "! ls '$GPU_DRA_CDI_ROOT'/k8s.gpu.nvidia.com-claim_*.json"
+ok "$IDLE_POD read what $SURGE_POD wrote before its next operation: q2 prepared beside q1, both unprepared, nothing left"
+
 report_mode "the driver image installed by the Helm chart, rolled by helm upgrade (seamlessUpgrade)"
 echo "$passed passed, 0 failed"

@@ -477,6 +477,17 @@ impl NodeAgent {
             "recovered prepared state"
         );
         metrics.state_changed(&state);
+        if state.mps_unusable().is_some() {
+            metrics.observe_tool_unusable("nvidia-cuda-mps-control");
+        }
+        if options
+            .discovery
+            .nvidia_smi
+            .as_ref()
+            .is_some_and(|smi| smi.unusable().is_some())
+        {
+            metrics.observe_tool_unusable("nvidia-smi");
+        }
         let inventory = state.inventory().clone();
         slice_options.modes = Some(state.modes());
         tracing::info!(modes = ?state.modes(), destroyed = ?recovery.instances_destroyed, "GPU modes");

@@ -64,6 +64,7 @@ struct Node {
     _dir: tempfile::TempDir,
     gpus: Arc<Scripted>,
     driver: Arc<Driver>,
+    claims: Arc<MemoryClaims>,
     events: std::sync::mpsc::Sender<GpuEvent>,
     taints: Arc<Taints>,
     shutdown: tokio::sync::watch::Sender<bool>,
@@ -98,7 +99,7 @@ async fn start() -> Node {
     let claims = Arc::new(MemoryClaims::default());
     claims.insert(claim("carve-0", "gpu-0-mig-1g10gb-19-0"));
     claims.insert(claim("whole-1", "gpu-1"));
-    let driver = Arc::new(Driver::new(state, claims));
+    let driver = Arc::new(Driver::new(state, claims.clone()));
     let taints = Arc::new(Taints::default());
     let shutdown = start_monitor(
         gpus.clone(),
@@ -112,9 +113,23 @@ async fn start() -> Node {
         _dir: dir,
         gpus,
         driver,
+        claims,
         events,
         taints,
         shutdown,
+    }
+}
+
+impl Node {
+    /// Waits (up to the scripted deadline) until `device` is tainted.
+    async fn wait_tainted(&self, device: &str, why: &str) {
+        let deadline = Instant::now() + scripted::DEADLINE;
+        while self.taints.first_on(device).is_none() {
+            if Instant::now() > deadline {
+                self.gpus.fail(format!("{device} not tainted: {why}"));
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 }
 
@@ -246,6 +261,130 @@ fn an_xid_13_storm_costs_prepares_nothing() {
         for device in ["gpu-0", "gpu-1"] {
             assert!(node.taints.first_on(device).is_none(), "{device} tainted");
         }
+        let _ = node.shutdown.send(true);
+    });
+}
+
+/// A claim whose carve hangs inside its GPU (a stuck GPU): kubelet's deadline cancels the call
+/// and kubelet calls again, 20 times. Each retry joins the first call (it will answer with its
+/// result) instead of parking another of the runtime's 8 blocking threads behind it, and an
+/// unprepare of the claim meanwhile is answered at once ("busy, retry later"); claims on other
+/// GPUs still prepare, and a fault on another GPU is still tainted, all with the carve held. Then
+/// every blocking thread is taken by legitimate work (seven claims waiting on GPU 0, a carve held
+/// on GPU 1), and a fault is still probed and tainted: probes run on a thread of their own. On a
+/// driver that parks retries, the other claim never prepares; on one that probes on the blocking
+/// threads, the last taint never comes: both fail at the deadline.
+#[test]
+fn a_stuck_claim_retried_twenty_times_starves_nothing() {
+    gpu_dra::node::runtime().expect("runtime").block_on(async {
+        let node = start().await;
+        node.gpus.hold_creates();
+        let prepare = |name: &str| {
+            let driver = node.driver.clone();
+            let name = name.to_string();
+            tokio::spawn(async move { driver.prepare(vec![claim_ref(&name)]).await })
+        };
+        let mut waiting = vec![prepare("carve-0")];
+        node.gpus
+            .wait_carving(0, 1, "the carve never reached its GPU instance create")
+            .await;
+        for _ in 1..=20 {
+            waiting.push(prepare("carve-0"));
+        }
+        let busy = node
+            .gpus
+            .answers(
+                "an unprepare of the stuck claim",
+                node.driver.unprepare(vec![claim_ref("carve-0")]),
+            )
+            .await;
+        let [(_, answer)] = <[_; 1]>::try_from(busy).expect("one result");
+        let error = answer.expect_err("the stuck claim cannot be unprepared while it prepares");
+        assert!(
+            error.contains("busy, retry later") && error.contains("default/carve-0"),
+            "{error}"
+        );
+        assert_eq!(
+            node.driver.claims_in_flight(),
+            1,
+            "only the first call runs"
+        );
+        assert!(waiting.iter().all(|w| !w.is_finished()), "the retries wait");
+        let other = node
+            .gpus
+            .answers(
+                "a claim on another GPU",
+                node.driver.prepare(vec![claim_ref("whole-1")]),
+            )
+            .await;
+        for (claim, result) in other {
+            result.unwrap_or_else(|e| panic!("prepare {claim}: {e}"));
+        }
+        node.events.send(xid(1, 79)).expect("send");
+        node.wait_tainted("gpu-1", "XID 79 while a stuck claim is retried")
+            .await;
+
+        // Every blocking thread taken: six more claims wait for GPU 0, a carve is held on GPU 1.
+        let unprepared = node.driver.unprepare(vec![claim_ref("whole-1")]).await;
+        for (claim, result) in unprepared {
+            result.unwrap_or_else(|e| panic!("unprepare {claim}: {e}"));
+        }
+        for start in 1..=6 {
+            let name = format!("wait-{start}");
+            node.claims
+                .insert(claim(&name, &format!("gpu-0-mig-1g10gb-19-{start}")));
+            let driver = node.driver.clone();
+            waiting.push(tokio::spawn(async move {
+                driver.prepare(vec![claim_ref(&name)]).await
+            }));
+        }
+        node.claims
+            .insert(claim("carve-1", "gpu-1-mig-1g10gb-19-0"));
+        let driver = node.driver.clone();
+        waiting.push(tokio::spawn(async move {
+            driver.prepare(vec![claim_ref("carve-1")]).await
+        }));
+        node.gpus
+            .wait_carving(
+                1,
+                1,
+                "the carve on GPU 1 never reached its GPU instance create",
+            )
+            .await;
+        let deadline = Instant::now() + scripted::DEADLINE;
+        while node.driver.claims_in_flight() < 8 {
+            if Instant::now() > deadline {
+                node.gpus.fail("eight claims never ran at once".into());
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        node.events.send(xid(0, 79)).expect("send");
+        node.wait_tainted("gpu-0", "XID 79 with every blocking thread taken")
+            .await;
+        assert!(
+            waiting.iter().all(|w| !w.is_finished()),
+            "the held work ended"
+        );
+        node.gpus.open_all();
+        let mut carve_0 = Vec::new();
+        for call in waiting {
+            for (claim, result) in call.await.expect("prepare task") {
+                let devices = result.unwrap_or_else(|e| panic!("prepare {claim}: {e}"));
+                if claim.name == "carve-0" {
+                    carve_0.push(devices);
+                }
+            }
+        }
+        assert_eq!(
+            carve_0.len(),
+            21,
+            "the first call and its 20 retries answered"
+        );
+        assert!(
+            carve_0.iter().all(|d| d == &carve_0[0]),
+            "every retry answered with the first call's devices"
+        );
+        assert_eq!(node.gpus.gates().created, 8, "carve-0 was carved once");
         let _ = node.shutdown.send(true);
     });
 }

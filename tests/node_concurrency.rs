@@ -366,3 +366,89 @@ fn a_cancelled_prepare_keeps_the_node_lock_until_its_work_is_done() {
         );
     });
 }
+
+/// A driver instance of a rolling update on the node in `dir` (registered as `name`).
+fn instance(
+    dir: &Path,
+    gpus: &Arc<Scripted>,
+    claims: &Arc<MemoryClaims>,
+    name: &str,
+) -> Arc<Driver> {
+    let plugin_dir = dir.join("plugin");
+    std::fs::create_dir_all(&plugin_dir).expect("plugin dir");
+    Arc::new(
+        Driver::new(open_state(dir, gpus), claims.clone()).with_node_lock(
+            NodeLock::open(&plugin_dir.join(lock::SERIALIZE_LOCK)).expect("lock"),
+            Presence::register(&plugin_dir.join(lock::INSTANCES_DIR), name).expect("presence"),
+        ),
+    )
+}
+
+/// Prepares one claim on `driver` whose carve on GPU `minor` the test lets go at once.
+async fn prepare_carving(driver: &Arc<Driver>, gpus: &Scripted, name: &str, minor: u32) {
+    let call = {
+        let driver = driver.clone();
+        let name = name.to_string();
+        tokio::spawn(async move { driver.prepare(vec![claim_ref(&name)]).await })
+    };
+    gpus.wait_carving(minor, 1, &format!("{name}'s carve"))
+        .await;
+    gpus.release(minor);
+    let answered = gpus
+        .answers(&format!("{name}'s prepare"), call)
+        .await
+        .expect("prepare task");
+    for (claim, result) in answered {
+        result.unwrap_or_else(|e| panic!("prepare {claim}: {e}"));
+    }
+}
+
+/// The new pod of an upgrade prepares a claim and goes away (a crash-looping image, `kubectl
+/// rollout undo`) while the old pod does nothing. The old pod's next operations must start from
+/// what the new one wrote: its next prepare must not write the old book over the new pod's
+/// claim, and its unprepare of that claim must destroy the claim's MIG device. Here the two
+/// instances run in-process (flock treats each open file description as its own holder, as for
+/// two processes) and are called below the socket; `e2e/rolling-update.sh` runs the same story
+/// with the image installed by the chart, through the real kubelet.
+#[test]
+fn an_instance_that_prepared_and_died_unseen_is_read_before_the_next_operation() {
+    runtime().block_on(async {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let gpus = node(dir.path());
+        let claims = claims();
+        let old = instance(dir.path(), &gpus, &claims, "old-pod");
+        prepare_carving(&old, &gpus, "mig-0", 0).await;
+
+        // Between two of the old pod's operations, the new pod starts, prepares and dies.
+        let new = instance(dir.path(), &gpus, &claims, "new-pod");
+        prepare_carving(&new, &gpus, "mig-1", 1).await;
+        drop(new);
+        assert_eq!(gpus.gpu_instances(1).expect("GPU 1").len(), 1);
+
+        prepare_carving(&old, &gpus, "mig-2", 2).await;
+        let on_disk = open_state(dir.path(), &gpus).checkpoint();
+        for uid in ["uid-mig-0", "uid-mig-1", "uid-mig-2"] {
+            assert!(
+                on_disk.claims.get(uid).is_some_and(|c| c.is_completed()),
+                "{uid} is recorded on disk: {:?}",
+                on_disk.claims.keys().collect::<Vec<_>>()
+            );
+        }
+        let unprepared = old.unprepare(vec![claim_ref("mig-1")]).await;
+        for (claim, result) in unprepared {
+            result.unwrap_or_else(|e| panic!("unprepare {claim}: {e}"));
+        }
+        assert!(
+            gpus.gpu_instances(1).expect("GPU 1").is_empty(),
+            "the old pod destroyed the MIG device the new pod carved"
+        );
+        assert!(
+            !dir.path()
+                .join("plugin")
+                .join(lock::INSTANCES_DIR)
+                .join("new-pod.lock")
+                .exists(),
+            "the gone instance is forgotten once its state was read"
+        );
+    });
+}

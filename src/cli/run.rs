@@ -235,19 +235,20 @@ impl RunArgs {
     }
 
     /// The driver's `nvidia-smi` (time-slicing sets the interval with it, as NVIDIA's driver
-    /// does), run chrooted into the driver root; `None` when the driver root has none, which
-    /// only time-sliced claims notice. One that cannot run there stops the start.
-    fn nvidia_smi(&self) -> Result<Option<crate::gpu::driver_tools::NvidiaSmi>, CliError> {
+    /// does), run chrooted into the driver root; `None` when the driver root has none. Either
+    /// way, or when it cannot run there (a driver root without its own loader), only the claims
+    /// that set a time-slice interval notice: they are refused with the reason, and the node
+    /// serves everything else.
+    fn nvidia_smi(&self) -> Option<crate::gpu::driver_tools::NvidiaSmi> {
         let tools = crate::gpu::driver_tools::DriverRootTools::new(
             self.container_driver_root(),
             &self.nvidia_driver_root,
         );
-        let Some(smi) = crate::gpu::driver_tools::NvidiaSmi::find(&tools) else {
-            return Ok(None);
-        };
-        smi.check()
-            .map_err(|e| CliError::Usage(format!("--nvidia-driver-root: {e}")))?;
-        Ok(Some(smi.on_simulated_gpus(self.gpu.sim_state.as_deref())))
+        let smi = crate::gpu::driver_tools::NvidiaSmi::find(&tools)?.checked();
+        if let Some(reason) = smi.unusable() {
+            tracing::warn!(%reason, "time-sliced claims that set an interval are refused: nvidia-smi cannot run in the driver root; everything else is served");
+        }
+        Some(smi.on_simulated_gpus(self.gpu.sim_state.as_deref()))
     }
 
     /// Where containers' driver files come from: the driver root for real GPUs (an empty one is a
@@ -297,7 +298,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode, CliError> {
     let at_least = |duration: Duration, min: Duration| duration.max(min);
     let mut discovery = args.gpu.discovery(&args.node_name);
     discovery.nvml_library = args.nvml_library()?;
-    discovery.nvidia_smi = args.nvidia_smi()?;
+    discovery.nvidia_smi = args.nvidia_smi();
     if !args.sim_mig_delay.is_zero() && !matches!(discovery.source, crate::gpu::GpuSource::Sim(_)) {
         return Err(CliError::Usage(format!(
             "--sim-mig-delay: only simulated GPUs (--gpus sim:...) can be slowed down, but --gpus is {}",

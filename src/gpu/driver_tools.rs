@@ -448,6 +448,9 @@ pub struct NvidiaSmi {
     /// Inside the driver root.
     path: PathBuf,
     sim_state: Option<SimStateFile>,
+    /// Why it cannot run here (see [`DriverRootTools::check`]), found at start: only the claims
+    /// that need it are refused, with this reason.
+    unusable: Option<String>,
 }
 
 /// Simulated GPUs' state file, for a fake tool in the driver root: its folder is bound at
@@ -487,7 +490,19 @@ impl NvidiaSmi {
             path: tools.find(NVIDIA_SMI_PATHS)?,
             tools: tools.clone(),
             sim_state: None,
+            unusable: None,
         })
+    }
+
+    /// Checks it (see [`check`](Self::check)) and keeps the reason if it cannot run here.
+    pub fn checked(mut self) -> Self {
+        self.unusable = self.check().err().map(|e| e.to_string());
+        self
+    }
+
+    /// Why it cannot run here, as found by [`checked`](Self::checked).
+    pub fn unusable(&self) -> Option<&str> {
+        self.unusable.as_deref()
     }
 
     /// Simulated GPUs: `nvidia-smi` works on this state file.
@@ -504,6 +519,9 @@ impl NvidiaSmi {
     /// `nvidia-smi compute-policy -i <uuid> --set-timeslice <n>`, as NVIDIA's driver does; the
     /// reason when it fails.
     pub fn set_timeslice(&self, uuid: &str, timeslice: u32) -> Result<(), String> {
+        if let Some(reason) = &self.unusable {
+            return Err(reason.clone());
+        }
         let mut command = self
             .tools
             .command(&self.path)

@@ -331,6 +331,10 @@ impl NvmlBackend {
         let mut builder = Nvml::builder();
         let path = library.map_or(OsStr::new("libnvidia-ml.so.1"), Path::as_os_str);
         builder.lib_path(path);
+        // A node whose GPUs are all bound to vfio-pci (virtual machines) has none NVML sees:
+        // without this flag init fails, the driver crash-loops and the VMs' claims can never be
+        // unprepared (NVIDIA's driver passes it too).
+        builder.flags(nvml_wrapper::bitmasks::InitFlags::NO_GPUS);
         let nvml = builder.init().map_err(|e| nvml_err("initialise NVML", e))?;
         Ok(Self {
             nvml: Arc::new(nvml),

@@ -18,7 +18,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::{HealthBook, HealthChange, HealthConfig};
 use crate::gpu::GpuControl;
-use crate::gpu::events::GpuEvent;
+use crate::gpu::events::{GpuEvent, GpuProbe};
 use crate::plugin::{DeviceHealth, DeviceHealthStatus, HealthReporter};
 use crate::prepare::driver::Driver;
 
@@ -99,6 +99,58 @@ fn spawn_event_thread(control: &Arc<dyn GpuControl>) -> Option<mpsc::Receiver<Gp
     }
 }
 
+type ProbeRequest = (
+    u32,
+    tokio::sync::oneshot::Sender<Result<GpuProbe, crate::gpu::GpuError>>,
+);
+
+/// Probes GPUs on a thread of their own, not on the runtime's blocking threads: those may all
+/// be taken by prepares waiting on a stuck GPU, and a fault must still be found then.
+struct Prober {
+    requests: Option<std::sync::mpsc::Sender<ProbeRequest>>,
+}
+
+impl Prober {
+    fn start(control: Arc<dyn GpuControl>) -> Self {
+        let (tx, rx) = std::sync::mpsc::channel::<ProbeRequest>();
+        let spawned = std::thread::Builder::new()
+            .name("gpu-probes".into())
+            .spawn(move || {
+                // Ends when the monitor (the sender) is gone.
+                for (minor, answer) in rx {
+                    let _ = answer.send(control.probe(minor));
+                }
+            });
+        match spawned {
+            Ok(_) => Self { requests: Some(tx) },
+            Err(error) => {
+                tracing::error!(%error, "cannot start the GPU probe thread; GPUs are not probed");
+                Self { requests: None }
+            }
+        }
+    }
+
+    async fn probe(&self, minor: u32) -> Option<GpuProbe> {
+        let requests = self.requests.as_ref()?;
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        if requests.send((minor, tx)).is_err() {
+            tracing::warn!(gpu = minor, "the GPU probe thread is gone");
+            return None;
+        }
+        match rx.await {
+            Ok(Ok(probe)) => Some(probe),
+            Ok(Err(error)) => {
+                tracing::warn!(gpu = minor, %error, "cannot probe GPU");
+                None
+            }
+            Err(_) => {
+                tracing::warn!(gpu = minor, "GPU probe did not finish");
+                None
+            }
+        }
+    }
+}
+
 /// What to discover again: the GPUs named, or all of them.
 #[derive(Debug, Default)]
 struct RescanRequest {
@@ -165,6 +217,7 @@ impl HealthMonitor {
     /// Runs until `shutdown` turns true.
     pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
         let mut events = spawn_event_thread(&self.control);
+        let prober = Prober::start(self.control.clone());
         let rescans = Rescans::start(self.driver.clone(), shutdown.clone());
         let mut probe = tokio::time::interval(self.config.probe_interval);
         let mut rescan = tokio::time::interval(self.config.rescan_interval);
@@ -190,7 +243,7 @@ impl HealthMonitor {
                                 }
                             }
                         }
-                        let faulted = self.on_events(batch).await;
+                        let faulted = self.on_events(&prober, batch).await;
                         if !faulted.is_empty() {
                             // The taint goes out now; the rescan (a fault may come with hardware
                             // changes: a GPU lost, instances gone) follows on its own task.
@@ -201,7 +254,7 @@ impl HealthMonitor {
                     None => events = None,
                 },
                 _ = probe.tick() => {
-                    let changed = self.probe_all().await;
+                    let changed = self.probe_all(&prober).await;
                     self.publish(&mut last_taints);
                     // A GPU back from a reset may have lost its MIG instances.
                     rescans.gpus(changed);
@@ -218,7 +271,7 @@ impl HealthMonitor {
     }
 
     /// Handles a batch of events; returns the GPUs whose health changed.
-    async fn on_events(&mut self, events: Vec<GpuEvent>) -> BTreeSet<u32> {
+    async fn on_events(&mut self, prober: &Prober, events: Vec<GpuEvent>) -> BTreeSet<u32> {
         let mut changes = Vec::new();
         let mut probes = BTreeMap::new();
         for event in events {
@@ -233,7 +286,7 @@ impl HealthMonitor {
             let probe = match probes.get(&event.minor) {
                 Some(probe) => *probe,
                 None => {
-                    let probe = self.probe_one(event.minor).await;
+                    let probe = prober.probe(event.minor).await;
                     probes.insert(event.minor, probe);
                     probe
                 }
@@ -254,29 +307,14 @@ impl HealthMonitor {
         faulted
     }
 
-    async fn probe_one(&self, minor: u32) -> Option<crate::gpu::events::GpuProbe> {
-        let control = self.control.clone();
-        match tokio::task::spawn_blocking(move || control.probe(minor)).await {
-            Ok(Ok(probe)) => Some(probe),
-            Ok(Err(error)) => {
-                tracing::warn!(gpu = minor, %error, "cannot probe GPU");
-                None
-            }
-            Err(error) => {
-                tracing::warn!(gpu = minor, %error, "GPU probe did not finish");
-                None
-            }
-        }
-    }
-
     /// Probes every GPU; returns those whose health changed.
-    async fn probe_all(&mut self) -> BTreeSet<u32> {
+    async fn probe_all(&mut self, prober: &Prober) -> BTreeSet<u32> {
         let inventory = self.driver.with_state(|s| s.inventory()).await;
         self.book.retain_gpus(&inventory);
         let now = now_seconds();
         let mut changes = Vec::new();
         for gpu in &inventory.gpus {
-            if let Some(probe) = self.probe_one(gpu.minor).await {
+            if let Some(probe) = prober.probe(gpu.minor).await {
                 changes.extend(self.book.probe(gpu.minor, probe, &self.config, now));
             }
         }

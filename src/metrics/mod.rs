@@ -68,6 +68,11 @@ struct XidLabel {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ToolLabel {
+    tool: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct GpuLabel {
     gpu: String,
 }
@@ -348,6 +353,7 @@ pub struct Metrics {
     published_devices: Gauge,
     mig_instances: Gauge,
     checkpoint_unusable: Gauge,
+    driver_tool_unusable: Family<ToolLabel, Gauge>,
     slice_writes: Family<OperationLabel, Counter>,
     slice_sync_errors: Counter,
     device_health: Family<DeviceStateLabel, Gauge>,
@@ -421,6 +427,12 @@ impl Metrics {
             &mut *registry,
             "checkpoint_unusable",
             "1 while the checkpoint cannot be used (corrupt or from a newer version) and the driver refuses to prepare or unprepare",
+        );
+        let driver_tool_unusable = Family::<ToolLabel, Gauge>::default();
+        registry.register(
+            "driver_tool_unusable",
+            "1 for each tool of the driver root that cannot run on this node (nvidia-smi, nvidia-cuda-mps-control): only the claims that need it are refused, with the reason; everything else is served",
+            driver_tool_unusable.clone(),
         );
         let slice_writes = Family::<OperationLabel, Counter>::default();
         registry.register(
@@ -524,6 +536,7 @@ impl Metrics {
             published_devices,
             mig_instances,
             checkpoint_unusable,
+            driver_tool_unusable,
             slice_writes,
             slice_sync_errors,
             registered: AtomicBool::new(false),
@@ -714,6 +727,15 @@ impl Metrics {
     /// The driver refuses all node operations because its checkpoint cannot be used.
     pub fn observe_checkpoint_unusable(&self) {
         self.checkpoint_unusable.set(1);
+    }
+
+    /// A tool of the driver root that cannot run here (found at start).
+    pub fn observe_tool_unusable(&self, tool: &str) {
+        self.driver_tool_unusable
+            .get_or_create(&ToolLabel {
+                tool: tool.to_string(),
+            })
+            .set(1);
     }
 
     pub fn observe_inventory(&self, inventory: &NodeInventory) {

@@ -13,7 +13,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use super::state::PrepareError;
 
 use super::claims::ClaimSource;
-use super::lock::{NodeLock, NodeLockGuard, Presence};
+use super::in_flight::{Entry, InFlight, Outcome};
+use super::lock::{NodeLock, NodeLockGuard, Others, Presence};
 use super::state::DeviceState;
 use super::{ClaimRef, NodeDriver, PrepareResult, UnprepareResult};
 
@@ -83,6 +84,8 @@ pub struct Driver {
     gc_grace: Duration,
     /// When each prepared claim was first seen gone (by UID).
     gone_since: std::sync::Mutex<HashMap<String, Instant>>,
+    /// The claims an operation runs for now: a second call for one joins or is told to retry.
+    in_flight: Arc<InFlight>,
 }
 
 /// Kubelet unprepares a deleted pod's claims itself once its containers are dead, which can be
@@ -116,7 +119,13 @@ impl Driver {
             sharing: None,
             gc_grace: DEFAULT_GC_GRACE,
             gone_since: std::sync::Mutex::new(HashMap::new()),
+            in_flight: Arc::default(),
         }
+    }
+
+    /// How many claims an operation runs for now (stuck ones included).
+    pub fn claims_in_flight(&self) -> usize {
+        self.in_flight.len()
     }
 
     /// How long a claim must stay gone before garbage collection unprepares it.
@@ -149,8 +158,9 @@ impl Driver {
             |e: std::io::Error| format!("cannot lock {}: {e}", sharing.lock.path().display());
         let shared = sharing.lock.acquire_shared().await.map_err(lock_error)?;
         // Looked at under the shared lock: an instance that registered since holds the lock
-        // exclusively for each of its operations, so none of them can be running now.
-        if sharing.synced_alone.load(Ordering::SeqCst) && self.others_alive(sharing)?.is_empty() {
+        // exclusively for each of its operations, so none of them can be running now. One that
+        // registered and died since (a crash-looping new image) counts too: it may have written.
+        if sharing.synced_alone.load(Ordering::SeqCst) && self.others(sharing)?.none() {
             return Ok(NodeHold {
                 _guard: Some(shared),
             });
@@ -168,19 +178,27 @@ impl Driver {
             tracing::debug!("adopted the checkpoint another driver instance wrote");
             self.observer.state_changed(&self.state);
         }
-        let alone = self.others_alive(sharing)?.is_empty();
-        sharing.synced_alone.store(alone, Ordering::SeqCst);
+        // Every write happens under the lock, which is held here exclusively: what the instances
+        // that are gone wrote was read above, so they can be forgotten.
+        let others = self.others(sharing)?;
+        sharing
+            .presence
+            .forget(&others.gone)
+            .map_err(|e| format!("cannot remove gone driver instances' files: {e}"))?;
+        sharing
+            .synced_alone
+            .store(others.alive.is_empty(), Ordering::SeqCst);
         Ok(NodeHold {
             _guard: Some(exclusive),
         })
     }
 
-    fn others_alive(&self, sharing: &NodeSharing) -> Result<Vec<String>, String> {
+    fn others(&self, sharing: &NodeSharing) -> Result<Others, String> {
         let others = sharing
             .presence
-            .others_alive()
+            .others()
             .map_err(|e| format!("cannot tell which driver instances run on the node: {e}"))?;
-        if !others.is_empty() {
+        if !others.none() {
             sharing.synced_alone.store(false, Ordering::SeqCst);
         }
         Ok(others)
@@ -260,6 +278,13 @@ impl Driver {
             if !self.gone_long_enough(&claim.uid, gone) {
                 continue;
             }
+            let in_flight = match self.in_flight.start(&claim, Operation::Unprepare) {
+                Entry::Started(guard) => guard,
+                Entry::Joined(_) | Entry::Busy(_) => {
+                    tracing::info!(claim = %claim, claimUID = %claim.uid, "garbage collection: an operation runs for the claim; looked at again next round");
+                    continue;
+                }
+            };
             let hold = match self.hold_node().await {
                 Ok(hold) => hold,
                 Err(e) => {
@@ -270,7 +295,11 @@ impl Driver {
             let (state, uid) = (self.state.clone(), claim.uid.clone());
             match run_blocking(move || {
                 let _hold = hold;
-                state.unprepare(&uid)
+                let result = state.unprepare(&uid);
+                in_flight.finish(Outcome::Unprepared(
+                    result.as_ref().map(|_| ()).map_err(ToString::to_string),
+                ));
+                result
             })
             .await
             {
@@ -334,12 +363,19 @@ impl NodeDriver for Driver {
     async fn prepare(&self, claims: Vec<ClaimRef>) -> Vec<(ClaimRef, PrepareResult)> {
         let started = Instant::now();
         self.observer.starting(Operation::Prepare, claims.len());
+        // A claim whose prepare still runs joins it; one whose unprepare runs is answered busy:
+        // neither takes a lookup or a thread.
+        let in_flight: Vec<_> = claims
+            .iter()
+            .map(|c| self.in_flight.start(c, Operation::Prepare))
+            .collect();
         // Claim lookups need no lock and run concurrently.
-        let fetched = join_all(
-            claims
-                .iter()
-                .map(|c| self.claims.get(&c.namespace, &c.name)),
-        )
+        let fetched = join_all(claims.iter().zip(&in_flight).map(|(c, entry)| async move {
+            match entry {
+                Entry::Started(_) => Some(self.claims.get(&c.namespace, &c.name).await),
+                Entry::Joined(_) | Entry::Busy(_) => None,
+            }
+        }))
         .await;
         let hold = match self.hold_node().await {
             Ok(hold) => Arc::new(hold),
@@ -354,11 +390,21 @@ impl NodeDriver for Driver {
         };
         // Each claim on its own blocking thread: the state lets claims on different GPUs run side
         // by side and makes the others wait their turn. Each thread owns a share of the hold.
-        let results = join_all(claims.into_iter().zip(fetched).map(|(claim, fetched)| {
+        let work = claims.into_iter().zip(fetched).zip(in_flight);
+        let results = join_all(work.map(|((claim, fetched), entry)| {
             let (state, hold) = (self.state.clone(), hold.clone());
             async move {
-                let result = match fetched {
-                    Ok(Some(object)) => {
+                let result = match (entry, fetched) {
+                    (Entry::Busy(why), _) => Err(why),
+                    (Entry::Joined(joined), _) => match joined.outcome().await {
+                        Ok(Outcome::Prepared(result)) => result,
+                        Ok(Outcome::Unprepared(_)) => Err(format!(
+                            "ResourceClaim {}/{}: an unprepare ran meanwhile; retry",
+                            claim.namespace, claim.name
+                        )),
+                        Err(e) => Err(e),
+                    },
+                    (Entry::Started(in_flight), Some(Ok(Some(object)))) => {
                         if object.metadata.uid.as_deref() == Some(claim.uid.as_str()) {
                             self.observer
                                 .claim_users(&claim.uid, &reserved_pods(&object));
@@ -366,16 +412,23 @@ impl NodeDriver for Driver {
                         let claim = claim.clone();
                         run_blocking(move || {
                             let _hold = hold;
-                            state.prepare(&claim, &object)
+                            let result = state.prepare(&claim, &object).map_err(|e| e.to_string());
+                            in_flight.finish(Outcome::Prepared(result.clone()));
+                            Ok(result)
                         })
                         .await
                         .map_err(|e| e.to_string())
+                        .and_then(|result| result)
                     }
-                    Ok(None) => Err(format!(
+                    (Entry::Started(_), Some(Ok(None))) => Err(format!(
                         "ResourceClaim {}/{} not found",
                         claim.namespace, claim.name
                     )),
-                    Err(e) => Err(e),
+                    (Entry::Started(_), Some(Err(e))) => Err(e),
+                    (Entry::Started(_), None) => Err(format!(
+                        "ResourceClaim {}/{}: not looked up",
+                        claim.namespace, claim.name
+                    )),
                 };
                 self.observer
                     .prepared(&claim, result.is_ok(), started.elapsed().as_secs_f64());
@@ -437,14 +490,29 @@ impl NodeDriver for Driver {
         };
         let results = join_all(claims.into_iter().map(|claim| {
             let (state, hold) = (self.state.clone(), hold.clone());
+            let entry = self.in_flight.start(&claim, Operation::Unprepare);
             async move {
                 let uid = claim.uid.clone();
-                let result = run_blocking(move || {
-                    let _hold = hold;
-                    state.unprepare(&uid)
-                })
-                .await
-                .map_err(|e| e.to_string());
+                let result = match entry {
+                    Entry::Started(in_flight) => run_blocking(move || {
+                        let _hold = hold;
+                        let result = state.unprepare(&uid).map_err(|e| e.to_string());
+                        in_flight.finish(Outcome::Unprepared(result.clone()));
+                        Ok(result)
+                    })
+                    .await
+                    .map_err(|e| e.to_string())
+                    .and_then(|result| result),
+                    Entry::Joined(joined) => match joined.outcome().await {
+                        Ok(Outcome::Unprepared(result)) => result,
+                        Ok(Outcome::Prepared(_)) => Err(format!(
+                            "ResourceClaim {}/{}: a prepare ran meanwhile; retry",
+                            claim.namespace, claim.name
+                        )),
+                        Err(e) => Err(e),
+                    },
+                    Entry::Busy(why) => Err(why),
+                };
                 self.observer
                     .unprepared(&claim, result.is_ok(), started.elapsed().as_secs_f64());
                 (claim, result)

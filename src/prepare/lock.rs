@@ -136,10 +136,12 @@ impl Presence {
         })
     }
 
-    /// The other instances alive now (by file name). Files of instances that are gone (their
-    /// lock is free) are removed.
-    pub fn others_alive(&self) -> io::Result<Vec<String>> {
-        let mut alive = Vec::new();
+    /// The other instances on the node: those alive now, and those that are gone but whose
+    /// file is still there (they may have changed the node's state since this instance last
+    /// read it). Nothing is removed here: a gone instance's file stays until [`forget`]
+    /// (Self::forget) is called by whoever has read what it left.
+    pub fn others(&self) -> io::Result<Others> {
+        let mut others = Others::default();
         for entry in std::fs::read_dir(&self.dir)? {
             let entry = entry?;
             let name = entry.file_name().to_string_lossy().into_owned();
@@ -148,20 +150,59 @@ impl Presence {
             }
             let file = match OpenOptions::new().write(true).open(entry.path()) {
                 Ok(file) => file,
-                // Removed meanwhile by another instance's look.
+                // Removed meanwhile by another instance that read what it left.
                 Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
                 Err(e) => return Err(e),
             };
             match flock(&file, FlockOperation::NonBlockingLockExclusive) {
-                Ok(()) => {
-                    // Its owner is gone (the kernel released its lock).
-                    let _ = std::fs::remove_file(entry.path());
-                }
-                Err(rustix::io::Errno::WOULDBLOCK) => alive.push(name),
+                // Its owner is gone (the kernel released its lock).
+                Ok(()) => others.gone.push(name),
+                Err(rustix::io::Errno::WOULDBLOCK) => others.alive.push(name),
                 Err(errno) => return Err(errno.into()),
             }
         }
-        Ok(alive)
+        Ok(others)
+    }
+
+    /// Removes the files of instances that are gone, once the caller has read the node's state
+    /// they may have changed (under the node lock, held exclusively). A file whose instance came
+    /// back to life under the same name (it re-registered) is kept.
+    pub fn forget(&self, gone: &[String]) -> io::Result<()> {
+        for name in gone {
+            let path = self.dir.join(name);
+            let file = match OpenOptions::new().write(true).open(&path) {
+                Ok(file) => file,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e),
+            };
+            match flock(&file, FlockOperation::NonBlockingLockExclusive) {
+                Ok(()) => match std::fs::remove_file(&path) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(e),
+                },
+                Err(rustix::io::Errno::WOULDBLOCK) => {}
+                Err(errno) => return Err(errno.into()),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The other instances [`Presence::others`] found.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Others {
+    /// Running now (their lock is held).
+    pub alive: Vec<String>,
+    /// Gone since this instance last forgot them: each may have written the checkpoint and
+    /// changed the hardware before it died, so the node's state must be read again.
+    pub gone: Vec<String>,
+}
+
+impl Others {
+    /// No other instance runs, and none ran since the last [`Presence::forget`].
+    pub fn none(&self) -> bool {
+        self.alive.is_empty() && self.gone.is_empty()
     }
 }
 
@@ -206,23 +247,37 @@ mod tests {
     }
 
     #[test]
-    fn presence_sees_live_instances_and_forgets_gone_ones() {
+    fn presence_sees_live_instances_and_remembers_gone_ones_until_forgotten() {
         let dir = tempfile::tempdir().expect("tempdir");
         let instances = dir.path().join(INSTANCES_DIR);
         let old = Presence::register(&instances, "old-pod").expect("register");
-        assert!(old.others_alive().expect("look").is_empty(), "alone");
+        assert!(old.others().expect("look").none(), "alone");
         let new = Presence::register(&instances, "new-pod").expect("register");
-        assert_eq!(old.others_alive().expect("look"), vec!["new-pod.lock"]);
-        assert_eq!(new.others_alive().expect("look"), vec!["old-pod.lock"]);
+        assert_eq!(old.others().expect("look").alive, vec!["new-pod.lock"]);
+        assert_eq!(new.others().expect("look").alive, vec!["old-pod.lock"]);
         assert!(
             Presence::register(&instances, "new-pod").is_err(),
             "one process per instance"
         );
-        drop(old);
-        assert!(new.others_alive().expect("look").is_empty(), "old is gone");
+        drop(new);
+        // The new pod died (a crash-looping image): the old one must still learn that it ran,
+        // however many times it looks, until it has read what the new one left and forgets it.
+        for _ in 0..2 {
+            let others = old.others().expect("look");
+            assert!(others.alive.is_empty());
+            assert_eq!(others.gone, vec!["new-pod.lock"]);
+            assert!(!others.none());
+        }
+        old.forget(&["new-pod.lock".to_string()]).expect("forget");
+        assert!(old.others().expect("look").none(), "forgotten");
         assert!(
-            !instances.join("old-pod.lock").exists(),
+            !instances.join("new-pod.lock").exists(),
             "its file was removed"
         );
+        // A file whose instance is back is not removed.
+        let back = Presence::register(&instances, "back-pod").expect("register");
+        old.forget(&["back-pod.lock".to_string()]).expect("forget");
+        assert_eq!(old.others().expect("look").alive, vec!["back-pod.lock"]);
+        drop(back);
     }
 }

@@ -4,8 +4,11 @@
 //! machine only there (`resource.kubernetes.io/pciBusID`), so claims with GPUs for virtual
 //! machines get one, as NVIDIA's driver writes it for them.
 //!
-//! On the host: `<state dir>/dra-device-metadata/<namespace>_<claim>/<request>/metadata.json`
-//! (the state folder is the same path inside the driver's container and on the host). In the
+//! On the host: `<state dir>/dra-device-metadata/<claim UID>/<request>/metadata.json` (the state
+//! folder is the same path inside the driver's container and on the host). Keyed by UID, not by
+//! name: a claim deleted and re-created under the same name (a GitOps replace) is another claim,
+//! and the old one's unprepare must not remove the new one's files. Claims prepared by a version
+//! that keyed them `<namespace>_<claim>` keep that folder until they are unprepared. In the
 //! container: `/var/run/kubernetes.io/dra-device-attributes/resourceclaims/<claim>/<request>/
 //! <driver>-metadata.json`, or `.../resourceclaimtemplates/<pod's claim name>/...` for a claim
 //! made from a template.
@@ -61,8 +64,30 @@ impl MetadataStore {
     }
 
     fn claim_dir(&self, claim: &ClaimEntry) -> PathBuf {
-        self.root
-            .join(format!("{}_{}", claim.namespace, claim.name))
+        self.root.join(&claim.uid)
+    }
+
+    /// Where an earlier version wrote a claim's files (by name), if what is there is this
+    /// claim's (its files name the claim's UID).
+    fn legacy_dir(&self, claim: &ClaimEntry) -> Option<PathBuf> {
+        let dir = self
+            .root
+            .join(format!("{}_{}", claim.namespace, claim.name));
+        let entries = std::fs::read_dir(&dir).ok()?;
+        let mut files = entries
+            .flatten()
+            .map(|request| request.path().join("metadata.json"))
+            .filter(|file| file.exists())
+            .peekable();
+        files.peek()?;
+        files
+            .all(|file| {
+                std::fs::read(&file)
+                    .ok()
+                    .and_then(|text| serde_json::from_slice::<serde_json::Value>(&text).ok())
+                    .is_some_and(|document| document["metadata"]["uid"] == claim.uid.as_str())
+            })
+            .then_some(dir)
     }
 
     fn host_file(&self, claim: &ClaimEntry, request: &str) -> PathBuf {
@@ -139,39 +164,54 @@ impl MetadataStore {
     }
 
     fn mount(&self, claim: &ClaimEntry, request: &str) -> Mount {
+        self.mount_of(self.host_file(claim, request), claim, request)
+    }
+
+    fn mount_of(&self, host_file: PathBuf, claim: &ClaimEntry, request: &str) -> Mount {
         Mount {
-            host_path: self
-                .host_file(claim, request)
-                .to_string_lossy()
-                .into_owned(),
+            host_path: host_file.to_string_lossy().into_owned(),
             container_path: self.container_file(claim, request),
             options: vec!["ro".into(), "bind".into()],
         }
     }
 
-    /// The mounts of the files written for `requests` of a claim (those on disk).
+    /// The mounts of the files written for `requests` of a claim (those on disk, where an
+    /// earlier version wrote them for a claim it prepared).
     pub fn mounts(&self, claim: &ClaimEntry, requests: &[&str]) -> Vec<Mount> {
         let mut requests: Vec<&str> = requests.iter().map(|r| base_request(r)).collect();
         requests.sort_unstable();
         requests.dedup();
+        let legacy = self.legacy_dir(claim);
         requests
             .into_iter()
-            .filter(|r| self.host_file(claim, r).exists())
-            .map(|r| self.mount(claim, r))
+            .filter_map(|r| {
+                let file = self.host_file(claim, r);
+                if file.exists() {
+                    return Some(self.mount_of(file, claim, r));
+                }
+                let old = legacy.as_ref()?.join(r).join("metadata.json");
+                old.exists().then(|| self.mount_of(old, claim, r))
+            })
             .collect()
     }
 
-    /// Removes a claim's files; none is fine.
+    /// Removes a claim's files (and an earlier version's folder of them, if it is this claim's);
+    /// none is fine.
     pub fn remove(&self, claim: &ClaimEntry) -> Result<(), MetadataError> {
-        let dir = self.claim_dir(claim);
-        match std::fs::remove_dir_all(&dir) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(MetadataError {
-                path: dir,
-                reason: e.to_string(),
-            }),
+        let legacy = self.legacy_dir(claim);
+        for dir in std::iter::once(self.claim_dir(claim)).chain(legacy) {
+            match std::fs::remove_dir_all(&dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(MetadataError {
+                        path: dir,
+                        reason: e.to_string(),
+                    });
+                }
+            }
         }
+        Ok(())
     }
 }
 
@@ -220,7 +260,7 @@ mod tests {
         );
         let host = dir
             .path()
-            .join("dra-device-metadata/vms_vm-gpu-x7k2p/gpu/metadata.json");
+            .join("dra-device-metadata/uid-1/gpu/metadata.json");
         assert_eq!(mounts[0].host_path, host.to_string_lossy());
         let text = std::fs::read_to_string(&host).expect("file");
         assert!(text.ends_with("}\n"));
@@ -252,5 +292,47 @@ mod tests {
             mounts[0].container_path,
             "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/vm-gpu-x7k2p/gpu/gpu.nvidia.com-metadata.json"
         );
+    }
+
+    #[test]
+    fn a_claim_recreated_under_the_same_name_keeps_its_files_when_the_old_one_goes() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let store = MetadataStore::new(dir.path(), "gpu.nvidia.com");
+        let old = entry(None);
+        let mut new = entry(None);
+        new.uid = "uid-2".into();
+        store.write(&old, &[device("gpu")]).expect("old");
+        let mounts = store.write(&new, &[device("gpu")]).expect("new");
+        // GitOps replaced the claim: kubelet unprepares the old one after the new one started.
+        store.remove(&old).expect("remove the old claim's");
+        assert!(
+            std::path::Path::new(&mounts[0].host_path).exists(),
+            "the new claim's file is still there for its VM's next start"
+        );
+        assert_eq!(store.mounts(&new, &["gpu"]), mounts);
+    }
+
+    #[test]
+    fn a_claim_an_earlier_version_prepared_keeps_its_by_name_folder_until_unprepared() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let store = MetadataStore::new(dir.path(), "gpu.nvidia.com");
+        let claim = entry(None);
+        let written = store.write(&claim, &[device("gpu")]).expect("write");
+        // What the earlier version left: the same file under <namespace>_<claim>.
+        let root = dir.path().join("dra-device-metadata");
+        let legacy = root.join("vms_vm-gpu-x7k2p");
+        std::fs::rename(root.join("uid-1"), &legacy).expect("move");
+        let mounts = store.mounts(&claim, &["gpu"]);
+        assert_eq!(mounts.len(), 1);
+        assert_eq!(mounts[0].container_path, written[0].container_path);
+        assert!(mounts[0].host_path.contains("vms_vm-gpu-x7k2p"));
+        // Another claim of the same name does not take it, nor remove it.
+        let mut other = entry(None);
+        other.uid = "uid-2".into();
+        assert!(store.mounts(&other, &["gpu"]).is_empty());
+        store.remove(&other).expect("remove other");
+        assert!(legacy.exists());
+        store.remove(&claim).expect("remove");
+        assert!(!legacy.exists());
     }
 }

@@ -63,6 +63,7 @@ pub mod driver;
 pub mod driver_files;
 pub mod effects;
 pub mod failpoint;
+pub mod in_flight;
 pub mod ldcache;
 pub mod lock;
 pub mod memory_limits;

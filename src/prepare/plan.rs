@@ -67,8 +67,8 @@ pub struct Planner<'a> {
     pub checkpoint: &'a Checkpoint,
     pub inventory: &'a NodeInventory,
     pub cdi: &'a CdiStore,
-    /// Whether the driver root has MPS's control binary.
-    pub mps_available: bool,
+    /// Whether MPS daemons can run here.
+    pub mps_available: sharing::MpsAvailability<'a>,
     /// `--mps-share-across-namespaces`.
     pub mps_across_namespaces: bool,
 }

@@ -62,18 +62,37 @@ pub fn wants_mps(config: Option<&DeviceConfig>) -> bool {
     matches!(strategy(config), Some((SharingStrategy::Mps, _)))
 }
 
+/// Whether this node can run MPS control daemons.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MpsAvailability<'a> {
+    Available,
+    /// The driver root has no `nvidia-cuda-mps-control`.
+    Missing,
+    /// It has one that cannot run here: why.
+    Unusable(&'a str),
+}
+
 /// Why a claim's sharing configuration cannot be applied on this node: `(field under the
-/// config's parameters, reason)`. `mps_available` says whether the node can run MPS daemons;
+/// config's parameters, reason)`. `mps_available` says whether the node can run MPS daemons
+/// (`Err`: why not, where it has a control binary that cannot run);
 /// `compute_capability_major` is that of the device's GPU.
 pub fn check(
     config: &DeviceConfig,
-    mps_available: bool,
+    mps_available: MpsAvailability<'_>,
     compute_capability_major: u32,
 ) -> Result<(), (&'static str, String)> {
     let Some((SharingStrategy::Mps, mps)) = strategy(Some(config)) else {
         return Ok(());
     };
-    if !mps_available {
+    if let MpsAvailability::Unusable(reason) = mps_available {
+        return Err((
+            "sharing.strategy",
+            format!(
+                "MPS needs the NVIDIA driver's nvidia-cuda-mps-control, which cannot run on this node: {reason}; the claim is refused rather than prepared without it"
+            ),
+        ));
+    }
+    if mps_available == MpsAvailability::Missing {
         return Err((
             "sharing.strategy",
             "MPS needs the NVIDIA driver's nvidia-cuda-mps-control, and the driver root \
@@ -337,12 +356,20 @@ mod tests {
     #[test]
     fn multi_user_mps_needs_volta_or_newer() {
         let config = mps_config(serde_json::json!({"multiUser": true}));
-        assert_eq!(check(&config, true, 7), Ok(()));
-        let (field, reason) = check(&config, true, 6).expect_err("Pascal");
+        assert_eq!(check(&config, MpsAvailability::Available, 7), Ok(()));
+        let (field, reason) = check(&config, MpsAvailability::Available, 6).expect_err("Pascal");
         assert_eq!(field, "sharing.mpsConfig.multiUser");
         assert!(reason.contains("7.0") && reason.contains("6.x"), "{reason}");
         // Without the driver's control binary MPS is refused, whatever the GPU.
-        let (field, _) = check(&config, false, 9).expect_err("no control binary");
+        let (field, _) =
+            check(&config, MpsAvailability::Missing, 9).expect_err("no control binary");
+        assert_eq!(field, "sharing.strategy");
+        let (field, reason) = check(&config, MpsAvailability::Unusable("no loader"), 9)
+            .expect_err("a control binary that cannot run");
+        assert!(
+            reason.contains("cannot run on this node: no loader"),
+            "{reason}"
+        );
         assert_eq!(field, "sharing.strategy");
     }
 

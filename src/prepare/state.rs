@@ -43,6 +43,7 @@ use super::metadata::{MetadataDevice, MetadataError, MetadataStore};
 use super::mps::{MpsDaemons, MpsError};
 use super::plan::{PlannedDevice, Planner, Target};
 use super::sharing;
+use super::sharing::MpsAvailability;
 use super::{ClaimRef, PreparedDevice};
 use crate::gpu::mig::{GpuMode, MigPolicy, choose_modes, parse_mig_device_name};
 use crate::gpu::{GpuControl, GpuError, NodeInventory};
@@ -117,14 +118,23 @@ struct Book {
 }
 
 /// Whether GPU `minor` of `gpus` has a MIG device no claim in `owned` holds (someone else's).
-fn holds_foreign_mig(gpus: &[crate::gpu::Gpu], owned: &BTreeSet<(u32, u32)>, minor: u32) -> bool {
+fn holds_foreign_mig(
+    gpus: &[crate::gpu::Gpu],
+    owned: &BTreeSet<mig_carve::OwnedInstance>,
+    minor: u32,
+) -> bool {
     gpus.iter()
         .find(|g| g.minor == minor)
         .and_then(|g| g.mig.as_ref())
         .is_some_and(|m| {
-            m.instances
-                .iter()
-                .any(|i| !owned.contains(&(minor, i.gpu_instance_id)))
+            m.instances.iter().any(|i| {
+                !owned.contains(&mig_carve::OwnedInstance {
+                    minor,
+                    gpu_instance_id: i.gpu_instance_id,
+                    profile_id: i.profile_id,
+                    placement: i.placement,
+                })
+            })
         })
 }
 
@@ -140,6 +150,8 @@ pub struct DeviceState {
     metadata: MetadataStore,
     /// MPS control daemons; `None` where the driver root has no `nvidia-cuda-mps-control`.
     mps: Option<MpsDaemons>,
+    /// Why MPS claims are refused though the driver root has a control binary: it cannot run.
+    mps_unusable: Option<String>,
     book: Mutex<Book>,
     /// Claims (by UID) an operation is working on.
     busy_claims: BusySet<String>,
@@ -168,6 +180,7 @@ impl DeviceState {
         let inventory = gpus.inventory()?;
         // Once, for the driver version NVML reports: no claim waits for it.
         let mut mps = None;
+        let mut mps_unusable = None;
         let mut memory_limits = MemoryLimits::Unavailable(
             "the driver has no driver root (--nvidia-driver-root): the hook needs its NVML".into(),
         );
@@ -190,10 +203,13 @@ impl DeviceState {
                     MpsDaemons::new(tools.clone(), control, config.state_dir.join("mps"))
                         .on_simulated_gpus(gpus.sim_state_file())
                 });
-                if let Some(mps) = &mps {
-                    // A control binary that cannot run (a loader or library the driver root
-                    // lacks, no view of the host) stops the start: every MPS claim would fail.
-                    mps.check_tools()?;
+                // A control binary that cannot run (a loader or library the driver root lacks,
+                // no view of the host) serves no claim: MPS claims are refused with the reason,
+                // everything else is served.
+                if let Some(Err(error)) = mps.as_ref().map(MpsDaemons::check_tools) {
+                    tracing::warn!(%error, "MPS claims are refused: its control daemon cannot run here; everything else is served");
+                    mps_unusable = Some(error.to_string());
+                    mps = None;
                 }
                 memory_limits = MemoryLimits::detect(
                     gpus.as_ref(),
@@ -226,6 +242,7 @@ impl DeviceState {
             cdi,
             metadata,
             mps,
+            mps_unusable,
             book: Mutex::new(Book {
                 checkpoint,
                 inventory,
@@ -293,6 +310,12 @@ impl DeviceState {
 
     pub fn config(&self) -> &DriverConfig {
         &self.config
+    }
+
+    /// Why MPS claims are refused though the driver root has MPS's control binary (it cannot
+    /// run there); `None` where it runs, or where there is none.
+    pub fn mps_unusable(&self) -> Option<&str> {
+        self.mps_unusable.as_deref()
     }
 
     /// A copy of the checkpoint as it is now.
@@ -993,7 +1016,11 @@ impl DeviceState {
             checkpoint: &book.checkpoint,
             inventory: &book.inventory,
             cdi: &self.cdi,
-            mps_available: self.mps.is_some(),
+            mps_available: match (&self.mps, &self.mps_unusable) {
+                (Some(_), _) => MpsAvailability::Available,
+                (None, Some(reason)) => MpsAvailability::Unusable(reason),
+                (None, None) => MpsAvailability::Missing,
+            },
             mps_across_namespaces: self.mps_across_namespaces,
         }
     }

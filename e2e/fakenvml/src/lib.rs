@@ -358,6 +358,16 @@ macro_rules! out {
 
 #[unsafe(no_mangle)]
 pub extern "C" fn nvmlInit_v2() -> Ret {
+    init(0)
+}
+
+/// `NVML_INIT_FLAG_NO_GPUS`: do not fail when no GPU is found.
+const INIT_FLAG_NO_GPUS: c_uint = 1;
+
+/// As NVML: a node whose GPUs are all bound elsewhere (vfio-pci) fails a first init with
+/// `NVML_ERROR_NOT_FOUND` ("No supported GPUs were found") unless the caller passes
+/// `NVML_INIT_FLAG_NO_GPUS`.
+fn init(flags: c_uint) -> Ret {
     let mut guard = lock();
     if let Some(fake) = guard.as_mut().filter(|f| f.init_count > 0) {
         fake.init_count += 1;
@@ -381,6 +391,9 @@ pub extern "C" fn nvmlInit_v2() -> Ret {
     let (Ok(inventory), Ok(state)) = (node.inventory(), node.state()) else {
         return UNKNOWN;
     };
+    if inventory.gpus.is_empty() && flags & INIT_FLAG_NO_GPUS == 0 {
+        return NOT_FOUND;
+    }
     *guard = Some(Fake {
         node,
         inventory,
@@ -402,8 +415,8 @@ pub extern "C" fn nvmlInit() -> Ret {
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn nvmlInitWithFlags(_flags: c_uint) -> Ret {
-    nvmlInit_v2()
+pub extern "C" fn nvmlInitWithFlags(flags: c_uint) -> Ret {
+    init(flags)
 }
 
 #[unsafe(no_mangle)]

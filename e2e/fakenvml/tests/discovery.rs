@@ -554,6 +554,44 @@ fn a_gpu_bound_to_vfio_pci_is_not_discovered() {
     assert_eq!(nvml.gpus[1].pcie_root.as_deref(), Some("pci0000:37"));
 }
 
+/// A node whose GPUs are all bound to vfio-pci (every one in a virtual machine) has no GPU NVML
+/// sees: a plain init fails there as NVML's does, and the backend, which passes
+/// `NVML_INIT_FLAG_NO_GPUS`, starts with none, so the driver can still unprepare the VMs' claims.
+#[test]
+fn a_node_whose_gpus_are_all_in_virtual_machines_still_initialises() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("s.json");
+    let _guard = ENV.lock().unwrap_or_else(|p| p.into_inner());
+    let sim = SimNode::new(
+        "sim:2xH100-SXM5-80GB".parse().expect("spec"),
+        "n1",
+        Some(state.clone()),
+    );
+    for minor in 0..2 {
+        sim.bind_driver(minor, gpu_dra::gpu::sim::PciDriver::VfioPci)
+            .expect("to vfio-pci");
+    }
+    let sysfs = tempfile::tempdir().expect("sysfs");
+    sim.write_sysfs(sysfs.path()).expect("sysfs links");
+    // SAFETY: serialised by ENV.
+    unsafe {
+        std::env::set_var("FAKE_NVML_GPUS", "sim:2xH100-SXM5-80GB");
+        std::env::set_var("FAKE_NVML_NODE", "n1");
+        std::env::set_var("FAKE_NVML_STATE", &state);
+    }
+    let plain = nvml_wrapper::Nvml::builder()
+        .lib_path(fake_library().as_os_str())
+        .init();
+    assert!(
+        plain.is_err(),
+        "NVML without NO_GPUS fails on a node with no GPU it sees"
+    );
+    drop(plain);
+    let backend =
+        NvmlBackend::open(Some(&fake_library()), sysfs.path().to_path_buf()).expect("NVML init");
+    assert!(backend.inventory().expect("discovery").gpus.is_empty());
+}
+
 /// A Grace-attached GPU goes to a virtual machine through Linux's nvgrace-gpu variant: the PCI
 /// scan on the real code path picks it from the kernel's module aliases and the function's
 /// modalias, as the simulator does.

@@ -3,15 +3,17 @@
 //!
 //! Intent: the device's [`MigRecord`] with `created: true` and no ids. Apply: MIG mode on if
 //! needed ([`super::mig_mode::ensure`]), the GPU instance, its id recorded, the compute instance,
-//! its id and the MIG device's UUID recorded. Undo: the instance found by its recorded id, or (a
-//! crash before the id was written) by profile and placement, which only this claim could hold;
-//! compute instances then the GPU instance destroyed, `created: false` recorded, MIG mode
-//! released. Adopt: instances on dynamic GPUs no record owns are destroyed at start.
+//! its id and the MIG device's UUID recorded. Undo: the instance found by profile and placement,
+//! which only this claim could hold, and by its recorded id too where one was written; NVML
+//! reuses instance ids, so an id alone may name another claim's instance (a stale record, an
+//! admin who re-created instances). Compute instances then the GPU instance destroyed,
+//! `created: false` recorded, MIG mode released. Adopt: instances on dynamic GPUs no record owns
+//! (same id, profile and placement) are destroyed at start.
 use std::collections::BTreeSet;
 
 use super::{ClaimDevice, DeviceEffect, Host, ignore_not_found, mig_mode};
-use crate::gpu::GpuError;
 use crate::gpu::mig::GpuMode;
+use crate::gpu::{GpuError, Placement};
 use crate::prepare::checkpoint::{Checkpoint, MigRecord};
 use crate::prepare::failpoint::failpoint;
 use crate::prepare::state::PrepareError;
@@ -92,9 +94,10 @@ fn mig_of<'a>(
 fn destroy(host: &dyn Host, mig: &MigRecord) -> Result<(), PrepareError> {
     let minor = mig.parent_minor;
     let existing = host.gpus().gpu_instances(minor)?;
-    let found = existing.iter().find(|gi| match mig.gpu_instance_id {
-        Some(id) => gi.id == id,
-        None => gi.profile_id == mig.profile_id && gi.placement == mig.placement,
+    let found = existing.iter().find(|gi| {
+        gi.profile_id == mig.profile_id
+            && gi.placement == mig.placement
+            && mig.gpu_instance_id.is_none_or(|id| gi.id == id)
     });
     if let Some(gi) = found {
         for &ci in &gi.compute_instances {
@@ -105,14 +108,31 @@ fn destroy(host: &dyn Host, mig: &MigRecord) -> Result<(), PrepareError> {
     mig_mode::release(host, minor)
 }
 
-/// (GPU minor, GPU instance id) of every MIG instance a recorded claim holds.
-pub fn owned(checkpoint: &Checkpoint) -> BTreeSet<(u32, u32)> {
+/// A MIG instance a recorded claim holds: its GPU, id, profile and placement. All four must
+/// match for an instance to be the claim's (NVML reuses ids).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct OwnedInstance {
+    pub minor: u32,
+    pub gpu_instance_id: u32,
+    pub profile_id: u32,
+    pub placement: Placement,
+}
+
+/// Every MIG instance a recorded claim holds.
+pub fn owned(checkpoint: &Checkpoint) -> BTreeSet<OwnedInstance> {
     checkpoint
         .claims
         .values()
         .flat_map(|c| c.devices.iter())
         .filter_map(|d| d.mig.as_ref())
-        .filter_map(|m| Some((m.parent_minor, m.gpu_instance_id?)))
+        .filter_map(|m| {
+            Some(OwnedInstance {
+                minor: m.parent_minor,
+                gpu_instance_id: m.gpu_instance_id?,
+                profile_id: m.profile_id,
+                placement: m.placement,
+            })
+        })
         .collect()
 }
 
@@ -123,7 +143,7 @@ pub fn owned(checkpoint: &Checkpoint) -> BTreeSet<(u32, u32)> {
 pub fn adopt(
     host: &dyn Host,
     minors: impl IntoIterator<Item = u32>,
-    owned: &BTreeSet<(u32, u32)>,
+    owned: &BTreeSet<OwnedInstance>,
 ) -> Result<Vec<String>, PrepareError> {
     let mut destroyed = Vec::new();
     for minor in minors
@@ -147,7 +167,12 @@ pub fn adopt(
             Err(error) => return Err(error.into()),
         };
         for gi in instances {
-            if owned.contains(&(minor, gi.id)) {
+            if owned.contains(&OwnedInstance {
+                minor,
+                gpu_instance_id: gi.id,
+                profile_id: gi.profile_id,
+                placement: gi.placement,
+            }) {
                 continue;
             }
             for &ci in &gi.compute_instances {
@@ -164,7 +189,6 @@ pub fn adopt(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gpu::Placement;
     use crate::prepare::checkpoint::{ClaimEntry, ClaimState, DeviceRecord};
     use crate::prepare::effects::test_host::{TestHost, first, record};
 
@@ -239,6 +263,51 @@ mod tests {
             .expect("instance");
         MigCarve.undo(&host, &first(&device)).expect("undo");
         assert!(host.gpus().gpu_instances(0).expect("instances").is_empty());
+    }
+
+    #[test]
+    fn a_recorded_id_that_now_names_another_instance_destroys_nothing() {
+        let host = TestHost::new("sim:1xH100-SXM5-80GB", GpuMode::Dynamic);
+        let device = intent(&host);
+        MigCarve.apply(&host, &first(&device)).expect("carve");
+        let carved = recorded(&host);
+        let mig = carved.mig.clone().expect("mig");
+        // An admin destroyed the claim's instance and made one of another profile in the same
+        // slot (1g.10gb -> 1g.10gb+me): NVML derives the id from the slot, so it is the same.
+        let id = mig.gpu_instance_id.expect("id");
+        let gi = &host.gpus().gpu_instances(0).expect("instances")[0];
+        for &ci in &gi.compute_instances {
+            host.gpus().destroy_compute_instance(0, id, ci).expect("ci");
+        }
+        host.gpus().destroy_gpu_instance(0, id).expect("gi");
+        let inventory = host.sim.inventory().expect("inventory");
+        let sibling = inventory.gpus[0]
+            .mig
+            .as_ref()
+            .expect("MIG")
+            .profiles
+            .iter()
+            .find(|p| p.id != mig.profile_id && p.placements.contains(&mig.placement))
+            .expect("another profile with the same placement")
+            .id;
+        let other = host
+            .sim
+            .create_gpu_instance(0, sibling, mig.placement)
+            .expect("another instance");
+        assert_eq!(other, id, "the same slot gets the same id, as on NVML");
+        MigCarve.undo(&host, &first(&carved)).expect("undo");
+        assert_eq!(
+            host.gpus().gpu_instances(0).expect("instances").len(),
+            1,
+            "the other instance with the same id is not the claim's"
+        );
+        // Nor does adoption count it as a stale record's: the record's profile is another one.
+        let mut stale = host.checkpoint();
+        stale.claims.get_mut("uid").expect("claim").devices[0] = carved.clone();
+        let stale_owned = super::owned(&stale);
+        assert_eq!(stale_owned.len(), 1);
+        let destroyed = adopt(&host, [0], &stale_owned).expect("adopt");
+        assert_eq!(destroyed, vec![format!("gpu0/gi{other}")]);
     }
 
     #[test]
