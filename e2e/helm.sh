@@ -75,7 +75,9 @@ ok "the chart's DeviceClasses equal deviceclasses/; extendedResources, driverNam
 render --include-crds --set computeDomains.enabled=true >"$WORK/cd.yaml" || fail "helm template with computeDomains.enabled"
 as_json "$WORK/cd.yaml" >"$WORK/cd.json" || fail "the computeDomains render is not valid YAML"
 kinds=$(jq -c '[.items[].kind] | sort' "$WORK/cd.json")
-want='["ClusterRole","ClusterRole","ClusterRoleBinding","ClusterRoleBinding","CustomResourceDefinition","DaemonSet","Deployment","DeviceClass","DeviceClass","DeviceClass","DeviceClass","DeviceClass","ServiceAccount","ServiceAccount","ValidatingAdmissionPolicy","ValidatingAdmissionPolicyBinding"]'
+# Two admission policies: ResourceSlices, and the driver's ComputeDomain status writes; the
+# controller's Role (its leader-election Lease).
+want='["ClusterRole","ClusterRole","ClusterRoleBinding","ClusterRoleBinding","CustomResourceDefinition","DaemonSet","Deployment","DeviceClass","DeviceClass","DeviceClass","DeviceClass","DeviceClass","Role","RoleBinding","ServiceAccount","ServiceAccount","ValidatingAdmissionPolicy","ValidatingAdmissionPolicy","ValidatingAdmissionPolicyBinding","ValidatingAdmissionPolicyBinding"]'
 [[ $kinds == "$want" ]] || fail "computeDomains.enabled rendered kinds: $kinds"
 as_json "$ROOT/deviceclasses" | jq -S '[.items[] | {name: .metadata.name, spec}] | sort_by(.name)' >"$WORK/cd-classes.repo.json"
 jq -S '[.items[] | select(.kind == "DeviceClass") | {name: .metadata.name, spec}] | sort_by(.name)' "$WORK/cd.json" >"$WORK/cd-classes.chart.json"
@@ -236,15 +238,28 @@ kubectl -n tenant-b patch computedomain training --subresource=status --type=mer
 add_entry() { # NAME IP INDEX: a JSON patch adding a status.nodes entry
     printf '[{"op": "add", "path": "/status/nodes/-", "value": {"name": "%s", "ipAddress": "%s", "cliqueID": "4f7c.1", "index": %s}}]' "$@"
 }
-wait_for "the ComputeDomain policy enforced" 30 bash -c "! kubectl --kubeconfig $WORK/driver.kubeconfig -n tenant-b patch computedomain training --subresource=status --type=json --dry-run=server -p '$(add_entry intruder 10.0.0.9 2)'"
-sa_kubectl -n tenant-b patch computedomain training --subresource=status --type=json -p "$(add_entry "$NODE" 10.0.0.1 1)" >&2 \
-    || fail "the driver cannot add its own node's entry"
-refused "may only write its own entry in status.nodes, not intruder" -n tenant-b patch computedomain training \
-    --subresource=status --type=json -p "$(add_entry intruder 10.0.0.9 2)"
-refused "may only write its own entry in status.nodes, not other-node" -n tenant-b patch computedomain training \
-    --subresource=status --type=json -p '[{"op": "replace", "path": "/status/nodes/0/ipAddress", "value": "10.6.6.6"}]'
-refused "may not change a ComputeDomain's status.status" -n tenant-b patch computedomain training \
-    --subresource=status --type=merge -p '{"status": {"status": "Ready"}}'
+# status_patch TYPE BODY [dry]: PATCH the domain's status with the driver's token as the driver
+# does (no GET first: its role has none on the status); prints the API server's answer.
+status_patch() {
+    local server ca
+    server=$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.server}')
+    ca=$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.certificate-authority}')
+    curl -sS --cacert "$ca" -H "Authorization: Bearer $token" -H "Content-Type: application/$1" -X PATCH --data "$2" \
+        "$server/apis/resource.nvidia.com/v1beta1/namespaces/tenant-b/computedomains/training/status${3:+?dryRun=All}"
+}
+patch_refused() { # WHY TYPE BODY: the patch is refused by the policy, saying WHY
+    local out
+    out=$(status_patch "$2" "$3")
+    jq -e --arg why "$1" '.kind == "Status" and (.message | contains("ValidatingAdmissionPolicy") and contains($why))' <<<"$out" >/dev/null \
+        || fail "the driver's status patch $3 was not refused for: $1: $out"
+}
+wait_for "the ComputeDomain policy enforced" 30 bash -c "$(declare -f status_patch); token='$token'; status_patch json-patch+json '$(add_entry intruder 10.0.0.9 2)' dry | jq -e '.kind == \"Status\"'"
+out=$(status_patch json-patch+json "$(add_entry "$NODE" 10.0.0.1 1)")
+jq -e '.kind == "ComputeDomain"' <<<"$out" >/dev/null || fail "the driver cannot add its own node's entry: $out"
+patch_refused "may only write its own entry in status.nodes, not intruder" json-patch+json "$(add_entry intruder 10.0.0.9 2)"
+patch_refused "may only write its own entry in status.nodes, not other-node" json-patch+json \
+    '[{"op": "replace", "path": "/status/nodes/0/ipAddress", "value": "10.6.6.6"}]'
+patch_refused "may not change a ComputeDomain's status.status" merge-patch+json '{"status": {"status": "Ready"}}'
 nodes=$(kubectl -n tenant-b get computedomain training -o json | jq -c '[.status.nodes[] | {name, ipAddress}]')
 [[ $nodes == '[{"name":"other-node","ipAddress":"10.0.0.2"},{"name":"'"$NODE"'","ipAddress":"10.0.0.1"}]' ]] \
     || fail "status.nodes after the refused writes: $nodes"

@@ -1,6 +1,8 @@
 //! Calls to the API server that always end: every request has a deadline, and a failure says
 //! whether and when to retry. A hung API server (accepts, never answers) must not stop
 //! publication or garbage collection for good.
+pub mod lease;
+
 use std::future::Future;
 use std::hash::{BuildHasher, Hasher};
 use std::time::Duration;

@@ -556,6 +556,7 @@ impl NodeAgent {
         let mut driver = Driver::new(state, claims)
             .with_observer(Arc::new(observers))
             .with_gc_grace(options.gc_grace);
+        let presence_view = node_lock.as_ref().map(|(_, presence)| presence.view());
         if let Some((lock, presence)) = node_lock {
             driver = driver.with_node_lock(lock, presence);
         }
@@ -644,6 +645,7 @@ impl NodeAgent {
                     metrics.clone(),
                     health_client.clone(),
                     monitor_control.clone(),
+                    presence_view.clone(),
                     shutdown_rx.clone(),
                 )
                 .await?;
@@ -817,6 +819,7 @@ async fn start_compute_domains(
     metrics: Arc<Metrics>,
     client: kube::Client,
     control: Arc<dyn crate::gpu::GpuControl>,
+    presence: Option<lock::PresenceView>,
     shutdown: watch::Receiver<bool>,
 ) -> Result<(PluginServer, Vec<tokio::task::JoinHandle<()>>), NodeError> {
     use crate::compute_domain::{self, imex::ImexDaemons, node::ChannelPlugin};
@@ -903,8 +906,19 @@ async fn start_compute_domains(
                 _ = stop.changed() => break,
             }
         }
-        if let Some(label) = &label {
-            label.remove().await;
+        // In a rolling update the other instance keeps the label true: removing it would
+        // leave the node unlabelled until that instance re-asserts it (minutes).
+        let others = presence
+            .as_ref()
+            .and_then(|p| p.others().ok())
+            .map(|o| o.alive)
+            .unwrap_or_default();
+        match &label {
+            Some(_) if !others.is_empty() => {
+                tracing::info!(instances = ?others, "another driver instance runs on the node: the clique label stays")
+            }
+            Some(label) => label.remove().await,
+            None => {}
         }
     });
     Ok((server, vec![publish, maintain]))

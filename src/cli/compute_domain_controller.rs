@@ -27,6 +27,23 @@ pub struct ControllerArgs {
     /// How often every domain is reconciled even without a change.
     #[arg(long, default_value = "30s", value_parser = duration::parse)]
     pub resync_interval: Duration,
+    /// Where the Lease that picks the one replica writing is (the chart: its release's
+    /// namespace). Without it the controller runs unelected: only one may run.
+    #[arg(long, env = "GPU_DRA_LEADER_ELECTION_NAMESPACE")]
+    pub leader_election_namespace: Option<String>,
+    /// This replica's name in the Lease (the chart: its pod's name; default: host name and PID).
+    #[arg(long, env = "GPU_DRA_LEADER_ELECTION_IDENTITY")]
+    pub leader_election_identity: Option<String>,
+}
+
+/// The Lease replicas of the controller elect their one writer with.
+pub const LEASE_NAME: &str = "gpu-dra-compute-domain-controller";
+
+fn default_identity() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default();
+    format!("{host}_{}", std::process::id())
 }
 
 pub fn run(args: ControllerArgs) -> Result<std::process::ExitCode, CliError> {
@@ -36,21 +53,68 @@ pub fn run(args: ControllerArgs) -> Result<std::process::ExitCode, CliError> {
             .await
             .map_err(|e| CliError::Node(Box::new(e)))?;
         let controller = crate::compute_domain::controller::Controller::new(
-            client,
+            client.clone(),
             args.namespace.clone(),
             args.imex_mode == super::run::ImexModeArg::HostManaged,
         );
         let (stop, stopped) = tokio::sync::watch::channel(false);
-        tracing::info!(namespace = ?args.namespace, "ComputeDomain controller started");
-        let task = tokio::spawn(async move {
-            controller
-                .run(args.resync_interval.max(Duration::from_secs(1)), stopped)
-                .await
+        let resync = args.resync_interval.max(Duration::from_secs(1));
+        let mut lease = args.leader_election_namespace.as_deref().map(|namespace| {
+            crate::kubeapi::lease::LeaderLease::new(
+                client.clone(),
+                namespace,
+                LEASE_NAME,
+                &args
+                    .leader_election_identity
+                    .clone()
+                    .unwrap_or_else(default_identity),
+                Default::default(),
+            )
         });
-        super::run::wait_for_signal().await?;
-        tracing::info!("shutting down");
-        let _ = stop.send(true);
-        let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
-        Ok(std::process::ExitCode::SUCCESS)
+        let mut elected = stopped.clone();
+        let mut task = tokio::spawn(async move {
+            let Some(lease) = lease.as_mut() else {
+                tracing::info!(namespace = ?args.namespace, "ComputeDomain controller started (no leader election)");
+                controller.run(resync, stopped).await;
+                return false;
+            };
+            tracing::info!(identity = lease.identity(), "waiting to lead (Lease {LEASE_NAME})");
+            if !lease.acquire(&mut elected).await {
+                return false;
+            }
+            tracing::info!(namespace = ?args.namespace, identity = lease.identity(), "ComputeDomain controller started: leading");
+            // The controller stops when the Lease is lost (another replica writes from then on)
+            // or at shutdown; the process then exits, as client-go's controllers do.
+            let (lost_tx, lost_rx) = tokio::sync::watch::channel(false);
+            let mut shutdown = stopped.clone();
+            let run = controller.run(resync, lost_rx);
+            tokio::pin!(run);
+            let lost = tokio::select! {
+                lost = lease.hold(&mut shutdown) => lost,
+                () = &mut run => false,
+            };
+            let _ = lost_tx.send(true);
+            run.await;
+            if !lost && let Err(e) = lease.release().await {
+                tracing::warn!(error = %e, "cannot hand the Lease back");
+            }
+            lost
+        });
+        tokio::select! {
+            signal = super::run::wait_for_signal() => {
+                signal?;
+                tracing::info!("shutting down");
+                let _ = stop.send(true);
+                let _ = tokio::time::timeout(Duration::from_secs(5), &mut task).await;
+                Ok(std::process::ExitCode::SUCCESS)
+            }
+            lost = &mut task => {
+                if lost.unwrap_or(true) {
+                    tracing::error!("leadership lost: exiting so that the replica restarts and waits its turn");
+                    return Ok(std::process::ExitCode::FAILURE);
+                }
+                Ok(std::process::ExitCode::SUCCESS)
+            }
+        }
     })
 }

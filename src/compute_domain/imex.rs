@@ -160,8 +160,26 @@ impl ImexDaemons {
                     .map_err(|e| io(&path, e))?;
             }
         }
+        // Addresses come from the domain's status, which other nodes write: an entry whose
+        // address is not an IP address (a newline would add hosts entries of its writer's
+        // choosing) is left out, and the other peers are served.
+        if bind_ip.parse::<std::net::IpAddr>().is_err() {
+            return Err(Self::err(
+                domain,
+                format!("this node's address {bind_ip:?} is not an IP address"),
+            ));
+        }
         let mut hosts = String::from("127.0.0.1\tlocalhost\n::1\tlocalhost\n");
         for (index, ip) in peers {
+            if ip.parse::<std::net::IpAddr>().is_err() {
+                tracing::warn!(
+                    domain,
+                    node = %node_name(*index),
+                    address = ?ip,
+                    "the ComputeDomain's status.nodes gives this node an address that is not an IP address: left out of the daemon's hosts"
+                );
+                continue;
+            }
             if !(0..MAX_NODES).contains(index) {
                 return Err(Self::err(
                     domain,
@@ -451,5 +469,26 @@ mod tests {
             .write_config("d1", "10.0.0.1", &[(18, "10.0.0.9".to_string())])
             .expect_err("index 18");
         assert!(error.to_string().contains("index 18"), "{error}");
+        // An address that is not one (a newline would add hosts entries) is left out; the other
+        // peers are kept.
+        let mut injected = peers.clone();
+        injected.push((
+            1,
+            "10.0.0.2\n6.6.6.6\tcompute-domain-daemon-0000".to_string(),
+        ));
+        assert!(
+            !daemons
+                .write_config("d1", "10.0.0.1", &injected)
+                .expect("write"),
+            "nothing changed"
+        );
+        let after = std::fs::read_to_string(folder.join("hosts")).expect("hosts");
+        assert_eq!(after, hosts);
+        assert!(!after.contains("6.6.6.6"), "{after}");
+        // This node's own address must be one.
+        let error = daemons
+            .write_config("d1", "10.0.0.1\nBIND_INTERFACE_IP=0.0.0.0", &peers)
+            .expect_err("a bad bind address");
+        assert!(error.to_string().contains("not an IP address"), "{error}");
     }
 }

@@ -66,7 +66,7 @@ struct BookedClaim {
     domain: String,
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 struct Book {
     claims: BTreeMap<String, BookedClaim>,
 }
@@ -78,9 +78,8 @@ pub struct ChannelPlugin {
     daemons: Arc<ImexDaemons>,
     cdi: CdiStore,
     channel_major: u32,
-    book: Arc<Mutex<Book>>,
-    /// One daemon change at a time (start, reload, stop).
-    daemon_lock: Arc<Mutex<()>>,
+    /// The book and the daemons, changed under the node-wide book lock.
+    book: Arc<NodeBook>,
     /// The GPUs whose fabric info gives the node's clique.
     gpus: Arc<dyn crate::gpu::GpuControl>,
     /// The node's clique once read: `<cluster UUID>.<clique id>`, empty on a node without
@@ -118,13 +117,7 @@ impl ChannelPlugin {
                 ));
             }
         };
-        let book_path = options.state_dir.join("book.json");
-        let book = match std::fs::read(&book_path) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .map_err(|e| format!("{}: cannot parse: {e}", book_path.display()))?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Book::default(),
-            Err(e) => return Err(format!("{}: {e}", book_path.display())),
-        };
+        let book = NodeBook::open(&options.state_dir)?;
         let cdi = CdiStore::new(&options.cdi_root, DRIVER_NAME)
             .with_dev_root(options.dev_root.as_deref());
         Ok(Self {
@@ -134,8 +127,7 @@ impl ChannelPlugin {
             daemons: Arc::new(daemons),
             cdi,
             channel_major,
-            book: Arc::new(Mutex::new(book)),
-            daemon_lock: Arc::default(),
+            book: Arc::new(book),
             gpus,
             clique: Mutex::new(clique),
         })
@@ -180,12 +172,20 @@ impl ChannelPlugin {
         channel_slices(&self.options.node_name, clique.as_deref())
     }
 
-    fn book(&self) -> std::sync::MutexGuard<'_, Book> {
-        self.book.lock().unwrap_or_else(|p| p.into_inner())
+    /// The book as this instance last read it (for what needs no decision: counts).
+    fn book(&self) -> Book {
+        self.book.cached()
     }
 
-    fn save(&self, book: &Book) -> Result<(), String> {
-        save_book(&self.options.state_dir, book)
+    /// `change` on the book as it is on disk, under the node-wide lock, on a blocking thread.
+    async fn with_book<R: Send + 'static>(
+        &self,
+        change: impl FnOnce(&mut Book) -> Result<R, String> + Send + 'static,
+    ) -> Result<R, String> {
+        let book = self.book.clone();
+        tokio::task::spawn_blocking(move || book.change(change))
+            .await
+            .map_err(|e| e.to_string())?
     }
 
     fn domains_api(&self, namespace: &str) -> Api<ComputeDomain> {
@@ -315,17 +315,15 @@ impl ChannelPlugin {
         let peers = self.peers(domain, clique);
         let given = peers.clone();
         let daemons = self.daemons.clone();
-        let lock = self.daemon_lock.clone();
         let ip = self.options.node_ip.clone();
-        tokio::task::spawn_blocking(move || {
-            let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
-            daemons.ensure(&uid, &ip, &peers)?;
-            daemons.ready(&uid)
+        self.with_book(move |_| {
+            daemons
+                .ensure(&uid, &ip, &peers)
+                .map_err(|e| e.to_string())?;
+            daemons.ready(&uid).map_err(|e| e.to_string())
         })
         .await
-        .map_err(|e| e.to_string())?
         .map(|ready| (ready, given))
-        .map_err(|e| e.to_string())
     }
 
     async fn prepare_one(&self, claim: &ClaimRef) -> PrepareResult {
@@ -359,14 +357,10 @@ impl ChannelPlugin {
             api::AllocationMode::Single => vec![0],
             api::AllocationMode::All => (0..CHANNEL_COUNT).collect(),
         };
-        // Booked under the daemon lock (on a blocking thread: a daemon start may hold it for
-        // seconds), so a stop decided on an older book cannot take the daemon this claim is
+        // Booked under the node-wide book lock (on a blocking thread: a daemon start may hold it
+        // for seconds), from the book on disk, so a stop decided on an older book, by this
+        // instance or another one of a rolling update, cannot take the daemon this claim is
         // about to use (see `stop_unless_served`).
-        let (book, lock, state_dir) = (
-            self.book.clone(),
-            self.daemon_lock.clone(),
-            self.options.state_dir.clone(),
-        );
         let entry = BookedClaim {
             namespace: claim.namespace.clone(),
             name: claim.name.clone(),
@@ -374,9 +368,7 @@ impl ChannelPlugin {
         };
         let uid = claim.uid.clone();
         let shown = claim.to_string();
-        tokio::task::spawn_blocking(move || {
-            let _daemons = lock.lock().unwrap_or_else(|p| p.into_inner());
-            let mut book = book.lock().unwrap_or_else(|p| p.into_inner());
+        self.with_book(move |book| {
             if let Some((_, other)) = book
                 .claims
                 .iter()
@@ -388,10 +380,9 @@ impl ChannelPlugin {
                 ));
             }
             book.claims.insert(uid, entry);
-            save_book(&state_dir, &book)
+            Ok(())
         })
-        .await
-        .map_err(|e| e.to_string())??;
+        .await?;
         crate::prepare::failpoint::failpoint("cd-prepare-booked");
         let clique = self
             .clique()
@@ -595,16 +586,21 @@ impl ChannelPlugin {
     }
 
     async fn unprepare_one(&self, uid: &str) -> UnprepareResult {
-        let Some(booked) = self.book().claims.get(uid).cloned() else {
+        let owned = uid.to_string();
+        let Some(booked) = self
+            .with_book(move |book| Ok(book.claims.get(&owned).cloned()))
+            .await?
+        else {
             return Ok(());
         };
         self.cdi.remove(uid).map_err(|e| e.to_string())?;
-        let last = {
-            let mut book = self.book();
-            book.claims.remove(uid);
-            self.save(&book)?;
-            !book.claims.values().any(|c| c.domain == booked.domain)
-        };
+        let (owned, domain) = (uid.to_string(), booked.domain.clone());
+        let last = self
+            .with_book(move |book| {
+                book.claims.remove(&owned);
+                Ok(!book.claims.values().any(|c| c.domain == domain))
+            })
+            .await?;
         crate::prepare::failpoint::failpoint("cd-unprepare-unbooked");
         if last && self.options.imex == ImexMode::DriverManaged {
             self.leave(&booked.namespace, &booked.domain).await?;
@@ -617,25 +613,14 @@ impl ChannelPlugin {
     /// daemon lock, so a prepare booking meanwhile keeps it); `false` when it was kept.
     async fn stop_unless_served(&self, domain_uid: &str) -> Result<bool, String> {
         let daemons = self.daemons.clone();
-        let lock = self.daemon_lock.clone();
-        let book = self.book.clone();
         let uid = domain_uid.to_string();
-        tokio::task::spawn_blocking(move || {
-            let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
-            let served = book
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .claims
-                .values()
-                .any(|c| c.domain == uid);
-            if served {
+        self.with_book(move |book| {
+            if book.claims.values().any(|c| c.domain == uid) {
                 return Ok(false);
             }
-            daemons.stop(&uid).map(|_| true)
+            daemons.stop(&uid).map(|_| true).map_err(|e| e.to_string())
         })
         .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| e.to_string())
     }
 
     /// Stops the domain's daemon and takes this node out of the domain's status, unless a
@@ -656,8 +641,14 @@ impl ChannelPlugin {
     /// (a crash between the last unprepare and the stop) are stopped; claims whose object is
     /// gone are unprepared.
     pub async fn reconcile(&self) {
-        let booked: Vec<(String, BookedClaim)> = self
-            .book()
+        let book = match self.with_book(|book| Ok(book.clone())).await {
+            Ok(book) => book,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the ComputeDomain book");
+                return;
+            }
+        };
+        let booked: Vec<(String, BookedClaim)> = book
             .claims
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
@@ -745,13 +736,61 @@ impl NodeDriver for ChannelPlugin {
     }
 }
 
-/// Writes the book atomically into the state folder.
-fn save_book(state_dir: &Path, book: &Book) -> Result<(), String> {
-    let path = state_dir.join("book.json");
-    std::fs::create_dir_all(state_dir).map_err(|e| format!("{}: {e}", state_dir.display()))?;
-    let bytes = serde_json::to_vec_pretty(book).map_err(|e| e.to_string())?;
-    crate::fsutil::write_atomically(&path, &bytes)
-        .map_err(|e| format!("cannot write {}: {e}", path.display()))
+/// The book on disk (`book.json`) and the node-wide lock (`book.lock`, flock) every change of
+/// the book or of a daemon takes. During a rolling update two driver instances serve the node's
+/// channels: each change starts from the book as the other may have left it, never from a copy
+/// in memory, so neither stops the other's daemon nor writes its book over the other's.
+struct NodeBook {
+    state_dir: PathBuf,
+    /// What this instance last read or wrote.
+    cache: Mutex<Book>,
+}
+
+impl NodeBook {
+    fn open(state_dir: &Path) -> Result<Self, String> {
+        std::fs::create_dir_all(state_dir).map_err(|e| format!("{}: {e}", state_dir.display()))?;
+        let book = Self {
+            state_dir: state_dir.to_path_buf(),
+            cache: Mutex::default(),
+        };
+        book.change(|_| Ok(()))?;
+        Ok(book)
+    }
+
+    fn cached(&self) -> Book {
+        self.cache.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Takes the node-wide lock (blocking), reads the book, runs `change` on it and writes it
+    /// back if it changed.
+    fn change<R>(&self, change: impl FnOnce(&mut Book) -> Result<R, String>) -> Result<R, String> {
+        let lock_path = self.state_dir.join("book.lock");
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| format!("{}: {e}", lock_path.display()))?;
+        rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive)
+            .map_err(|e| format!("cannot lock {}: {e}", lock_path.display()))?;
+        let path = self.state_dir.join("book.json");
+        let before: Book = match std::fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map_err(|e| format!("{}: cannot parse: {e}", path.display()))?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Book::default(),
+            Err(e) => return Err(format!("{}: {e}", path.display())),
+        };
+        let mut book = before.clone();
+        let result = change(&mut book);
+        if book != before {
+            let bytes = serde_json::to_vec_pretty(&book).map_err(|e| e.to_string())?;
+            crate::fsutil::write_atomically(&path, &bytes)
+                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        }
+        *self.cache.lock().unwrap_or_else(|p| p.into_inner()) = book;
+        // The lock goes with the file.
+        result
+    }
 }
 
 /// A node's `compute-domain.nvidia.com` pool: channel 0 (`type: channel`, `id: 0`), as
@@ -877,6 +916,86 @@ mod tests {
         assert_eq!(next_clique(Some("uuid.7"), ok("uuid.7")), None);
         assert_eq!(next_clique(Some("uuid.7"), ok("")), None);
         assert_eq!(next_clique(Some("uuid.7"), Err("lost")), None);
+    }
+
+    fn booked(domain: &str) -> BookedClaim {
+        BookedClaim {
+            namespace: "ns".into(),
+            name: format!("claim-{domain}"),
+            domain: domain.into(),
+        }
+    }
+
+    /// Two driver instances of a rolling update on one state folder: each change starts from
+    /// what the other wrote, so neither writes its book over the other's, and a decision taken
+    /// under the lock (stop a daemon no claim holds) sees the other's claims.
+    #[test]
+    fn two_instances_change_one_book_each_from_what_the_other_wrote() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let old = NodeBook::open(dir.path()).expect("old");
+        old.change(|book| {
+            book.claims.insert("uid-old".into(), booked("d1"));
+            Ok(())
+        })
+        .expect("old books");
+        let new = NodeBook::open(dir.path()).expect("new");
+        new.change(|book| {
+            book.claims.insert("uid-new".into(), booked("d2"));
+            Ok(())
+        })
+        .expect("new books");
+        // The old instance's copy in memory still lacks the new one's claim ...
+        assert!(!old.cached().claims.contains_key("uid-new"));
+        // ... but its decisions see it, and its writes keep it.
+        let served = old
+            .change(|book| Ok(book.claims.values().any(|c| c.domain == "d2")))
+            .expect("look");
+        assert!(served, "the old instance would stop the new one's daemon");
+        old.change(|book| {
+            book.claims.remove("uid-old");
+            Ok(())
+        })
+        .expect("old unbooks");
+        let on_disk = NodeBook::open(dir.path()).expect("read").cached();
+        assert_eq!(on_disk.claims.keys().collect::<Vec<_>>(), vec!["uid-new"]);
+    }
+
+    /// The lock is held for the whole change: another change waits for it.
+    #[test]
+    fn a_change_holds_the_node_wide_lock() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let first = NodeBook::open(dir.path()).expect("first");
+        let second = NodeBook::open(dir.path()).expect("second");
+        let (inside_tx, inside_rx) = std::sync::mpsc::channel();
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let holder = std::thread::spawn(move || {
+            first
+                .change(|book| {
+                    inside_tx.send(()).expect("inside");
+                    release_rx.recv().expect("release");
+                    book.claims.insert("uid-1".into(), booked("d1"));
+                    Ok(())
+                })
+                .expect("first change")
+        });
+        inside_rx.recv().expect("the first change runs");
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let waiter = std::thread::spawn(move || {
+            let seen = second
+                .change(|book| Ok(book.claims.contains_key("uid-1")))
+                .expect("second change");
+            done_tx.send(seen).expect("done");
+        });
+        assert!(
+            done_rx
+                .recv_timeout(std::time::Duration::from_millis(300))
+                .is_err(),
+            "the second change ran while the first held the lock"
+        );
+        release_tx.send(()).expect("release");
+        assert!(done_rx.recv().expect("second"), "it saw the first's write");
+        holder.join().expect("holder");
+        waiter.join().expect("waiter");
     }
 
     #[test]

@@ -105,10 +105,17 @@ impl Drop for NodeLockGuard {
 /// This instance's presence on the node, and a view of the others'.
 #[derive(Debug)]
 pub struct Presence {
-    dir: PathBuf,
-    own_name: String,
+    view: PresenceView,
     /// Locked exclusively for this instance's life.
     _own: File,
+}
+
+/// A view of the other instances on the node, for whoever needs it beside the driver (the
+/// ComputeDomain plugin keeps the node's clique label while another instance lives).
+#[derive(Debug, Clone)]
+pub struct PresenceView {
+    dir: PathBuf,
+    own_name: String,
 }
 
 impl Presence {
@@ -130,12 +137,31 @@ impl Presence {
             )
         })?;
         Ok(Self {
-            dir: dir.to_path_buf(),
-            own_name,
+            view: PresenceView {
+                dir: dir.to_path_buf(),
+                own_name,
+            },
             _own: file,
         })
     }
 
+    /// See [`PresenceView::others`].
+    pub fn others(&self) -> io::Result<Others> {
+        self.view.others()
+    }
+
+    /// See [`PresenceView::forget`].
+    pub fn forget(&self, gone: &[String]) -> io::Result<()> {
+        self.view.forget(gone)
+    }
+
+    /// A view of the others that can go where this instance's presence does not.
+    pub fn view(&self) -> PresenceView {
+        self.view.clone()
+    }
+}
+
+impl PresenceView {
     /// The other instances on the node: those alive now, and those that are gone but whose
     /// file is still there (they may have changed the node's state since this instance last
     /// read it). Nothing is removed here: a gone instance's file stays until [`forget`]
