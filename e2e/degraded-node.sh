@@ -7,7 +7,7 @@
 # pod's events as the kubelet reports the prepare error), and say so in a metric.
 #
 # The real node (kubelet, containerd, runc) with the driver image installed by the Helm chart
-# (its defaults plus the node's folders), 2×H100 simulated; the fake driver root's loader is
+# (its defaults plus the node's folders), 4×H100 simulated; the fake driver root's loader is
 # removed before the install, so its fake tools cannot run, as on such a node.
 set -euo pipefail
 E2E=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -45,7 +45,7 @@ BIN=${GPU_DRA_K8S_BIN:-$("$E2E/build-k8s.sh" | tail -n 1)}
 export GPU_DRA_K8S_BIN=$BIN PATH="$BIN:$PATH"
 
 chart_build_images
-chart_cluster_up --gpus sim:2xH100-SXM5-80GB
+chart_cluster_up --gpus sim:4xH100-SXM5-80GB
 eval "$("$E2E/cluster" env)"
 # The driver root loses its loader: its tools (the fake nvidia-smi and MPS control daemon, linked
 # to it) can no longer run chrooted into it. NVML is still loaded by the driver itself.
@@ -98,7 +98,7 @@ apply "$ROOT/deploy/examples/gpu-timesliced.yaml"
 apply mps-pod.yaml sliced time-sliced-gpu
 wait_for "the kubelet's prepare error for the time-sliced pod" 60 has_prepare_error sliced
 message=$(prepare_error sliced)
-[[ $message == *nvidia-smi* && $message == *"cannot run"* ]] ||
+[[ $message == *sharing.timeSlicingConfig.interval* && $message == *nvidia-smi* && $message == *"cannot run"* ]] ||
     fail "the time-sliced claim's refusal does not give the reason: $message"
 ok "the time-sliced claim (interval Long) is refused with the reason: ${message:0:240}"
 
@@ -112,7 +112,7 @@ ok "/metrics: gpu_dra_driver_tool_unusable names nvidia-smi and nvidia-cuda-mps-
 
 # Refused claims changed nothing: no MPS daemon folder, the GPU's compute mode untouched; the
 # other pods still run, and everything is unprepared when they go.
-kubectl delete pod mps sliced whole slice --wait=true --timeout=60s >/dev/null
+kubectl delete pod mps sliced whole slice --wait=true --timeout=60s >/dev/null || fail "deleting the pods"
 mig_instances() {
     "$E2E_GPU_DRA" sim --gpus "$E2E_GPUS" --node-name "$E2E_NODE" --sim-state "$GPU_DRA_SIM_STATE" show |
         jq '[.gpus[].gpu_instances[]] | length'

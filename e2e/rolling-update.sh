@@ -190,6 +190,12 @@ ok "the new instance unprepared every claim, including the old instance's"
 # keeps the old pod idle; minReadySeconds keeps it beside the new one.
 chart_upgrade "$FIRST_REF" --set 'extraEnv[0].name=GPU_DRA_GC_INTERVAL' --set 'extraEnv[0].value=1h'
 IDLE_POD=$(driver_ready) || fail "no ready driver pod after the third upgrade"
+# One claim prepared and unprepared by the old pod alone: from here on it knows it is alone and
+# in step with the node's state, so only what it learns of the new pod can make it read again.
+pod q0
+wait_for "pod q0 to run" 60 kubectl wait --for=condition=Ready pod/q0 --timeout=1s
+kubectl delete pod q0 --wait=true --timeout=60s >/dev/null
+wait_for "q0's MIG instance destroyed" 60 no_mig_instances
 DAEMONSET=$(kubectl -n "$CHART_NAMESPACE" get ds -l "app.kubernetes.io/instance=$CHART_RELEASE" -o name)
 [[ $(wc -l <<<"$DAEMONSET") == 1 ]] || fail "expected one DaemonSet: $DAEMONSET"
 kubectl -n "$CHART_NAMESPACE" patch "$DAEMONSET" --type merge -p '{"spec":{"minReadySeconds":3600}}' >/dev/null

@@ -274,6 +274,11 @@ pub trait GpuControl: Send + Sync {
     fn sharing_settings(&self, minor: u32) -> Result<SharingSettings, GpuError>;
     /// Sets a full GPU's compute mode and, when given, its time-slice interval.
     fn set_sharing_settings(&self, minor: u32, settings: SharingSettings) -> Result<(), GpuError>;
+    /// Why this node cannot set time-slice intervals (no `nvidia-smi` in the driver root, or one
+    /// that cannot run there); `None` where it can.
+    fn timeslice_unavailable(&self) -> Option<String> {
+        None
+    }
     /// Whether this backend can read and clear per-cgroup GPU memory limits (NVML 13.4's
     /// `nvmlDeviceGetMemoryLimits_v1`/`SetMemoryLimits_v1`); the reason when it cannot.
     fn memory_limits_supported(&self) -> Result<(), String> {
@@ -423,6 +428,9 @@ impl GpuControl for sim::SimNode {
     }
     fn set_sharing_settings(&self, minor: u32, settings: SharingSettings) -> Result<(), GpuError> {
         sim::SimNode::set_sharing_settings_through_tools(self, minor, settings)
+    }
+    fn timeslice_unavailable(&self) -> Option<String> {
+        sim::SimNode::timeslice_unavailable(self)
     }
     fn probe(&self, minor: u32) -> Result<events::GpuProbe, GpuError> {
         sim::SimNode::probe(self, minor)

@@ -1395,6 +1395,15 @@ impl super::GpuControl for NvmlBackend {
         })
     }
 
+    fn timeslice_unavailable(&self) -> Option<String> {
+        match &self.nvidia_smi {
+            None => Some(
+                "no nvidia-smi under the driver root (--nvidia-driver-root), and NVML has no call for the time-slice interval".into(),
+            ),
+            Some(smi) => smi.unusable().map(str::to_string),
+        }
+    }
+
     fn set_sharing_settings(&self, minor: u32, settings: SharingSettings) -> Result<(), GpuError> {
         const OP: &str = "set compute mode";
         if settings.timeslice.is_some() && self.nvidia_smi.is_none() {

@@ -413,6 +413,14 @@ impl SimNode {
         self
     }
 
+    /// Why time-slice intervals cannot be set: the driver root's `nvidia-smi` cannot run there
+    /// (without one the simulator sets them itself).
+    pub fn timeslice_unavailable(&self) -> Option<String> {
+        self.nvidia_smi
+            .as_ref()
+            .and_then(|smi| smi.unusable().map(str::to_string))
+    }
+
     /// As a real node's driver does it: the compute mode directly, the time-slice interval with
     /// the driver root's `nvidia-smi` where there is one.
     pub fn set_sharing_settings_through_tools(

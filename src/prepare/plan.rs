@@ -69,6 +69,8 @@ pub struct Planner<'a> {
     pub cdi: &'a CdiStore,
     /// Whether MPS daemons can run here.
     pub mps_available: sharing::MpsAvailability<'a>,
+    /// Why time-slice intervals cannot be set here (see `GpuControl::timeslice_unavailable`).
+    pub timeslice_unavailable: Option<String>,
     /// `--mps-share-across-namespaces`.
     pub mps_across_namespaces: bool,
 }
@@ -175,6 +177,16 @@ impl Planner<'_> {
                     .iter()
                     .find(|g| Some(g.minor) == target.minor())
                     .map_or(0, |g| g.cuda_compute_capability.major);
+                if let Some(reason) = &self.timeslice_unavailable
+                    && sharing::wanted(Some(config)).is_some_and(|s| s.timeslice.is_some())
+                {
+                    // Refused before anything is recorded or changed: the interval could not be
+                    // set, nor put back.
+                    return Err(bad(format!(
+                        "request {:?}: {path}.sharing.timeSlicingConfig.interval: this node cannot set time-slice intervals: {reason}; the claim is refused rather than prepared without it",
+                        result.request
+                    )));
+                }
                 sharing::check(config, self.mps_available, capability).map_err(
                     |(field, reason)| {
                         bad(format!(

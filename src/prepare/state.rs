@@ -1022,6 +1022,7 @@ impl DeviceState {
                 (None, None) => MpsAvailability::Missing,
             },
             mps_across_namespaces: self.mps_across_namespaces,
+            timeslice_unavailable: self.gpus.timeslice_unavailable(),
         }
     }
 

@@ -49,8 +49,10 @@ impl DeviceEffect for ComputeMode {
         let Some(recorded) = &record.sharing else {
             return Ok(());
         };
-        let changed_timeslice =
-            sharing::wanted(record.config.as_ref()).is_none_or(|s| s.timeslice.is_some());
+        // A node that cannot set intervals (refused at planning) never changed this one.
+        let changed_timeslice = sharing::wanted(record.config.as_ref())
+            .is_none_or(|s| s.timeslice.is_some())
+            && host.gpus().timeslice_unavailable().is_none();
         let before = SharingSettings {
             compute_mode: recorded.before.compute_mode,
             // Unknown (NVML cannot read it): the driver's default, as NVIDIA's driver restores.
