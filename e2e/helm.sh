@@ -70,6 +70,19 @@ as_json "$WORK/variant.yaml" | jq -e '
     || fail "extendedResources.enabled=false / driverName / healthTaintEffects did not render as expected"
 ok "the chart's DeviceClasses equal deviceclasses/; extendedResources, driverName and healthTaintEffects switch as documented"
 
+# metrics.auth=kubernetes: the flag, and the reviews it needs in the driver's ClusterRole (the
+# reviews themselves against the API server: tests/metrics_auth.rs); a value it does not know is
+# refused by the schema.
+render --set metrics.auth=kubernetes >"$WORK/auth.yaml" || fail "helm template with metrics.auth=kubernetes"
+as_json "$WORK/auth.yaml" | jq -e --arg role "$RELEASE" '
+    (.items[] | select(.kind == "DaemonSet") | .spec.template.spec.containers[0].args | index("--metrics-auth=kubernetes") != null)
+    and ([.items[] | select(.kind == "ClusterRole" and .metadata.name == $role) | .rules[]
+          | select(.resources == ["tokenreviews"] or .resources == ["subjectaccessreviews"]) | .verbs] == [["create"], ["create"]])' >/dev/null \
+    || fail "metrics.auth=kubernetes did not render the flag and the review permissions"
+render --set metrics.auth=basic >/dev/null 2>"$WORK/auth.err" && fail "metrics.auth=basic rendered"
+grep -q "metrics.auth" "$WORK/auth.err" || fail "metrics.auth=basic: $(cat "$WORK/auth.err")"
+ok "metrics.auth=kubernetes passes --metrics-auth and grants TokenReview and SubjectAccessReview; an unknown value is refused"
+
 # computeDomains.enabled: the CRD, NVIDIA's two classes, the controller's Deployment and RBAC,
 # the channel plugin's flags, permissions and admission rule; the API server takes them all.
 render --include-crds --set computeDomains.enabled=true >"$WORK/cd.yaml" || fail "helm template with computeDomains.enabled"

@@ -133,12 +133,38 @@ pub struct NodeOptions {
     pub resync_interval: Duration,
     /// Where `/metrics`, `/healthz` and `/readyz` are served; off when `None`.
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Who may read `/metrics`.
+    pub metrics_auth: MetricsAuthMode,
     /// Deadlines of calls to the API server.
     pub api_timeouts: ApiTimeouts,
     /// GPU fault handling and hardware rescans.
     pub health: HealthConfig,
     /// The `compute-domain.nvidia.com` plugin beside this one (`--compute-domains`).
     pub compute_domains: Option<ComputeDomainOptions>,
+}
+
+/// Who may read `/metrics` (`--metrics-auth`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum MetricsAuthMode {
+    /// Anyone who reaches the port.
+    #[default]
+    None,
+    /// A bearer token the API server authenticates and authorizes for `get /metrics`.
+    Kubernetes,
+}
+
+/// The metrics server as `--metrics-auth` says (the client reviews the callers' tokens).
+fn with_metrics_auth(
+    server: MetricsServer,
+    mode: MetricsAuthMode,
+    client: &kube::Client,
+) -> MetricsServer {
+    match mode {
+        MetricsAuthMode::None => server,
+        MetricsAuthMode::Kubernetes => server.with_auth(Arc::new(
+            crate::metrics::auth::KubernetesAuth::new(client.clone()),
+        )),
+    }
 }
 
 /// How the ComputeDomain plugin runs on this node.
@@ -630,6 +656,7 @@ impl NodeAgent {
                 .follow_registration(plugin.registration(), shutdown_rx.clone()),
         ];
         if let Some(server) = metrics_server {
+            let server = with_metrics_auth(server, options.metrics_auth, &health_client);
             let (metrics, shutdown) = (metrics.clone(), shutdown_rx.clone());
             tasks.push(tokio::spawn(async move {
                 if let Err(e) = server.serve(metrics, shutdown).await {
@@ -754,6 +781,7 @@ impl NodeAgent {
                 .follow_registration(plugin.registration(), shutdown_rx.clone()),
         ];
         if let Some(server) = metrics_server {
+            let server = with_metrics_auth(server, options.metrics_auth, &client);
             let metrics = metrics.clone();
             tasks.push(tokio::spawn(async move {
                 if let Err(e) = server.serve(metrics, shutdown_rx).await {

@@ -86,6 +86,12 @@ pub struct RunArgs {
     /// Prometheus metrics and health endpoints, e.g. `0.0.0.0:9400` (off when unset).
     #[arg(long, env = "GPU_DRA_METRICS_ADDR")]
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Who may read `/metrics` (the series name every tenant's claims and pods on the node):
+    /// `none`, anyone who reaches the port; `kubernetes`, a bearer token the API server
+    /// authenticates (TokenReview) and allows `get` on the URL `/metrics`
+    /// (SubjectAccessReview). The probes stay open either way.
+    #[arg(long, env = "GPU_DRA_METRICS_AUTH", value_enum, default_value = "none")]
+    pub metrics_auth: crate::node::MetricsAuthMode,
     /// How often prepared claims are checked against the API server (Go duration, e.g. `1m`;
     /// a bare number is seconds).
     #[arg(long, env = "GPU_DRA_GC_INTERVAL", default_value = "1m", value_parser = duration::parse,
@@ -376,6 +382,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode, CliError> {
         gc_grace: args.gc_grace,
         resync_interval: at_least(args.resync_interval, Duration::from_secs(1)),
         metrics_addr: args.metrics_addr,
+        metrics_auth: args.metrics_auth,
         api_timeouts: crate::kubeapi::ApiTimeouts {
             request: at_least(args.api_timeout, Duration::from_millis(100)),
             ..Default::default()

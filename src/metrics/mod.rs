@@ -23,6 +23,7 @@ use crate::prepare::driver::{ClaimUser, DriverObserver, Operation};
 use crate::prepare::state::DeviceState;
 use crate::slices::publish::{PublishError, SyncReport};
 
+pub mod auth;
 mod server;
 
 pub use server::{MetricsError, MetricsServer};

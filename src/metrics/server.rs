@@ -11,6 +11,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use super::Metrics;
+use super::auth::{MetricsAuth, Refusal, bearer};
 
 #[derive(Debug, thiserror::Error)]
 pub enum MetricsError {
@@ -31,6 +32,14 @@ pub enum MetricsError {
 pub struct MetricsServer {
     listener: TcpListener,
     addr: SocketAddr,
+    /// Who may read `/metrics` (`None`: anyone who reaches the port).
+    auth: Option<Arc<dyn MetricsAuth>>,
+}
+
+#[derive(Clone)]
+struct Served {
+    metrics: Arc<Metrics>,
+    auth: Option<Arc<dyn MetricsAuth>>,
 }
 
 impl MetricsServer {
@@ -42,7 +51,17 @@ impl MetricsServer {
         let addr = listener
             .local_addr()
             .map_err(|source| MetricsError::Bind { addr, source })?;
-        Ok(Self { listener, addr })
+        Ok(Self {
+            listener,
+            addr,
+            auth: None,
+        })
+    }
+
+    /// Serves `/metrics` only to the callers `auth` lets in; the probes stay open.
+    pub fn with_auth(mut self, auth: Arc<dyn MetricsAuth>) -> Self {
+        self.auth = Some(auth);
+        self
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -56,12 +75,15 @@ impl MetricsServer {
         mut shutdown: watch::Receiver<bool>,
     ) -> Result<(), MetricsError> {
         let addr = self.addr;
-        tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
+        tracing::info!(%addr, authenticated = self.auth.is_some(), "serving /metrics, /healthz and /readyz");
         let router = Router::new()
             .route("/metrics", get(metrics_text))
             .route("/healthz", get(healthz))
             .route("/readyz", get(readyz))
-            .with_state(metrics);
+            .with_state(Served {
+                metrics,
+                auth: self.auth,
+            });
         axum::serve(self.listener, router)
             .with_graceful_shutdown(async move {
                 let _ = shutdown.wait_for(|stop| *stop).await;
@@ -71,8 +93,22 @@ impl MetricsServer {
     }
 }
 
-async fn metrics_text(State(metrics): State<Arc<Metrics>>) -> Response {
-    match metrics.encode() {
+async fn metrics_text(State(served): State<Served>, headers: axum::http::HeaderMap) -> Response {
+    if let Some(auth) = &served.auth {
+        let header = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        match auth.check(bearer(header)).await {
+            Ok(()) => {}
+            Err(refusal @ Refusal::Unauthenticated(_)) => {
+                return (StatusCode::UNAUTHORIZED, format!("{refusal}\n")).into_response();
+            }
+            Err(refusal @ Refusal::Forbidden(_)) => {
+                return (StatusCode::FORBIDDEN, format!("{refusal}\n")).into_response();
+            }
+        }
+    }
+    match served.metrics.encode() {
         Ok(text) => (
             [(
                 header::CONTENT_TYPE,
@@ -94,8 +130,8 @@ async fn healthz() -> &'static str {
     "ok\n"
 }
 
-async fn readyz(State(metrics): State<Arc<Metrics>>) -> Response {
-    let readiness = metrics.readiness();
+async fn readyz(State(served): State<Served>) -> Response {
+    let readiness = served.metrics.readiness();
     if readiness.is_ready() {
         (StatusCode::OK, "ok\n").into_response()
     } else {
