@@ -41,10 +41,13 @@ const REVIEW_TIMEOUT: Duration = Duration::from_secs(5);
 /// The most tokens remembered; past that the oldest answers are forgotten.
 const MAX_KEPT: usize = 256;
 
+/// Each token's last answer, and when it was given.
+type Kept = HashMap<String, (Instant, Result<(), Refusal>)>;
+
 /// TokenReview and SubjectAccessReview against the cluster's API server.
 pub struct KubernetesAuth {
     client: kube::Client,
-    kept: Mutex<HashMap<String, (Instant, Result<(), Refusal>)>>,
+    kept: Mutex<Kept>,
 }
 
 impl KubernetesAuth {
@@ -139,7 +142,7 @@ impl MetricsAuth for KubernetesAuth {
 }
 
 impl KubernetesAuth {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Instant, Result<(), Refusal>)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Kept> {
         self.kept.lock().unwrap_or_else(|p| p.into_inner())
     }
 }

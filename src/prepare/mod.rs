@@ -72,6 +72,7 @@ pub mod mps;
 pub mod plan;
 pub mod sharing;
 pub mod state;
+pub mod vfio_names;
 
 #[cfg(test)]
 mod tests;

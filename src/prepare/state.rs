@@ -65,6 +65,8 @@ pub enum PrepareError {
     Mps(#[from] MpsError),
     #[error(transparent)]
     Metadata(#[from] MetadataError),
+    #[error(transparent)]
+    VfioNames(#[from] super::vfio_names::VfioNamesError),
     /// A device's hardware did not get where preparing it needs it (e.g. a GPU that does not
     /// leave the nvidia driver).
     #[error("device {device}: {reason}")]
@@ -148,6 +150,8 @@ pub struct DeviceState {
     cdi: CdiStore,
     /// Device metadata files (KEP-5304) of claims with GPUs for virtual machines.
     metadata: MetadataStore,
+    /// The kept `gpu-vfio-<index>` of each PCI address (`--passthrough` only).
+    vfio_names: Option<super::vfio_names::VfioNames>,
     /// MPS control daemons; `None` where the driver root has no `nvidia-cuda-mps-control`.
     mps: Option<MpsDaemons>,
     /// Why MPS claims are refused though the driver root has a control binary: it cannot run.
@@ -177,7 +181,13 @@ impl DeviceState {
         for leftover in store.sweep_temp_files()? {
             tracing::info!(path = %leftover.display(), "removed a checkpoint temp file a crash left behind");
         }
-        let inventory = gpus.inventory()?;
+        let mut inventory = gpus.inventory()?;
+        let vfio_names = config
+            .passthrough
+            .then(|| super::vfio_names::VfioNames::new(&config.state_dir));
+        if let Some(names) = &vfio_names {
+            names.settle(&mut inventory.pci)?;
+        }
         // Once, for the driver version NVML reports: no claim waits for it.
         let mut mps = None;
         let mut mps_unusable = None;
@@ -241,6 +251,7 @@ impl DeviceState {
             store,
             cdi,
             metadata,
+            vfio_names,
             mps,
             mps_unusable,
             book: Mutex::new(Book {
@@ -952,16 +963,28 @@ impl DeviceState {
             inventory.driver_version = fresh.driver_version;
             inventory.cuda_driver_version = fresh.cuda_driver_version;
         }
-        inventory.pci = fresh.pci;
+        inventory.pci = self.settled(fresh.pci)?;
         let changed = book.inventory != before;
         drop(book);
         Ok(self.decide_new_modes() || changed)
     }
 
     fn refresh_all(&self) -> Result<(), PrepareError> {
-        let inventory = self.gpus.inventory()?;
+        let mut inventory = self.gpus.inventory()?;
+        inventory.pci = self.settled(inventory.pci)?;
         self.book().inventory = inventory;
         Ok(())
+    }
+
+    /// A fresh PCI view with each GPU's kept `gpu-vfio-<index>`.
+    fn settled(
+        &self,
+        mut pci: crate::gpu::pci::PciView,
+    ) -> Result<crate::gpu::pci::PciView, PrepareError> {
+        if let Some(names) = &self.vfio_names {
+            names.settle(&mut pci)?;
+        }
+        Ok(pci)
     }
 
     /// Re-reads the GPUs in `minors` (held by the caller), leaving every other GPU as the
@@ -979,7 +1002,7 @@ impl DeviceState {
             .extend(fresh.gpus.into_iter().filter(|g| minors.contains(&g.minor)));
         book.inventory.gpus.sort_by_key(|g| g.minor);
         // The PCI view is read whole each time (a few sysfs files): bindings change with claims.
-        book.inventory.pci = fresh.pci;
+        book.inventory.pci = self.settled(fresh.pci)?;
         Ok(())
     }
 
@@ -1127,7 +1150,13 @@ impl Host for DeviceState {
             .dev_root
             .clone()
             .unwrap_or_else(|| PathBuf::from("/"));
-        Some(root.join(path.trim_start_matches('/')))
+        // The kernel makes the node on the host after this container started: the chart mounts
+        // neither the host's /dev nor the dev root, so it is looked for through the host's view
+        // (the same path where the driver runs on the host).
+        Some(
+            crate::gpu::driver_tools::HostView::find()
+                .path(&root.join(path.trim_start_matches('/'))),
+        )
     }
 
     fn mig_mode(&self, minor: u32) -> (bool, bool) {

@@ -39,8 +39,8 @@ pub trait Host {
     /// Whether MIG mode is on for a GPU, and whether the GPU can switch it without a reset, as
     /// last read.
     fn mig_mode(&self, minor: u32) -> (bool, bool);
-    /// Where a device node the kernel creates (e.g. `/dev/vfio/<group>`) is seen from here, to
-    /// wait for it; `None` on simulated GPUs, whose "kernel" makes no device nodes (a test node
+    /// Where a device node the kernel creates on the host (e.g. `/dev/vfio/<group>`) is seen
+    /// from here, through the host's view (the container has no host `/dev`), to wait for it; `None` on simulated GPUs, whose "kernel" makes no device nodes (a test node
     /// creates them in its dev root in advance, as it does `/dev/nvidia*`).
     fn host_dev_path(&self, path: &str) -> Option<std::path::PathBuf>;
 }
