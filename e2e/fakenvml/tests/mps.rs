@@ -895,7 +895,7 @@ fn the_daemon_and_its_server_run_chrooted_in_a_cgroup_of_their_own() {
 
 #[test]
 #[ignore = "needs root: the MPS daemons' shm is a tmpfs mount (e2e/run-tests runs ignored tests)"]
-fn a_control_binary_the_driver_root_cannot_load_stops_the_start() {
+fn a_control_binary_the_driver_root_cannot_load_refuses_only_mps_claims() {
     let node = Node::new("sim:2xH100-SXM5-80GB", MigPolicy::Static);
     let control = node
         .dir
@@ -922,8 +922,9 @@ fn a_control_binary_the_driver_root_cannot_load_stops_the_start() {
             .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound),
         "{outside:?}"
     );
-    // Without its C library the driver root's control binary cannot load: the driver does
-    // not start, naming the binary and the loader's error.
+    // Without its C library the driver root's control binary cannot load: the driver starts
+    // and serves everything else; MPS claims are refused before anything changes, naming the
+    // binary and the loader's error.
     std::fs::remove_file(
         node.dir
             .path()
@@ -932,14 +933,37 @@ fn a_control_binary_the_driver_root_cannot_load_stops_the_start() {
             .join("libgcc_s.so.1"),
     )
     .expect("remove a library");
-    let error = DeviceState::open(node.config.clone(), node.sim.clone())
-        .err()
-        .expect("the start fails")
+    let (state, _) = DeviceState::open(node.config.clone(), node.sim.clone())
+        .expect("the driver starts without a usable MPS control daemon");
+    let reason = state
+        .mps_unusable()
+        .expect("the reason is kept")
         .to_string();
     assert!(
-        error.contains("usr/bin/nvidia-cuda-mps-control") && error.contains("libgcc_s.so.1"),
+        reason.contains("usr/bin/nvidia-cuda-mps-control") && reason.contains("libgcc_s.so.1"),
+        "{reason}"
+    );
+    let before = node.sim.sharing_settings(1).expect("settings");
+    let c = claim(
+        "m1",
+        vec![result("gpu", "gpu-1")],
+        vec![(None, mps("GpuConfig", json!({})))],
+    );
+    let error = state
+        .prepare(&claim_ref("m1"), &c)
+        .expect_err("an MPS claim is refused")
+        .to_string();
+    assert!(
+        error.contains("sharing.strategy") && error.contains("libgcc_s.so.1"),
         "{error}"
     );
+    assert!(state.checkpoint().claims.is_empty(), "nothing recorded");
+    assert_eq!(node.sim.sharing_settings(1).expect("settings"), before);
+    let whole = claim("w1", vec![result("gpu", "gpu-0")], vec![]);
+    state
+        .prepare(&claim_ref("w1"), &whole)
+        .expect("a whole GPU is still served");
+    state.unprepare("w1").expect("unprepare");
     node.assert_clean();
 }
 
