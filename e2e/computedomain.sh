@@ -22,6 +22,8 @@
 #      command swapped for a shell that lists the channels). One worker per node (channel 0 is
 #      one per node); each prepare waits until all four IMEX daemons joined; the real node's
 #      worker runs with channel0; four daemons, each connected to its three peers; Ready.
+#      A helm upgrade under the same worker: the same daemon, the domain Ready, and the node's
+#      clique label kept when the old pod goes.
 #   3. A worker on cd-c (another clique) never joins: its prepare fails naming the clique, with
 #      a WaitingForComputeDomain event, and no daemon of the domain lists cd-c. The fabric moves
 #      cd-c to the first clique and back: its channel's cliqueID and its nvidia.com/gpu.clique
@@ -278,6 +280,24 @@ sleep 3 # two of the plugin's rounds (GPU_DRA_GC_INTERVAL=2s)
 [[ $(kubectl get computedomain nvbandwidth-test-compute-domain -o jsonpath='{.status.status}') == Ready ]] || fail "the domain is not Ready after the driver restart"
 [[ $(real_daemon) == "$before" ]] || fail "the restarted plugin replaced the real node's IMEX daemon"
 ok "driver pod deleted under the running worker: the real node's IMEX daemon ($before) outlives it, the worker keeps running, the new pod's plugin keeps the domain Ready with the same daemon"
+
+# A seamless helm upgrade under the running worker: the new pod runs the channel plugin beside
+# the old one on one book and IMEX folder (both under the node-wide book lock), then the old one
+# goes. The real node's IMEX daemon is the same process after, the domain stays Ready, and the
+# node keeps its nvidia.com/gpu.clique label: the old pod leaves it to the new one instead of
+# removing it on its way out (before, it stayed off for the new pod's 10-minute re-assertion).
+old_pod=$(driver_ready) || fail "no ready driver pod before the upgrade"
+chart_upgrade "$SECOND_REF"
+new_pod=$(driver_ready) || fail "no ready driver pod after the upgrade"
+[[ $new_pod != "$old_pod" ]] || fail "helm upgrade did not replace $old_pod"
+[[ $(node_clique_label "$E2E_NODE") == "$CLIQUE1" ]] \
+    || fail "the real node lost its clique label when the old pod $old_pod went: '$(node_clique_label "$E2E_NODE")'"
+sleep 3 # two of the plugin's rounds (GPU_DRA_GC_INTERVAL=2s)
+[[ $(real_daemon) == "$before" ]] || fail "the upgrade replaced the real node's IMEX daemon: $before -> $(real_daemon)"
+[[ $(kubectl get pod "$real_worker" -o jsonpath='{.status.phase}') == Running ]] || fail "$real_worker stopped across the upgrade"
+[[ $(kubectl get computedomain nvbandwidth-test-compute-domain -o jsonpath='{.status.status}') == Ready ]] || fail "the domain is not Ready after the upgrade"
+[[ $(node_clique_label "$E2E_NODE") == "$CLIQUE1" ]] || fail "the clique label is gone after the upgrade"
+ok "helm upgrade under the running worker ($old_pod -> $new_pod): the same IMEX daemon ($before), the worker runs, the domain stays Ready, and the node keeps its clique label"
 
 # ---------------------------------------------------------------- 3. another clique
 NODE_ARGS=--gpu-clique-label start_node cd-c

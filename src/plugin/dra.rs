@@ -287,11 +287,7 @@ mod tests {
     use super::*;
 
     fn claim(uid: &str) -> ClaimRef {
-        ClaimRef {
-            namespace: "ns".into(),
-            name: format!("claim-{uid}"),
-            uid: uid.into(),
-        }
+        ClaimRef::for_test(uid)
     }
 
     #[test]

@@ -14,6 +14,18 @@ pub struct ClaimRef {
     pub uid: String,
 }
 
+#[cfg(test)]
+impl ClaimRef {
+    /// `ns/claim-<uid>`, for unit tests.
+    pub(crate) fn for_test(uid: &str) -> Self {
+        Self {
+            namespace: "ns".into(),
+            name: format!("claim-{uid}"),
+            uid: uid.into(),
+        }
+    }
+}
+
 /// `namespace/name`: how logs name a claim (with `claimUID` beside it).
 impl std::fmt::Display for ClaimRef {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
