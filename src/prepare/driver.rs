@@ -396,14 +396,18 @@ impl NodeDriver for Driver {
             async move {
                 let result = match (entry, fetched) {
                     (Entry::Busy(why), _) => Err(why),
-                    (Entry::Joined(joined), _) => match joined.outcome().await {
-                        Ok(Outcome::Prepared(result)) => result,
-                        Ok(Outcome::Unprepared(_)) => Err(format!(
-                            "ResourceClaim {}/{}: an unprepare ran meanwhile; retry",
-                            claim.namespace, claim.name
-                        )),
-                        Err(e) => Err(e),
-                    },
+                    (Entry::Joined(joined), _) => {
+                        // The joined call's work holds the node; waiting keeps no share of it.
+                        drop(hold);
+                        match joined.outcome().await {
+                            Ok(Outcome::Prepared(result)) => result,
+                            Ok(Outcome::Unprepared(_)) => Err(format!(
+                                "ResourceClaim {}/{}: an unprepare ran meanwhile; retry",
+                                claim.namespace, claim.name
+                            )),
+                            Err(e) => Err(e),
+                        }
+                    }
                     (Entry::Started(in_flight), Some(Ok(Some(object)))) => {
                         if object.metadata.uid.as_deref() == Some(claim.uid.as_str()) {
                             self.observer
@@ -503,14 +507,17 @@ impl NodeDriver for Driver {
                     .await
                     .map_err(|e| e.to_string())
                     .and_then(|result| result),
-                    Entry::Joined(joined) => match joined.outcome().await {
-                        Ok(Outcome::Unprepared(result)) => result,
-                        Ok(Outcome::Prepared(_)) => Err(format!(
-                            "ResourceClaim {}/{}: a prepare ran meanwhile; retry",
-                            claim.namespace, claim.name
-                        )),
-                        Err(e) => Err(e),
-                    },
+                    Entry::Joined(joined) => {
+                        drop(hold);
+                        match joined.outcome().await {
+                            Ok(Outcome::Unprepared(result)) => result,
+                            Ok(Outcome::Prepared(_)) => Err(format!(
+                                "ResourceClaim {}/{}: a prepare ran meanwhile; retry",
+                                claim.namespace, claim.name
+                            )),
+                            Err(e) => Err(e),
+                        }
+                    }
                     Entry::Busy(why) => Err(why),
                 };
                 self.observer
