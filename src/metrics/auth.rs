@@ -19,6 +19,8 @@ use k8s_openapi::api::authorization::v1::{
 };
 use kube::api::{Api, PostParams};
 
+use crate::kubeapi::bounded;
+
 /// Why a request for `/metrics` is refused: 401 (who are you?) or 403 (not you).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Refusal {
@@ -69,12 +71,11 @@ impl KubernetesAuth {
             },
             ..Default::default()
         };
-        let reviewed = tokio::time::timeout(
+        let reviewed = bounded(
             REVIEW_TIMEOUT,
             Api::<TokenReview>::all(self.client.clone()).create(&PostParams::default(), &review),
         )
         .await
-        .map_err(|e| unavailable("TokenReview", &e))?
         .map_err(|e| unavailable("TokenReview", &e))?;
         let status = reviewed.status.unwrap_or_default();
         let user = status.user.unwrap_or_default();
@@ -100,13 +101,12 @@ impl KubernetesAuth {
             },
             ..Default::default()
         };
-        let decided = tokio::time::timeout(
+        let decided = bounded(
             REVIEW_TIMEOUT,
             Api::<SubjectAccessReview>::all(self.client.clone())
                 .create(&PostParams::default(), &access),
         )
         .await
-        .map_err(|e| unavailable("SubjectAccessReview", &e))?
         .map_err(|e| unavailable("SubjectAccessReview", &e))?;
         if decided.status.is_some_and(|s| s.allowed) {
             Ok(())

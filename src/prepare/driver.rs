@@ -399,14 +399,7 @@ impl NodeDriver for Driver {
                     (Entry::Joined(joined), _) => {
                         // The joined call's work holds the node; waiting keeps no share of it.
                         drop(hold);
-                        match joined.outcome().await {
-                            Ok(Outcome::Prepared(result)) => result,
-                            Ok(Outcome::Unprepared(_)) => Err(format!(
-                                "ResourceClaim {}/{}: an unprepare ran meanwhile; retry",
-                                claim.namespace, claim.name
-                            )),
-                            Err(e) => Err(e),
-                        }
+                        joined.prepared().await
                     }
                     (Entry::Started(in_flight), Some(Ok(Some(object)))) => {
                         if object.metadata.uid.as_deref() == Some(claim.uid.as_str()) {
@@ -509,14 +502,7 @@ impl NodeDriver for Driver {
                     .and_then(|result| result),
                     Entry::Joined(joined) => {
                         drop(hold);
-                        match joined.outcome().await {
-                            Ok(Outcome::Unprepared(result)) => result,
-                            Ok(Outcome::Prepared(_)) => Err(format!(
-                                "ResourceClaim {}/{}: a prepare ran meanwhile; retry",
-                                claim.namespace, claim.name
-                            )),
-                            Err(e) => Err(e),
-                        }
+                        joined.unprepared().await
                     }
                     Entry::Busy(why) => Err(why),
                 };

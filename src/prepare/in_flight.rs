@@ -125,6 +125,22 @@ impl Drop for InFlightGuard {
 }
 
 impl Joined {
+    /// The joined prepare's result (a call joins only the operation it is itself).
+    pub async fn prepared(self) -> PrepareResult {
+        match self.outcome().await? {
+            Outcome::Prepared(result) => result,
+            Outcome::Unprepared(_) => Err("internal error: a prepare joined an unprepare".into()),
+        }
+    }
+
+    /// The joined unprepare's result.
+    pub async fn unprepared(self) -> UnprepareResult {
+        match self.outcome().await? {
+            Outcome::Unprepared(result) => result,
+            Outcome::Prepared(_) => Err("internal error: an unprepare joined a prepare".into()),
+        }
+    }
+
     /// The joined operation's result; an error if it ended without one (its call failed before
     /// the work started, or the work's thread failed).
     pub async fn outcome(mut self) -> Result<Outcome, String> {

@@ -70,7 +70,7 @@ pub struct Planner<'a> {
     /// Whether MPS daemons can run here.
     pub mps_available: sharing::MpsAvailability<'a>,
     /// Why time-slice intervals cannot be set here (see `GpuControl::timeslice_unavailable`).
-    pub timeslice_unavailable: Option<String>,
+    pub timeslice_unavailable: Option<&'a str>,
     /// `--mps-share-across-namespaces`.
     pub mps_across_namespaces: bool,
 }
@@ -177,7 +177,7 @@ impl Planner<'_> {
                     .iter()
                     .find(|g| Some(g.minor) == target.minor())
                     .map_or(0, |g| g.cuda_compute_capability.major);
-                if let Some(reason) = &self.timeslice_unavailable
+                if let Some(reason) = self.timeslice_unavailable
                     && sharing::wanted(Some(config)).is_some_and(|s| s.timeslice.is_some())
                 {
                     // Refused before anything is recorded or changed: the interval could not be

@@ -156,6 +156,8 @@ pub struct DeviceState {
     mps: Option<MpsDaemons>,
     /// Why MPS claims are refused though the driver root has a control binary: it cannot run.
     mps_unusable: Option<String>,
+    /// Why time-slice intervals cannot be set (the GPUs' tools are checked once, at start).
+    timeslice_unavailable: Option<String>,
     book: Mutex<Book>,
     /// Claims (by UID) an operation is working on.
     busy_claims: BusySet<String>,
@@ -244,6 +246,7 @@ impl DeviceState {
             .with_dev_root(config.dev_root.as_deref())
             .with_driver_files(driver_files);
         let metadata = MetadataStore::new(&config.state_dir, &config.driver_name);
+        let timeslice_unavailable = gpus.timeslice_unavailable();
         let state = Self {
             config,
             gpus,
@@ -254,6 +257,7 @@ impl DeviceState {
             vfio_names,
             mps,
             mps_unusable,
+            timeslice_unavailable,
             book: Mutex::new(Book {
                 checkpoint,
                 inventory,
@@ -1045,7 +1049,7 @@ impl DeviceState {
                 (None, None) => MpsAvailability::Missing,
             },
             mps_across_namespaces: self.mps_across_namespaces,
-            timeslice_unavailable: self.gpus.timeslice_unavailable(),
+            timeslice_unavailable: self.timeslice_unavailable.as_deref(),
         }
     }
 
