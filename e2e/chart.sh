@@ -66,6 +66,35 @@ chart_import_images() {
     grep -qx "$FIRST_REF" <<<"$refs" || fail "containerd does not list $FIRST_REF after the import (it lists: $(tr '\n' ' ' <<<"$refs"))"
 }
 
+# chart_scrape [IP]: the driver pod's /metrics, read as Prometheus reads it under the chart's
+# default metrics.auth=kubernetes: with a service account token allowed `get` on /metrics
+# (created once: ServiceAccount e2e-scraper, its ClusterRole and binding). IP: the driver pod's
+# address (default: $DRIVER_POD's).
+chart_scrape() {
+    local ip=${1:-}
+    [[ -n $ip ]] || ip=$(kubectl get pod -n "$CHART_NAMESPACE" "$DRIVER_POD" -o jsonpath='{.status.podIP}')
+    if [[ -z ${CHART_SCRAPE_TOKEN:-} ]]; then
+        kubectl apply -f - >/dev/null <<'YAML'
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: e2e-scraper, namespace: default}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: e2e-metrics-reader}
+rules: [{nonResourceURLs: ["/metrics"], verbs: ["get"]}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: e2e-metrics-reader}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: e2e-metrics-reader}
+subjects: [{kind: ServiceAccount, name: e2e-scraper, namespace: default}]
+YAML
+        CHART_SCRAPE_TOKEN=$(kubectl create token e2e-scraper -n default --duration 2h)
+    fi
+    curl -sf -H "Authorization: Bearer $CHART_SCRAPE_TOKEN" "http://$ip:9400/metrics"
+}
+
 # chart_install REF [helm args...]: `helm install` of REF's tag, waiting for a ready release. The
 # chart owns the DeviceClasses (the cluster applied deviceclasses/ for the other tests).
 chart_install() {

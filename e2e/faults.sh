@@ -23,9 +23,11 @@
 # the first rounds: after every crash the claim's MPS daemon runs (one, told its limits) once
 # prepared; once unprepared no daemon, shm mount or folder is left and the compute mode is back.
 #
-# GPUs handed to a virtual machine (gpu-vfio-<index>, --passthrough) in the first rounds: after
-# every crash the GPU is bound to vfio-pci with its device metadata once prepared, and back on
-# nvidia (seen by NVML) with no metadata once unprepared.
+# GPUs handed to a virtual machine (gpu-vfio-<index>, --passthrough) in the first rounds, each in
+# persistence mode and held by the driver's own NVML session (a kill between closing that session
+# and the unbind included): no unbind ever finds the GPU held, and persistence mode is back on
+# after unprepare. After every crash the GPU is bound to vfio-pci with its device metadata once
+# prepared, and back on nvidia (seen by NVML) with no metadata once unprepared.
 #
 # Every armed driver must die at its step; after each run the hardware has exactly the instances
 # the checkpoint records (compute instances included, MIG mode as before), and the spec of a
@@ -47,7 +49,7 @@ SHARDS=${FAULT_SHARDS:-2}
 
 # Including the points where the hardware changed and the checkpoint does not know yet.
 PREPARE_STEPS=(prepare-started mig-mode-enabled prepare-gi-created-unrecorded prepare-gi-created
-    prepare-ci-created-unrecorded prepare-ci-created prepare-sharing-applied prepare-vfio-bound
+    prepare-ci-created-unrecorded prepare-ci-created prepare-sharing-applied prepare-vfio-released prepare-vfio-bound
     prepare-mps-shm-mounted prepare-mps-started prepare-cdi-written prepare-completed)
 UNPREPARE_STEPS=(unprepare-started rollback-cdi-removed rollback-vfio-unbound mig-mode-disabled rollback-mig-destroyed)
 # FAULT_KINDS (for working on one kind; the totals below are then not checked).
@@ -126,7 +128,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/mps-folder.sh"
 
 # Prepare steps after which the claim is still unfinished: recovery rolls it back, and in the
 # first round a second kill hits that rollback.
-UNFINISHED_STEPS=" prepare-started prepare-vfio-bound mig-mode-enabled prepare-gi-created-unrecorded prepare-gi-created prepare-ci-created-unrecorded prepare-ci-created prepare-mps-shm-mounted prepare-mps-started prepare-cdi-written "
+UNFINISHED_STEPS=" prepare-started prepare-vfio-released prepare-vfio-bound mig-mode-enabled prepare-gi-created-unrecorded prepare-gi-created prepare-ci-created-unrecorded prepare-ci-created prepare-mps-shm-mounted prepare-mps-started prepare-cdi-written "
 # Steps a whole-GPU claim passes (it carves nothing).
 FULL_GPU_STEPS=" prepare-cdi-written prepare-completed unprepare-started rollback-cdi-removed "
 # Steps a time-sliced whole GPU passes (its settings are recorded first, then changed).
@@ -137,7 +139,7 @@ TIME_SLICED='{"apiVersion":"resource.nvidia.com/v1beta1","kind":"GpuConfig","sha
 MPS_STEPS=" prepare-started prepare-sharing-applied prepare-mps-shm-mounted prepare-mps-started prepare-cdi-written prepare-completed unprepare-started rollback-cdi-removed "
 MPS_MIG_STEPS=" prepare-started prepare-ci-created prepare-mps-shm-mounted prepare-mps-started prepare-cdi-written prepare-completed unprepare-started rollback-cdi-removed rollback-mig-destroyed "
 # Steps a GPU handed to a virtual machine passes (bound to vfio-pci, and back).
-VFIO_STEPS=" prepare-started prepare-vfio-bound prepare-cdi-written prepare-completed unprepare-started rollback-cdi-removed rollback-vfio-unbound "
+VFIO_STEPS=" prepare-started prepare-vfio-released prepare-vfio-bound prepare-cdi-written prepare-completed unprepare-started rollback-cdi-removed rollback-vfio-unbound "
 VFIO_ROUNDS=2
 # Rounds with MPS runs: the first (each MPS step is killed 3 times: whole, carved and shared
 # GPUs; kept short for CI's time).
@@ -288,6 +290,8 @@ expect_clean() {
         || fail "MIG mode left on: $(jq -c '[.gpus[] | {minor, mig_current, mig_pending}]' <<<"$state")"
     [[ $(jq '[.gpus[] | select(.driver == "vfio-pci")] | length' <<<"$state") == 0 ]] \
         || fail "GPUs left on vfio-pci: $(jq -c '[.gpus[] | select(.driver == "vfio-pci") | .minor]' <<<"$state")"
+    # No unbind ever found a GPU held open (the kernel would have waited for it forever).
+    [[ $(jq -c '.stuck_unbinds // []' <<<"$state") == "[]" ]] || fail "unbinds of held GPUs: $(jq -c '.stuck_unbinds' <<<"$state")"
 }
 
 # expect_shared UID...: exactly these claims prepared, sharing one daemon on GPU $1's UUID
@@ -427,6 +431,10 @@ for round in $(seq "$ROUNDS"); do
                 set_gpu_sharing "$gpu" Prohibited 2
             elif [[ $kind == mps-mig ]]; then
                 config=$MPS_MIG
+            elif [[ $kind == vfio ]]; then
+                # In persistence mode, which the driver turns off before the unbind and on again
+                # when the GPU comes back, whatever the kill.
+                "$GPU_DRA" sim --gpus "$GPUS" --node-name "$NODE" --sim-state "$WORK/hw.json" persistence --gpu "$gpu" --enabled true
             fi
             claim=fi-$runs
             if [[ $kind == mps-shared ]]; then
@@ -463,6 +471,10 @@ for round in $(seq "$ROUNDS"); do
                 # kubelet's retry must finish the job either way.
                 call unprepare "$ref"
                 expect_clean
+            fi
+            if [[ $kind == vfio ]]; then
+                [[ $(hw | jq --argjson g "$gpu" '.gpus[] | select(.minor == $g) | .persistence // false') == true ]] \
+                    || fail "GPU $gpu back on nvidia without its persistence mode after a kill at $step"
             fi
             [[ $kind == sliced ]] && expect_sharing "$gpu" ExclusiveProcess/1 "unprepared"
             [[ $kind == mps ]] && expect_sharing "$gpu" Prohibited/2 "unprepared"

@@ -20,9 +20,11 @@
 #      MPS on a carved 2g.20gb MIG device (deploy/examples/gpu-mps.yaml, mig-2g-mps.yaml);
 #  11. a GPU falls off the bus (XID 79) under a running pod: its device is tainted NoExecute and
 #      kube-controller-manager's device-taint eviction evicts the pod; a GPU reset untaints it;
-#  12. a GPU for a virtual machine (chart value passthrough): a pod standing in for KubeVirt's
-#      virt-launcher gets the VFIO nodes, the device metadata with the PCI address and no NVIDIA
-#      device, the GPU leaves nvidia; a CUDA pod for the same GPU waits until the VM's pod is gone.
+#  12. a GPU for a virtual machine (chart value passthrough): while another process holds the
+#      GPUs open the claim is refused naming it and no unbind is written; once it ends, a pod
+#      standing in for KubeVirt's virt-launcher gets the VFIO nodes, the device metadata with the
+#      PCI address and no NVIDIA device, the GPU leaves nvidia (persistence off, the driver's NVML
+#      session closed first); a CUDA pod for the same GPU waits until the VM's pod is gone.
 # After every workload is deleted: the driver unprepared (CDI spec removed, MIG instances
 # destroyed) and the controller deleted the generated claims. At the end: every claim was
 # prepared exactly once and unprepared exactly once (driver log).
@@ -70,8 +72,10 @@ fail() {
     exit 1
 }
 WATCH_PID=
+holders=()
 cleanup() {
     [[ -z $WATCH_PID ]] || kill "$WATCH_PID" 2>/dev/null || true
+    ((${#holders[@]} == 0)) || kill "${holders[@]}" 2>/dev/null || true
     "$E2E/cluster" down >/dev/null 2>&1 || true
     rm -rf "$WORK"
 }
@@ -100,6 +104,17 @@ DRIVER_POD=$(driver_ready) || fail "no ready driver pod after helm install"
 # The chart's driver keeps its state in its plugin folder.
 GPU_DRA_STATE_DIR=$E2E_KUBELET_ROOT/plugins/gpu.nvidia.com
 log "driver image $FIRST_REF installed by the chart: pod $DRIVER_POD ($((SECONDS - T0))s)"
+# The chart's default metrics.auth=kubernetes: every tenant's claims are in /metrics, so only a
+# token the API server allows `get` on /metrics reads it; the kubelet's probes stay open.
+driver_ip=$(kubectl get pod -n "$CHART_NAMESPACE" "$DRIVER_POD" -o jsonpath='{.status.podIP}')
+http_code() { curl -s -o /dev/null -w '%{http_code}' "$@"; }
+[[ $(http_code "http://$driver_ip:9400/metrics") == 401 ]] || fail "an anonymous scrape of /metrics was not refused 401"
+kubectl create serviceaccount e2e-nobody >/dev/null
+[[ $(http_code -H "Authorization: Bearer $(kubectl create token e2e-nobody)" "http://$driver_ip:9400/metrics") == 403 ]] ||
+    fail "a token not allowed /metrics was not refused 403"
+chart_scrape | grep -q '^gpu_dra_' || fail "a token allowed /metrics could not scrape it"
+[[ $(http_code "http://$driver_ip:9400/healthz") == 200 ]] || fail "/healthz is not open"
+ok "/metrics (chart default metrics.auth=kubernetes): 401 without a token, 403 for a token not allowed it, served to one allowed nonResourceURLs /metrics; /healthz open"
 # Every claim that ever exists (some live only a second, e.g. a Job's): name -> UID.
 kubectl get resourceclaims -A --watch --output-watch-events -o json >"$WORK/claims.watch" 2>"$WORK/claims.watch.err" &
 WATCH_PID=$!
@@ -118,9 +133,7 @@ phase() { [[ $(kubectl get pod "$1" -o jsonpath='{.status.phase}') == "$2" ]]; }
 # device_info UID: the driver's gpu_dra_prepared_device_info series of one claim, scraped from the
 # driver pod's /metrics (the chart's metrics port) as Prometheus would.
 device_info() {
-    local ip
-    ip=$(kubectl get pod -n "$CHART_NAMESPACE" "$DRIVER_POD" -o jsonpath='{.status.podIP}')
-    curl -sf "http://$ip:9400/metrics" | grep "^gpu_dra_prepared_device_info{.*claim_uid=\"$1\"" || true
+    chart_scrape | grep "^gpu_dra_prepared_device_info{.*claim_uid=\"$1\"" || true
 }
 # has_info UID LABEL...: the claim has info series, and each LABEL is in them.
 has_info() {
@@ -434,9 +447,7 @@ dp_pid=$(grep -l -e "pod$dp_uid" -e "pod${dp_uid//-/_}" /proc/[0-9]*/cgroup 2>/d
 [[ -n $dp_pid ]] || fail "no process of pod $dp ($dp_uid) on the node"
 sim_process() { "$E2E_GPU_DRA" sim --gpus "$E2E_GPUS" --node-name "$E2E_NODE" --sim-state "$GPU_DRA_SIM_STATE" process --gpu "$minor" --pid "$dp_pid" "$@" >/dev/null; }
 metric_of() { # NAME: the sample of the claim's series on GPU instance $gi4
-    local ip
-    ip=$(kubectl get pod -n "$CHART_NAMESPACE" "$DRIVER_POD" -o jsonpath='{.status.podIP}')
-    curl -sf "http://$ip:9400/metrics" | grep "^$1{.*claim_uid=\"$u4\".*GPU_I_ID=\"$gi4\"" | awk '{print $NF}'
+    chart_scrape | grep "^$1{.*claim_uid=\"$u4\".*GPU_I_ID=\"$gi4\"" | awk '{print $NF}'
 }
 memory_is() { [[ $(metric_of gpu_dra_claim_device_memory_used_bytes) == "$1" ]]; }
 sim_process --gpu-instance "$gi4" --memory-mib 2048 --sm-percent 60
@@ -621,7 +632,40 @@ wait_for "$d11 untainted after the reset" 15 bash -c "[[ \$(kubectl get resource
 ok "11. XID 79 on $d11 while a pod used it: tainted NoExecute, the pod evicted by the device-taint eviction controller, its claim unprepared and deleted; untainted after the GPU reset ($(device_taints "$d11"))"
 
 # ---------------------------------------------------------------- 12. a GPU for a virtual machine
+# Every GPU is in persistence mode and held open by another process (a DCGM stand-in, `gpu-dra
+# sim hold`), as on a production node. The kernel's unbind from nvidia sleeps, forever and
+# holding the claim's locks, while anything has the GPU open; the simulated kernel records each
+# such unbind (stuck_unbinds) instead. So the driver must turn persistence off, refuse the claim
+# naming the holder while it lives, and close its own NVML session before it unbinds.
+sim() { "$E2E_GPU_DRA" sim --gpus "$E2E_GPUS" --node-name "$E2E_NODE" --sim-state "$GPU_DRA_SIM_STATE" "$@"; }
+prepare_error() {
+    kubectl get events -o json --field-selector "involvedObject.name=$1,reason=FailedPrepareDynamicResources" |
+        jq -r '.items[-1].message // empty'
+}
+stuck_unbinds() { hw | jq -c '.stuck_unbinds // []'; }
+session_held=$(hw | jq '[.gpus[] | select(.driver == null) | select(any(.holders[]?; .name == "gpu-dra (NVML session)"))] | length')
+((session_held > 0)) || fail "the driver's NVML session holds no GPU in the simulated kernel: $(hw | jq -c '[.gpus[] | {minor, holders}]')"
+for g in $(hw | jq -r '.gpus[] | select(.driver == null) | .minor'); do
+    sim persistence --gpu "$g" --enabled true
+    # A plain command, not the function: $! is then the holding process itself.
+    "$E2E_GPU_DRA" sim --gpus "$E2E_GPUS" --node-name "$E2E_NODE" --sim-state "$GPU_DRA_SIM_STATE" \
+        hold --gpu "$g" --name e2e-dcgm >"$WORK/hold-$g.out" &
+    holders+=("$!")
+done
+dcgm_holds() { [[ $(hw | jq '[.gpus[].holders[]? | select(.name == "e2e-dcgm")] | length') == "${#holders[@]}" ]]; }
+wait_for "the holders registered" 10 dcgm_holds
 apply vm-launcher.yaml
+held_named() { prepare_error virt-launcher-vm | grep -q 'is held open by pid [0-9]* (e2e-dcgm)'; }
+wait_for "the VM claim refused, naming the process that holds its GPU" 90 held_named
+[[ $(stuck_unbinds) == "[]" ]] || fail "an unbind was written while the GPU was held open: $(stuck_unbinds)"
+[[ $(hw | jq '[.gpus[] | select(.driver != null)] | length') == 0 ]] || fail "a GPU left nvidia while held open: $(hw | jq -c '[.gpus[] | {minor, driver}]')"
+ok "12. VM claim on held GPUs refused with the holder named ($(prepare_error virt-launcher-vm | grep -o 'GPU [0-9]* ([^)]*) is held open by pid [0-9]* (e2e-dcgm)' | head -n 1)); no unbind written, every GPU still on nvidia"
+kill "${holders[@]}"
+wait "${holders[@]}" 2>/dev/null || true
+holders=()
+# The kubelet retries a failed prepare at its next sync of the pod (up to its one-minute resync);
+# an update of the pod makes that now.
+kubectl annotate pod virt-launcher-vm --overwrite e2e-holder-gone=true >/dev/null
 wait_running virt-launcher-vm
 c12=$(claim_of virt-launcher-vm dra-gpu-claim)
 u12=$(claim_uid "$c12")
@@ -640,7 +684,9 @@ grep -q "\"resource.kubernetes.io/pciBusID\":{\"string\":\"$bus12\"}" <<<"$out12
 grep -q '"apiVersion":"metadata.resource.k8s.io/v1alpha1"' <<<"$out12" || fail "virt-launcher-vm: metadata not v1alpha1: $out12"
 [[ $(hw | jq -r --argjson g "$i12" '.gpus[] | select(.minor == $g) | .driver') == vfio-pci ]] ||
     fail "GPU $i12 is not bound to vfio-pci while the VM's pod runs: $(hw | jq -c '[.gpus[] | {minor, driver}]')"
-ok "12. virt-launcher stand-in: $d12 ($bus12) bound to vfio-pci; the pod sees /dev/vfio/vfio and /dev/vfio/$((40 + i12)), the metadata with its PCI address, NVIDIA_VISIBLE_DEVICES=void and no NVIDIA device"
+[[ $(stuck_unbinds) == "[]" ]] || fail "the unbind found GPU $i12 held open (the driver's own session or persistence): $(stuck_unbinds)"
+[[ $(hw | jq --argjson g "$i12" '.gpus[] | select(.minor == $g) | .persistence // false') == false ]] || fail "GPU $i12 still in persistence mode on vfio-pci"
+ok "12. virt-launcher stand-in: $d12 ($bus12) bound to vfio-pci once its holder ended (persistence off, the driver's NVML session closed first: no unbind waited); the pod sees /dev/vfio/vfio and /dev/vfio/$((40 + i12)), the metadata with its PCI address, NVIDIA_VISIBLE_DEVICES=void and no NVIDIA device"
 # A CUDA claim for the same GPU (by PCI address) waits: the counters keep the scheduler off it.
 apply same-gpu-pod.yaml "" "" "$bus12"
 unschedulable() { kubectl get events -o json --field-selector involvedObject.name=cuda-same-gpu,reason=FailedScheduling | jq -e '.items | length > 0' >/dev/null; }
@@ -652,9 +698,10 @@ delete_pods virt-launcher-vm
 wait_unprepared "$u12"
 [[ $(hw | jq -r --argjson g "$i12" '.gpus[] | select(.minor == $g) | .driver') == null ]] ||
     fail "GPU $i12 not back on nvidia after unprepare: $(hw | jq -c '[.gpus[] | {minor, driver}]')"
+[[ $(hw | jq --argjson g "$i12" '.gpus[] | select(.minor == $g) | .persistence // false') == true ]] || fail "GPU $i12 back on nvidia without its persistence mode"
 wait_running cuda-same-gpu
 [[ $(check_gpu cuda-same-gpu ctr same-gpu) == "$i12" ]] || fail "cuda-same-gpu does not have GPU $i12"
-ok "12. VM pod deleted: GPU $i12 back on nvidia; the waiting CUDA pod runs on it"
+ok "12. VM pod deleted: GPU $i12 back on nvidia in persistence mode again, seen by the driver's new NVML session; the waiting CUDA pod runs on it"
 delete_pods cuda-same-gpu
 kubectl delete resourceclaim same-gpu --timeout=30s >&2
 wait_claims_gone "$c12" same-gpu

@@ -135,6 +135,31 @@ pub enum SimCommand {
         #[arg(long)]
         sysfs: Option<PathBuf>,
     },
+    /// Hold a GPU's device file open, as DCGM, a monitoring agent or a debugger does, until this
+    /// process is killed: the simulated kernel's unbind from `nvidia` waits for it.
+    Hold {
+        #[arg(long)]
+        gpu: u32,
+        /// The name the holder is listed under.
+        #[arg(long, default_value = "sim-hold")]
+        name: String,
+    },
+    /// Turn a GPU's persistence mode on or off (as `nvidia-smi -pm` or nvidia-persistenced): the
+    /// kernel module then keeps the GPU open.
+    Persistence {
+        #[arg(long)]
+        gpu: u32,
+        #[arg(long, action = clap::ArgAction::Set)]
+        enabled: bool,
+    },
+    /// Stall a GPU's MIG calls (GPU instance create and destroy hang until it is let go), as
+    /// NVML calls on a sick GPU do; `--enabled false` lets them finish.
+    Stall {
+        #[arg(long)]
+        gpu: u32,
+        #[arg(long, action = clap::ArgAction::Set)]
+        enabled: bool,
+    },
     /// Write what the kernel shows of the simulated GPUs in sysfs under a folder (`bus/pci`
     /// devices and drivers, IOMMU groups, each function's `driver` link and `driver_override`),
     /// for `gpu-dra run --sysfs-root DIR`.
@@ -168,6 +193,24 @@ pub fn run(args: SimArgs) -> Result<ExitCode, CliError> {
             );
         }
         SimCommand::Reset { gpu } => node.reset_gpu(gpu)?,
+        SimCommand::Hold { gpu, name } => {
+            let holder = crate::gpu::sim::SimHolder::this_process(&name);
+            let held = node.hold(&std::collections::BTreeSet::from([gpu]), &holder)?;
+            if held.is_empty() {
+                return Err(CliError::Usage(format!(
+                    "--gpu {gpu}: no such GPU on nvidia to hold"
+                )));
+            }
+            println!("pid {} holds GPU {gpu} open until killed", holder.pid);
+            std::io::Write::flush(&mut std::io::stdout())
+                .map_err(|e| CliError::Encode(e.to_string()))?;
+            // Its files close when the process ends, as a killed process's do.
+            loop {
+                std::thread::sleep(std::time::Duration::from_secs(3600));
+            }
+        }
+        SimCommand::Persistence { gpu, enabled } => node.set_persistence(gpu, enabled)?,
+        SimCommand::Stall { gpu, enabled } => node.set_stalled(gpu, enabled)?,
         SimCommand::Fabric {
             cluster_uuid,
             clique_id,

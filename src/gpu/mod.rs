@@ -11,12 +11,14 @@ use std::str::FromStr;
 pub mod catalog;
 pub mod driver_tools;
 pub mod events;
+pub mod holders;
 pub mod memory_limit;
 pub mod mig;
 pub mod model;
 pub mod nvml;
 mod nvml_raw;
 pub mod pci;
+pub mod session;
 pub mod sim;
 pub mod usage;
 
@@ -322,6 +324,33 @@ pub trait GpuControl: Send + Sync {
             reason: "this GPU backend cannot bind PCI functions".into(),
         }))
     }
+    /// Closes this process's session with the GPUs (NVML, and its event set) and keeps it closed
+    /// while the returned guard lives, so the kernel can let a GPU go; waits up to `within` for
+    /// this process's own calls in flight. A backend with no session of its own has nothing to
+    /// close.
+    fn close_session(&self, within: std::time::Duration) -> Result<SessionClosed<'_>, GpuError> {
+        let _ = within;
+        Ok(SessionClosed(None))
+    }
+    /// Who has the GPU's device file open (processes, persistence mode). This process, its
+    /// session closed, is not among them.
+    fn open_holders(&self, minor: u32) -> Result<Vec<holders::GpuHolder>, GpuError> {
+        let _ = minor;
+        Ok(vec![])
+    }
+    /// Whether the GPU is in persistence mode (the driver keeps it initialised, holding it open).
+    fn persistence_mode(&self, minor: u32) -> Result<bool, GpuError> {
+        let _ = minor;
+        Ok(false)
+    }
+    /// Turns persistence mode on or off.
+    fn set_persistence_mode(&self, minor: u32, enabled: bool) -> Result<(), GpuError> {
+        let _ = enabled;
+        Err(GpuError::Nvml {
+            operation: format!("GPU {minor}: set persistence mode"),
+            reason: "this GPU backend has no persistence mode".into(),
+        })
+    }
     /// The processes running on a full GPU (compute and graphics), by PID. The simulator runs
     /// none but MPS daemons, which its binding refuses on its own.
     fn processes(&self, _minor: u32) -> Result<Vec<u32>, GpuError> {
@@ -346,6 +375,18 @@ pub trait GpuControl: Send + Sync {
     fn event_source(&self) -> Result<Box<dyn events::GpuEventSource>, GpuError>;
 }
 
+/// This process's GPU session is closed while this lives (see [`GpuControl::close_session`]).
+pub struct SessionClosed<'a>(
+    #[allow(dead_code, reason = "held for its drop")] Option<Box<dyn Send + 'a>>,
+);
+
+impl<'a> SessionClosed<'a> {
+    /// Keeps `closed` (a guard whose drop lets the session open again) until this is dropped.
+    pub fn holding(closed: impl Send + 'a) -> Self {
+        Self(Some(Box::new(closed)))
+    }
+}
+
 /// A GPU instance and its compute instances.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GpuInstanceInfo {
@@ -357,7 +398,31 @@ pub struct GpuInstanceInfo {
 
 impl GpuControl for sim::SimNode {
     fn inventory(&self) -> Result<NodeInventory, GpuError> {
+        let _session = self.lease()?;
         sim::SimNode::inventory(self)
+    }
+    fn inventory_of(
+        &self,
+        minors: &std::collections::BTreeSet<u32>,
+    ) -> Result<NodeInventory, GpuError> {
+        let mut inventory = GpuControl::inventory(self)?;
+        inventory.gpus.retain(|g| minors.contains(&g.minor));
+        Ok(inventory)
+    }
+    fn close_session(&self, within: std::time::Duration) -> Result<SessionClosed<'_>, GpuError> {
+        Ok(match sim::SimNode::close_session(self, within)? {
+            Some(closed) => SessionClosed::holding(closed),
+            None => SessionClosed(None),
+        })
+    }
+    fn open_holders(&self, minor: u32) -> Result<Vec<holders::GpuHolder>, GpuError> {
+        self.holders(minor)
+    }
+    fn persistence_mode(&self, minor: u32) -> Result<bool, GpuError> {
+        self.persistence(minor)
+    }
+    fn set_persistence_mode(&self, minor: u32, enabled: bool) -> Result<(), GpuError> {
+        self.set_persistence(minor, enabled)
     }
 
     fn sim_state_file(&self) -> Option<std::path::PathBuf> {
@@ -433,6 +498,7 @@ impl GpuControl for sim::SimNode {
         sim::SimNode::timeslice_unavailable(self)
     }
     fn probe(&self, minor: u32) -> Result<events::GpuProbe, GpuError> {
+        let _session = self.lease()?;
         sim::SimNode::probe(self, minor)
     }
     fn fabric(&self, minor: u32) -> Result<Option<model::FabricInfo>, GpuError> {
@@ -455,7 +521,9 @@ pub fn open_control(config: &DiscoveryConfig) -> Result<std::sync::Arc<dyn GpuCo
         GpuSource::Sim(spec) => Ok(std::sync::Arc::new(
             sim::SimNode::new(spec.clone(), &config.node_name, config.sim_state.clone())
                 .with_mig_delay(config.sim_mig_delay)
-                .with_nvidia_smi(config.nvidia_smi.clone()),
+                .with_nvidia_smi(config.nvidia_smi.clone())
+                // As NVML's: the GPUs are held open while the process uses them.
+                .with_session()?,
         )),
         GpuSource::Nvml => Ok(std::sync::Arc::new(
             nvml::NvmlBackend::open(config.nvml_library.as_deref(), config.sysfs_root.clone())?

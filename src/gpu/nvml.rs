@@ -23,13 +23,23 @@ use super::memory_limit::MemoryLimit;
 use super::mig::{self, GPU_INSTANCE_PROFILE_COUNT};
 use super::model::*;
 use super::nvml_raw::{self, RawError};
+use super::session::{Lease, SessionGate};
 use super::sim::cuda_version;
 use super::{GpuError, catalog};
 
 /// An initialised NVML library, and what it said about the GPUs.
 pub struct NvmlBackend {
-    /// Shared with event sources, which outlive the call that registers them.
-    nvml: Arc<Nvml>,
+    /// The loaded library; shared with event sources, which outlive the call that registers them.
+    nvml: Arc<NvmlLibrary>,
+    /// This process's NVML session (see [`super::session`]): every call holds a lease on it, and
+    /// it is closed while a GPU leaves `nvidia`.
+    session: Arc<SessionGate<NvmlOpen>>,
+    /// The session whose handles `cache` and `handles` hold; another one means they are read
+    /// again (NVML enumerates at init: a GPU given back to `nvidia` is in the new session only).
+    cached_session: Mutex<u64>,
+    /// Where processes' open files are listed (`/proc`; the host's, the chart runs the driver in
+    /// the host's PID namespace).
+    proc_root: PathBuf,
     sysfs_root: PathBuf,
     /// Whether inventories read the GPUs' PCI functions (only `--passthrough` needs them).
     scan_pci: bool,
@@ -211,6 +221,30 @@ struct GpuHandles {
 }
 
 impl GpuHandles {
+    /// Every GPU the session enumerated, by minor (the caller holds a lease on the session).
+    fn enumerate(nvml: &Nvml) -> Result<Self, GpuError> {
+        let count = nvml
+            .device_count()
+            .map_err(|e| nvml_err("device count", e))?;
+        let mut read = Self {
+            gpus: Vec::with_capacity(count as usize),
+            unreachable: vec![],
+        };
+        for index in 0..count {
+            let found = nvml.device_by_index(index).and_then(|device| {
+                // SAFETY: the handle is valid while the session is, which the caller's lease keeps.
+                let handle = Handle(unsafe { device.handle() });
+                Ok((device.minor_number()?, handle))
+            });
+            match found {
+                Ok(gpu) => read.gpus.push(gpu),
+                Err(e) => read.unreachable.push((index, e)),
+            }
+        }
+        read.gpus.sort_by_key(|(minor, _)| *minor);
+        Ok(read)
+    }
+
     fn handle(&self, minor: u32) -> Option<Handle> {
         self.gpus.iter().find(|(m, _)| *m == minor).map(|(_, h)| *h)
     }
@@ -227,21 +261,140 @@ const MAX_EVENTS_PER_WAIT: usize = 64;
 /// NVML's "no GPU instance / compute instance" in event data.
 const NO_INSTANCE: u32 = 0xFFFF_FFFF;
 
+/// The loaded `libnvidia-ml`. nvml-wrapper's `Nvml` ends one `nvmlInit` when dropped; here each
+/// reference is an [`NvmlOpen`] of its own, so the library is never dropped (nor unloaded: it
+/// lives as long as the process, as one backend does).
+pub(crate) struct NvmlLibrary(std::mem::ManuallyDrop<Nvml>);
+
+impl std::ops::Deref for NvmlLibrary {
+    type Target = Nvml;
+    fn deref(&self) -> &Nvml {
+        &self.0
+    }
+}
+
+/// One `nvmlInit` reference: the session is open while any lives (NVML counts them), and its
+/// drop ends one with `nvmlShutdown`.
+pub(crate) struct NvmlOpen {
+    nvml: Arc<NvmlLibrary>,
+}
+
+impl NvmlOpen {
+    /// Opens (or joins) NVML's session, enumerating the GPUs afresh when it was closed.
+    fn init(nvml: &Arc<NvmlLibrary>) -> Result<Self, GpuError> {
+        nvml_raw::init_no_gpus(nvml).map_err(|e| raw_err("initialise NVML", e))?;
+        Ok(Self {
+            nvml: Arc::clone(nvml),
+        })
+    }
+
+    /// The reference the library's own first init took.
+    fn adopt(nvml: &Arc<NvmlLibrary>) -> Self {
+        Self {
+            nvml: Arc::clone(nvml),
+        }
+    }
+}
+
+impl Drop for NvmlOpen {
+    fn drop(&mut self) {
+        if let Err(e) = nvml_raw::shutdown(&self.nvml) {
+            tracing::warn!(error = %e, "cannot end the NVML session");
+        }
+    }
+}
+
 /// A registered NVML event set (raw: nvml-wrapper's `EventSet` borrows the `Nvml`, and this one
-/// must outlive the call that made it).
+/// must outlive the call that made it). It keeps the session open, so it is given back whenever
+/// the session is to close, and registered again on the next session.
 struct NvmlEventSource {
+    nvml: Arc<NvmlLibrary>,
+    session: Arc<SessionGate<NvmlOpen>>,
+    registered: Option<RegisteredSet>,
+}
+
+/// An event set registered on the GPUs of one session.
+struct RegisteredSet {
     set: nvmlEventSet_t,
     /// The registered GPUs: `(minor, handle)`.
     gpus: Vec<(u32, Handle)>,
-    /// Keeps NVML initialised while the set lives; dropped after `Drop` frees the set.
-    nvml: Arc<Nvml>,
+    nvml: Arc<NvmlLibrary>,
+    /// Keeps the session (and so the set and handles) valid; dropped after `Drop` frees the set.
+    _lease: Lease<NvmlOpen>,
 }
 
-// SAFETY: the set is an opaque NVML token, valid from any thread while NVML is initialised (which
-// `nvml` guarantees); `wait` takes `&mut self`, so one thread uses it at a time, as NVML requires.
-unsafe impl Send for NvmlEventSource {}
+// SAFETY: the set is an opaque NVML token, valid from any thread while the session is open (which
+// the lease guarantees); `wait` takes `&mut self`, so one thread uses it at a time, as NVML requires.
+unsafe impl Send for RegisteredSet {}
 
-impl NvmlEventSource {
+impl Drop for RegisteredSet {
+    fn drop(&mut self) {
+        // SAFETY: the set is live and freed only here.
+        if let Err(e) = unsafe { nvml_raw::free_event_set(&self.nvml, self.set) } {
+            tracing::warn!(error = %e, "cannot free the NVML event set");
+        }
+    }
+}
+
+impl RegisteredSet {
+    /// A set with XIDs and double-bit ECC errors registered on every GPU of the session that
+    /// supports them. A GPU that cannot register is left out with a warning, not the whole node.
+    fn register(nvml: &Arc<NvmlLibrary>, lease: Lease<NvmlOpen>) -> Result<Self, GpuError> {
+        let handles = GpuHandles::enumerate(nvml)?;
+        for (index, e) in &handles.unreachable {
+            tracing::warn!(index, error = %e, "GPU unreachable; no fault events from it");
+        }
+        let set =
+            nvml_raw::create_event_set(nvml).map_err(|e| raw_err("create an NVML event set", e))?;
+        // From here on, dropping `registered` frees the set.
+        let mut registered = Self {
+            set,
+            gpus: Vec::with_capacity(handles.gpus.len()),
+            nvml: Arc::clone(nvml),
+            _lease: lease,
+        };
+        for &(minor, handle) in &handles.gpus {
+            // SAFETY: the handle belongs to the session the lease keeps open.
+            let device = unsafe { nvml_wrapper::Device::new(handle.0, nvml) };
+            // Registering an unsupported type fails the whole call: ask first.
+            let supported = match device.supported_event_types() {
+                Ok(types) => types.bits(),
+                Err(e) => {
+                    tracing::warn!(minor, error = %e, "cannot read the GPU's event types; no fault events from it");
+                    continue;
+                }
+            };
+            let types = supported & WANTED_EVENTS;
+            if types == 0 {
+                tracing::warn!(
+                    minor,
+                    supported,
+                    "GPU reports neither XIDs nor ECC errors; no fault events from it"
+                );
+                continue;
+            }
+            // SAFETY: a full-GPU handle and a live set, both of this session.
+            match unsafe { nvml_raw::register_events(nvml, handle.0, types, set) } {
+                Ok(()) => registered.gpus.push((minor, handle)),
+                // NVML leaves the set undefined after this one.
+                Err(
+                    e @ RawError {
+                        code: nvml_raw::NVML_ERROR_UNKNOWN,
+                        ..
+                    },
+                ) => return Err(raw_err(&format!("GPU {minor}: register events"), e)),
+                Err(e) => {
+                    tracing::warn!(minor, error = %e, "cannot register for the GPU's events; no fault events from it");
+                }
+            }
+        }
+        tracing::debug!(
+            gpus = ?registered.gpus.iter().map(|(m, _)| m).collect::<Vec<_>>(),
+            "NVML events registered"
+        );
+        Ok(registered)
+    }
+
     /// Our event for NVML's, if it is one we registered for on a GPU we know.
     fn event(&self, data: &nvmlEventData_t) -> Option<GpuEvent> {
         let Some(minor) = self
@@ -276,25 +429,52 @@ impl NvmlEventSource {
     }
 }
 
+impl NvmlEventSource {
+    /// The set of the open session, registered again if the session changed; `None` while it is
+    /// closing (the set is given back then, so that the close does not wait for it).
+    fn registered(&mut self) -> Result<Option<&mut RegisteredSet>, GpuError> {
+        if self.session.closing() {
+            self.registered = None;
+            return Ok(None);
+        }
+        if self.registered.is_none() {
+            let nvml = Arc::clone(&self.nvml);
+            let lease = self.session.lease(|| NvmlOpen::init(&nvml))?;
+            self.registered = Some(RegisteredSet::register(&self.nvml, lease)?);
+        }
+        Ok(self.registered.as_mut())
+    }
+}
+
 impl GpuEventSource for NvmlEventSource {
     fn watched(&self) -> Vec<u32> {
-        self.gpus.iter().map(|(minor, _)| *minor).collect()
+        self.registered
+            .as_ref()
+            .map(|r| r.gpus.iter().map(|(minor, _)| *minor).collect())
+            .unwrap_or_default()
     }
 
     fn wait(&mut self, timeout: Duration) -> Result<Vec<GpuEvent>, GpuError> {
         let deadline = Instant::now() + timeout;
+        let Some(registered) = self.registered()? else {
+            // The session is closing for a GPU leaving `nvidia`; events resume on the next one.
+            std::thread::sleep(timeout);
+            return Ok(vec![]);
+        };
         let mut events = Vec::new();
         while events.len() < MAX_EVENTS_PER_WAIT {
-            // NVML hands out one event per call: after the first, take only what is ready.
+            // NVML hands out one event per call: after the first, take only what is ready. A
+            // close waits for this set: the waits are short.
             let left = if events.is_empty() {
                 deadline.saturating_duration_since(Instant::now())
             } else {
                 Duration::ZERO
             };
             let timeout_ms = u32::try_from(left.as_millis()).unwrap_or(u32::MAX);
-            // SAFETY: `self.set` is live until drop, and `&mut self` keeps this thread alone on it.
-            match unsafe { nvml_raw::wait_event(&self.nvml, self.set, timeout_ms) } {
-                Ok(data) => events.extend(self.event(&data)),
+            // SAFETY: the set is live while `registered` is, and `&mut self` keeps this thread
+            // alone on it.
+            match unsafe { nvml_raw::wait_event(&registered.nvml, registered.set, timeout_ms) } {
+                Ok(data) => events.extend(registered.event(&data)),
                 // The timeout, or an interrupt that ended the wait early.
                 Err(RawError {
                     code: nvml_raw::NVML_ERROR_TIMEOUT,
@@ -316,15 +496,6 @@ impl GpuEventSource for NvmlEventSource {
     }
 }
 
-impl Drop for NvmlEventSource {
-    fn drop(&mut self) {
-        // SAFETY: the set is live and freed only here.
-        if let Err(e) = unsafe { nvml_raw::free_event_set(&self.nvml, self.set) } {
-            tracing::warn!(error = %e, "cannot free the NVML event set");
-        }
-    }
-}
-
 impl NvmlBackend {
     /// Loads `library` (default: `libnvidia-ml.so.1` through the dynamic linker) and initialises it.
     pub fn open(library: Option<&Path>, sysfs_root: PathBuf) -> Result<Self, GpuError> {
@@ -335,9 +506,14 @@ impl NvmlBackend {
         // without this flag init fails, the driver crash-loops and the VMs' claims can never be
         // unprepared (NVIDIA's driver passes it too).
         builder.flags(nvml_wrapper::bitmasks::InitFlags::NO_GPUS);
-        let nvml = builder.init().map_err(|e| nvml_err("initialise NVML", e))?;
+        let nvml = Arc::new(NvmlLibrary(std::mem::ManuallyDrop::new(
+            builder.init().map_err(|e| nvml_err("initialise NVML", e))?,
+        )));
         Ok(Self {
-            nvml: Arc::new(nvml),
+            session: Arc::new(SessionGate::opened(NvmlOpen::adopt(&nvml))),
+            cached_session: Mutex::new(1),
+            proc_root: PathBuf::from("/proc"),
+            nvml,
             sysfs_root,
             scan_pci: false,
             modules_root: PathBuf::from(super::pci::MODULES_ROOT),
@@ -420,7 +596,30 @@ impl NvmlBackend {
         &self.nvml
     }
 
-    /// Every GPU's handle and minor: from the first complete read on, without asking NVML.
+    /// A lease on the NVML session, opening a new one if it was closed; the cached handles of an
+    /// older session are dropped first. Never taken while holding the cache (a close may be
+    /// waiting for the caller's other lease).
+    fn lease(&self) -> Result<Lease<NvmlOpen>, GpuError> {
+        let lease = self.session.lease(|| NvmlOpen::init(&self.nvml))?;
+        let mut cached = self
+            .cached_session
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if *cached != lease.generation() {
+            self.invalidate_all();
+            *cached = lease.generation();
+        }
+        Ok(lease)
+    }
+
+    /// Where processes' open files are read (default `/proc`), for the GPUs' holders.
+    pub fn with_proc_root(mut self, proc_root: PathBuf) -> Self {
+        self.proc_root = proc_root;
+        self
+    }
+
+    /// Every GPU's handle and minor: from the first complete read on, without asking NVML. The
+    /// caller holds a lease on the session.
     fn gpu_handles(&self) -> Result<Arc<GpuHandles>, GpuError> {
         let known = self
             .handles
@@ -430,27 +629,7 @@ impl NvmlBackend {
         if let Some(known) = known {
             return Ok(known);
         }
-        let count = self
-            .nvml
-            .device_count()
-            .map_err(|e| nvml_err("device count", e))?;
-        let mut read = GpuHandles {
-            gpus: Vec::with_capacity(count as usize),
-            unreachable: vec![],
-        };
-        for index in 0..count {
-            let found = self.nvml.device_by_index(index).and_then(|device| {
-                // SAFETY: the handle belongs to `self.nvml`, which outlives `self.handles`.
-                let handle = Handle(unsafe { device.handle() });
-                Ok((device.minor_number()?, handle))
-            });
-            match found {
-                Ok(gpu) => read.gpus.push(gpu),
-                Err(e) => read.unreachable.push((index, e)),
-            }
-        }
-        read.gpus.sort_by_key(|(minor, _)| *minor);
-        let read = Arc::new(read);
+        let read = Arc::new(GpuHandles::enumerate(&self.nvml)?);
         // An unreachable GPU may come back: only a complete answer is kept.
         if read.unreachable.is_empty() {
             *self.handles.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::clone(&read));
@@ -462,6 +641,7 @@ impl NvmlBackend {
     /// the driver asks for (`NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`, R550 and newer).
     pub fn probe(&self, minor: u32) -> Result<GpuProbe, GpuError> {
         let at = |what: &str| format!("GPU {minor}: {what}");
+        let _session = self.lease()?;
         let handles = self.gpu_handles()?;
         let Some(handle) = handles.handle(minor) else {
             // A GPU lost before its minor was read is known by index only: it may be this one.
@@ -529,60 +709,15 @@ impl NvmlBackend {
     }
 
     /// An NVML event set with XIDs and double-bit ECC errors registered on every GPU that
-    /// supports them. A GPU that cannot register is left out with a warning, not the whole node.
+    /// supports them (see [`RegisteredSet::register`]); registered again on each new session.
     pub fn event_source(&self) -> Result<Box<dyn GpuEventSource>, GpuError> {
-        let handles = self.gpu_handles()?;
-        for (index, e) in &handles.unreachable {
-            tracing::warn!(index, error = %e, "GPU unreachable; no fault events from it");
-        }
-        let set = nvml_raw::create_event_set(&self.nvml)
-            .map_err(|e| raw_err("create an NVML event set", e))?;
-        // From here on, dropping `source` frees the set.
-        let mut source = NvmlEventSource {
-            set,
-            gpus: Vec::with_capacity(handles.gpus.len()),
+        let lease = self.lease()?;
+        let registered = RegisteredSet::register(&self.nvml, lease)?;
+        Ok(Box::new(NvmlEventSource {
             nvml: Arc::clone(&self.nvml),
-        };
-        for &(minor, handle) in &handles.gpus {
-            // SAFETY: the handle belongs to `self.nvml`.
-            let device = unsafe { nvml_wrapper::Device::new(handle.0, &self.nvml) };
-            // Registering an unsupported type fails the whole call: ask first.
-            let supported = match device.supported_event_types() {
-                Ok(types) => types.bits(),
-                Err(e) => {
-                    tracing::warn!(minor, error = %e, "cannot read the GPU's event types; no fault events from it");
-                    continue;
-                }
-            };
-            let types = supported & WANTED_EVENTS;
-            if types == 0 {
-                tracing::warn!(
-                    minor,
-                    supported,
-                    "GPU reports neither XIDs nor ECC errors; no fault events from it"
-                );
-                continue;
-            }
-            // SAFETY: a full-GPU handle and a live set, both of `self.nvml`.
-            match unsafe { nvml_raw::register_events(&self.nvml, handle.0, types, set) } {
-                Ok(()) => source.gpus.push((minor, handle)),
-                // NVML leaves the set undefined after this one.
-                Err(
-                    e @ RawError {
-                        code: nvml_raw::NVML_ERROR_UNKNOWN,
-                        ..
-                    },
-                ) => return Err(raw_err(&format!("GPU {minor}: register events"), e)),
-                Err(e) => {
-                    tracing::warn!(minor, error = %e, "cannot register for the GPU's events; no fault events from it");
-                }
-            }
-        }
-        tracing::debug!(
-            gpus = ?source.gpus.iter().map(|(m, _)| m).collect::<Vec<_>>(),
-            "NVML events registered"
-        );
-        Ok(Box::new(source))
+            session: Arc::clone(&self.session),
+            registered: Some(registered),
+        }))
     }
 
     /// Every full GPU, its MIG profiles and placements and the MIG devices that exist. The first
@@ -595,6 +730,7 @@ impl NvmlBackend {
     /// reads the GPU: correctness over speed, an inventory never shows a view known to be out of
     /// date. Callers that must not wait ask [`inventory_of`](Self::inventory_of) the GPUs they hold.
     pub fn inventory(&self) -> Result<NodeInventory, GpuError> {
+        let _session = self.lease()?;
         let (facts, slots) = self.node()?;
         let mut gpus = Vec::with_capacity(slots.len());
         for slot in &slots {
@@ -612,6 +748,7 @@ impl NvmlBackend {
     /// lacks, are left out), locking only those: for callers that hold them, so it waits for no
     /// operation on another GPU.
     pub fn inventory_of(&self, minors: &BTreeSet<u32>) -> Result<NodeInventory, GpuError> {
+        let _session = self.lease()?;
         let (facts, slots) = self.node()?;
         let gpus = slots
             .iter()
@@ -728,6 +865,7 @@ impl NvmlBackend {
         operation: &'static str,
         f: impl FnOnce(&GpuSlot, &mut CachedGpu) -> Result<T, GpuError>,
     ) -> Result<T, GpuError> {
+        let _session = self.lease()?;
         let slot = self
             .with_cache(|cache| cache.gpus.iter().find(|g| g.minor == minor).cloned())?
             .ok_or_else(|| GpuError::Mig {
@@ -1279,6 +1417,7 @@ impl super::GpuControl for NvmlBackend {
     }
 
     fn fabric(&self, minor: u32) -> Result<Option<super::model::FabricInfo>, GpuError> {
+        let _session = self.lease()?;
         let handles = self.gpu_handles()?;
         let handle = handles.handle(minor).ok_or_else(|| GpuError::Nvml {
             operation: format!("GPU {minor}: fabric info"),
@@ -1303,6 +1442,50 @@ impl super::GpuControl for NvmlBackend {
         // The GPU left NVML or came back: every cached view of it is stale.
         self.invalidate_all();
         Ok(result?)
+    }
+
+    fn close_session(&self, within: Duration) -> Result<super::SessionClosed<'_>, GpuError> {
+        let closed = self.session.close(within).map_err(|busy| GpuError::Nvml {
+            operation: "close the NVML session".into(),
+            reason: format!(
+                "{} of this driver's own NVML calls did not end within {}s",
+                busy.leases,
+                busy.waited.as_secs()
+            ),
+        })?;
+        Ok(super::SessionClosed::holding(closed))
+    }
+
+    fn open_holders(&self, minor: u32) -> Result<Vec<super::holders::GpuHolder>, GpuError> {
+        super::holders::scan(&self.proc_root, minor).map_err(|e| GpuError::Nvml {
+            operation: format!("GPU {minor}: list the processes that hold it open"),
+            reason: format!("{}: {e}", self.proc_root.display()),
+        })
+    }
+
+    fn persistence_mode(&self, minor: u32) -> Result<bool, GpuError> {
+        const OP: &str = "read persistence mode";
+        self.with_gpu(minor, OP, |_, gpu| {
+            // SAFETY: the handle belongs to the session `with_gpu` holds.
+            let device = unsafe { nvml_wrapper::Device::new(gpu.handle.0, &self.nvml) };
+            match device.is_in_persistent_mode() {
+                Ok(on) => Ok(on),
+                // Windows and some platforms have none: nothing holds the GPU for it.
+                Err(NvmlError::NotSupported | NvmlError::FunctionNotFound) => Ok(false),
+                Err(e) => Err(nvml_err(&format!("GPU {minor}: {OP}"), e)),
+            }
+        })
+    }
+
+    fn set_persistence_mode(&self, minor: u32, enabled: bool) -> Result<(), GpuError> {
+        const OP: &str = "set persistence mode";
+        self.with_gpu(minor, OP, |_, gpu| {
+            // SAFETY: the handle belongs to the session `with_gpu` holds.
+            let mut device = unsafe { nvml_wrapper::Device::new(gpu.handle.0, &self.nvml) };
+            device
+                .set_persistent(enabled)
+                .map_err(|e| nvml_err(&format!("GPU {minor}: {OP}"), e))
+        })
     }
 
     fn usage(&self, minor: u32) -> Result<super::usage::GpuUsage, GpuError> {

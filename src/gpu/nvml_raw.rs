@@ -434,6 +434,23 @@ pub unsafe fn gpu_instances(
 
 // ---- events ----------------------------------------------------------------------------------
 
+/// `nvmlInitWithFlags(NVML_INIT_FLAG_NO_GPUS)`: one more reference on NVML's session (opened
+/// if it was closed, enumerating the GPUs afresh). Each is ended by [`shutdown`].
+pub fn init_no_gpus(nvml: &Nvml) -> Result<(), RawError> {
+    const NO_GPUS: c_uint = 1;
+    let init = symbol!(nvml, nvmlInitWithFlags);
+    // SAFETY: plain flags argument.
+    check("nvmlInitWithFlags", unsafe { init(NO_GPUS) })
+}
+
+/// `nvmlShutdown`: ends one [`init_no_gpus`] (or the library's first init); the last one closes
+/// the session and every handle on the GPUs it held.
+pub fn shutdown(nvml: &Nvml) -> Result<(), RawError> {
+    let shutdown = symbol!(nvml, nvmlShutdown);
+    // SAFETY: no arguments.
+    check("nvmlShutdown", unsafe { shutdown() })
+}
+
 use nvml_wrapper_sys::bindings::{nvmlEventData_t, nvmlEventSet_t};
 
 /// `NVML_ERROR_TIMEOUT`: no event within the wait.

@@ -4,6 +4,7 @@
 //! an advisory lock, so it survives driver restarts as real hardware does and several processes
 //! (the driver, the fake `libnvidia-ml`, tests) see one truth. GPU and compute instances vanish on
 //! reboot (a changed [`boot_id`](super::boot_id)); MIG mode persists.
+use std::collections::BTreeSet;
 use std::fmt;
 use std::fs::{self, File, OpenOptions};
 use std::path::{Path, PathBuf};
@@ -20,6 +21,7 @@ use super::events::{
 use super::memory_limit::{MemoryLimit, MemoryLimitFailure, cgroup_id};
 use super::mig::profile_name;
 use super::model::*;
+use super::session::{Lease, SessionGate};
 use super::{GpuError, MigFailure};
 
 /// Most GPUs a spec may describe; far above any real node, low enough to catch typos like `8000x`.
@@ -148,6 +150,11 @@ pub struct SimState {
     /// the model's default (GB200: the first clique of one rack; others: none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fabric: Option<FabricInfo>,
+    /// Each `unbind` that found the GPU held open: on a real node the writing thread sleeps in
+    /// the kernel until every holder closes it (`nv_pci_remove`), and no restart recovers it. A
+    /// driver that lets this happen has wedged the node; tests assert there are none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stuck_unbinds: Vec<String>,
 }
 
 /// An event as the simulated hardware raised it.
@@ -226,6 +233,57 @@ pub struct SimGpuState {
     /// at reset and boot.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub processes: Vec<SimProcess>,
+    /// Processes with the GPU's device file open (an NVML session: the fake `libnvidia-ml`'s,
+    /// the simulated driver's; `gpu-dra sim hold`): the kernel does not let the GPU leave
+    /// `nvidia` while any lives. Gone with their process, and at boot.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub holders: Vec<SimHolder>,
+    /// Persistence mode: the kernel module keeps the GPU initialised and open. Off at boot.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub persistence: bool,
+    /// A sick GPU whose MIG calls (GPU instance create and destroy) do not return until it is
+    /// no longer stalled (`gpu-dra sim stall`), as NVML calls on a hung GPU do. Gone at boot.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stalled: bool,
+}
+
+/// A process holding a simulated GPU open, told apart from a later process with the same PID by
+/// its start time (`/proc/<pid>/stat`). PIDs are those of the host's namespace (the chart runs
+/// the driver with the host's PIDs).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SimHolder {
+    pub pid: u32,
+    pub start_time: u64,
+    pub name: String,
+}
+
+impl SimHolder {
+    /// This process, holding the GPU as `name`.
+    pub fn this_process(name: &str) -> Self {
+        Self::of_process(std::process::id(), name)
+    }
+
+    /// The running process `pid`, holding the GPU as `name`.
+    pub fn of_process(pid: u32, name: &str) -> Self {
+        Self {
+            pid,
+            start_time: process_start_time(pid).unwrap_or_default(),
+            name: name.to_string(),
+        }
+    }
+
+    /// Whether the process still runs (a killed one's files are closed by the kernel).
+    pub fn alive(&self) -> bool {
+        process_start_time(self.pid) == Some(self.start_time)
+    }
+}
+
+/// Field 22 of `/proc/<pid>/stat`: when the process started, in clock ticks since boot.
+fn process_start_time(pid: u32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces and parentheses: count from its end.
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    after_name.split_whitespace().nth(19)?.parse().ok()
 }
 
 /// A compute process on a simulated GPU (or on one of its MIG devices).
@@ -381,6 +439,36 @@ pub struct SimNode {
     /// The driver root's `nvidia-smi`, where given: the time-slice interval is set through it,
     /// as on a real node (it changes this state file).
     nvidia_smi: Option<super::driver_tools::NvidiaSmi>,
+    /// This process's stand-in for an NVML session (see [`SimNode::with_session`]).
+    session: Option<Arc<SessionGate<SimSession>>>,
+}
+
+/// What an NVML session is to the kernel, for a process that uses the simulator in its place:
+/// while open, this process holds every GPU on `nvidia` (as enumerated when it opened).
+pub struct SimSession {
+    node: SimNode,
+}
+
+impl SimSession {
+    const HOLDER: &'static str = "gpu-dra (NVML session)";
+
+    fn open(node: &SimNode) -> Result<Self, GpuError> {
+        let node = SimNode {
+            session: None,
+            ..node.clone()
+        };
+        let all = (0..node.spec.gpu_count()).collect();
+        node.hold(&all, &SimHolder::this_process(Self::HOLDER))?;
+        Ok(Self { node })
+    }
+}
+
+impl Drop for SimSession {
+    fn drop(&mut self) {
+        if let Err(error) = self.node.release_holds(std::process::id(), Self::HOLDER) {
+            tracing::warn!(%error, "cannot record the simulated NVML session's end");
+        }
+    }
 }
 
 /// The inventory of a simulated node without state, for tests.
@@ -404,7 +492,43 @@ impl SimNode {
             store,
             mig_delay: std::time::Duration::ZERO,
             nvidia_smi: None,
+            session: None,
         }
+    }
+
+    /// This process holds the GPUs open as an NVML session does (opened now; see
+    /// [`SimSession`]), so that the simulated kernel holds an unbind until it is closed
+    /// ([`GpuControl::close_session`](super::GpuControl::close_session)).
+    pub fn with_session(mut self) -> Result<Self, GpuError> {
+        let session = SimSession::open(&self)?;
+        self.session = Some(Arc::new(SessionGate::opened(session)));
+        Ok(self)
+    }
+
+    /// A lease on this process's session, opening it again after a close; `None` without one.
+    pub fn lease(&self) -> Result<Option<Lease<SimSession>>, GpuError> {
+        self.session
+            .as_ref()
+            .map(|gate| gate.lease(|| SimSession::open(self)))
+            .transpose()
+    }
+
+    /// Closes this process's session (see [`SessionGate::close`]).
+    pub fn close_session(
+        &self,
+        within: Duration,
+    ) -> Result<Option<super::session::Closed<'_, SimSession>>, GpuError> {
+        let Some(gate) = &self.session else {
+            return Ok(None);
+        };
+        gate.close(within).map(Some).map_err(|busy| GpuError::Nvml {
+            operation: "close the simulated NVML session".into(),
+            reason: format!(
+                "{} of this driver's own calls did not end within {}s",
+                busy.leases,
+                busy.waited.as_secs()
+            ),
+        })
     }
 
     /// Time-slice intervals are set with this `nvidia-smi` (the fake one of a fake driver root).
@@ -519,10 +643,32 @@ impl SimNode {
         self
     }
 
-    fn mig_work_takes_time(&self) {
+    /// What a GPU instance create or destroy on GPU `minor` waits for: the configured delay, and
+    /// a stalled GPU (see [`SimGpuState::stalled`]) for as long as it is stalled.
+    fn mig_work_takes_time(&self, minor: u32) {
         if !self.mig_delay.is_zero() {
             std::thread::sleep(self.mig_delay);
         }
+        while self
+            .read(|state| Ok(state.gpus.iter().any(|g| g.minor == minor && g.stalled)))
+            .unwrap_or(false)
+        {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+
+    /// Stalls a GPU's MIG calls (`gpu-dra sim stall`), or lets them go on.
+    pub fn set_stalled(&self, minor: u32, stalled: bool) -> Result<(), GpuError> {
+        self.write(|state| {
+            // Lost or not: a test sets it around faults.
+            let gpu = state
+                .gpus
+                .iter_mut()
+                .find(|g| g.minor == minor)
+                .ok_or_else(|| mig_err(minor, "stall", MigFailure::NotFound, "no such GPU"))?;
+            gpu.stalled = stalled;
+            Ok(())
+        })
     }
 
     /// The state file, when the state is kept in one.
@@ -713,6 +859,9 @@ impl SimNode {
     pub fn bind_driver(&self, minor: u32, driver: PciDriver) -> Result<(), GpuError> {
         const OP: &str = "bind the PCI function";
         self.model(minor, OP)?;
+        if driver != PciDriver::Nvidia {
+            self.unbind_waits_for_holders(minor)?;
+        }
         self.write(|state| {
             let uuid = gpu_uuid(&self.node_name, minor);
             let daemons = state.mps_daemons.iter().any(|d| d.devices.contains(&uuid));
@@ -737,6 +886,9 @@ impl SimNode {
                 if let Some(reason) = busy {
                     return Err(mig_err(minor, OP, MigFailure::InUse, reason));
                 }
+                // Off `nvidia` there is no device file to hold (the unbind waited for them).
+                gpu.holders.clear();
+                gpu.persistence = false;
             } else {
                 gpu.gpu_instances.clear();
                 gpu.mig_current = gpu.mig_pending;
@@ -748,6 +900,136 @@ impl SimNode {
                 gpu.processes.clear();
             }
             gpu.driver = driver;
+            Ok(())
+        })
+    }
+
+    /// The kernel's `nv_pci_remove`: an unbind from `nvidia` sleeps until nothing holds the GPU
+    /// open. It is recorded in [`SimState::stuck_unbinds`] and waited out here for at most
+    /// [`UNBIND_STUCK_LIMIT`] (a real kernel waits forever), then fails.
+    fn unbind_waits_for_holders(&self, minor: u32) -> Result<(), GpuError> {
+        let on_nvidia = |state: &SimState| {
+            state
+                .gpus
+                .iter()
+                .any(|g| g.minor == minor && g.driver == PciDriver::Nvidia)
+        };
+        let (held, leaving) =
+            self.read(|state| Ok((self.holders_in(state, minor), on_nvidia(state))))?;
+        if held.is_empty() || !leaving {
+            return Ok(());
+        }
+        let what = format!(
+            "GPU {minor}: unbind from nvidia while held open by {}",
+            super::holders::describe(&held)
+        );
+        tracing::error!(
+            gpu = minor,
+            "simulated kernel: {what}; the unbind waits until they close it"
+        );
+        self.write(|state| {
+            state.stuck_unbinds.push(what.clone());
+            Ok(())
+        })?;
+        let started = std::time::Instant::now();
+        loop {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            let held = self.read(|state| Ok(self.holders_in(state, minor)))?;
+            if held.is_empty() {
+                return Ok(());
+            }
+            if started.elapsed() >= UNBIND_STUCK_LIMIT {
+                return Err(mig_err(
+                    minor,
+                    "bind the PCI function",
+                    MigFailure::InUse,
+                    &format!(
+                        "the simulated kernel's unbind waited {}s for {} to close the GPU (a real kernel waits forever)",
+                        UNBIND_STUCK_LIMIT.as_secs(),
+                        super::holders::describe(&held)
+                    ),
+                ));
+            }
+        }
+    }
+
+    /// Who holds the GPU open now: live processes, and persistence mode.
+    fn holders_in(&self, state: &SimState, minor: u32) -> Vec<super::holders::GpuHolder> {
+        let Some(gpu) = state.gpus.iter().find(|g| g.minor == minor) else {
+            return vec![];
+        };
+        let mut held: Vec<_> = gpu
+            .holders
+            .iter()
+            .filter(|h| h.alive())
+            .map(|h| super::holders::GpuHolder {
+                pid: Some(h.pid),
+                name: h.name.clone(),
+            })
+            .collect();
+        if gpu.persistence {
+            held.push(super::holders::GpuHolder {
+                pid: None,
+                name: "persistence mode".into(),
+            });
+        }
+        held
+    }
+
+    /// Who holds the GPU open (see [`SimGpuState::holders`]).
+    pub fn holders(&self, minor: u32) -> Result<Vec<super::holders::GpuHolder>, GpuError> {
+        self.read(|state| Ok(self.holders_in(state, minor)))
+    }
+
+    /// Records `holder` as holding the GPUs in `minors` open (those bound to `nvidia`; a GPU on
+    /// another driver has no `nvidia` device file).
+    pub fn hold(&self, minors: &BTreeSet<u32>, holder: &SimHolder) -> Result<Vec<u32>, GpuError> {
+        self.write(|state| {
+            let mut held = vec![];
+            for gpu in state
+                .gpus
+                .iter_mut()
+                .filter(|g| minors.contains(&g.minor) && g.driver == PciDriver::Nvidia)
+            {
+                gpu.holders
+                    .retain(|h| (h.pid, &h.name) != (holder.pid, &holder.name));
+                gpu.holders.push(holder.clone());
+                held.push(gpu.minor);
+            }
+            Ok(held)
+        })
+    }
+
+    /// The process `pid` closed every GPU it held as `name`.
+    pub fn release_holds(&self, pid: u32, name: &str) -> Result<(), GpuError> {
+        self.write(|state| {
+            for gpu in &mut state.gpus {
+                gpu.holders
+                    .retain(|h| (h.pid, h.name.as_str()) != (pid, name));
+            }
+            Ok(())
+        })
+    }
+
+    /// Persistence mode of a GPU.
+    pub fn persistence(&self, minor: u32) -> Result<bool, GpuError> {
+        self.read(|state| Ok(state.gpus.iter().any(|g| g.minor == minor && g.persistence)))
+    }
+
+    /// Turns persistence mode on or off (NVML's `nvmlDeviceSetPersistenceMode`).
+    pub fn set_persistence(&self, minor: u32, enabled: bool) -> Result<(), GpuError> {
+        const OP: &str = "set persistence mode";
+        self.write(|state| {
+            let gpu = gpu_state(state, minor, OP)?;
+            if gpu.driver != PciDriver::Nvidia {
+                return Err(mig_err(
+                    minor,
+                    OP,
+                    MigFailure::NotFound,
+                    "the GPU is not on nvidia",
+                ));
+            }
+            gpu.persistence = enabled;
             Ok(())
         })
     }
@@ -960,6 +1242,7 @@ impl SimNode {
             node: self.clone(),
             seen,
             watched,
+            lease: self.lease()?,
         })
     }
 
@@ -971,7 +1254,7 @@ impl SimNode {
         placement: Placement,
     ) -> Result<u32, GpuError> {
         const OP: &str = "create GPU instance";
-        self.mig_work_takes_time();
+        self.mig_work_takes_time(minor);
         let model = self.model(minor, OP)?;
         self.write(|state| {
             let gpu = gpu_state(state, minor, OP)?;
@@ -1149,7 +1432,7 @@ impl SimNode {
     /// `nvmlGpuInstanceDestroy`: refused while compute instances exist, as on real hardware.
     pub fn destroy_gpu_instance(&self, minor: u32, gpu_instance_id: u32) -> Result<(), GpuError> {
         const OP: &str = "destroy GPU instance";
-        self.mig_work_takes_time();
+        self.mig_work_takes_time(minor);
         self.write(|state| {
             let gpu = gpu_state(state, minor, OP)?;
             let index = gpu
@@ -1206,12 +1489,16 @@ impl SimNode {
                     memory_limits: vec![],
                     driver: PciDriver::Nvidia,
                     processes: vec![],
+                    holders: vec![],
+                    persistence: false,
+                    stalled: false,
                 })
                 .collect(),
             mps_daemons: vec![],
             events: vec![],
             event_serial: 0,
             fabric: None,
+            stuck_unbinds: vec![],
         }
     }
 
@@ -1231,6 +1518,10 @@ impl SimNode {
         state
             .mps_daemons
             .retain(|d| Path::new(&format!("/proc/{}", d.pid)).exists());
+        // So are the files a killed process held open.
+        for gpu in &mut state.gpus {
+            gpu.holders.retain(SimHolder::alive);
+        }
         let boot = super::boot_id().unwrap_or_default();
         if state.boot_id != boot {
             // GPU and compute instances do not survive a reboot; MIG mode does.
@@ -1245,6 +1536,9 @@ impl SimNode {
                 gpu.recovery_action = 0;
                 gpu.memory_limits.clear();
                 gpu.processes.clear();
+                gpu.holders.clear();
+                gpu.persistence = false;
+                gpu.stalled = false;
                 // A binding made at run time (sysfs) is not made again at boot.
                 gpu.driver = PciDriver::Nvidia;
             }
@@ -1382,12 +1676,18 @@ impl SimNode {
     }
 }
 
+/// How long the simulated kernel lets an unbind of a held GPU wait before failing it (a real one
+/// waits forever; the simulation must end).
+pub const UNBIND_STUCK_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Polls the hardware state for events newer than the last one seen (the state file is shared
 /// with `gpu-dra sim inject` and the fake libnvidia-ml).
 pub struct SimEventSource {
     node: SimNode,
     seen: u64,
     watched: Vec<u32>,
+    /// Keeps this process's session open while events are awaited (see [`SimSession`]).
+    lease: Option<Lease<SimSession>>,
 }
 
 /// How often [`SimEventSource`] looks at the state while waiting.
@@ -1400,6 +1700,18 @@ impl GpuEventSource for SimEventSource {
 
     fn wait(&mut self, timeout: Duration) -> Result<Vec<GpuEvent>, GpuError> {
         let deadline = Instant::now() + timeout;
+        // As an NVML event set: it keeps the session open, so it is given back while the
+        // session closes and taken again after.
+        if let Some(gate) = &self.node.session {
+            if gate.closing() {
+                self.lease = None;
+                std::thread::sleep(timeout);
+                return Ok(vec![]);
+            }
+            if self.lease.is_none() {
+                self.lease = self.node.lease()?;
+            }
+        }
         loop {
             let seen = self.seen;
             let (serial, events) = self.node.read(|state| {

@@ -122,6 +122,10 @@ pub struct VfioRecord {
     /// `vfioN` of the iommufd cdev, once bound.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cdev: Option<String>,
+    /// The GPU was in persistence mode, turned off so that it could leave `nvidia`; turned on
+    /// again when it comes back.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub persistence: bool,
 }
 
 /// A full GPU's sharing settings before a claim changed them.

@@ -559,6 +559,7 @@ impl Planner<'_> {
                     minor: *minor,
                     iommu_group: *iommu_group,
                     cdev: None,
+                    persistence: false,
                 }),
                 _ => None,
             },

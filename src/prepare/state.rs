@@ -35,7 +35,7 @@ use super::effects::compute_mode::{self, ComputeMode};
 use super::effects::mig_carve::{self, MigCarve};
 use super::effects::mig_mode::WholeGpu;
 use super::effects::mps_daemon::{self, SharedMps};
-use super::effects::vfio_bind::VfioBind;
+use super::effects::vfio_bind::VFIO_BIND;
 use super::effects::{ClaimDevice, DeviceEffect, Host};
 use super::failpoint::failpoint;
 use super::memory_limits::MemoryLimits;
@@ -656,7 +656,7 @@ impl DeviceState {
             failpoint("prepare-started");
         }
         // Effect by effect, device by device; each records what it made as soon as it exists.
-        let effects: [&dyn DeviceEffect; 4] = [&MigCarve, &WholeGpu, &ComputeMode, &VfioBind];
+        let effects: [&dyn DeviceEffect; 4] = [&MigCarve, &WholeGpu, &ComputeMode, &VFIO_BIND];
         for effect in effects {
             for index in 0..entry.devices.len() {
                 let device = ClaimDevice {
@@ -792,7 +792,7 @@ impl DeviceState {
         // The effects in reverse order, from what the checkpoint recorded.
         let shared_mps = SharedMps(self.mps.as_ref());
         let effects: [&dyn DeviceEffect; 5] =
-            [&VfioBind, &shared_mps, &ComputeMode, &WholeGpu, &MigCarve];
+            [&VFIO_BIND, &shared_mps, &ComputeMode, &WholeGpu, &MigCarve];
         for effect in effects {
             for (index, record) in entry.devices.iter().enumerate() {
                 if !left_to_sharers.contains(&index) {
@@ -1146,14 +1146,13 @@ impl Host for DeviceState {
     }
 
     fn host_dev_path(&self, path: &str) -> Option<PathBuf> {
-        if self.gpus.simulated() {
-            return None;
-        }
-        let root = self
-            .config
-            .dev_root
-            .clone()
-            .unwrap_or_else(|| PathBuf::from("/"));
+        let root = match &self.config.dev_root {
+            Some(root) => root.clone(),
+            // Simulated GPUs have no kernel making nodes in the host's /dev; a test node's dev
+            // root holds the ones its "kernel" made (e2e/cluster), and is looked at as a real one.
+            None if self.gpus.simulated() => return None,
+            None => PathBuf::from("/"),
+        };
         // The kernel makes the node on the host after this container started: the chart mounts
         // neither the host's /dev nor the dev root, so it is looked for through the host's view
         // (the same path where the driver runs on the host).

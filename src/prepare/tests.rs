@@ -1190,6 +1190,7 @@ fn vfio_configs_choose_the_legacy_group_or_the_iommufd_cdev() {
             minor: Some(2),
             iommu_group: 42,
             cdev: Some("vfio2".into()),
+            persistence: false,
         });
         device.config = parameters.map(|p| crate::config::decode(&p).expect("config"));
         device

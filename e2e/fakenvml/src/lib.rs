@@ -38,7 +38,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use gpu_dra::gpu::events::{GpuEvent, GpuEventKind};
-use gpu_dra::gpu::sim::{SimNode, SimState, full_compute_profile, sim_pci_location};
+use gpu_dra::gpu::sim::{SimHolder, SimNode, SimState, full_compute_profile, sim_pci_location};
 use gpu_dra::gpu::{ComputeMode, GpuError, NodeInventory, Placement, SharingSettings, catalog};
 use nvml_wrapper_sys::bindings::{
     nvmlComputeInstance_t, nvmlComputeInstanceInfo_t, nvmlComputeInstancePlacement_t,
@@ -108,7 +108,13 @@ struct Fake {
     call_log: Option<PathBuf>,
     /// `FAKE_NVML_NAMELESS_WHEN_LOST`: a lost GPU has no handle either.
     nameless_when_lost: bool,
+    /// The GPUs NVML saw when the session opened: as real NVML, it enumerates at init, and a GPU
+    /// bound back to `nvidia` later is seen by the next session only.
+    enumerated: std::collections::BTreeSet<u32>,
 }
+
+/// What the session is, to the simulated kernel: this process holding its GPUs open.
+const SESSION_HOLDER: &str = "libnvidia-ml (NVML session)";
 
 impl Fake {
     /// Appends `<function> <minor>` (`-` when no GPU is involved) to the call log, if any. The file
@@ -127,7 +133,11 @@ impl Fake {
     }
 
     fn refresh(&mut self) -> Result<(), GpuError> {
-        self.inventory = self.node.inventory()?;
+        let mut inventory = self.node.inventory()?;
+        inventory
+            .gpus
+            .retain(|g| self.enumerated.contains(&g.minor));
+        self.inventory = inventory;
         self.state = self.node.state()?;
         Ok(())
     }
@@ -394,7 +404,17 @@ fn init(flags: c_uint) -> Ret {
     if inventory.gpus.is_empty() && flags & INIT_FLAG_NO_GPUS == 0 {
         return NOT_FOUND;
     }
+    let enumerated = inventory.gpus.iter().map(|g| g.minor).collect();
+    // The session opens every GPU it enumerated (their device files), which holds them on
+    // `nvidia` until it ends.
+    if node
+        .hold(&enumerated, &SimHolder::this_process(SESSION_HOLDER))
+        .is_err()
+    {
+        return UNKNOWN;
+    }
     *guard = Some(Fake {
+        enumerated,
         node,
         inventory,
         state,
@@ -423,6 +443,16 @@ pub extern "C" fn nvmlInitWithFlags(flags: c_uint) -> Ret {
 pub extern "C" fn nvmlShutdown() -> Ret {
     with("nvmlShutdown", |fake| {
         fake.init_count -= 1;
+        if fake.init_count == 0 {
+            // The last reference closes the session and with it the GPUs' device files.
+            if fake
+                .node
+                .release_holds(std::process::id(), SESSION_HOLDER)
+                .is_err()
+            {
+                return UNKNOWN;
+            }
+        }
         SUCCESS
     })
 }
@@ -1104,6 +1134,45 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeMode(device: nvmlDevice_t, mode: *m
                 }
             );
             SUCCESS
+        },
+    )
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetPersistenceMode(
+    device: nvmlDevice_t,
+    mode: *mut c_uint,
+) -> Ret {
+    on_live_gpu(
+        "nvmlDeviceGetPersistenceMode",
+        device,
+        false,
+        |fake, _, minor| {
+            let Some(gpu) = fake.state.gpus.iter().find(|g| g.minor == minor) else {
+                return NOT_FOUND;
+            };
+            out!(mode, c_uint::from(gpu.persistence));
+            SUCCESS
+        },
+    )
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceSetPersistenceMode(device: nvmlDevice_t, mode: c_uint) -> Ret {
+    on_live_gpu(
+        "nvmlDeviceSetPersistenceMode",
+        device,
+        false,
+        |fake, _, minor| {
+            let enabled = match mode {
+                0 => false,
+                1 => true,
+                _ => return INVALID_ARGUMENT,
+            };
+            match fake.change(|node| node.set_persistence(minor, enabled)) {
+                Ok(()) => SUCCESS,
+                Err(code) => code,
+            }
         },
     )
 }

@@ -40,8 +40,9 @@ pub trait Host {
     /// last read.
     fn mig_mode(&self, minor: u32) -> (bool, bool);
     /// Where a device node the kernel creates on the host (e.g. `/dev/vfio/<group>`) is seen
-    /// from here, through the host's view (the container has no host `/dev`), to wait for it; `None` on simulated GPUs, whose "kernel" makes no device nodes (a test node
-    /// creates them in its dev root in advance, as it does `/dev/nvidia*`).
+    /// from here, through the host's view (the container has no host `/dev`), to wait for it;
+    /// `None` on simulated GPUs without a dev root, whose "kernel" makes no device nodes (a test
+    /// node creates them in its dev root in advance, as it does `/dev/nvidia*`).
     fn host_dev_path(&self, path: &str) -> Option<std::path::PathBuf>;
 }
 
@@ -98,7 +99,10 @@ pub(crate) mod test_host {
 
     impl TestHost {
         pub fn new(spec: &str, mode: GpuMode) -> Self {
-            let sim = SimNode::new(spec.parse().expect("spec"), "n1", None);
+            // With a session, as the driver's: the simulated kernel holds an unbind until it ends.
+            let sim = SimNode::new(spec.parse().expect("spec"), "n1", None)
+                .with_session()
+                .expect("session");
             let inventory = sim.inventory().expect("inventory");
             let modes = inventory.gpus.iter().map(|g| (g.minor, mode)).collect();
             Self {
