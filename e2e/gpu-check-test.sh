@@ -112,7 +112,8 @@ run_on_fakes "$OUT" "$WORK/run.out"
 cat "$WORK/run.out" >&2
 [[ $rc -eq 0 ]] || fail "the kit on the fakes: exit $rc"
 grep -q 'gpu-check: all 7 steps passed' "$WORK/run.out" || fail "not all seven steps passed"
-ok "all seven steps passed on the fakes"
+! grep -q '== 8. vfio' "$WORK/run.out" || fail "the opt-in VFIO step ran without GPU_CHECK_VFIO_UNBIND"
+ok "all seven steps passed on the fakes; the opt-in VFIO step (which changes the GPU) did not run"
 grep -q '^ok *gpu-0 MIG placements (profile id:start): 0:0 5:0 9:0 9:4 14:0 14:2 14:4 15:0 15:2 15:4 15:6 19:0' "$WORK/run.out" \
     || fail "the H100's MIG placements were not compared with mig -lgipp"
 grep -q '^2 GPUs compared, 0 mismatches' "$WORK/run.out" || fail "comparison count line"

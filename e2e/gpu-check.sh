@@ -6,8 +6,8 @@
 #                                 to copy to the GPU machine
 #   DIR/gpu-check.sh [--out DIR]  there, as root: run the checks (under 5 minutes)
 #
-# It NEVER changes the GPU: no MIG mode, compute mode, clock, persistence or any other setting, no
-# reset, no MIG instance. It runs only: `nvidia-smi -L`, `nvidia-smi -q -x`, `nvidia-smi mig -lgipp`
+# It NEVER changes the GPU (but in step 8, which runs only when asked for): no MIG mode, compute
+# mode, clock, persistence or any other setting, no reset, no MIG instance. It runs only: `nvidia-smi -L`, `nvidia-smi -q -x`, `nvidia-smi mig -lgipp`
 # (where MIG mode is already on), gpu-dra's read-only commands (`slices`, `health`, `cdi`),
 # `nvidia-ctk cdi generate --output` (into the output folder, not /etc/cdi), and a CUDA probe in
 # a runc container. Steps:
@@ -29,6 +29,13 @@
 #               (env, device nodes, mounts, the links the hook makes followed to where they end,
 #               ld cache folders, other hooks): every difference explained by design or a failure
 #               (gpu-check-compare --cdi-ours, as tests/cdi_nvidia_ctk.rs on the simulator)
+#
+#   8. vfio     OPT-IN, never run by default, and the one step that changes the GPU: with
+#               GPU_CHECK_VFIO_UNBIND=<PCI address>, `gpu-dra vfio-check` hands that GPU to its
+#               VFIO driver and back as a VM claim does (processes and other holders of
+#               /dev/nvidiaN waited for and named, persistence mode off and on again, gpu-dra's
+#               NVML session closed across the unbind): no unbind may hang in the kernel, and
+#               NVML must see the GPU again. Run it only on a GPU nothing else uses.
 #
 # Steps 5 to 7 are skipped, not failed, when every GPU is in MIG mode.
 #
@@ -350,6 +357,21 @@ run_checks() {
         record "7 parity" PASS
     else
         record "7 parity" FAIL
+    fi
+
+    # Opt-in only, never by default: it changes the GPU's kernel binding (and persistence mode,
+    # restored). The only way to prove on hardware that the unbind finds nothing holding the GPU.
+    if [[ -n ${GPU_CHECK_VFIO_UNBIND:-} ]]; then
+        echo "== 8. vfio: GPU $GPU_CHECK_VFIO_UNBIND to its VFIO driver and back (GPU_CHECK_VFIO_UNBIND; CHANGES its binding)"
+        if timeout 180 dyn gpu-dra vfio-check --gpus nvml ${nvml_args[@]+"${nvml_args[@]}"} --passthrough \
+            --bus-id "$GPU_CHECK_VFIO_UNBIND" --unbind "$GPU_CHECK_VFIO_UNBIND" --dev-root "$DEV_ROOT" \
+            >"$OUT/vfio.json" 2>"$OUT/vfio.err"; then
+            cat "$OUT/vfio.json"
+            record "8 vfio" PASS
+        else
+            cat "$OUT/vfio.json" "$OUT/vfio.err"
+            record "8 vfio" FAIL
+        fi
     fi
 
     local failed=0 i

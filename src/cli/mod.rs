@@ -36,6 +36,7 @@ pub mod run;
 pub mod sim;
 pub mod slices;
 pub mod usage;
+pub mod vfio_check;
 
 /// gpu-dra: Kubernetes DRA driver for NVIDIA GPUs.
 #[derive(Debug, Parser)]
@@ -117,6 +118,9 @@ pub enum Command {
     /// Read each GPU's use once as the driver's metrics do (memory, utilization, compute
     /// processes with their memory and MIG device); changes nothing.
     Usage(usage::UsageArgs),
+    /// Hand one GPU to its VFIO driver and back as a VM claim's prepare and unprepare do, and
+    /// report each half: CHANGES the GPU's kernel binding (the GPU's PCI address is asked twice).
+    VfioCheck(vfio_check::VfioCheckArgs),
     /// Operate simulated GPU hardware (MIG mode, instances) in a state file.
     Sim(sim::SimArgs),
     /// Replay a random MIG workload: failed placements with our device order vs name order.
@@ -165,6 +169,7 @@ pub fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Cdi(args) => cdi::run(args),
         Command::Health(args) => health::run(args),
         Command::Usage(args) => usage::run(args),
+        Command::VfioCheck(args) => vfio_check::run(args),
         Command::Sim(args) => sim::run(args),
         #[cfg(feature = "tools")]
         Command::Demo(args) => demo::run(args),
