@@ -10,7 +10,8 @@
 #
 #   ${GPU_DRA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-dra}/k8s-${K8S_VERSION}/bin
 #
-# Usage: e2e/build-k8s.sh [NAME...]     (default: all twenty-one binaries)
+# Usage: e2e/build-k8s.sh [NAME...]     (default: all twenty-one binaries; NVIDIA's
+# gpu-kubelet-plugin, nvidia-gpu-kubelet-plugin, only when named: e2e/vs-nvidia.sh does)
 # A binary is skipped when it exists and its stamp matches (pin + Go version for the upstream
 # components; additionally a hash of the harness sources for our tools, of e2e/cdi-inject's
 # sources for cdi-inject). Progress goes to stderr; the LAST line of stdout is the bin dir, so
@@ -38,6 +39,8 @@ ETCD_MOD=$E2E_DIR/etcd
 CONTAINERD_MOD=$E2E_DIR/containerd
 CDI_INJECT_MOD=$E2E_DIR/cdi-inject
 NVML_MOCKS_MOD=$E2E_DIR/nvml-mocks
+# NVIDIA's DRA driver, built from its module with the reviewed local changes in this patch.
+NVIDIA_DRA_PATCH=$E2E_DIR/nvidia-driver/$NVIDIA_DRA_VERSION.patch
 GOVERSION=$("$GO" env GOVERSION)
 
 # The go.mod files are what the build really uses; refuse to build when they disagree with
@@ -94,6 +97,7 @@ stamp_for() {
         nvml-mocks | fake-nvidia-smi) echo "$GOVERSION $(sources_hash "$NVML_MOCKS_MOD")" ;;
         kit-nvidia-cdi-hook) echo "$NVIDIA_CTK_VERSION $GOVERSION static" ;;
         kit-runc) echo "$RUNC_VERSION $GOVERSION static" ;;
+        nvidia-gpu-kubelet-plugin) echo "$NVIDIA_DRA_VERSION $K8S_VERSION $GOVERSION $(sha256sum <"$NVIDIA_DRA_PATCH" | cut -d' ' -f1)" ;;
         *) die "unknown binary '$1'" ;;
     esac
 }
@@ -112,7 +116,7 @@ WANT=("$@")
 
 declare -A STAMP
 k8s_pkgs=() tool_pkgs=() containerd_pkgs=() need_etcd= need_cdi_inject= ctk_pkgs=() need_nvml_mocks=
-need_fake_smi= static_pkgs=()
+need_fake_smi= static_pkgs=() need_nvidia_dra=
 for name in "${WANT[@]}"; do
     STAMP[$name]=$(stamp_for "$name")
     if up_to_date "$name" "${STAMP[$name]}"; then
@@ -129,6 +133,7 @@ for name in "${WANT[@]}"; do
         fake-nvidia-smi) need_fake_smi=1 ;;
         kit-nvidia-cdi-hook) static_pkgs+=("github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook@$NVIDIA_CTK_VERSION") ;;
         kit-runc) static_pkgs+=("github.com/opencontainers/runc@$RUNC_VERSION") ;;
+        nvidia-gpu-kubelet-plugin) need_nvidia_dra=1 ;;
         *) tool_pkgs+=("./cmd/$name") ;;
     esac
 done
@@ -237,6 +242,23 @@ if [[ ${#ctk_pkgs[@]} -gt 0 ]]; then
         [[ -x $TMP/$name ]] || die "$name $NVIDIA_CTK_VERSION did not build"
     done
     install_bins "${names[@]}"
+fi
+
+if [[ -n $need_nvidia_dra ]]; then
+    log "building NVIDIA's gpu-kubelet-plugin $NVIDIA_DRA_VERSION (with e2e/nvidia-driver/$NVIDIA_DRA_VERSION.patch)"
+    src=$("$GO" mod download -json "sigs.k8s.io/dra-driver-nvidia-gpu@$NVIDIA_DRA_VERSION" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
+    [[ -d $src ]] || die "the Go module proxy did not serve sigs.k8s.io/dra-driver-nvidia-gpu@$NVIDIA_DRA_VERSION"
+    cp -r "$src" "$TMP/nvidia-dra"
+    chmod -R u+w "$TMP/nvidia-dra"
+    # -E: the patch removes a file.
+    (cd "$TMP/nvidia-dra" && patch -p1 -s -E <"$NVIDIA_DRA_PATCH") || die "e2e/nvidia-driver/$NVIDIA_DRA_VERSION.patch does not apply"
+    # cgo (go-nvml dlopens libnvidia-ml.so.1, as NVIDIA ships it); NVML's deprecation warnings are noise.
+    (cd "$TMP/nvidia-dra" && GOFLAGS=-mod=mod "$GO" mod tidy >/dev/null 2>&1 && timed "$GO" build -trimpath -buildvcs=false \
+        -ldflags "-s -w" -o "$TMP/nvidia-gpu-kubelet-plugin" ./cmd/gpu-kubelet-plugin 2>&1 \
+        | grep -v -e 'is deprecated' -e '^cgo-gcc-prolog' -e 'declared here' -e '^ *[0-9]* |' -e '^ *|' \
+            -e '^# github.com/NVIDIA/go-nvml' -e '^In file included from' >&2 || true)
+    [[ -x $TMP/nvidia-gpu-kubelet-plugin ]] || die "NVIDIA's gpu-kubelet-plugin $NVIDIA_DRA_VERSION did not build"
+    install_bins nvidia-gpu-kubelet-plugin
 fi
 
 echo "$BIN"

@@ -29,7 +29,9 @@ hw() { "$GPU_DRA" sim --gpus "$GPUS" --node-name "$NODE" --sim-state "$WORK/hw.j
 MPS_CONTROL=${FAKE_MPS_CONTROL:-$ROOT/target/debug/nvidia-cuda-mps-control}
 [[ -x $MPS_CONTROL ]] || (cd "$ROOT" && cargo build -q -p fakenvml --bin nvidia-cuda-mps-control) >&2
 install -m 0755 "$MPS_CONTROL" "$WORK/driver-root/usr/bin/nvidia-cuda-mps-control"
-before=$(hw | jq -c '.gpus')
+# The GPUs' state, without who holds them open (the driver's own NVML session changes with it).
+gpu_state() { hw | jq -c '[.gpus[] | del(.holders)]'; }
+before=$(gpu_state)
 
 # ---------------------------------------------------------------- 1. publish
 kubectl apply -f "$ROOT/deviceclasses/" >&2
@@ -135,7 +137,7 @@ done
 out=$(kubelet unprepare --claim "default/share-c/${uid[share-c]}") || fail "unprepare share-c: $out"
 [[ $(jq -r '.claims[0].error' <<<"$out") == "" ]] || fail "unprepare share-c: $out"
 [[ -z $(mps_all_pids) && -z $(mps_mounts) && ! -e $daemon ]] || fail "left after the last unprepare: MPS processes '$(mps_all_pids)', mounts '$(mps_mounts)'"
-[[ $(hw | jq -c '.gpus') == "$before" ]] || fail "the GPU differs from before: $(hw | jq -c '.gpus') vs $before"
+[[ $(gpu_state) == "$before" ]] || fail "the GPU differs from before: $(gpu_state) vs $before"
 [[ $(hw | jq '.mps_daemons // [] | length') == 0 ]] || fail "MPS daemons left in the simulated hardware: $(hw | jq -c '.mps_daemons')"
 ok "the daemon served until the last claim left; then stopped, shm unmounted, folder removed; the GPU is exactly as before"
 log "mode: the driver as a host process on the API server (no kubelet: prepare is called through kubelet-sim); MPS and the image through the chart on the real node run in e2e/install.sh"
