@@ -453,12 +453,19 @@ memory_is() { [[ $(metric_of gpu_dra_claim_device_memory_used_bytes) == "$1" ]];
 sim_process --gpu-instance "$gi4" --memory-mib 2048 --sm-percent 60
 wait_for "the MIG device's memory in use" 20 memory_is 2147483648
 [[ $(metric_of gpu_dra_claim_device_processes) == 1 ]] || fail "the MIG device's process count: $(metric_of gpu_dra_claim_device_processes)"
-wait_for "the pod's memory on the MIG device" 20 bash -c "[[ \$(curl -sf http://$(kubectl get pod -n "$CHART_NAMESPACE" "$DRIVER_POD" -o jsonpath='{.status.podIP}'):9400/metrics | grep '^gpu_dra_pod_device_memory_used_bytes{namespace=\"default\",pod=\"$dp\",.*GPU_I_ID=\"$gi4\"' | awk '{print \$NF}') == 2147483648 ]]"
+pod_memory_is() {
+    [[ $(chart_scrape | grep "^gpu_dra_pod_device_memory_used_bytes{namespace=\"default\",pod=\"$dp\",.*GPU_I_ID=\"$gi4\"" | awk '{print $NF}') == "$1" ]]
+}
+wait_for "the pod's memory on the MIG device" 20 pod_memory_is 2147483648
 sim_process --end
 wait_for "the ended process's memory gone" 20 memory_is 0
 ok "4. /metrics: the pod's process on MIG device GPU_I_ID=$gi4 shows as the claim's and pod $dp's 2 GiB in use (then 0 when it ends)"
 # The README's picture of "which pod holds which GPU slice" (e2e/alerts.sh prints it).
-save_metrics_sample real-node "http://$(kubectl get pod -n "$CHART_NAMESPACE" "$DRIVER_POD" -o jsonpath='{.status.podIP}'):9400/metrics"
+# The chart's metrics need a token: the sample is scraped with one.
+if [[ -n ${GPU_DRA_METRICS_SAMPLES:-} ]]; then
+    mkdir -p "$GPU_DRA_METRICS_SAMPLES"
+    chart_scrape >"$GPU_DRA_METRICS_SAMPLES/real-node.prom" || fail "cannot scrape the driver pod's /metrics for the metrics sample real-node"
+fi
 kubectl delete deployment mig-deployment --timeout=60s >&2
 wait_for "deployment pod gone" 60 gone pod "$dp"
 wait_unprepared "$u4"
