@@ -11,7 +11,8 @@
 #   ${GPU_DRA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-dra}/k8s-${K8S_VERSION}/bin
 #
 # Usage: e2e/build-k8s.sh [NAME...]     (default: all twenty-one binaries; NVIDIA's
-# gpu-kubelet-plugin, nvidia-gpu-kubelet-plugin, only when named: e2e/vs-nvidia.sh does)
+# gpu-kubelet-plugin and Go e2e suite, nvidia-gpu-kubelet-plugin and nvidia-e2e-suite, only when
+# named: e2e/vs-nvidia.sh and e2e/nvidia-suite.sh do)
 # A binary is skipped when it exists and its stamp matches (pin + Go version for the upstream
 # components; additionally a hash of the harness sources for our tools, of e2e/cdi-inject's
 # sources for cdi-inject). Progress goes to stderr; the LAST line of stdout is the bin dir, so
@@ -97,7 +98,7 @@ stamp_for() {
         nvml-mocks | fake-nvidia-smi) echo "$GOVERSION $(sources_hash "$NVML_MOCKS_MOD")" ;;
         kit-nvidia-cdi-hook) echo "$NVIDIA_CTK_VERSION $GOVERSION static" ;;
         kit-runc) echo "$RUNC_VERSION $GOVERSION static" ;;
-        nvidia-gpu-kubelet-plugin) echo "$NVIDIA_DRA_VERSION $K8S_VERSION $GOVERSION $(sha256sum <"$NVIDIA_DRA_PATCH" | cut -d' ' -f1)" ;;
+        nvidia-gpu-kubelet-plugin | nvidia-e2e-suite) echo "$NVIDIA_DRA_VERSION $K8S_VERSION $GOVERSION $(sha256sum <"$NVIDIA_DRA_PATCH" | cut -d' ' -f1)" ;;
         *) die "unknown binary '$1'" ;;
     esac
 }
@@ -116,7 +117,7 @@ WANT=("$@")
 
 declare -A STAMP
 k8s_pkgs=() tool_pkgs=() containerd_pkgs=() need_etcd= need_cdi_inject= ctk_pkgs=() need_nvml_mocks=
-need_fake_smi= static_pkgs=() need_nvidia_dra=
+need_fake_smi= static_pkgs=() need_nvidia_dra= nvidia_dra_bins=()
 for name in "${WANT[@]}"; do
     STAMP[$name]=$(stamp_for "$name")
     if up_to_date "$name" "${STAMP[$name]}"; then
@@ -133,7 +134,7 @@ for name in "${WANT[@]}"; do
         fake-nvidia-smi) need_fake_smi=1 ;;
         kit-nvidia-cdi-hook) static_pkgs+=("github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook@$NVIDIA_CTK_VERSION") ;;
         kit-runc) static_pkgs+=("github.com/opencontainers/runc@$RUNC_VERSION") ;;
-        nvidia-gpu-kubelet-plugin) need_nvidia_dra=1 ;;
+        nvidia-gpu-kubelet-plugin | nvidia-e2e-suite) need_nvidia_dra=1 nvidia_dra_bins+=("$name") ;;
         *) tool_pkgs+=("./cmd/$name") ;;
     esac
 done
@@ -245,7 +246,7 @@ if [[ ${#ctk_pkgs[@]} -gt 0 ]]; then
 fi
 
 if [[ -n $need_nvidia_dra ]]; then
-    log "building NVIDIA's gpu-kubelet-plugin $NVIDIA_DRA_VERSION (with e2e/nvidia-driver/$NVIDIA_DRA_VERSION.patch)"
+    log "building NVIDIA's ${nvidia_dra_bins[*]} $NVIDIA_DRA_VERSION (with e2e/nvidia-driver/$NVIDIA_DRA_VERSION.patch)"
     src=$("$GO" mod download -json "sigs.k8s.io/dra-driver-nvidia-gpu@$NVIDIA_DRA_VERSION" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
     [[ -d $src ]] || die "the Go module proxy did not serve sigs.k8s.io/dra-driver-nvidia-gpu@$NVIDIA_DRA_VERSION"
     cp -r "$src" "$TMP/nvidia-dra"
@@ -253,12 +254,19 @@ if [[ -n $need_nvidia_dra ]]; then
     # -E: the patch removes a file.
     (cd "$TMP/nvidia-dra" && patch -p1 -s -E <"$NVIDIA_DRA_PATCH") || die "e2e/nvidia-driver/$NVIDIA_DRA_VERSION.patch does not apply"
     # cgo (go-nvml dlopens libnvidia-ml.so.1, as NVIDIA ships it); NVML's deprecation warnings are noise.
-    (cd "$TMP/nvidia-dra" && GOFLAGS=-mod=mod "$GO" mod tidy >/dev/null 2>&1 && timed "$GO" build -trimpath -buildvcs=false \
-        -ldflags "-s -w" -o "$TMP/nvidia-gpu-kubelet-plugin" ./cmd/gpu-kubelet-plugin 2>&1 \
-        | grep -v -e 'is deprecated' -e '^cgo-gcc-prolog' -e 'declared here' -e '^ *[0-9]* |' -e '^ *|' \
-            -e '^# github.com/NVIDIA/go-nvml' -e '^In file included from' >&2 || true)
-    [[ -x $TMP/nvidia-gpu-kubelet-plugin ]] || die "NVIDIA's gpu-kubelet-plugin $NVIDIA_DRA_VERSION did not build"
-    install_bins nvidia-gpu-kubelet-plugin
+    (cd "$TMP/nvidia-dra" && GOFLAGS=-mod=mod "$GO" mod tidy >/dev/null 2>&1) || die "go mod tidy of NVIDIA's driver failed"
+    for name in "${nvidia_dra_bins[@]}"; do
+        case $name in
+            nvidia-gpu-kubelet-plugin) build=(build -o "$TMP/$name" ./cmd/gpu-kubelet-plugin) ;;
+            # Its Go e2e suite (Ginkgo), as `go test -c -tags=e2e` makes it.
+            nvidia-e2e-suite) build=(test -c -tags=e2e -o "$TMP/$name" ./test/e2e) ;;
+        esac
+        (cd "$TMP/nvidia-dra" && timed "$GO" "${build[0]}" -trimpath -buildvcs=false -ldflags "-s -w" "${build[@]:1}" 2>&1 \
+            | grep -v -e 'is deprecated' -e '^cgo-gcc-prolog' -e 'declared here' -e '^ *[0-9]* |' -e '^ *|' \
+                -e '^# github.com/NVIDIA/go-nvml' -e '^In file included from' >&2 || true)
+        [[ -x $TMP/$name ]] || die "NVIDIA's $name $NVIDIA_DRA_VERSION did not build"
+        install_bins "$name"
+    done
 fi
 
 echo "$BIN"
