@@ -174,28 +174,15 @@ pub fn run(args: VfioCheckArgs) -> Result<ExitCode, CliError> {
         (result, started.elapsed().as_millis())
     };
     let before = recorded();
-    let (bound, bind_ms) = timed(&|| {
-        effect.apply(
-            &host,
-            &ClaimDevice {
-                uid: UID,
-                index: 0,
-                record: &before,
-            },
-        )
-    });
+    let device = |record| ClaimDevice {
+        uid: UID,
+        index: 0,
+        record,
+    };
+    let (bound, bind_ms) = timed(&|| effect.apply(&host, &device(&before)));
     // Undone whatever happened: a refused or half-done prepare is rolled back as the driver does.
     let after = recorded();
-    let (back, unbind_ms) = timed(&|| {
-        effect.undo(
-            &host,
-            &ClaimDevice {
-                uid: UID,
-                index: 0,
-                record: &after,
-            },
-        )
-    });
+    let (back, unbind_ms) = timed(&|| effect.undo(&host, &device(&after)));
     let seen_again = control
         .inventory()?
         .gpus

@@ -1141,7 +1141,10 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeMode(device: nvmlDevice_t, mode: *m
 /// `nvmlDeviceGetVirtualizationMode`: a simulated GPU is bare metal
 /// (`NVML_GPU_VIRTUALIZATION_MODE_NONE`), neither a vGPU host nor a guest.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetVirtualizationMode(device: nvmlDevice_t, mode: *mut c_uint) -> Ret {
+pub unsafe extern "C" fn nvmlDeviceGetVirtualizationMode(
+    device: nvmlDevice_t,
+    mode: *mut c_uint,
+) -> Ret {
     on_live_gpu(
         "nvmlDeviceGetVirtualizationMode",
         device,
