@@ -8,7 +8,8 @@
 #      reason, leaves the checkpoint and the CDI spec untouched, reports checkpoint_unusable 1
 #      and a Warning event on the Node;
 #   3. the same for a corrupt file, and for a missing one while the claim's CDI spec is there;
-#   4. NVIDIA's driver's checkpoint holding a claim of this boot: refused, naming the claim;
+#   4. NVIDIA's driver's checkpoint that cannot be read: refused with the reason (one it can read
+#      is taken over: e2e/switch-from-nvidia.sh);
 #   5. upgraded again (the original file back), it unprepares the claim as usual;
 #   6. NVIDIA's checkpoint as its uninstall leaves it (no claims): kept aside and replaced.
 #
@@ -103,9 +104,11 @@ nvidia_checkpoint() { # CLAIMS-JSON
     jq -n --arg boot "$boot" --argjson claims "$1" \
         '{checksum: 1, v1: {preparedClaims: {}}, v2: {checksum: 2, preparedClaims: $claims, nodeBootID: $boot}}'
 }
-nvidia_checkpoint '{"u-9": {"checkpointState": "PrepareCompleted", "name": "pod1-gpu", "namespace": "gpu-test1"}}' >"$checkpoint"
-refuses "NVIDIA's driver's (dra-driver-nvidia-gpu), which prepared 1 claim(s) on this node since it booted: gpu-test1/pod1-gpu (u-9)"
-ok "NVIDIA's driver's checkpoint with a claim of this boot: refuses naming it and how to switch drivers, touches nothing"
+# Its claims are taken over (e2e/switch-from-nvidia.sh); one of its shape that cannot be read is
+# refused as any unreadable checkpoint is.
+nvidia_checkpoint '7' >"$checkpoint"
+refuses "NVIDIA's driver's checkpoint cannot be read"
+ok "NVIDIA's driver's checkpoint that cannot be read: refuses with the reason, touches nothing"
 
 cp "$WORK/checkpoint.good" "$checkpoint"
 stop_driver

@@ -253,7 +253,12 @@ check_gpu() {
     uuid=$(attr "$dev" uuid)
     vis=$(sed -n 's/^NVIDIA_VISIBLE_DEVICES=//p' <<<"$out")
     [[ $vis == GPU-* && $vis == "$uuid" ]] || fail "$pod/$ctr: NVIDIA_VISIBLE_DEVICES='$vis', want $dev's $uuid"
-    status_uuid=$(claim_json "$claim" | jq -r --arg d "$dev" '.status.devices[]? | select(.device == $d) | .data.uuid')
+    # Reported after the driver answers the kubelet: it may trail the container's start.
+    for _ in $(seq 20); do
+        status_uuid=$(claim_json "$claim" | jq -r --arg d "$dev" '.status.devices[]? | select(.device == $d) | .data.uuid')
+        [[ $status_uuid == "$uuid" ]] && break
+        sleep 0.5
+    done
     [[ $status_uuid == "$uuid" ]] || fail "claim $claim status.devices reports '$status_uuid' for $dev, want $uuid"
     echo "$minor"
 }

@@ -24,22 +24,9 @@ E2E=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$E2E/lib.sh"
 trap 'stop_driver; stop_nvidia; "$E2E/cluster" down >/dev/null 2>&1 || true; rm -rf "$WORK"' EXIT
 
-NVIDIA_PLUGIN=$("$E2E/build-k8s.sh" nvidia-gpu-kubelet-plugin | tail -n 1)/nvidia-gpu-kubelet-plugin
-# NVIDIA's plugin loads libnvidia-ml.so.1 from the driver root: the fake one, as gpu-dra does.
-nvml_in_root=$(find "$WORK/driver-root" -name 'libnvidia-ml.so.*' -type f | head -n 1)
-[[ -n $nvml_in_root ]] || fail "no libnvidia-ml in the simulated driver root"
-cp "$WORK/libnvidia-ml.so.1" "$nvml_in_root"
-
-NVIDIA_PID=
-stop_nvidia() {
-    if [[ -n $NVIDIA_PID ]] && kill -0 "$NVIDIA_PID" 2>/dev/null; then
-        kill -TERM "$NVIDIA_PID" 2>/dev/null || true
-        for _ in $(seq 50); do kill -0 "$NVIDIA_PID" 2>/dev/null || break; sleep 0.1; done
-        kill -KILL "$NVIDIA_PID" 2>/dev/null || true
-    fi
-    [[ -n $NVIDIA_PID ]] && wait "$NVIDIA_PID" 2>/dev/null || true
-    NVIDIA_PID=
-}
+# shellcheck source=nvidia-plugin.sh
+source "$E2E/nvidia-plugin.sh"
+nvidia_fake_nvml
 
 slices_json() { kubectl get resourceslices -o json --field-selector "spec.nodeName=$NODE,spec.driver=gpu.nvidia.com"; }
 device_count() { slices_json | jq '[.items[].spec.devices[]?] | length'; }

@@ -149,6 +149,7 @@ pub fn run(args: VfioCheckArgs) -> Result<ExitCode, CliError> {
             state: ClaimState::PrepareStarted,
             devices: vec![device],
             pod_claim_name: None,
+            taken_over: None,
             unknown: Default::default(),
         },
     );

@@ -427,6 +427,25 @@ enum Store {
     Memory(Arc<Mutex<Option<SimState>>>),
 }
 
+/// One version of a state file (see [`SimNode::state_stamp`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StateStamp {
+    inode: u64,
+    len: u64,
+    modified: Option<std::time::SystemTime>,
+}
+
+impl StateStamp {
+    /// Whether the file was written long enough ago that any later version has a later time;
+    /// only such a stamp can stand for its contents.
+    pub fn settled(&self) -> bool {
+        const CLOCK_TICK_MARGIN: Duration = Duration::from_millis(50);
+        self.modified
+            .and_then(|at| at.elapsed().ok())
+            .is_some_and(|age| age >= CLOCK_TICK_MARGIN)
+    }
+}
+
 /// A simulated node. Clones share the hardware (the same file or memory).
 #[derive(Clone)]
 pub struct SimNode {
@@ -441,7 +460,12 @@ pub struct SimNode {
     nvidia_smi: Option<super::driver_tools::NvidiaSmi>,
     /// This process's stand-in for an NVML session (see [`SimNode::with_session`]).
     session: Option<Arc<SessionGate<SimSession>>>,
+    /// The state file as this process last read or wrote it, for reads of an unchanged file.
+    read_cache: ReadCache,
 }
+
+/// The last state read from (or written to) the file, with the file's stamp then.
+type ReadCache = Arc<Mutex<Option<(StateStamp, Arc<SimState>)>>>;
 
 /// What an NVML session is to the kernel, for a process that uses the simulator in its place:
 /// while open, this process holds every GPU on `nvidia` (as enumerated when it opened).
@@ -493,6 +517,7 @@ impl SimNode {
             mig_delay: std::time::Duration::ZERO,
             nvidia_smi: None,
             session: None,
+            read_cache: ReadCache::default(),
         }
     }
 
@@ -1243,6 +1268,7 @@ impl SimNode {
             seen,
             watched,
             lease: self.lease()?,
+            stamp: None,
         })
     }
 
@@ -1549,8 +1575,62 @@ impl SimNode {
         Ok(state)
     }
 
+    /// Which version of the state file is there now (inode, length, modification time); `None`
+    /// for state kept in memory. Every change is written to a new file renamed into place, so an
+    /// unchanged stamp means an unchanged state: pollers (event waits) skip the lock and parse.
+    pub fn state_stamp(&self) -> Option<StateStamp> {
+        let Store::File(path) = &self.store else {
+            return None;
+        };
+        let meta = fs::metadata(path).ok()?;
+        use std::os::unix::fs::MetadataExt;
+        Some(StateStamp {
+            inode: meta.ino(),
+            len: meta.len(),
+            modified: meta.modified().ok(),
+        })
+    }
+
     fn read<R>(&self, f: impl FnOnce(&SimState) -> Result<R, GpuError>) -> Result<R, GpuError> {
+        if let Some(state) = self.unchanged_state() {
+            return f(&state);
+        }
         self.with_state(false, |s| f(s))
+    }
+
+    /// Whether reading `state` from its file again would give it unchanged: the same boot, its
+    /// MPS daemons and the processes holding GPUs still alive.
+    pub fn adopted_as_is(state: &SimState) -> bool {
+        state.boot_id == super::boot_id().unwrap_or_default()
+            && state
+                .mps_daemons
+                .iter()
+                .all(|d| Path::new(&format!("/proc/{}", d.pid)).exists())
+            && {
+                // One look per process (a session holds every GPU).
+                let processes: BTreeSet<(u32, u64)> = state
+                    .gpus
+                    .iter()
+                    .flat_map(|g| g.holders.iter().map(|h| (h.pid, h.start_time)))
+                    .collect();
+                processes
+                    .into_iter()
+                    .all(|(pid, start_time)| process_start_time(pid) == Some(start_time))
+            }
+    }
+
+    /// The state as last read, where the file is the same one and reading it again would change
+    /// nothing (its processes and holders alive, the same boot): the fake libnvidia-ml reads the
+    /// state at every call, as often as a driver polls, and a real NVML call costs an ioctl, not
+    /// a parse of the whole node.
+    fn unchanged_state(&self) -> Option<Arc<SimState>> {
+        let stamp = self.state_stamp()?;
+        let state = {
+            let guard = self.read_cache.lock().ok()?;
+            let (cached, state) = guard.as_ref()?;
+            (*cached == stamp).then(|| Arc::clone(state))?
+        };
+        Self::adopted_as_is(&state).then_some(state)
     }
 
     fn write<R>(
@@ -1590,6 +1670,12 @@ impl SimNode {
                 let result = f(&mut state)?;
                 if persist || state != before || !path.exists() {
                     write_atomically(path, &state)?;
+                }
+                // Still under the lock: the stamp is that of the file holding `state`. A file
+                // written just now is not kept: a later version could reuse its inode and length
+                // within the file system's coarse clock tick and look the same.
+                if let (Some(stamp), Ok(mut cache)) = (self.state_stamp(), self.read_cache.lock()) {
+                    *cache = stamp.settled().then(|| (stamp, Arc::new(state)));
                 }
                 Ok(result)
             }
@@ -1688,6 +1774,8 @@ pub struct SimEventSource {
     watched: Vec<u32>,
     /// Keeps this process's session open while events are awaited (see [`SimSession`]).
     lease: Option<Lease<SimSession>>,
+    /// The state file as last read: an unchanged file holds no new event.
+    stamp: Option<StateStamp>,
 }
 
 /// How often [`SimEventSource`] looks at the state while waiting.
@@ -1713,6 +1801,16 @@ impl GpuEventSource for SimEventSource {
             }
         }
         loop {
+            let stamp = self.node.state_stamp();
+            if stamp.is_some() && stamp == self.stamp {
+                let now = Instant::now();
+                if now >= deadline {
+                    return Ok(vec![]);
+                }
+                std::thread::sleep(EVENT_POLL.min(deadline - now));
+                continue;
+            }
+            self.stamp = stamp.filter(StateStamp::settled);
             let seen = self.seen;
             let (serial, events) = self.node.read(|state| {
                 let events = state

@@ -64,6 +64,9 @@ pub struct ClaimEntry {
     /// made it: where containers find the claim's device metadata.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_claim_name: Option<String>,
+    /// Prepared by NVIDIA's driver and taken over when gpu-dra replaced it on this node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub taken_over: Option<super::takeover::TakenOver>,
     #[serde(flatten)]
     pub unknown: serde_json::Map<String, serde_json::Value>,
 }
@@ -237,46 +240,13 @@ pub enum LoadOutcome {
     ReplacedNvidia {
         backup: PathBuf,
     },
-}
-
-/// Whether `document` is NVIDIA's driver's checkpoint (`checksum` and `v1`/`v2`, no
-/// `schemaVersion`), and if so the claims it holds prepared in boot `boot_id`
-/// (`namespace/name (uid)`; its v1 records no boot, so they count).
-fn nvidia_claims(document: &serde_json::Value, boot_id: &str) -> Option<Vec<String>> {
-    let object = document.as_object()?;
-    if object.contains_key("schemaVersion")
-        || !object.contains_key("checksum")
-        || !(object.contains_key("v1") || object.contains_key("v2"))
-    {
-        return None;
-    }
-    let (claims, boot) = match object.get("v2").filter(|v| !v.is_null()) {
-        Some(v2) => (v2.get("preparedClaims"), v2.get("nodeBootID")),
-        None => (
-            object.get("v1").and_then(|v1| v1.get("preparedClaims")),
-            None,
-        ),
-    };
-    let other_boot = boot
-        .and_then(serde_json::Value::as_str)
-        .is_some_and(|b| !b.is_empty() && b != boot_id);
-    if other_boot {
-        return Some(vec![]);
-    }
-    let claims = claims.and_then(serde_json::Value::as_object);
-    Some(
-        claims
-            .into_iter()
-            .flatten()
-            .map(|(uid, claim)| {
-                let field = |key: &str| claim.get(key).and_then(serde_json::Value::as_str);
-                match (field("namespace"), field("name")) {
-                    (Some(namespace), Some(name)) => format!("{namespace}/{name} ({uid})"),
-                    _ => format!("claim {uid}"),
-                }
-            })
-            .collect(),
-    )
+    /// NVIDIA's driver's checkpoint with claims it prepared in this boot (the node switched
+    /// drivers without draining): kept aside at `backup`, its claims to be taken over
+    /// ([`super::takeover`]) once the node's GPUs are known.
+    NvidiaClaims {
+        backup: PathBuf,
+        nvidia: super::takeover::NvidiaCheckpoint,
+    },
 }
 
 impl CheckpointStore {
@@ -303,7 +273,7 @@ impl CheckpointStore {
             Err(e) => return Err(self.io_err(format!("cannot read: {e}"))),
         };
         let document = self.document(&bytes)?;
-        if self.nvidias(&document, boot_id)? {
+        if let Some(nvidia) = self.nvidias(&document, boot_id)? {
             let backup = self.path.with_extension("json.dra-driver-nvidia-gpu");
             std::fs::copy(&self.path, &backup).map_err(|e| {
                 self.io_err(format!(
@@ -311,10 +281,12 @@ impl CheckpointStore {
                     backup.display()
                 ))
             })?;
-            return Ok((
-                Checkpoint::new(boot_id),
-                LoadOutcome::ReplacedNvidia { backup },
-            ));
+            let outcome = if nvidia.claims.is_empty() {
+                LoadOutcome::ReplacedNvidia { backup }
+            } else {
+                LoadOutcome::NvidiaClaims { backup, nvidia }
+            };
+            return Ok((Checkpoint::new(boot_id), outcome));
         }
         let mut checkpoint = self.parse(document)?;
         // A checkpoint from before boot IDs were recorded is taken as this boot's.
@@ -340,8 +312,23 @@ impl CheckpointStore {
             Err(e) => return Err(self.io_err(format!("cannot read: {e}"))),
         };
         let document = self.document(&bytes)?;
-        if self.nvidias(&document, boot_id)? {
-            return Ok(Checkpoint::new(boot_id));
+        if let Some(nvidia) = self.nvidias(&document, boot_id)? {
+            if nvidia.claims.is_empty() {
+                return Ok(Checkpoint::new(boot_id));
+            }
+            // Taken over at a start only, where nothing else acts on the node yet.
+            return Err(CheckpointError::Unusable {
+                path: self.path.clone(),
+                reason: format!(
+                    "it is NVIDIA's driver's (dra-driver-nvidia-gpu), with claims it prepared on this node since it booted ({}): gpu-dra takes them over when it starts, not while it runs",
+                    nvidia
+                        .claims
+                        .iter()
+                        .map(|c| c.label())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            });
         }
         let mut checkpoint = self.parse(document)?;
         if checkpoint.node_boot_id.is_empty() {
@@ -363,24 +350,19 @@ impl CheckpointStore {
             .map_err(|e| self.io_err(format!("cannot write: {e}")))
     }
 
-    /// Whether the file is NVIDIA's driver's checkpoint with no claim of this boot (true: it is
-    /// replaced); one with claims of this boot is unusable: gpu-dra does not take over what
-    /// another driver prepared, and starting empty would sweep what running pods use.
+    /// The file read as NVIDIA's driver's checkpoint, with the claims it prepared in this boot;
+    /// `None` when it is not NVIDIA's. One of NVIDIA's shape that cannot be read is unusable.
     fn nvidias(
         &self,
         document: &serde_json::Value,
         boot_id: &str,
-    ) -> Result<bool, CheckpointError> {
-        match nvidia_claims(document, boot_id) {
-            None => Ok(false),
-            Some(claims) if claims.is_empty() => Ok(true),
-            Some(claims) => Err(CheckpointError::Unusable {
+    ) -> Result<Option<super::takeover::NvidiaCheckpoint>, CheckpointError> {
+        match super::takeover::NvidiaCheckpoint::from_document(document, boot_id) {
+            None => Ok(None),
+            Some(Ok(nvidia)) => Ok(Some(nvidia)),
+            Some(Err(reason)) => Err(CheckpointError::Unusable {
                 path: self.path.clone(),
-                reason: format!(
-                    "it is NVIDIA's driver's (dra-driver-nvidia-gpu), which prepared {} claim(s) on this node since it booted: {}; gpu-dra does not take over claims another driver prepared. Switch drivers on a node without GPU pods: delete (or drain) the pods of these claims while NVIDIA's driver still runs, so that it unprepares them, then install gpu-dra",
-                    claims.len(),
-                    claims.join(", ")
-                ),
+                reason,
             }),
         }
     }
@@ -472,10 +454,10 @@ mod tests {
     }
 
     #[test]
-    fn nvidias_checkpoint_with_claims_of_this_boot_is_refused_naming_them() {
+    fn nvidias_checkpoint_with_claims_of_this_boot_is_kept_and_its_claims_handed_on() {
         let (dir, store) = store();
         let claim = serde_json::json!({"u-1": {
-            "checkpointState": "PrepareCompleted", "status": {}, "preparedDevices": [],
+            "checkpointState": "PrepareStarted", "status": {},
             "name": "pod1-gpu-x7k2f", "namespace": "gpu-test1",
         }});
         let v1_only = serde_json::to_vec(&serde_json::json!({
@@ -488,24 +470,24 @@ mod tests {
             (v1_only, "claim u-2"),
         ] {
             std::fs::write(store.path(), &bytes).expect("write");
-            for error in [
-                store.load("boot-1").expect_err("refused").to_string(),
-                store.read("boot-1").expect_err("refused").to_string(),
-            ] {
-                assert!(
-                    error.contains("NVIDIA's driver's")
-                        && error.contains(named)
-                        && error.contains("delete (or drain) the pods"),
-                    "{error}"
-                );
-            }
-            // Untouched: nothing kept aside, nothing rewritten.
-            assert_eq!(std::fs::read(store.path()).expect("read"), bytes);
+            // A running instance does not take over.
+            let error = store.read("boot-1").expect_err("refused").to_string();
             assert!(
-                !dir.path()
-                    .join("checkpoint.json.dra-driver-nvidia-gpu")
-                    .exists()
+                error.contains("NVIDIA's driver's") && error.contains(named),
+                "{error}"
             );
+            let (checkpoint, outcome) = store.load("boot-1").expect("load");
+            assert!(checkpoint.claims.is_empty());
+            let LoadOutcome::NvidiaClaims { backup, nvidia } = outcome else {
+                panic!("{outcome:?}");
+            };
+            assert_eq!(nvidia.claims.len(), 1);
+            assert_eq!(nvidia.claims[0].label(), named);
+            assert_eq!(
+                backup,
+                dir.path().join("checkpoint.json.dra-driver-nvidia-gpu")
+            );
+            assert_eq!(std::fs::read(&backup).expect("backup"), bytes);
         }
     }
 
@@ -546,6 +528,7 @@ mod tests {
                 state: ClaimState::PrepareCompleted,
                 devices: vec![],
                 pod_claim_name: None,
+                taken_over: None,
                 unknown: Default::default(),
             },
         );

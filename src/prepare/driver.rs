@@ -244,6 +244,18 @@ impl Driver {
                 return vec![];
             }
         };
+        // A claim taken over from NVIDIA's driver, which records no names, cannot be looked up
+        // until the kubelet names it (a prepare); its unprepare still comes from the kubelet.
+        let recorded: Vec<ClaimRef> = recorded
+            .into_iter()
+            .filter(|c| {
+                let named = !c.name.is_empty();
+                if !named {
+                    tracing::debug!(claimUID = %c.uid, "garbage collection: a claim taken over without its name is left to the kubelet");
+                }
+                named
+            })
+            .collect();
         let driver_name = self.state.config().driver_name.clone();
         let pool = self.state.config().node_name.clone();
         {
@@ -446,27 +458,41 @@ impl NodeDriver for Driver {
             .collect();
         self.observer.state_changed(&self.state);
         drop(hold);
-        // Reporting devices in the claim's status is informational: a failure is logged, and the
-        // containers still get their devices.
-        join_all(
-            statuses
-                .into_iter()
-                .map(|(claim, devices, warnings)| async move {
-                    if let Err(e) = self
-                        .claims
+        // Reporting devices in the claim's status is informational: it goes out after the answer
+        // (containers need not wait for an API round trip), a failure is logged, and the
+        // containers get their devices either way.
+        let mut warned = Vec::new();
+        let mut reports = Vec::new();
+        for (claim, devices, warnings) in statuses {
+            if !warnings.is_empty() {
+                warned.push((claim.clone(), warnings));
+            }
+            reports.push((claim, devices));
+        }
+        let claims = Arc::clone(&self.claims);
+        tokio::spawn(async move {
+            join_all(reports.into_iter().map(|(claim, devices)| {
+                let claims = Arc::clone(&claims);
+                async move {
+                    if let Err(e) = claims
                         .set_device_status(&claim.namespace, &claim.name, devices)
                         .await
                     {
                         tracing::warn!(claim = %claim, claimUID = %claim.uid, error = %e, "cannot report prepared devices in the claim's status");
                     }
-                    for (reason, note) in warnings {
-                        tracing::warn!(claim = %claim, claimUID = %claim.uid, reason, "{note}");
-                        if let Err(e) = self.claims.warn(&claim, reason, &note).await {
-                            tracing::warn!(claim = %claim, claimUID = %claim.uid, error = %e, "cannot post a Warning Event on the claim");
-                        }
-                    }
-                }),
-        )
+                }
+            }))
+            .await;
+        });
+        // Warnings are rare and say what the containers will not get: posted before the answer.
+        join_all(warned.into_iter().map(|(claim, warnings)| async move {
+            for (reason, note) in warnings {
+                tracing::warn!(claim = %claim, claimUID = %claim.uid, reason, "{note}");
+                if let Err(e) = self.claims.warn(&claim, reason, &note).await {
+                    tracing::warn!(claim = %claim, claimUID = %claim.uid, error = %e, "cannot post a Warning Event on the claim");
+                }
+            }
+        }))
         .await;
         results
     }

@@ -228,6 +228,7 @@ mod tests {
             state: ClaimState::PrepareStarted,
             devices: vec![],
             pod_claim_name: pod_claim_name.map(str::to_string),
+            taken_over: None,
             unknown: Default::default(),
         }
     }

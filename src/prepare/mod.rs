@@ -84,6 +84,7 @@ pub mod mps;
 pub mod plan;
 pub mod sharing;
 pub mod state;
+pub mod takeover;
 pub mod vfio_names;
 
 #[cfg(test)]

@@ -44,6 +44,7 @@ use super::mps::{MpsDaemons, MpsError};
 use super::plan::{PlannedDevice, Planner, Target};
 use super::sharing;
 use super::sharing::MpsAvailability;
+use super::takeover;
 use super::{ClaimRef, PreparedDevice};
 use crate::gpu::mig::{GpuMode, MigPolicy, choose_modes, parse_mig_device_name};
 use crate::gpu::{GpuControl, GpuError, NodeInventory};
@@ -111,6 +112,11 @@ pub struct RecoveryReport {
     pub mps_restarted: Vec<String>,
     /// MPS daemons (and their folders) no prepared claim owned.
     pub mps_stopped: Vec<String>,
+    /// Claims NVIDIA's driver prepared, now recorded as this driver's (labels).
+    pub taken_over: Vec<String>,
+    /// Claims NVIDIA's driver prepared that this driver cannot undo (or did not record), with
+    /// why: recorded and held, or left for the kubelet to prepare anew.
+    pub takeover_refused: Vec<(String, String)>,
 }
 
 /// What the driver knows and has written down: guarded by [`DeviceState::book`].
@@ -290,6 +296,9 @@ impl DeviceState {
             checkpoint: Some(describe(&outcome)),
             ..Default::default()
         };
+        if let LoadOutcome::NvidiaClaims { nvidia, .. } = &outcome {
+            state.take_over(nvidia, &mut report)?;
+        }
         state.recover(&mut report)?;
         state.refresh_all()?;
         // MIG devices no prepared claim owns are someone else's, unless we were told to take over.
@@ -418,6 +427,48 @@ impl DeviceState {
         Ok(())
     }
 
+    /// Records the claims NVIDIA's driver prepared as this driver's (see [`takeover`]); what
+    /// cannot be taken over is recorded with its reason, never dropped silently.
+    fn take_over(
+        &self,
+        nvidia: &takeover::NvidiaCheckpoint,
+        report: &mut RecoveryReport,
+    ) -> Result<(), PrepareError> {
+        let settings = takeover::TakeoverSettings {
+            cdi_root: &self.config.cdi_root,
+            dynamic_mig: matches!(self.config.mig_policy, MigPolicy::Auto | MigPolicy::Dynamic),
+            passthrough: self.config.passthrough,
+        };
+        let taken = takeover::take_over(nvidia, &self.book().inventory, &settings);
+        for (entry, reason) in taken.refused() {
+            tracing::error!(
+                claimUID = %entry.uid,
+                %reason,
+                "a claim NVIDIA's driver prepared is recorded but cannot be undone by gpu-dra: its devices stay held and its unprepare fails with this reason"
+            );
+            report
+                .takeover_refused
+                .push((format!("claim {}", entry.uid), reason.to_string()));
+        }
+        for (label, reason) in &taken.not_taken {
+            tracing::warn!(claim = %label, %reason, "a claim NVIDIA's driver was preparing is not taken over");
+            report
+                .takeover_refused
+                .push((label.clone(), reason.clone()));
+        }
+        report.taken_over = taken
+            .claims
+            .iter()
+            .filter(|c| c.taken_over.as_ref().is_some_and(|t| t.refused.is_none()))
+            .map(|c| format!("claim {}", c.uid))
+            .collect();
+        self.record_change(|checkpoint| {
+            for entry in taken.claims {
+                checkpoint.claims.insert(entry.uid.clone(), entry);
+            }
+        })
+    }
+
     fn recover(&self, report: &mut RecoveryReport) -> Result<(), PrepareError> {
         let unfinished: Vec<String> = self
             .book()
@@ -439,6 +490,11 @@ impl DeviceState {
             report.mps_restarted = restarted;
         }
         for uid in &completed {
+            let taken_over = self.book().checkpoint.claims[uid].taken_over.clone();
+            // A refused claim keeps NVIDIA's spec: gpu-dra's would not serve its MPS daemon.
+            if taken_over.as_ref().is_some_and(|t| t.refused.is_some()) {
+                continue;
+            }
             if !self.cdi.spec_path(uid).exists() {
                 let spec = {
                     let book = self.book();
@@ -446,6 +502,11 @@ impl DeviceState {
                 };
                 self.cdi.write(uid, &spec.0, &spec.1)?;
                 report.specs_rewritten.push(uid.clone());
+            }
+            // Only once ours is written: the same CDI devices, so a container started in between
+            // finds one or the other.
+            if let Some(taken_over) = &taken_over {
+                remove_nvidia_spec(&taken_over.nvidia_spec)?;
             }
         }
         for uid in self.cdi.claim_uids()? {
@@ -549,8 +610,29 @@ impl DeviceState {
         if let Some((devices, (cdi_devices, claim_edits))) = completed {
             // Idempotent, but make sure the spec a container needs is really there.
             tracing::debug!(claim = %claim_ref, claimUID = %uid, "claim already prepared");
-            if !self.cdi.spec_path(&uid).exists() {
+            let (refused, unnamed) = {
+                let book = self.book();
+                let entry = &book.checkpoint.claims[&uid];
+                (
+                    entry
+                        .taken_over
+                        .as_ref()
+                        .is_some_and(|t| t.refused.is_some()),
+                    entry.name.is_empty(),
+                )
+            };
+            if !refused && !self.cdi.spec_path(&uid).exists() {
                 self.cdi.write(&uid, &cdi_devices, &claim_edits)?;
+            }
+            // A claim taken over from NVIDIA's driver, which does not record names: now known,
+            // garbage collection can look it up.
+            if unnamed {
+                self.record_change(|checkpoint| {
+                    if let Some(entry) = checkpoint.claims.get_mut(&uid) {
+                        entry.namespace = claim_ref.namespace.clone();
+                        entry.name = claim_ref.name.clone();
+                    }
+                })?;
             }
             return Ok(devices);
         }
@@ -629,6 +711,7 @@ impl DeviceState {
                     })
                     .collect(),
                 pod_claim_name,
+                taken_over: None,
                 unknown: Default::default(),
             }
         };
@@ -711,6 +794,14 @@ impl DeviceState {
                 return Ok(());
             };
             let label = format!("{}/{}", entry.namespace, entry.name);
+            if let Some(reason) = entry.taken_over.as_ref().and_then(|t| t.refused.clone()) {
+                return Err(PrepareError::Claim {
+                    claim: format!("{label} ({uid})"),
+                    reason: format!(
+                        "prepared by NVIDIA's driver and not undone by gpu-dra: {reason}; once done, remove the claim from gpu-dra's checkpoint"
+                    ),
+                });
+            }
             if entry.is_completed() {
                 entry.state = ClaimState::PrepareStarted;
                 self.store.save(&book.checkpoint)?;
@@ -808,6 +899,9 @@ impl DeviceState {
             .filter_map(|(_, d)| d.mig.as_ref().filter(|m| m.created))
             .map(|m| m.parent_minor)
             .collect();
+        if let Some(taken_over) = &entry.taken_over {
+            remove_nvidia_spec(&taken_over.nvidia_spec)?;
+        }
         self.record_change(|checkpoint| {
             checkpoint.claims.remove(uid);
         })?;
@@ -1245,12 +1339,33 @@ fn prepared_devices(entry: &ClaimEntry) -> Vec<PreparedDevice> {
         .collect()
 }
 
+/// Removes the CDI spec NVIDIA's driver wrote for a claim taken over; a missing one is fine.
+fn remove_nvidia_spec(path: &Path) -> Result<(), PrepareError> {
+    match std::fs::remove_file(path) {
+        Ok(()) => {
+            tracing::info!(path = %path.display(), "removed the CDI spec NVIDIA's driver wrote for a claim taken over");
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(super::cdi::CdiError {
+            path: path.to_path_buf(),
+            reason: format!("cannot remove NVIDIA's driver's spec: {e}"),
+        }
+        .into()),
+    }
+}
+
 fn describe(outcome: &LoadOutcome) -> String {
     match outcome {
         LoadOutcome::Fresh => "no checkpoint yet".into(),
         LoadOutcome::Loaded => "checkpoint loaded".into(),
         LoadOutcome::ReplacedNvidia { backup } => format!(
             "NVIDIA's driver's checkpoint, with no claim of this boot (left by its uninstall), replaced; kept at {}",
+            backup.display()
+        ),
+        LoadOutcome::NvidiaClaims { backup, nvidia } => format!(
+            "NVIDIA's driver's checkpoint, with {} claim(s) it prepared in this boot, taken over; kept at {}",
+            nvidia.claims.len(),
             backup.display()
         ),
         LoadOutcome::PreviousBoot { dropped } => {

@@ -1238,3 +1238,88 @@ fn vfio_configs_choose_the_legacy_group_or_the_iommufd_cdev() {
         ("/dev/vfio/42".to_string(), None)
     );
 }
+
+/// A node switched from NVIDIA's driver: the claims its checkpoint holds are gpu-dra's from the
+/// start, NVIDIA's specs give way to ours, the MIG device NVIDIA's DynamicMIG carved is destroyed
+/// at unprepare, and a claim gpu-dra cannot undo (MPS) answers its reason, keeping NVIDIA's spec.
+#[test]
+fn a_switch_from_nvidias_driver_takes_its_claims_over() {
+    let f = Fixture::new("sim:2xH100-SXM5-80GB");
+    f.sim.set_mig_mode(1, true).expect("MIG mode");
+    let gi = f
+        .sim
+        .create_gpu_instance(1, 19, crate::gpu::Placement { start: 0, size: 1 })
+        .expect("GPU instance");
+    let (ci, mig_uuid) = f
+        .sim
+        .create_compute_instance(1, gi)
+        .expect("compute instance");
+    let gpu0 = f.sim.inventory().expect("inventory").gpus[0].uuid.clone();
+    let device = |uid: &str, name: &str| {
+        json!({"Requests": ["gpu"], "PoolName": "n1", "DeviceName": name,
+               "CDIDeviceIDs": [format!("k8s.gpu.nvidia.com/claim={uid}-{name}")]})
+    };
+    let completed = |devices: serde_json::Value, mps: &str| {
+        json!({"checkpointState": "PrepareCompleted", "status": {},
+               "preparedDevices": [{"devices": devices, "configState": {"mpsControlDaemonID": mps}}]})
+    };
+    let nvidia = json!({
+        "checksum": 1,
+        "v1": {"preparedClaims": {}},
+        "v2": {"checksum": 2, "nodeBootID": crate::gpu::boot_id().expect("boot id"), "preparedClaims": {
+            "carved": completed(json!([{"gpu": null, "mig": {
+                "concrete": {"parentMinor": 1, "giId": gi, "ciId": ci, "migUUID": mig_uuid, "parentUUID": "x"},
+                "device": device("carved", "gpu-1-mig-1g10gb-19-0")}}]), ""),
+            "mps": completed(json!([{"gpu": {"info": {"uuid": gpu0}, "device": device("mps", "gpu-0")}, "mig": null}]), "mps-1"),
+        }},
+    });
+    std::fs::create_dir_all(&f.config.state_dir).expect("state dir");
+    std::fs::write(
+        f.config.state_dir.join("checkpoint.json"),
+        serde_json::to_vec(&nvidia).expect("json"),
+    )
+    .expect("NVIDIA's checkpoint");
+    std::fs::create_dir_all(&f.config.cdi_root).expect("cdi root");
+    for uid in ["carved", "mps"] {
+        std::fs::write(
+            f.config
+                .cdi_root
+                .join(format!("k8s.gpu.nvidia.com-claim_{uid}.yaml")),
+            "cdiVersion: 0.5.0\n",
+        )
+        .expect("NVIDIA's spec");
+    }
+
+    let (state, report) = DeviceState::open(f.config.clone(), f.sim.clone()).expect("open");
+    assert_eq!(report.taken_over, ["claim carved"]);
+    assert_eq!(report.takeover_refused.len(), 1, "{report:?}");
+    assert_eq!(
+        f.cdi_files(),
+        [
+            "k8s.gpu.nvidia.com-claim_carved.json",
+            "k8s.gpu.nvidia.com-claim_mps.yaml"
+        ],
+        "ours replaces NVIDIA's spec; the refused claim keeps NVIDIA's"
+    );
+    assert!(
+        f.config
+            .state_dir
+            .join("checkpoint.json.dra-driver-nvidia-gpu")
+            .exists()
+    );
+    assert_eq!(state.checkpoint().claims.len(), 2);
+
+    let refused = state.unprepare("mps").expect_err("refused").to_string();
+    assert!(refused.contains("MPS control daemon mps-1"), "{refused}");
+    state.unprepare("carved").expect("unprepare");
+    let hardware = f.sim.state().expect("sim");
+    assert!(
+        hardware.gpus[1].gpu_instances.is_empty(),
+        "the MIG device NVIDIA carved is destroyed"
+    );
+    assert_eq!(f.cdi_files(), ["k8s.gpu.nvidia.com-claim_mps.yaml"]);
+    assert_eq!(
+        state.checkpoint().claims.keys().collect::<Vec<_>>(),
+        ["mps"]
+    );
+}

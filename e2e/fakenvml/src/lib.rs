@@ -16,6 +16,9 @@
 //!   taken, until a file `open` exists there. A test holding the gate shut sees how many calls are
 //!   inside at once, so a backend that serialises calls on different GPUs shows it whatever the
 //!   machine's load, with no clock in the test.
+//! - `FAKE_NVML_MIG_DELAY_MS`: each GPU instance create and destroy first sleeps this long (outside
+//!   the fake's lock, as the gate), as real ones take up to seconds: benchmarks see whether a
+//!   driver overlaps carves on different GPUs.
 //!
 //! Faults come from the simulator too (`gpu-dra sim inject`, `SimNode::inject`): event sets poll
 //! the state for the events it records, and a GPU it marks lost answers `NVML_ERROR_GPU_IS_LOST`
@@ -38,7 +41,9 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use gpu_dra::gpu::events::{GpuEvent, GpuEventKind};
-use gpu_dra::gpu::sim::{SimHolder, SimNode, SimState, full_compute_profile, sim_pci_location};
+use gpu_dra::gpu::sim::{
+    SimHolder, SimNode, SimState, StateStamp, full_compute_profile, sim_pci_location,
+};
 use gpu_dra::gpu::{ComputeMode, GpuError, NodeInventory, Placement, SharingSettings, catalog};
 use nvml_wrapper_sys::bindings::{
     nvmlComputeInstance_t, nvmlComputeInstanceInfo_t, nvmlComputeInstancePlacement_t,
@@ -111,6 +116,8 @@ struct Fake {
     /// The GPUs NVML saw when the session opened: as real NVML, it enumerates at init, and a GPU
     /// bound back to `nvidia` later is seen by the next session only.
     enumerated: std::collections::BTreeSet<u32>,
+    /// The state file `inventory` and `state` were last read from (see `Fake::refresh`).
+    refreshed: Option<StateStamp>,
 }
 
 /// What the session is, to the simulated kernel: this process holding its GPUs open.
@@ -133,12 +140,19 @@ impl Fake {
     }
 
     fn refresh(&mut self) -> Result<(), GpuError> {
+        // The state file as it is before reading it: an unchanged one (and nothing reading it
+        // would change) gives the same inventory, which is not cheap to build at every call.
+        let stamp = self.node.state_stamp().filter(StateStamp::settled);
+        if stamp.is_some() && stamp == self.refreshed && SimNode::adopted_as_is(&self.state) {
+            return Ok(());
+        }
         let mut inventory = self.node.inventory()?;
         inventory
             .gpus
             .retain(|g| self.enumerated.contains(&g.minor));
         self.inventory = inventory;
         self.state = self.node.state()?;
+        self.refreshed = stamp;
         Ok(())
     }
 
@@ -258,10 +272,16 @@ static FAKE: Mutex<Option<Fake>> = Mutex::new(None);
 /// every call).
 static MIG_GATE: Mutex<Option<PathBuf>> = Mutex::new(None);
 static MIG_GATE_ENTRIES: AtomicU64 = AtomicU64::new(0);
+/// `FAKE_NVML_MIG_DELAY_MS` as read at the first init.
+static MIG_DELAY: Mutex<Duration> = Mutex::new(Duration::ZERO);
 
 /// Where a GPU instance create or destroy spends its time; called before any lock but the gate's
 /// own (released before waiting) is taken.
 fn mig_work_takes_time() {
+    let delay = *MIG_DELAY.lock().unwrap_or_else(|p| p.into_inner());
+    if !delay.is_zero() {
+        std::thread::sleep(delay);
+    }
     let gate = MIG_GATE.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let Some(gate) = gate else {
         return;
@@ -398,6 +418,19 @@ fn init(flags: c_uint) -> Ret {
     let node = SimNode::new(spec, &node_name, state);
     *MIG_GATE.lock().unwrap_or_else(|p| p.into_inner()) =
         std::env::var_os("FAKE_NVML_MIG_GATE").map(PathBuf::from);
+    let delay = match std::env::var("FAKE_NVML_MIG_DELAY_MS") {
+        Err(_) => Duration::ZERO,
+        Ok(ms) => match ms.parse() {
+            Ok(ms) => Duration::from_millis(ms),
+            Err(_) => {
+                eprintln!(
+                    "fake libnvidia-ml: FAKE_NVML_MIG_DELAY_MS={ms:?} is not a number of milliseconds"
+                );
+                return INVALID_ARGUMENT;
+            }
+        },
+    };
+    *MIG_DELAY.lock().unwrap_or_else(|p| p.into_inner()) = delay;
     let (Ok(inventory), Ok(state)) = (node.inventory(), node.state()) else {
         return UNKNOWN;
     };
@@ -425,6 +458,7 @@ fn init(flags: c_uint) -> Ret {
         init_count: 1,
         call_log: std::env::var_os("FAKE_NVML_CALL_LOG").map(Into::into),
         nameless_when_lost: std::env::var_os("FAKE_NVML_NAMELESS_WHEN_LOST").is_some(),
+        refreshed: None,
     });
     SUCCESS
 }
@@ -1927,8 +1961,9 @@ const SUPPORTED_EVENTS: c_ulonglong = (nvmlEventTypeXidCriticalError
 /// `gpuInstanceId`/`computeInstanceId` of an event on the whole GPU.
 const NO_INSTANCE: c_uint = 0xFFFF_FFFF;
 
-/// How often a waiting event set looks at the simulated hardware.
-const EVENT_POLL: Duration = Duration::from_millis(20);
+/// How often a waiting event set looks at the simulated hardware at the latest (it also wakes
+/// when the state changes).
+const EVENT_POLL: Duration = Duration::from_secs(1);
 
 /// `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`.
 const FIELD_RECOVERY_ACTION: c_uint =
@@ -1945,6 +1980,8 @@ struct EventSet {
     registered: HashMap<u32, c_ulonglong>,
     seen: u64,
     queue: VecDeque<GpuEvent>,
+    /// The state file as this set last read it (see `next_event`).
+    stamp: Option<StateStamp>,
 }
 
 fn event_type(kind: GpuEventKind) -> c_ulonglong {
@@ -2077,7 +2114,7 @@ fn next_event(
     let Some(node) = node.filter(|_| ret == SUCCESS) else {
         return Err(ret);
     };
-    let pop = |state: Option<&SimState>| -> Result<Option<(nvmlDevice_t, GpuEvent)>, Ret> {
+    let pop = |state: Option<(&SimState, Option<StateStamp>)>| -> Result<Option<(nvmlDevice_t, GpuEvent)>, Ret> {
         let mut guard = lock();
         let fake = guard
             .as_mut()
@@ -2085,8 +2122,9 @@ fn next_event(
             .ok_or(UNINITIALIZED)?;
         // Freed by another thread meanwhile.
         let set = fake.event_sets.get_mut(&key).ok_or(INVALID_ARGUMENT)?;
-        if let Some(state) = state {
+        if let Some((state, stamp)) = state {
             set.take(state);
+            set.stamp = stamp.filter(StateStamp::settled);
         }
         let Some(event) = set.queue.pop_front() else {
             return Ok(None);
@@ -2096,19 +2134,69 @@ fn next_event(
             event,
         )))
     };
+    let last_stamp = || -> Result<Option<StateStamp>, Ret> {
+        let guard = lock();
+        let fake = guard.as_ref().ok_or(UNINITIALIZED)?;
+        Ok(fake.event_sets.get(&key).ok_or(INVALID_ARGUMENT)?.stamp)
+    };
     if let Some(queued) = pop(None)? {
         return Ok(queued);
     }
+    // Only a changed state file can hold a new event. The real call blocks in the kernel; this
+    // one sleeps until the state's folder changes (every write renames a new file into place),
+    // so a waiting driver costs no CPU here, as it would on a GPU: idle figures are the driver's.
+    let changes = StateChanges::watch(&node);
     loop {
-        let state = node.state().map_err(|_| UNKNOWN)?;
-        if let Some(found) = pop(Some(&state))? {
-            return Ok(found);
+        let stamp = node.state_stamp();
+        if stamp.is_none() || stamp != last_stamp()? {
+            let state = node.state().map_err(|_| UNKNOWN)?;
+            if let Some(found) = pop(Some((&state, stamp)))? {
+                return Ok(found);
+            }
         }
         let now = Instant::now();
         if now >= deadline {
             return Err(TIMEOUT);
         }
-        std::thread::sleep(EVENT_POLL.min(deadline - now));
+        changes.wait(EVENT_POLL.min(deadline - now));
+    }
+}
+
+/// The state file's folder watched for files renamed into it (`inotify`: how every state write
+/// lands); without a watch (state in memory, no inotify) waits are plain sleeps.
+struct StateChanges(Option<rustix::fd::OwnedFd>);
+
+impl StateChanges {
+    fn watch(node: &SimNode) -> Self {
+        use rustix::fs::inotify;
+        let watch = || -> Option<rustix::fd::OwnedFd> {
+            let dir = node.state_file()?.parent()?;
+            let fd = inotify::init(inotify::CreateFlags::CLOEXEC | inotify::CreateFlags::NONBLOCK)
+                .ok()?;
+            // Not CLOSE_WRITE: every reader opens the lock file beside it for writing.
+            inotify::add_watch(&fd, dir, inotify::WatchFlags::MOVED_TO).ok()?;
+            Some(fd)
+        };
+        Self(watch())
+    }
+
+    /// Returns after `at_most`, or sooner once the folder changed.
+    fn wait(&self, at_most: Duration) {
+        use rustix::event::{PollFd, PollFlags, Timespec, poll};
+        let Some(fd) = &self.0 else {
+            std::thread::sleep(at_most);
+            return;
+        };
+        let timeout = Timespec::try_from(at_most).unwrap_or(Timespec {
+            tv_sec: 1,
+            tv_nsec: 0,
+        });
+        let mut fds = [PollFd::new(fd, PollFlags::IN)];
+        if poll(&mut fds, Some(&timeout)).is_ok_and(|ready| ready > 0) {
+            // Drained: the next wait sleeps until the next change.
+            let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
+            while rustix::io::read(fd, &mut buf).is_ok_and(|(read, _)| !read.is_empty()) {}
+        }
     }
 }
 

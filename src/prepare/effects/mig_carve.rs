@@ -216,6 +216,7 @@ mod tests {
                     state: ClaimState::PrepareStarted,
                     devices: vec![device.clone()],
                     pod_claim_name: None,
+                    taken_over: None,
                     unknown: Default::default(),
                 },
             );

@@ -154,6 +154,7 @@ mod tests {
             state: ClaimState::PrepareCompleted,
             devices,
             pod_claim_name: None,
+            taken_over: None,
             unknown: Default::default(),
         }
     }

@@ -127,6 +127,9 @@ type report struct {
 	Registered        bool       `json:"registered,omitempty"`
 	Claims            []claimOut `json:"claims,omitempty"`
 	UnexpectedClaims  []string   `json:"unexpected_claims,omitempty"`
+	// cycle: each round's NodePrepareResources and NodeUnprepareResources call, in milliseconds.
+	PrepareMs   []float64 `json:"prepare_ms,omitempty"`
+	UnprepareMs []float64 `json:"unprepare_ms,omitempty"`
 }
 
 func main() {
@@ -147,8 +150,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.Var(&until, "until", "watch: exit 0 once a message shows this device with this health, `[POOL/]DEVICE=STATUS` (STATUS: Unknown|Healthy|Unhealthy)")
 	messages := fs.Int("messages", 0, "watch: exit 0 after this many stream messages (0: no limit)")
 	duration := fs.Duration("duration", 0, "watch: stop after this long, exit 0 (a deadline, exit 1, with --until or --messages; 0: none)")
+	rounds := fs.Int("rounds", 1, "cycle: how many prepare+unprepare rounds of all claims (one call each), on one connection")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: kubelet-sim --registration-socket PATH [flags] register|prepare|unprepare|watch [flags]")
+		fmt.Fprintln(stderr, "usage: kubelet-sim --registration-socket PATH [flags] register|prepare|unprepare|cycle|watch [flags]")
 		fs.PrintDefaults()
 	}
 	// Global flags, the subcommand, then the rest (flags may appear on either side).
@@ -169,7 +173,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	switch op {
 	case "register":
-	case "prepare", "unprepare":
+	case "prepare", "unprepare", "cycle":
+		if *rounds < 1 {
+			fmt.Fprintln(stderr, "kubelet-sim: --rounds must be at least 1")
+			return 2
+		}
 		if len(claims) == 0 {
 			fmt.Fprintf(stderr, "kubelet-sim: %s needs at least one --claim namespace/name/uid\n", op)
 			return 2
@@ -180,7 +188,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return 2
 		}
 	default:
-		fmt.Fprintf(stderr, "kubelet-sim: unknown operation %q (want register, prepare, unprepare or watch)\n", op)
+		fmt.Fprintf(stderr, "kubelet-sim: unknown operation %q (want register, prepare, unprepare, cycle or watch)\n", op)
 		return 2
 	}
 	if *regSocket == "" {
@@ -202,7 +210,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 
 	rep := &report{Operation: op}
-	err := execute(rep, *regSocket, *expectName, *timeout, op, claims, *api, *alsoRegister || op == "register")
+	err := execute(rep, *regSocket, *expectName, *timeout, op, claims, *api, *alsoRegister || op == "register", *rounds)
 	if err != nil {
 		rep.OK, rep.Error = false, err.Error()
 		fmt.Fprintf(stderr, "kubelet-sim: %s failed: %v\n", op, err)
@@ -245,7 +253,7 @@ func dialRegistration(ctx context.Context, path string, timeout time.Duration) (
 	)
 }
 
-func execute(rep *report, regSocket, expectName string, timeout time.Duration, op string, claims []claimRef, api string, notify bool) error {
+func execute(rep *report, regSocket, expectName string, timeout time.Duration, op string, claims []claimRef, api string, notify bool, rounds int) error {
 	if err := registerPlugin(rep, regSocket, expectName, timeout, notify); err != nil {
 		return err
 	}
@@ -262,6 +270,9 @@ func execute(rep *report, regSocket, expectName string, timeout time.Duration, o
 		return fmt.Errorf("dial DRA endpoint %s: %w", rep.Endpoint, err)
 	}
 	defer draConn.Close()
+	if op == "cycle" {
+		return cycle(rep, draConn, api, claims, timeout, rounds)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	switch op {
@@ -270,6 +281,41 @@ func execute(rep *report, regSocket, expectName string, timeout time.Duration, o
 	default:
 		return unprepare(ctx, rep, draConn, api, claims)
 	}
+}
+
+// cycle prepares and unprepares the claims `rounds` times (each a call with every claim, as the
+// kubelet sends a pod's claims), timing each call; the first error (a call's, or a claim's)
+// ends it. rep.Claims holds the last round's answers.
+func cycle(rep *report, conn *grpc.ClientConn, api string, claims []claimRef, timeout time.Duration, rounds int) error {
+	call := func(f func(context.Context, *report, *grpc.ClientConn, string, []claimRef) error) (float64, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		rep.Claims, rep.UnexpectedClaims = nil, nil
+		start := time.Now()
+		err := f(ctx, rep, conn, api, claims)
+		ms := float64(time.Since(start).Microseconds()) / 1000
+		if err == nil {
+			for _, c := range rep.Claims {
+				if c.Error != "" || c.Missing {
+					return ms, fmt.Errorf("claim %s/%s: %q (missing: %v)", c.Namespace, c.Name, c.Error, c.Missing)
+				}
+			}
+		}
+		return ms, err
+	}
+	for i := 0; i < rounds; i++ {
+		ms, err := call(prepare)
+		if err != nil {
+			return fmt.Errorf("round %d: prepare: %w", i+1, err)
+		}
+		rep.PrepareMs = append(rep.PrepareMs, ms)
+		ms, err = call(unprepare)
+		if err != nil {
+			return fmt.Errorf("round %d: unprepare: %w", i+1, err)
+		}
+		rep.UnprepareMs = append(rep.UnprepareMs, ms)
+	}
+	return nil
 }
 
 // registerPlugin does what the kubelet's plugin watcher and DRA handler do with a new

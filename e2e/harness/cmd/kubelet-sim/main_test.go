@@ -369,6 +369,24 @@ func TestPrepareUnprepareV1(t *testing.T) {
 	}
 }
 
+func TestCycleTimesEveryCallAndStopsAtAClaimError(t *testing.T) {
+	p := startPlugin(t, nil)
+	code, rep, stderr := runSim(t, "--registration-socket", p.regSock, "cycle", "--rounds", "3", "--claim", "default/ok/uid-1")
+	if code != 0 || !rep.OK || len(rep.PrepareMs) != 3 || len(rep.UnprepareMs) != 3 {
+		t.Fatalf("cycle (%d): %+v %s", code, rep, stderr)
+	}
+	if want := "v1:uid-1,v1-unprepare:uid-1,v1:uid-1,v1-unprepare:uid-1,v1:uid-1,v1-unprepare:uid-1"; strings.Join(p.prepared, ",") != want {
+		t.Errorf("plugin saw %v, want %s", p.prepared, want)
+	}
+	code, rep, stderr = runSim(t, "--registration-socket", p.regSock, "cycle", "--rounds", "5", "--claim", "default/broken/uid-2")
+	if code != 1 || rep.OK || len(rep.PrepareMs) != 0 || !strings.Contains(stderr, "round 1: prepare") || !strings.Contains(stderr, "device gpu-9 is gone") {
+		t.Errorf("a claim error must end the cycle: (%d) %+v %s", code, rep, stderr)
+	}
+	if code, _, _ := runSim(t, "--registration-socket", p.regSock, "cycle", "--rounds", "0", "--claim", "default/ok/uid-1"); code != 2 {
+		t.Errorf("--rounds 0: exit %d, want 2", code)
+	}
+}
+
 func TestPrepareForcedV1beta1(t *testing.T) {
 	p := startPlugin(t, nil)
 	code, rep, stderr := runSim(t, "--registration-socket", p.regSock, "--api", "v1beta1", "prepare", "--claim", "default/c/uid-9")
