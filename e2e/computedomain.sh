@@ -32,7 +32,11 @@
 #   4. kill -9: of cd-b's plugin right after it started its IMEX daemon, and of the controller
 #      (the chart's scaled to 0, a host process with a failpoint instead) right after it made a
 #      template: each restarted one finishes, nothing is duplicated or left.
-#   5. Everything deleted: no IMEX daemon, node entry, CDI spec, claim or template is left.
+#      The daemons talk mutual TLS with the domain's certificate (a Secret the controller makes):
+#      openssl s_client holding it gets an answer, holding another authority's or plain TCP none;
+#      commands go to a socket in the domain's folder, no port.
+#   5. Everything deleted: no IMEX daemon, node entry, CDI spec, claim, template or IMEX
+#      credentials are left.
 set -euo pipefail
 E2E=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(dirname "$E2E")
@@ -66,6 +70,13 @@ fail() {
     done
     echo "$passed passed, 1 failed"
     exit 1
+}
+imex_ask() { # SOCKET REQUEST: the fake daemon's answer on its command socket (its protocol)
+    # Reached from its folder: the full path may pass a socket address's 108 bytes.
+    python3 -c 'import os, socket, sys
+os.chdir(os.path.dirname(sys.argv[1]))
+s = socket.socket(socket.AF_UNIX); s.settimeout(5); s.connect(os.path.basename(sys.argv[1])); s.sendall(sys.argv[2].encode() + b"\n")
+print(s.makefile().read(), end="")' "$1" "$2"
 }
 imex_daemons() { # the fake IMEX daemons of this run (chrooted into one of its driver roots)
     local p
@@ -132,6 +143,7 @@ start_node() { # node [ENV=VALUE ...]
         --nvidia-driver-root "$d/driver-root" --kubeconfig "$KUBECONFIG" \
         --registrar-dir "$d/registry" --plugin-dir "$d/plugin" --kubelet-plugins-directory-path "$d/plugins" \
         --cdi-root "$d/cdi" --state-dir "$d/state" --compute-domains --node-ip "${IP[$n]}" \
+        --imex-credentials-namespace "$CHART_NAMESPACE" \
         --compute-domain-ready-timeout 20s --gc-interval 2s --resync-interval 5s >>"$d/driver.log" 2>&1 &
     PID[$n]=$!
     local _
@@ -247,13 +259,13 @@ wait_for "$real_worker Running" 90 bash -c "[[ \$(kubectl get pod $real_worker -
 wait_for "$real_worker's listing" 20 bash -c "grep -q channel0 $E2E_POD_LOGS/default_${real_worker}_*/*/*.log"
 ok "nvbandwidth-test-job.yaml's ComputeDomain and four workers from its Worker template: one per node, every prepare returned channel 0 once all four IMEX daemons had joined; the real node's worker runs with channel0"
 [[ $(imex_daemons | wc -l) == 4 ]] || fail "IMEX daemons: $(imex_daemons | wc -l), want 4"
+nvb_uid=$(kubectl get computedomain nvbandwidth-test-compute-domain -o jsonpath='{.metadata.uid}')
 for n in "$E2E_NODE" cd-b cd-d cd-e; do
-    ip=${IP[$n]}
-    root=$E2E_DRIVER_ROOT
-    [[ $n == "$E2E_NODE" ]] || root=$(node_dir "$n")/driver-root
     # Peers connect asynchronously after each daemon starts: wait for the mesh, up to a deadline.
     deadline=$((SECONDS + 30))
-    while peers=$(chroot "$root" /usr/bin/nvidia-imex-ctl -i "$ip" -p 50005 -N 2>&1) || true
+    sock=$REAL_STATE/domains/$nvb_uid/cmd.sock
+    [[ $n == "$E2E_NODE" ]] || sock=$(node_dir "$n")/state/compute-domains/domains/$nvb_uid/cmd.sock
+    while peers=$(imex_ask "$sock" NODES 2>&1) || true
         [[ $(grep -c ' CONNECTED$' <<<"$peers") != 3 ]]; do
         ((SECONDS < deadline)) || fail "$n's IMEX daemon is not connected to its three peers within 30 s: $peers"
         sleep 0.5
@@ -264,6 +276,30 @@ nodes=$(kubectl get computedomain nvbandwidth-test-compute-domain -o json | jq -
 [[ $nodes == "[[\"cd-b\",\"127.0.0.12\",\"Ready\"],[\"cd-d\",\"127.0.0.14\",\"Ready\"],[\"cd-e\",\"127.0.0.15\",\"Ready\"],[\"$E2E_NODE\",\"$REAL_IP\",\"Ready\"]]" ]] ||
     fail "status.nodes: $nodes"
 ok "four IMEX daemons, one per node, each connected to its three peers; status.nodes lists the four Ready and the domain is Ready"
+
+# Who may talk to the daemons: peers only with the domain's certificate (mutual TLS, from the
+# Secret the controller made for the domain), commands only on the domain folder's socket.
+# openssl's s_client is the probe (another TLS implementation than the daemons').
+secret=gpu-dra-imex-$nvb_uid
+kubectl -n "$CHART_NAMESPACE" get secret "$secret" -o json >"$WORK/secret.json" || fail "no Secret $CHART_NAMESPACE/$secret for the domain's IMEX credentials"
+for f in ca.crt tls.crt tls.key; do jq -r --arg f "$f" '.data[$f]' "$WORK/secret.json" | base64 -d >"$WORK/domain-$f"; done
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 -subj /CN=compute-domain-daemon \
+    -addext subjectAltName=DNS:compute-domain-daemon -keyout "$WORK/other.key" -out "$WORK/other.crt" 2>/dev/null
+probe_tls() { # IP CERT KEY: what the daemon answers a HELLO over TLS with that client certificate
+    echo "HELLO probe" | timeout 3 openssl s_client -connect "$1:50000" -cert "$2" -key "$3" -CAfile "$WORK/domain-ca.crt" \
+        -servername compute-domain-daemon -verify_return_error -quiet 2>&1 || true
+}
+for n in "$E2E_NODE" cd-b; do
+    ip=${IP[$n]}
+    said=$(probe_tls "$ip" "$WORK/domain-tls.crt" "$WORK/domain-tls.key")
+    grep -q "^HELLO $ip" <<<"$said" || fail "$n's IMEX daemon does not answer a client holding the domain's certificate: $said"
+    said=$(probe_tls "$ip" "$WORK/other.crt" "$WORK/other.key")
+    ! grep -q "^HELLO" <<<"$said" || fail "$n's IMEX daemon answered a client with another authority's certificate: $said"
+    said=$(timeout 3 bash -c "exec 3<>/dev/tcp/$ip/50000; echo 'HELLO probe' >&3; head -c 200 <&3 | tr -d '\\0'" 2>&1 || true)
+    ! grep -q "HELLO" <<<"$said" || fail "$n's IMEX daemon answered a plain TCP client: $said"
+    ! timeout 2 bash -c "exec 3<>/dev/tcp/$ip/50005" 2>/dev/null || fail "$n's IMEX daemon takes commands on $ip:50005"
+done
+ok "IMEX daemons talk mutual TLS with the domain's certificate (Secret $CHART_NAMESPACE/$secret): a client holding it gets an answer; one with another authority's certificate, or plain TCP, does not; no command port"
 
 # The driver pod deleted under the running worker (what users see as a driver restart): the
 # real node's IMEX daemon is the same process before and after, the worker keeps running, and the
@@ -418,7 +454,7 @@ ok "kill -9 of cd-b's plugin at each of its steps (booked, daemon started, unboo
 kubectl -n "$CHART_NAMESPACE" scale deploy -l app.kubernetes.io/instance=$CHART_RELEASE --replicas=0 >/dev/null
 wait_for "the chart's controller stopped" 60 bash -c "[[ -z \$(kubectl -n $CHART_NAMESPACE get pods -l app.kubernetes.io/component=compute-domain-controller -o name) ]]"
 start_controller() { # [ENV=VALUE ...]
-    env "$@" "$GPU_DRA" compute-domain-controller --kubeconfig "$KUBECONFIG" --resync-interval 2s >>"$WORK/controller.log" 2>&1 &
+    env "$@" "$GPU_DRA" compute-domain-controller --kubeconfig "$KUBECONFIG" --resync-interval 2s --imex-credentials-namespace "$CHART_NAMESPACE" >>"$WORK/controller.log" 2>&1 &
     CONTROLLER_PID=$!
 }
 controller_killed_at() { # step
@@ -487,6 +523,7 @@ for d in yaml.safe_load_all(open(sys.argv[1])):
 wait_for "the workers' claims gone" 60 bash -c "[[ -z \$(kubectl get resourceclaims -o name) ]]"
 [[ -z $(kubectl get resourceclaimtemplates -o name) ]] || fail "templates left: $(kubectl get resourceclaimtemplates -o name)"
 [[ -z $(cd_specs) ]] || fail "CDI specs left: $(cd_specs)"
-ok "all deleted: no IMEX daemon, node entry, CDI spec, claim or template is left"
+kubectl -n "$CHART_NAMESPACE" get secret "$secret" >/dev/null 2>&1 && fail "the domain's IMEX credentials outlived it (Secret $secret)"
+ok "all deleted: no IMEX daemon, node entry, CDI spec, claim, template or IMEX credentials is left"
 report_mode "the driver image through the Helm chart on the real node (computeDomains.enabled: both plugins in the DaemonSet's pod, the controller Deployment); four simulated GB200 nodes as host processes with kubelet-sim"
 echo "$passed passed, 0 failed"

@@ -29,6 +29,10 @@
 # after unprepare. After every crash the GPU is bound to vfio-pci with its device metadata once
 # prepared, and back on nvidia (seen by NVML) with no metadata once unprepared.
 #
+# ComputeDomain channels (shard 0): a second driver on a GB200 node of its own with
+# --compute-domains, killed at each step where its book and IMEX daemon change under the node
+# lock; after each run the book, the CDI spec and the daemons agree (see the section below).
+#
 # Every armed driver must die at its step; after each run the hardware has exactly the instances
 # the checkpoint records (compute instances included, MIG mode as before), and the spec of a
 # retried prepare names the instance that exists.
@@ -37,7 +41,7 @@
 # node and simulated hardware, run side by side: a run mostly waits on a driver starting or dying,
 # so two shards take about half the time on CI's two cores. The totals are checked over all shards.
 #
-# Usage: e2e/faults.sh [ROUNDS]   (default 4 rounds: 123 runs, 65 of them carving MIG devices, 25 with MPS, 14 for VMs)
+# Usage: e2e/faults.sh [ROUNDS]   (default 4 rounds: 123 runs, 65 of them carving MIG devices, 25 with MPS, 14 for VMs; and 6 of ComputeDomain channels)
 set -euo pipefail
 NAME=faults-e2e
 NODE=fault-node-1
@@ -52,8 +56,12 @@ PREPARE_STEPS=(prepare-started mig-mode-enabled prepare-gi-created-unrecorded pr
     prepare-ci-created-unrecorded prepare-ci-created prepare-sharing-applied prepare-vfio-released prepare-vfio-bound
     prepare-mps-shm-mounted prepare-mps-started prepare-cdi-written prepare-completed)
 UNPREPARE_STEPS=(unprepare-started rollback-cdi-removed rollback-vfio-unbound mig-mode-disabled rollback-mig-destroyed)
+# The ComputeDomain channel plugin's steps: its book and IMEX daemons change under the node-wide
+# lock (gpu_dra::prepare::failpoint::COMPUTE_DOMAIN_STEPS); run by shard 0, CD_ROUNDS times each.
+CD_STEPS=(cd-prepare-booked cd-prepare-daemon-started cd-unprepare-unbooked)
+CD_ROUNDS=2
 # FAULT_KINDS (for working on one kind; the totals below are then not checked).
-ALL_KINDS="mig full sliced mps mps-mig mps-shared pair vfio"
+ALL_KINDS="mig full sliced mps mps-mig mps-shared pair vfio cd"
 KINDS=${FAULT_KINDS:-$ALL_KINDS}
 
 # check_totals RUNS MIG_RUNS VFIO_RUNS RECOVERY_KILLS PASSED KILLED_FILE: every step killed, the
@@ -65,13 +73,13 @@ parent_fail() {
     exit 1
 }
 check_totals() {
-    local runs=$1 mig_runs=$2 vfio_runs=$3 recovery_kills=$4 passed=$5 killed_file=$6 step summary
+    local runs=$1 mig_runs=$2 vfio_runs=$3 recovery_kills=$4 passed=$5 killed_file=$6 cd_runs=$7 step summary
     if [[ $KINDS != "$ALL_KINDS" ]]; then
         echo "$NAME: only kinds $KINDS: $runs runs, totals not checked" >&2
         echo "$passed passed, 0 failed"
         exit 0
     fi
-    for step in "${PREPARE_STEPS[@]}" "${UNPREPARE_STEPS[@]}"; do
+    for step in "${PREPARE_STEPS[@]}" "${UNPREPARE_STEPS[@]}" "${CD_STEPS[@]}"; do
         awk -v s="$step" '$1 == s { n += $2 } END { exit !(n > 0) }' "$killed_file" \
             || parent_fail "$passed" "no run was killed at $step"
     done
@@ -79,7 +87,8 @@ check_totals() {
     ((recovery_kills > 0)) || parent_fail "$passed" "no run was killed during recovery"
     ((runs >= 50)) || parent_fail "$passed" "only $runs runs"
     ((mig_runs >= 50)) || parent_fail "$passed" "only $mig_runs runs carved MIG devices"
-    summary="kill -9: $runs armed runs ($mig_runs carving MIG, $vfio_runs binding GPUs for VMs), every one killed at its fail point and recovered cleanly; $recovery_kills second kills during recovery"
+    ((cd_runs >= ${#CD_STEPS[@]})) || parent_fail "$passed" "only $cd_runs ComputeDomain channel runs"
+    summary="kill -9: $runs armed runs ($mig_runs carving MIG, $vfio_runs binding GPUs for VMs) and $cd_runs of ComputeDomain channels (book and IMEX daemon under the node lock), every one killed at its fail point and recovered cleanly; $recovery_kills second kills during recovery"
     echo "$NAME: $summary" >&2
     # e2e/run-tests ends with this line beside the differentials' counts.
     [[ -z ${GPU_DRA_TEST_REPORT:-} ]] || echo "$summary" >>"$GPU_DRA_TEST_REPORT"
@@ -113,10 +122,10 @@ if [[ -z ${FAULT_SHARD:-} ]]; then
             ((status == 0)) || parent_fail 0 "shard $i of $SHARDS failed (exit $status)"
         done
     done
-    read -r runs mig_runs vfio_runs recovery_kills passed < <(cat "$results"/[0-9]*.totals |
-        awk '{ for (i = 1; i <= NF; i++) t[i] += $i } END { print t[1], t[2], t[3], t[4], t[5] }')
+    read -r runs mig_runs vfio_runs recovery_kills passed cd_runs < <(cat "$results"/[0-9]*.totals |
+        awk '{ for (i = 1; i <= NF; i++) t[i] += $i } END { print t[1], t[2], t[3], t[4], t[5], t[6] + 0 }')
     cat "$results"/[0-9]*.killed >"$results/killed"
-    check_totals "$runs" "$mig_runs" "$vfio_runs" "$recovery_kills" "$passed" "$results/killed"
+    check_totals "$runs" "$mig_runs" "$vfio_runs" "$recovery_kills" "$passed" "$results/killed" "$cd_runs"
 fi
 [[ $FAULT_SHARD =~ ^[0-9]+$ && $FAULT_SHARD -lt $SHARDS && -n ${FAULT_RESULT:-} ]] ||
     { echo "$NAME: a shard needs FAULT_SHARD below FAULT_SHARDS and FAULT_RESULT (the parent sets them)" >&2; exit 2; }
@@ -386,6 +395,7 @@ stop_driver
 for round in $(seq "$ROUNDS"); do
     for step in "${PREPARE_STEPS[@]}" "${UNPREPARE_STEPS[@]}"; do
         for kind in $KINDS; do
+            [[ $kind == cd ]] && continue # below
             [[ $kind == full && $FULL_GPU_STEPS != *" $step "* ]] && continue
             [[ $kind == sliced && ($SLICED_STEPS != *" $step "* || $round -gt $SLICED_ROUNDS) ]] && continue
             [[ $kind == mps && ($MPS_STEPS != *" $step "* || $round -gt $MPS_ROUNDS) ]] && continue
@@ -485,9 +495,134 @@ for round in $(seq "$ROUNDS"); do
     done
 done
 
-# For the parent: this shard's counts (runs, MIG runs, VM runs, second kills, checks passed) and
-# its kills per step.
-echo "$mine $mig_runs $vfio_runs $recovery_kills $passed" >"$FAULT_RESULT.totals"
+# ---------------------------------------------------------------- ComputeDomain channels
+# A second driver, on a GB200 node of its own with `--compute-domains` and the fake nvidia-imex
+# in its driver root, beside the controller (a host process: it makes the domain's channel
+# template and IMEX credentials). A channel claim of a one-node domain is prepared and unprepared,
+# the driver killed at each step where the book and the daemon change under the node lock; after
+# the restart kubelet's retry finishes, and the book, the CDI spec and the daemon agree: one
+# daemon while the claim is prepared, none (and an empty book) once unprepared.
+cd_runs=0
+if [[ " $KINDS " == *" cd "* ]] && ((FAULT_SHARD == 0)); then
+    CD=$WORK/cd CD_NODE=fault-cd-1 CD_GPUS=sim:4xGB200-186GB CD_PID= CD_CONTROLLER_PID=
+    mkdir -p "$CD"
+    "$GPU_DRA" sim --gpus "$CD_GPUS" --node-name "$CD_NODE" --sim-state "$CD/hw.json" driver-root "$CD/driver-root" >/dev/null
+    IMEX=${FAKE_IMEX:-$ROOT/target/debug/nvidia-imex}
+    [[ -x $IMEX ]] || (cd "$ROOT" && cargo build -q -p fakenvml --bin nvidia-imex) >&2
+    install -m 0755 "$IMEX" "$CD/driver-root/usr/bin/nvidia-imex"
+    install -m 0755 "$IMEX" "$CD/driver-root/usr/bin/nvidia-imex-ctl"
+    cd_daemons() { # the fake IMEX daemons chrooted into this node's driver root
+        local p
+        for p in $(pgrep -f "nvidia-imex -c" || true); do
+            [[ $(readlink "/proc/$p/root" 2>/dev/null) == "$CD/driver-root" ]] && echo "$p"
+        done
+        return 0
+    }
+    no_cd_daemons() { [[ -z $(cd_daemons) ]]; }
+    cd_cleanup() {
+        [[ -z $CD_PID ]] || kill -KILL "$CD_PID" 2>/dev/null || true
+        [[ -z $CD_CONTROLLER_PID ]] || kill -KILL "$CD_CONTROLLER_PID" 2>/dev/null || true
+        local p
+        for p in $(cd_daemons); do kill -KILL "$p" 2>/dev/null || true; done
+    }
+    trap 'cd_cleanup; cleanup' EXIT
+    cd_kubelet() { kubelet-sim --registration-socket "$CD/registry/compute-domain.nvidia.com-reg.sock" --expect-name compute-domain.nvidia.com --timeout 45s "$@"; }
+    cd_start() { # [ENV=VALUE ...]
+        env RUST_LOG=info "$@" "$GPU_DRA" run --node-name "$CD_NODE" --gpus "$CD_GPUS" --sim-state "$CD/hw.json" \
+            --nvidia-driver-root "$CD/driver-root" --kubeconfig "$KUBECONFIG" \
+            --registrar-dir "$CD/registry" --plugin-dir "$CD/plugin" --kubelet-plugins-directory-path "$CD/plugins" \
+            --cdi-root "$CD/cdi" --state-dir "$CD/state" --compute-domains --node-ip 127.0.0.31 \
+            --imex-credentials-namespace default --compute-domain-ready-timeout 20s \
+            --gc-interval 2s --resync-interval 2s >>"$CD/driver.log" 2>&1 &
+        CD_PID=$!
+        for _ in $(seq 100); do
+            kill -0 "$CD_PID" 2>/dev/null || fail "the ComputeDomain driver exited at start"
+            [[ -S $CD/registry/compute-domain.nvidia.com-reg.sock ]] && cd_kubelet register --timeout 2s >/dev/null 2>&1 && return 0
+            sleep 0.1
+        done
+        fail "the ComputeDomain plugin did not register"
+    }
+    cd_stop() { kill -TERM "$CD_PID" 2>/dev/null || true; wait "$CD_PID" 2>/dev/null || true; CD_PID=; }
+    cd_call() { # OP REF: kubelet's call, which must succeed
+        local out
+        out=$(cd_kubelet "$1" --claim "$2") || fail "$1 $2: $out"
+        [[ -z $(jq -r '.claims[0].error // empty' <<<"$out") ]] || fail "$1 $2: $out"
+    }
+    cd_book() { jq -c '[.claims | keys[]]' "$CD/state/compute-domains/book.json" 2>/dev/null || echo '[]'; }
+    kubectl apply --server-side -f "$ROOT/deploy/helm/gpu-dra/crds/resource.nvidia.com_computedomains.yaml" >/dev/null
+    kubectl create -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Node
+metadata: {name: $CD_NODE}
+---
+apiVersion: resource.nvidia.com/v1beta1
+kind: ComputeDomain
+metadata: {name: fault-domain, namespace: default}
+spec: {numNodes: 1, channel: {resourceClaimTemplate: {name: fault-domain-channel}}}
+EOF
+    "$GPU_DRA" compute-domain-controller --kubeconfig "$KUBECONFIG" --resync-interval 2s \
+        --imex-credentials-namespace default >>"$CD/controller.log" 2>&1 &
+    CD_CONTROLLER_PID=$!
+    wait_for "the domain's channel template" 30 kubectl get resourceclaimtemplate fault-domain-channel
+    domain_uid=$(kubectl get computedomain fault-domain -o jsonpath='{.metadata.uid}')
+    wait_for "the domain's IMEX credentials" 30 kubectl get secret "gpu-dra-imex-$domain_uid"
+    kubectl get resourceclaimtemplate fault-domain-channel -o json >"$CD/template.json"
+    for round in $(seq "$CD_ROUNDS"); do
+        for step in "${CD_STEPS[@]}"; do
+            cd_runs=$((cd_runs + 1))
+            claim=fi-cd-$cd_runs
+            jq --arg n "$claim" '{apiVersion: "resource.k8s.io/v1", kind: "ResourceClaim",
+                metadata: {name: $n, namespace: "default"}, spec: .spec.spec}' "$CD/template.json" | kubectl create -f - >/dev/null
+            kubectl patch resourceclaim "$claim" --subresource=status --type=merge -p "$(jq -c --arg pool "$CD_NODE" '{status: {allocation: {devices: {
+                results: [{request: "channel", driver: "compute-domain.nvidia.com", pool: $pool, device: "channel-0"}],
+                config: [.spec.spec.devices.config[] | {source: "FromClaim"} + .]}}}}' "$CD/template.json")" >/dev/null
+            uid=$(kubectl get resourceclaim "$claim" -o jsonpath='{.metadata.uid}')
+            ref=default/$claim/$uid
+            spec=$CD/cdi/k8s.compute-domain.nvidia.com-claim_$uid.json
+            op=prepare
+            if [[ $step == cd-unprepare-* ]]; then
+                cd_start
+                cd_call prepare "$ref"
+                cd_stop
+                op=unprepare
+            fi
+            reached="failpoint reached.*step=\"?$step(\"| |$)"
+            before=$(grep -cE "$reached" "$CD/driver.log" 2>/dev/null || true)
+            cd_start GPU_DRA_FAILPOINT="$step"
+            cd_kubelet "$op" --claim "$ref" >/dev/null 2>&1 || true
+            sleep 0.1
+            kill -0 "$CD_PID" 2>/dev/null && fail "armed at $step, the ComputeDomain driver survived $op"
+            (($(grep -cE "$reached" "$CD/driver.log" || true) > ${before:-0})) || fail "the ComputeDomain driver died during $op without reaching $step"
+            wait "$CD_PID" 2>/dev/null || true
+            killed[$step]=$((${killed[$step]:-0} + 1))
+            cd_start
+            if [[ $op == prepare ]]; then
+                cd_call prepare "$ref"
+                [[ -f $spec ]] || fail "after a kill at $step and the retried prepare: no CDI spec $spec"
+                [[ $(cd_book) == "[\"$uid\"]" ]] || fail "after a kill at $step and the retried prepare: the book holds $(cd_book)"
+                [[ $(cd_daemons | wc -l) == 1 ]] || fail "after a kill at $step and the retried prepare: $(cd_daemons | wc -l) IMEX daemons, want 1"
+            fi
+            cd_call unprepare "$ref"
+            [[ ! -e $spec ]] || fail "after a kill at $step: the unprepared claim's CDI spec is left"
+            [[ $(cd_book) == "[]" ]] || fail "after a kill at $step: the book still holds $(cd_book)"
+            # A kill between the book and the daemon leaves a daemon no claim needs: the
+            # restarted plugin's round stops it.
+            wait_for "no IMEX daemon after a kill at $step" 20 no_cd_daemons
+            cd_stop
+            kubectl delete resourceclaim "$claim" --wait=false >/dev/null
+            ok "ComputeDomain run $cd_runs: a channel claim, killed at $step during $op: recovered cleanly (book, CDI spec and IMEX daemon agree)"
+        done
+    done
+    kubectl delete computedomain fault-domain --wait=true --timeout 30s >/dev/null || fail "the ComputeDomain was not deleted"
+    kubectl get secret "gpu-dra-imex-$domain_uid" >/dev/null 2>&1 && fail "the domain's IMEX credentials outlived it"
+    cd_cleanup
+    CD_CONTROLLER_PID=
+    trap cleanup EXIT
+fi
+
+# For the parent: this shard's counts (runs, MIG runs, VM runs, second kills, checks passed,
+# ComputeDomain runs) and its kills per step.
+echo "$mine $mig_runs $vfio_runs $recovery_kills $passed $cd_runs" >"$FAULT_RESULT.totals"
 for step in "${!killed[@]}"; do echo "$step ${killed[$step]}"; done >"$FAULT_RESULT.killed"
 log "shard $FAULT_SHARD of $SHARDS: $mine runs, every one killed at its fail point and recovered cleanly"
 echo "$passed passed, 0 failed"

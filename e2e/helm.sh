@@ -88,10 +88,14 @@ ok "metrics.auth=kubernetes passes --metrics-auth and grants TokenReview and Sub
 render --include-crds --set computeDomains.enabled=true >"$WORK/cd.yaml" || fail "helm template with computeDomains.enabled"
 as_json "$WORK/cd.yaml" >"$WORK/cd.json" || fail "the computeDomains render is not valid YAML"
 kinds=$(jq -c '[.items[].kind] | sort' "$WORK/cd.json")
-# Two admission policies: ResourceSlices, and the driver's ComputeDomain status writes; the
-# controller's Role (its leader-election Lease).
-want='["ClusterRole","ClusterRole","ClusterRoleBinding","ClusterRoleBinding","CustomResourceDefinition","DaemonSet","Deployment","DeviceClass","DeviceClass","DeviceClass","DeviceClass","DeviceClass","Role","RoleBinding","ServiceAccount","ServiceAccount","ValidatingAdmissionPolicy","ValidatingAdmissionPolicy","ValidatingAdmissionPolicyBinding","ValidatingAdmissionPolicyBinding"]'
+# Two admission policies: ResourceSlices, and the driver's ComputeDomain status writes; two
+# Roles: the controller's (its leader-election Lease, the domains' IMEX credentials) and the
+# driver's (it reads those credentials).
+want='["ClusterRole","ClusterRole","ClusterRoleBinding","ClusterRoleBinding","CustomResourceDefinition","DaemonSet","Deployment","DeviceClass","DeviceClass","DeviceClass","DeviceClass","DeviceClass","Role","Role","RoleBinding","RoleBinding","ServiceAccount","ServiceAccount","ValidatingAdmissionPolicy","ValidatingAdmissionPolicy","ValidatingAdmissionPolicyBinding","ValidatingAdmissionPolicyBinding"]'
 [[ $kinds == "$want" ]] || fail "computeDomains.enabled rendered kinds: $kinds"
+# The driver may get a Secret by name (a domain's IMEX credentials), not list or change them.
+jq -e '[.items[] | select(.kind == "Role") | .rules[] | select(.resources == ["secrets"]) | .verbs] | sort == [["get"], ["get", "create", "delete"]]' "$WORK/cd.json" >/dev/null \
+    || fail "computeDomains.enabled: the Roles' secret verbs: $(jq -c '[.items[] | select(.kind == "Role") | .rules]' "$WORK/cd.json")"
 as_json "$ROOT/deviceclasses" | jq -S '[.items[] | {name: .metadata.name, spec}] | sort_by(.name)' >"$WORK/cd-classes.repo.json"
 jq -S '[.items[] | select(.kind == "DeviceClass") | {name: .metadata.name, spec}] | sort_by(.name)' "$WORK/cd.json" >"$WORK/cd-classes.chart.json"
 diff -u "$WORK/cd-classes.repo.json" "$WORK/cd-classes.chart.json" >&2 || fail "computeDomains.enabled: the chart's DeviceClasses differ from deviceclasses/"

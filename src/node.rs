@@ -185,6 +185,9 @@ pub struct ComputeDomainOptions {
     pub cdi_root: PathBuf,
     /// Keep the `nvidia.com/gpu.clique` label on this node's Node object.
     pub clique_label: bool,
+    /// Where the controller keeps the domains' IMEX credentials; `None`: the client's own
+    /// namespace (in a pod: its ServiceAccount's).
+    pub credentials_namespace: Option<String>,
 }
 
 /// Builds a client from `--kubeconfig`, else in-cluster, else `KUBECONFIG`/`~/.kube/config`,
@@ -879,6 +882,10 @@ async fn start_compute_domains(
         compute_domain::node::ChannelPluginOptions {
             node_name: node_name.clone(),
             node_ip: node_ip.clone(),
+            credentials_namespace: cd
+                .credentials_namespace
+                .clone()
+                .unwrap_or_else(|| client.default_namespace().to_string()),
             state_dir: cd.state_dir.clone(),
             cdi_root: cd.cdi_root.clone(),
             dev_root: options.dev_root.clone(),

@@ -24,6 +24,10 @@ pub struct ControllerArgs {
         default_value = "driver-managed"
     )]
     pub imex_mode: super::run::ImexModeArg,
+    /// Where each domain's IMEX credentials are kept (Secrets `gpu-dra-imex-<domain UID>`; the
+    /// node plugins read them there; default: this process's own namespace).
+    #[arg(long, env = "GPU_DRA_IMEX_CREDENTIALS_NAMESPACE")]
+    pub imex_credentials_namespace: Option<String>,
     /// How often every domain is reconciled even without a change.
     #[arg(long, default_value = "30s", value_parser = duration::parse)]
     pub resync_interval: Duration,
@@ -56,6 +60,9 @@ pub fn run(args: ControllerArgs) -> Result<std::process::ExitCode, CliError> {
             client.clone(),
             args.namespace.clone(),
             args.imex_mode == super::run::ImexModeArg::HostManaged,
+            args.imex_credentials_namespace
+                .clone()
+                .unwrap_or_else(|| client.default_namespace().to_string()),
         );
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let resync = args.resync_interval.max(Duration::from_secs(1));

@@ -116,6 +116,15 @@ pub struct RunArgs {
     /// InternalIP). Only with --compute-domains.
     #[arg(long, env = "GPU_DRA_NODE_IP", requires = "compute_domains")]
     pub node_ip: Option<std::net::IpAddr>,
+    /// Where the ComputeDomain controller keeps each domain's IMEX credentials (Secrets
+    /// `gpu-dra-imex-<domain UID>`; default: this process's own namespace, as the chart runs
+    /// both). Only with --compute-domains.
+    #[arg(
+        long,
+        env = "GPU_DRA_IMEX_CREDENTIALS_NAMESPACE",
+        requires = "compute_domains"
+    )]
+    pub imex_credentials_namespace: Option<String>,
     /// Who runs the IMEX daemons (NVIDIA's `imex.mode`): `driver-managed` (one per ComputeDomain,
     /// started by the plugin) or `host-managed` (the admin runs nvidia-imex on the host; give
     /// --imex-host-socket).
@@ -355,6 +364,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode, CliError> {
             cdi_root: args.cdi_root.clone(),
             imex,
             clique_label: args.gpu_clique_label,
+            credentials_namespace: args.imex_credentials_namespace.clone(),
         }
     });
     let options = NodeOptions {

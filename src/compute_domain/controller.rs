@@ -5,11 +5,13 @@
 use std::time::Duration;
 
 use futures::StreamExt;
+use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 
 use super::api::{self, ComputeDomain};
+use super::credentials::{self, DomainCredentials};
 use super::{DOMAIN_LABEL, FINALIZER};
 use crate::kubeapi::bounded;
 
@@ -31,6 +33,8 @@ pub struct Controller {
     /// The admin runs the IMEX daemons (NVIDIA's `hostManaged`): no node registers, so a domain
     /// is Ready once its template exists, and its channels are one per claim.
     host_managed: bool,
+    /// Where each domain's IMEX credentials are kept (driver-managed daemons only).
+    credentials_namespace: String,
 }
 
 fn name_of(domain: &ComputeDomain) -> String {
@@ -42,11 +46,68 @@ fn name_of(domain: &ComputeDomain) -> String {
 }
 
 impl Controller {
-    pub fn new(client: kube::Client, namespace: Option<String>, host_managed: bool) -> Self {
+    pub fn new(
+        client: kube::Client,
+        namespace: Option<String>,
+        host_managed: bool,
+        credentials_namespace: String,
+    ) -> Self {
         Self {
             client,
             namespace,
             host_managed,
+            credentials_namespace,
+        }
+    }
+
+    fn secrets(&self) -> Api<Secret> {
+        Api::namespaced(self.client.clone(), &self.credentials_namespace)
+    }
+
+    /// Makes the domain's IMEX credentials unless they exist. Never replaced: running daemons
+    /// hold the first ones (a create that lost a race to another writer keeps theirs).
+    async fn ensure_credentials(&self, uid: &str) -> Result<(), String> {
+        let name = credentials::secret_name(uid);
+        let where_ = format!("Secret {}/{name}", self.credentials_namespace);
+        if bounded(TIMEOUT, self.secrets().get_metadata_opt(&name))
+            .await
+            .map_err(|e| format!("get {where_}: {e}"))?
+            .is_some()
+        {
+            return Ok(());
+        }
+        let secret = DomainCredentials::generate(uid)
+            .map_err(|e| e.to_string())?
+            .to_secret(&self.credentials_namespace, uid);
+        match bounded(
+            TIMEOUT,
+            self.secrets().create(&PostParams::default(), &secret),
+        )
+        .await
+        {
+            Ok(_) => {
+                tracing::info!(secret = %where_, "ComputeDomain IMEX credentials made");
+                Ok(())
+            }
+            Err(e) if e.is_conflict() => Ok(()),
+            Err(e) => Err(format!("create {where_}: {e}")),
+        }
+    }
+
+    async fn delete_credentials(&self, uid: &str) -> Result<(), String> {
+        let name = credentials::secret_name(uid);
+        match bounded(
+            TIMEOUT,
+            self.secrets().delete(&name, &DeleteParams::default()),
+        )
+        .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if e.is_not_found() => Ok(()),
+            Err(e) => Err(format!(
+                "delete Secret {}/{name}: {e}",
+                self.credentials_namespace
+            )),
         }
     }
 
@@ -137,6 +198,9 @@ impl Controller {
                     .map_err(err)?;
             }
             crate::prepare::failpoint::failpoint("cd-controller-template-deleted");
+            if !self.host_managed {
+                self.delete_credentials(&uid).await.map_err(err)?;
+            }
             let rest: Vec<&String> = finalizers.iter().filter(|f| *f != FINALIZER).collect();
             self.patch_finalizers(domain, serde_json::json!(rest))
                 .await
@@ -167,6 +231,9 @@ impl Controller {
         .await
         .map_err(err)?;
         crate::prepare::failpoint::failpoint("cd-controller-template-created");
+        if !self.host_managed {
+            self.ensure_credentials(&uid).await.map_err(err)?;
+        }
         let nodes = domain.status.clone().unwrap_or_default().nodes;
         let status = if self.host_managed {
             api::STATUS_READY

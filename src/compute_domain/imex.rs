@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use super::credentials::DomainCredentials;
 use crate::gpu::driver_tools::{DriverRootTools, ToolCommand, spawn_tool, tool_output};
 use crate::prepare::cgroup::HostCgroups;
 
@@ -19,9 +20,11 @@ pub fn node_name(index: i64) -> String {
 
 /// Where the daemon and `nvidia-imex-ctl` see the domain's folder.
 pub const CONFIG_DIR: &str = "/tmp/nvidia-imex";
-/// NVIDIA's ports: peers on `SERVER_PORT`, commands on `IMEX_CMD_PORT`.
+/// NVIDIA's port for peers (`SERVER_PORT`).
 pub const SERVER_PORT: u16 = 50000;
-pub const COMMAND_PORT: u16 = 50005;
+/// Where the daemon takes commands (`IMEX_CMD_UNIX_DOMAIN_PATH`): no port, so nothing off the
+/// node can ask it anything.
+pub const COMMAND_SOCKET: &str = "/tmp/nvidia-imex/cmd.sock";
 const DAEMON_CANDIDATES: &[&str] = &["usr/bin/nvidia-imex", "usr/sbin/nvidia-imex"];
 const CTL_CANDIDATES: &[&str] = &["usr/bin/nvidia-imex-ctl", "usr/sbin/nvidia-imex-ctl"];
 /// [`ImexDaemons::err`]'s name for the admin's daemon (host-managed IMEX).
@@ -128,15 +131,38 @@ impl ImexDaemons {
         }
     }
 
-    /// Writes the daemon's config, its node file (NVIDIA's static names, one per possible node
-    /// of the clique) and its hosts file (the names of the clique's nodes so far → their
-    /// addresses; bound as the daemon's `/etc/hosts`). Returns whether the hosts file changed.
-    fn write_config(
+    /// Writes what a daemon reads once, when it starts: its config (with `bind_ip`, mutual TLS
+    /// with the domain's `credentials`, and commands on a unix socket in the domain's folder
+    /// only) and the credentials' files, readable by root alone.
+    fn write_start_files(
         &self,
         domain: &str,
         bind_ip: &str,
-        peers: &[(i64, String)],
-    ) -> Result<bool, ImexError> {
+        credentials: &DomainCredentials,
+    ) -> Result<(), ImexError> {
+        if bind_ip.parse::<std::net::IpAddr>().is_err() {
+            return Err(Self::err(
+                domain,
+                format!("this node's address {bind_ip:?} is not an IP address"),
+            ));
+        }
+        let dir = self.dir(domain);
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| Self::err(domain, format!("cannot create {}: {e}", dir.display())))?;
+        for (name, text) in credentials.files() {
+            let path = dir.join(name);
+            crate::fsutil::write_atomically(&path, text.as_bytes())
+                .map_err(|e| Self::err(domain, format!("cannot write {}: {e}", path.display())))?;
+        }
+        let path = dir.join("config.cfg");
+        crate::fsutil::write_atomically(&path, config_file(bind_ip).as_bytes())
+            .map_err(|e| Self::err(domain, format!("cannot write {}: {e}", path.display())))
+    }
+
+    /// Writes the daemon's node file (NVIDIA's static names, one per possible node of the
+    /// clique) and its hosts file (the names of the clique's nodes so far → their addresses;
+    /// bound as the daemon's `/etc/hosts`). Returns whether the hosts file changed.
+    fn write_config(&self, domain: &str, peers: &[(i64, String)]) -> Result<bool, ImexError> {
         let dir = self.dir(domain);
         std::fs::create_dir_all(&dir)
             .map_err(|e| Self::err(domain, format!("cannot create {}: {e}", dir.display())))?;
@@ -145,30 +171,16 @@ impl ImexDaemons {
         let io = |path: &Path, e: std::io::Error| {
             Self::err(domain, format!("cannot write {}: {e}", path.display()))
         };
-        for (name, text) in [
-            ("config.cfg", config_file(bind_ip)),
-            (
-                "nodes_config.cfg",
-                (0..MAX_NODES)
-                    .map(|i| format!("{}\n", node_name(i)))
-                    .collect(),
-            ),
-        ] {
-            let path = dir.join(name);
-            if !unchanged(&path, &text) {
-                crate::fsutil::write_atomically(&path, text.as_bytes())
-                    .map_err(|e| io(&path, e))?;
-            }
+        let nodes: String = (0..MAX_NODES)
+            .map(|i| format!("{}\n", node_name(i)))
+            .collect();
+        let path = dir.join("nodes_config.cfg");
+        if !unchanged(&path, &nodes) {
+            crate::fsutil::write_atomically(&path, nodes.as_bytes()).map_err(|e| io(&path, e))?;
         }
         // Addresses come from the domain's status, which other nodes write: an entry whose
         // address is not an IP address (a newline would add hosts entries of its writer's
         // choosing) is left out, and the other peers are served.
-        if bind_ip.parse::<std::net::IpAddr>().is_err() {
-            return Err(Self::err(
-                domain,
-                format!("this node's address {bind_ip:?} is not an IP address"),
-            ));
-        }
         let mut hosts = String::from("127.0.0.1\tlocalhost\n::1\tlocalhost\n");
         for (index, ip) in peers {
             if ip.parse::<std::net::IpAddr>().is_err() {
@@ -213,13 +225,16 @@ impl ImexDaemons {
     /// in the domain, this one's among them): starts it, or, when they changed, tells a running
     /// one to resolve its peers' names again and reconnect (SIGUSR1, NVIDIA's way: the node file
     /// never changes, the names' addresses do).
+    ///
+    /// `credentials` are needed only to start one (a running daemon read its files already).
     pub fn ensure(
         &self,
         domain: &str,
         bind_ip: &str,
         peers: &[(i64, String)],
+        credentials: Option<&DomainCredentials>,
     ) -> Result<(), ImexError> {
-        let changed = self.write_config(domain, bind_ip, peers)?;
+        let changed = self.write_config(domain, peers)?;
         let running = self.pids(domain);
         if !running.is_empty() {
             if changed {
@@ -238,6 +253,9 @@ impl ImexDaemons {
             .daemon
             .as_ref()
             .ok_or_else(|| Self::err(domain, "the driver root has no nvidia-imex"))?;
+        let credentials = credentials
+            .ok_or_else(|| Self::err(domain, "no IMEX credentials to start the daemon with"))?;
+        self.write_start_files(domain, bind_ip, credentials)?;
         let cgroups = self
             .cgroups
             .as_ref()
@@ -301,9 +319,22 @@ impl ImexDaemons {
             .ctl
             .as_ref()
             .ok_or_else(|| Self::err(domain, "the driver root has no nvidia-imex-ctl"))?;
+        // A daemon started by an older gpu-dra (its config has no command socket) answers on
+        // its command port, as that config says.
+        let config =
+            std::fs::read_to_string(self.dir(domain).join("config.cfg")).unwrap_or_default();
+        let ask = if config.contains(&format!("IMEX_CMD_UNIX_DOMAIN_PATH={COMMAND_SOCKET}")) {
+            vec!["-q".to_string(), format!("--u={COMMAND_SOCKET}")]
+        } else {
+            vec![
+                "-c".to_string(),
+                format!("{CONFIG_DIR}/config.cfg"),
+                "-q".to_string(),
+            ]
+        };
         let mut command = self
             .command(domain, ctl)
-            .args(["-c", &format!("{CONFIG_DIR}/config.cfg"), "-q"])
+            .args(ask)
             .build()
             .map_err(|e| Self::err(domain, e.to_string()))?;
         let output = tool_output(&mut command)
@@ -406,7 +437,10 @@ fn signal(pid: i32, signal: rustix::process::Signal) {
     }
 }
 
-/// NVIDIA's IMEX config, as its ComputeDomain daemon writes it, for this node's address.
+/// NVIDIA's IMEX config, as its ComputeDomain daemon writes it for this node's address, but
+/// for who may talk to the daemon: peers only with the domain's certificate (NVIDIA's has
+/// authentication off), commands only on a unix socket in the domain's folder (NVIDIA's listen
+/// on a port).
 fn config_file(bind_ip: &str) -> String {
     format!(
         "# Written by gpu-dra for one ComputeDomain.\n\
@@ -418,11 +452,11 @@ fn config_file(bind_ip: &str) -> String {
          SERVER_PORT={SERVER_PORT}\n\
          IMEX_NODE_CONFIG_FILE={CONFIG_DIR}/nodes_config.cfg\n\
          IMEX_WAIT_FOR_QUORUM=RECOVERY\n\
-         IMEX_ENABLE_AUTH_ENCRYPTION=0\n\
+         {}\
          IMEX_CMD_ENABLED=1\n\
-         IMEX_CMD_BIND_INTERFACE_IP={bind_ip}\n\
-         IMEX_CMD_PORT={COMMAND_PORT}\n\
-         IMEX_NODE_DISCONNECTED_GRACE_TIME=-1\n"
+         IMEX_CMD_UNIX_DOMAIN_PATH={COMMAND_SOCKET}\n\
+         IMEX_NODE_DISCONNECTED_GRACE_TIME=-1\n",
+        DomainCredentials::config_lines(CONFIG_DIR)
     )
 }
 
@@ -438,11 +472,7 @@ mod tests {
             dir.path().join("domains"),
         );
         let peers = vec![(0, "10.0.0.1".to_string()), (2, "10.0.0.3".to_string())];
-        assert!(
-            daemons
-                .write_config("d1", "10.0.0.1", &peers)
-                .expect("write")
-        );
+        assert!(daemons.write_config("d1", &peers).expect("write"));
         let folder = daemons.dir("d1");
         let nodes = std::fs::read_to_string(folder.join("nodes_config.cfg")).expect("nodes");
         assert_eq!(nodes.lines().count(), MAX_NODES as usize);
@@ -456,17 +486,11 @@ mod tests {
             hosts.contains("10.0.0.3\tcompute-domain-daemon-0002\n"),
             "{hosts}"
         );
-        let config = std::fs::read_to_string(folder.join("config.cfg")).expect("config");
-        assert!(config.contains("BIND_INTERFACE_IP=10.0.0.1\n"), "{config}");
         // The same peers again: nothing to tell the daemon.
-        assert!(
-            !daemons
-                .write_config("d1", "10.0.0.1", &peers)
-                .expect("write")
-        );
+        assert!(!daemons.write_config("d1", &peers).expect("write"));
         // An index past the node file's names is refused, naming it.
         let error = daemons
-            .write_config("d1", "10.0.0.1", &[(18, "10.0.0.9".to_string())])
+            .write_config("d1", &[(18, "10.0.0.9".to_string())])
             .expect_err("index 18");
         assert!(error.to_string().contains("index 18"), "{error}");
         // An address that is not one (a newline would add hosts entries) is left out; the other
@@ -477,18 +501,71 @@ mod tests {
             "10.0.0.2\n6.6.6.6\tcompute-domain-daemon-0000".to_string(),
         ));
         assert!(
-            !daemons
-                .write_config("d1", "10.0.0.1", &injected)
-                .expect("write"),
+            !daemons.write_config("d1", &injected).expect("write"),
             "nothing changed"
         );
         let after = std::fs::read_to_string(folder.join("hosts")).expect("hosts");
         assert_eq!(after, hosts);
         assert!(!after.contains("6.6.6.6"), "{after}");
+    }
+
+    #[test]
+    fn a_daemon_starts_with_mutual_tls_and_commands_on_a_socket_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir_all(dir.path().join("usr/bin")).expect("bin");
+        let daemon = dir.path().join("usr/bin/nvidia-imex");
+        std::fs::write(&daemon, "").expect("daemon");
+        std::fs::set_permissions(&daemon, std::fs::Permissions::from_mode(0o755)).expect("mode");
+        let daemons = ImexDaemons::new(
+            DriverRootTools::new(dir.path(), dir.path()),
+            dir.path().join("domains"),
+        );
+        let credentials = DomainCredentials::generate("d1").expect("credentials");
+        daemons
+            .write_start_files("d1", "10.0.0.1", &credentials)
+            .expect("write");
+        let folder = daemons.dir("d1");
+        let config = std::fs::read_to_string(folder.join("config.cfg")).expect("config");
+        for line in [
+            "BIND_INTERFACE_IP=10.0.0.1",
+            "IMEX_ENABLE_AUTH_ENCRYPTION=1",
+            "IMEX_AUTH_ENCRYPTION_MODE=SSL_TLS",
+            "IMEX_AUTH_SOURCE=FILE",
+            "IMEX_SERVER_CERT_AUTH=/tmp/nvidia-imex/ca.crt",
+            "IMEX_CLIENT_KEY=/tmp/nvidia-imex/tls.key",
+            "IMEX_SECURITY_TARGET_OVERRIDE=compute-domain-daemon",
+            "IMEX_CMD_UNIX_DOMAIN_PATH=/tmp/nvidia-imex/cmd.sock",
+        ] {
+            assert!(
+                config.lines().any(|l| l == line),
+                "{line} missing: {config}"
+            );
+        }
+        assert!(COMMAND_SOCKET.starts_with(CONFIG_DIR));
+        assert!(!config.contains("IMEX_CMD_PORT"), "{config}");
+        assert!(
+            !config.contains("IMEX_ENABLE_AUTH_ENCRYPTION=0"),
+            "{config}"
+        );
+        for (name, text) in credentials.files() {
+            let path = folder.join(name);
+            assert_eq!(std::fs::read_to_string(&path).expect("file"), text);
+            let mode = std::fs::metadata(&path).expect("meta").permissions().mode();
+            assert_eq!(mode & 0o077, 0, "{name} is readable by others: {mode:o}");
+        }
         // This node's own address must be one.
         let error = daemons
-            .write_config("d1", "10.0.0.1\nBIND_INTERFACE_IP=0.0.0.0", &peers)
+            .write_start_files("d1", "10.0.0.1\nBIND_INTERFACE_IP=0.0.0.0", &credentials)
             .expect_err("a bad bind address");
         assert!(error.to_string().contains("not an IP address"), "{error}");
+        // No daemon starts without credentials.
+        let error = daemons
+            .ensure("d2", "10.0.0.1", &[], None)
+            .expect_err("no credentials");
+        assert_eq!(
+            error.to_string(),
+            "IMEX daemon of ComputeDomain d2: no IMEX credentials to start the daemon with"
+        );
     }
 }

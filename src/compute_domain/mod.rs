@@ -14,6 +14,7 @@
 pub mod api;
 pub mod clique_label;
 pub mod controller;
+pub mod credentials;
 pub mod imex;
 pub mod node;
 

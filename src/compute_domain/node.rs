@@ -16,6 +16,7 @@ use kube::api::{Api, Patch, PatchParams};
 use serde::{Deserialize, Serialize};
 
 use super::api::{self, ComputeDomain, DomainNode, STATUS_NOT_READY, STATUS_READY};
+use super::credentials::{self, DomainCredentials};
 use super::imex::ImexDaemons;
 use super::{CHANNEL_COUNT, CHANNEL_DEVICE, DRIVER_NAME};
 use crate::kubeapi::bounded;
@@ -34,6 +35,8 @@ pub struct ChannelPluginOptions {
     pub node_name: String,
     /// The address IMEX daemons of other nodes reach this node's at.
     pub node_ip: String,
+    /// Where the controller keeps each domain's IMEX credentials (its own namespace).
+    pub credentials_namespace: String,
     /// The book and the daemons' folders.
     pub state_dir: PathBuf,
     pub cdi_root: PathBuf,
@@ -86,6 +89,8 @@ pub struct ChannelPlugin {
     /// multi-node NVLink. Read again at each use until it could be read (GPUs still
     /// registering with the fabric manager at start).
     clique: Mutex<Option<String>>,
+    /// Each domain's IMEX credentials once read (by domain UID): they never change.
+    credentials: Mutex<BTreeMap<String, DomainCredentials>>,
 }
 
 fn field_manager(node: &str) -> String {
@@ -130,6 +135,7 @@ impl ChannelPlugin {
             book: Arc::new(book),
             gpus,
             clique: Mutex::new(clique),
+            credentials: Mutex::default(),
         })
     }
 
@@ -316,14 +322,50 @@ impl ChannelPlugin {
         let given = peers.clone();
         let daemons = self.daemons.clone();
         let ip = self.options.node_ip.clone();
+        // Only a daemon about to start reads them.
+        let credentials = if daemons.pids(&uid).is_empty() {
+            Some(self.domain_credentials(&uid).await?)
+        } else {
+            None
+        };
         self.with_book(move |_| {
             daemons
-                .ensure(&uid, &ip, &peers)
+                .ensure(&uid, &ip, &peers, credentials.as_ref())
                 .map_err(|e| e.to_string())?;
             daemons.ready(&uid).map_err(|e| e.to_string())
         })
         .await
         .map(|ready| (ready, given))
+    }
+
+    /// The domain's IMEX credentials, from the Secret the controller made for it.
+    async fn domain_credentials(&self, domain_uid: &str) -> Result<DomainCredentials, String> {
+        if let Some(known) = self
+            .credentials
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(domain_uid)
+        {
+            return Ok(known.clone());
+        }
+        let namespace = &self.options.credentials_namespace;
+        let name = credentials::secret_name(domain_uid);
+        let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+            Api::namespaced(self.client.clone(), namespace);
+        let secret = bounded(Duration::from_secs(10), secrets.get_opt(&name))
+            .await
+            .map_err(|e| format!("read the domain's IMEX credentials (Secret {namespace}/{name}): {e}"))?
+            .ok_or_else(|| {
+                format!(
+                    "the domain's IMEX credentials (Secret {namespace}/{name}) are not there yet: the ComputeDomain controller makes them"
+                )
+            })?;
+        let read = DomainCredentials::from_secret(&secret).map_err(|e| e.to_string())?;
+        self.credentials
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(domain_uid.to_string(), read.clone());
+        Ok(read)
     }
 
     async fn prepare_one(&self, claim: &ClaimRef) -> PrepareResult {
@@ -626,6 +668,10 @@ impl ChannelPlugin {
     /// Stops the domain's daemon and takes this node out of the domain's status, unless a
     /// claim of the domain was booked meanwhile.
     async fn leave(&self, namespace: &str, domain_uid: &str) -> Result<(), String> {
+        self.credentials
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(domain_uid);
         if !self.stop_unless_served(domain_uid).await? {
             return Ok(());
         }

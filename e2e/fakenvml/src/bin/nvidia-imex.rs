@@ -5,6 +5,9 @@
 //! its outgoing connections), and answers `nvidia-imex-ctl` on `IMEX_CMD_BIND_INTERFACE_IP:IMEX_CMD_PORT`:
 //! `READY` once it holds a live connection to every peer the node file lists, `UNAVAILABLE`
 //! before. Several nodes share one machine by binding distinct loopback addresses.
+//! With `IMEX_ENABLE_AUTH_ENCRYPTION=1` (mode `SSL_TLS`, source `FILE`, as the real daemon reads
+//! them) every peer connection is mutual TLS: a peer without a certificate of the configured
+//! authority is refused in the handshake, and any other auth setting is refused at start.
 //!
 //! Daemon: `nvidia-imex -c CONFIG`. Control: `nvidia-imex-ctl -c CONFIG -q` (state),
 //! `nvidia-imex-ctl -c CONFIG -N` (one line per peer: `<ip> CONNECTED|UNAVAILABLE`), or
@@ -124,8 +127,90 @@ fn ctl(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
+/// A peer connection: plain TCP, or TLS over it.
+trait Wire: std::io::Read + Write + Send {}
+impl<T: std::io::Read + Write + Send> Wire for T {}
+
 /// Peer address → live outbound connection.
-type Peers = Arc<Mutex<BTreeMap<String, Option<TcpStream>>>>;
+type Peers = Arc<Mutex<BTreeMap<String, Option<Box<dyn Wire>>>>>;
+
+/// `SSL_TLS` with `FILE` sources: both ends of every peer connection prove they hold a
+/// certificate of the configured authorities.
+struct Tls {
+    server: Arc<rustls::ServerConfig>,
+    client: Arc<rustls::ClientConfig>,
+    /// `IMEX_SECURITY_TARGET_OVERRIDE`: the name peers' certificates are checked for (else
+    /// their address).
+    target: Option<String>,
+}
+
+fn tls(config: &BTreeMap<String, String>) -> Result<Option<Tls>, String> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let get = |key: &str| config.get(key).map(String::as_str).unwrap_or("");
+    match get("IMEX_ENABLE_AUTH_ENCRYPTION") {
+        "" | "0" => return Ok(None),
+        "1" => {}
+        other => return Err(format!("IMEX_ENABLE_AUTH_ENCRYPTION={other} is not 0 or 1")),
+    }
+    if get("IMEX_AUTH_ENCRYPTION_MODE") != "SSL_TLS" {
+        return Err(format!(
+            "IMEX_AUTH_ENCRYPTION_MODE={:?}: this fake knows SSL_TLS only",
+            get("IMEX_AUTH_ENCRYPTION_MODE")
+        ));
+    }
+    if get("IMEX_AUTH_SOURCE") != "FILE" {
+        return Err(format!(
+            "IMEX_AUTH_SOURCE={:?}: this fake knows FILE only",
+            get("IMEX_AUTH_SOURCE")
+        ));
+    }
+    let path = |key: &str| match get(key) {
+        "" => Err(format!("{key} is empty")),
+        p => Ok(p.to_string()),
+    };
+    let certs = |key: &str| -> Result<Vec<CertificateDer<'static>>, String> {
+        let p = path(key)?;
+        CertificateDer::pem_file_iter(&p)
+            .and_then(|i| i.collect::<Result<Vec<_>, _>>())
+            .map_err(|e| format!("{key}={p}: {e}"))
+    };
+    let key = |key: &str| -> Result<PrivateKeyDer<'static>, String> {
+        let p = path(key)?;
+        PrivateKeyDer::from_pem_file(&p).map_err(|e| format!("{key}={p}: {e}"))
+    };
+    let roots = |key: &str| -> Result<Arc<rustls::RootCertStore>, String> {
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in certs(key)? {
+            roots.add(cert).map_err(|e| format!("{key}: {e}"))?;
+        }
+        Ok(Arc::new(roots))
+    };
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        roots("IMEX_SERVER_CERT_AUTH")?,
+        provider.clone(),
+    )
+    .build()
+    .map_err(|e| format!("IMEX_SERVER_CERT_AUTH: {e}"))?;
+    let server = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(certs("IMEX_SERVER_CERT")?, key("IMEX_SERVER_KEY")?)
+        .map_err(|e| format!("IMEX_SERVER_CERT/IMEX_SERVER_KEY: {e}"))?;
+    let client = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots("IMEX_CLIENT_CERT_AUTH")?)
+        .with_client_auth_cert(certs("IMEX_CLIENT_CERT")?, key("IMEX_CLIENT_KEY")?)
+        .map_err(|e| format!("IMEX_CLIENT_CERT/IMEX_CLIENT_KEY: {e}"))?;
+    Ok(Some(Tls {
+        server: Arc::new(server),
+        client: Arc::new(client),
+        target: Some(get("IMEX_SECURITY_TARGET_OVERRIDE").to_string()).filter(|t| !t.is_empty()),
+    }))
+}
 
 fn daemon(args: &[String]) -> Result<(), String> {
     let path = flag(args, "-c").ok_or("usage: nvidia-imex -c CONFIG")?;
@@ -136,6 +221,7 @@ fn daemon(args: &[String]) -> Result<(), String> {
         .cloned()
         .ok_or("BIND_INTERFACE_IP is empty: this fake needs the node's own address")?;
     let server_port = port(&config, "SERVER_PORT", 50000)?;
+    let tls = tls(&config)?.map(Arc::new);
     let node_file = config
         .get("IMEX_NODE_CONFIG_FILE")
         .filter(|v| !v.is_empty())
@@ -149,15 +235,20 @@ fn daemon(args: &[String]) -> Result<(), String> {
     }
     let listener = TcpListener::bind((bind_ip.as_str(), server_port))
         .map_err(|e| format!("cannot listen on {bind_ip}:{server_port}: {e}"))?;
-    let commands = if config.get("IMEX_CMD_ENABLED").map(String::as_str) != Some("0") {
-        let address = command_address(&["-c".to_string(), path.clone()])?;
-        Some(
-            TcpListener::bind(address)
-                .map_err(|e| format!("cannot listen for commands on {address}: {e}"))?,
-        )
-    } else {
-        None
-    };
+    let tcp_commands = config.get("IMEX_CMD_PORT").is_some_and(|p| !p.is_empty())
+        || config
+            .get("IMEX_CMD_UNIX_DOMAIN_PATH")
+            .is_none_or(|p| p.is_empty());
+    let commands =
+        if config.get("IMEX_CMD_ENABLED").map(String::as_str) != Some("0") && tcp_commands {
+            let address = command_address(&["-c".to_string(), path.clone()])?;
+            Some(
+                TcpListener::bind(address)
+                    .map_err(|e| format!("cannot listen for commands on {address}: {e}"))?,
+            )
+        } else {
+            None
+        };
     // IMEX_CMD_UNIX_DOMAIN_PATH: commands on a unix socket too (a host daemon for containers).
     let unix_commands = match config
         .get("IMEX_CMD_UNIX_DOMAIN_PATH")
@@ -195,10 +286,21 @@ fn daemon(args: &[String]) -> Result<(), String> {
         }
     }
     let me = bind_ip.clone();
+    let server_tls = tls.clone();
     std::thread::spawn(move || {
         for stream in listener.incoming().flatten() {
             let me = me.clone();
-            std::thread::spawn(move || greet_back(stream, &me));
+            let tls = server_tls.clone();
+            std::thread::spawn(move || {
+                let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+                match tls {
+                    None => greet_back(stream, &me),
+                    Some(tls) => match rustls::ServerConnection::new(tls.server.clone()) {
+                        Ok(conn) => greet_back(rustls::StreamOwned::new(conn, stream), &me),
+                        Err(e) => eprintln!("nvidia-imex: TLS: {e}"),
+                    },
+                }
+            });
         }
     });
     let peers: Peers = Arc::default();
@@ -237,7 +339,7 @@ fn daemon(args: &[String]) -> Result<(), String> {
                 .as_mut()
                 .is_some_and(|s| writeln!(s, "PING").and_then(|_| s.flush()).is_ok());
             if !alive {
-                *entry = connect(ip, server_port, &bind_ip);
+                *entry = connect(ip, server_port, &bind_ip, tls.as_deref());
             }
         }
         drop(table);
@@ -307,35 +409,53 @@ fn read_nodes(path: &str, me: &str) -> Result<BTreeSet<String>, String> {
         .collect())
 }
 
-fn connect(ip: &str, port: u16, me: &str) -> Option<TcpStream> {
+fn connect(ip: &str, port: u16, me: &str, tls: Option<&Tls>) -> Option<Box<dyn Wire>> {
     let address: SocketAddr = format!("{ip}:{port}").parse().ok()?;
-    let mut stream = TcpStream::connect_timeout(&address, Duration::from_millis(300)).ok()?;
+    let stream = TcpStream::connect_timeout(&address, Duration::from_millis(300)).ok()?;
     stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
-    writeln!(stream, "HELLO {me}").ok()?;
-    let mut line = String::new();
-    BufReader::new(stream.try_clone().ok()?)
-        .read_line(&mut line)
-        .ok()?;
-    line.starts_with("HELLO ").then_some(stream)
+    let mut wire: Box<dyn Wire> = match tls {
+        None => Box::new(stream),
+        Some(tls) => {
+            let name = tls.target.clone().unwrap_or_else(|| ip.to_string());
+            let name = rustls::pki_types::ServerName::try_from(name).ok()?;
+            let conn = rustls::ClientConnection::new(tls.client.clone(), name).ok()?;
+            Box::new(rustls::StreamOwned::new(conn, stream))
+        }
+    };
+    if let Err(e) = writeln!(wire, "HELLO {me}").and_then(|_| wire.flush()) {
+        eprintln!("nvidia-imex: {ip}: {e}");
+        return None;
+    }
+    let line = read_line(&mut wire)?;
+    line.starts_with("HELLO ").then_some(wire)
 }
 
-fn greet_back(stream: TcpStream, me: &str) {
-    let Ok(mut writer) = stream.try_clone() else {
-        return;
-    };
-    let mut lines = BufReader::new(stream).lines();
-    if !matches!(lines.next(), Some(Ok(l)) if l.starts_with("HELLO ")) {
+/// One line, byte by byte (nothing past it is read: the stream goes on as it is).
+fn read_line(wire: &mut dyn Wire) -> Option<String> {
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    while line.len() < 256 {
+        match wire.read(&mut byte) {
+            Ok(1) if byte[0] == b'\n' => return String::from_utf8(line).ok(),
+            Ok(1) => line.push(byte[0]),
+            _ => return None,
+        }
+    }
+    None
+}
+
+fn greet_back(mut wire: impl Wire, me: &str) {
+    if !read_line(&mut wire).is_some_and(|l| l.starts_with("HELLO ")) {
         return;
     }
-    if writeln!(writer, "HELLO {me}").is_err() {
+    if writeln!(wire, "HELLO {me}")
+        .and_then(|_| wire.flush())
+        .is_err()
+    {
         return;
     }
     // Pings until the peer goes.
-    for line in lines {
-        if line.is_err() {
-            return;
-        }
-    }
+    while read_line(&mut wire).is_some() {}
 }
 
 fn answer(reader: impl std::io::Read, mut writer: impl Write, peers: &Peers) {
