@@ -6,6 +6,9 @@
 #   nvidia_node_setup      makes the node NVIDIA's plugin can run on (once; includes the above)
 #   nvidia_uuids           tells the nvidia-smi stand-in the GPUs' UUIDs (once published)
 #   launch_nvidia DIRS...  starts it (NVIDIA_PID), NVIDIA_GATES its --feature-gates
+#   start_nvidia DIRS...   launch_nvidia, then waits until it registered and published the
+#                          node's four GPUs, and tells the stand-in their UUIDs
+#   fake_nvidia_smi        gpu-dra's nvidia-smi in the driver root (the fake one, chrooted)
 #   stop_nvidia            stops it as its DaemonSet's pod would be (SIGTERM, then SIGKILL)
 # shellcheck shell=bash
 
@@ -115,6 +118,22 @@ launch_nvidia() {
         --nvidia-cdi-hook-path "$BIN/nvidia-cdi-hook" --image-name gpu-dra-e2e/none:0 \
         ${NVIDIA_GATES:+--feature-gates=$NVIDIA_GATES} "$@" >>"$log" 2>&1 &
     NVIDIA_PID=$!
+}
+
+start_nvidia() {
+    launch_nvidia "$@"
+    wait_for "NVIDIA's plugin registered" 30 kubelet register --timeout 2s
+    wait_for "NVIDIA's plugin published GPUs 0-3" 60 bash -c \
+        "[[ \$(kubectl get resourceslices -o json | jq '[.items[].spec.devices[]? | select(.name | test(\"^gpu-[0-3]\$\"))] | length') == 4 ]]"
+    nvidia_uuids
+}
+
+# gpu-dra sets time-slices with the driver root's nvidia-smi, chrooted there: the fake one
+# (e2e/fakenvml), as on the other simulated nodes.
+fake_nvidia_smi() {
+    local fake=${NVIDIA_SMI_FAKE:-$ROOT/target/debug/nvidia-smi}
+    [[ -x $fake ]] || (cd "$ROOT" && cargo build -p fakenvml --bin nvidia-smi) >&2
+    install -m 0755 "$fake" "$WORK/driver-root/usr/bin/nvidia-smi"
 }
 
 stop_nvidia() {

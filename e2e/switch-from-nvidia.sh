@@ -36,11 +36,7 @@ source "$E2E/lib.sh"
 source "$E2E/nvidia-plugin.sh"
 trap 'stop_nvidia; cleanup' EXIT
 nvidia_node_setup
-# gpu-dra sets time-slices with the driver root's nvidia-smi, chrooted there: the fake one
-# (e2e/fakenvml), as on the other simulated nodes.
-NVIDIA_SMI_FAKE=${NVIDIA_SMI_FAKE:-$ROOT/target/debug/nvidia-smi}
-[[ -x $NVIDIA_SMI_FAKE ]] || (cd "$ROOT" && cargo build -p fakenvml --bin nvidia-smi) >&2
-install -m 0755 "$NVIDIA_SMI_FAKE" "$WORK/driver-root/usr/bin/nvidia-smi"
+fake_nvidia_smi
 CDI_INJECT=${CDI_INJECT:-$BIN/cdi-inject}
 
 # NVIDIA's checkpoint is where gpu-dra's is: both are <kubelet plugins>/gpu.nvidia.com.
@@ -48,12 +44,7 @@ mkdir -p "$WORK/nvidia-plugins" "$WORK/state"
 ln -s "$WORK/state" "$WORK/nvidia-plugins/gpu.nvidia.com"
 kubectl apply -f "$ROOT/deviceclasses/" >&2
 NVIDIA_GATES=DynamicMIG=true,TimeSlicingSettings=true \
-    launch_nvidia "$WORK/nvidia-plugins" "$WORK/registry" "$WORK/cdi" "$WORK/nvidia.log"
-wait_for "NVIDIA's plugin registered" 30 kubelet register --timeout 2s
-wait_for "NVIDIA's plugin published GPUs 0-3" 60 bash -c \
-    "[[ \$(kubectl get resourceslices -o json | jq '[.items[].spec.devices[]? | select(.name | test(\"^gpu-[0-3]\$\"))] | length') == 4 ]]"
-
-nvidia_uuids
+    start_nvidia "$WORK/nvidia-plugins" "$WORK/registry" "$WORK/cdi" "$WORK/nvidia.log"
 uuid_of() { slices_json | jq -r --arg d "$1" '.items[].spec.devices[]? | select(.name == $d) | .attributes.uuid.string'; }
 claim_and_pod whole gpu.nvidia.com "device.attributes[\"gpu.nvidia.com\"].uuid == \"$(uuid_of gpu-0)\""
 claim_and_pod carved mig.nvidia.com "device.attributes[\"gpu.nvidia.com\"].profile == \"1g.10gb\" && device.attributes[\"gpu.nvidia.com\"].parentUUID == \"$(uuid_of gpu-2)\""

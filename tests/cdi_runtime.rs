@@ -240,7 +240,8 @@ fn containers_get_device_nodes_and_the_drivers_files() {
     ] {
         mount_of(&format!("{LIBS}/{link}"));
     }
-    mount_of("/usr/bin/nvidia-smi");
+    // An executable of the driver root (its nvidia-smi here is a placeholder, not executable).
+    mount_of("/usr/bin/nvidia-debugdump");
     mount_of(&format!("/lib/firmware/nvidia/{VERSION}/gsp_ga10x.bin"));
     mount_of("/run/nvidia-persistenced/socket");
     let env = strings(&got, "env", "");

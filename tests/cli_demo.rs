@@ -63,7 +63,7 @@ fn demo_allocates_prepares_and_leaves_nothing() {
     );
     assert!(
         out.contains(r#""containerPath": "/usr/lib/x86_64-linux-gnu/libcuda.so.580.95.05""#)
-            && out.contains(r#""containerPath": "/usr/bin/nvidia-smi""#)
+            && out.contains(r#""containerPath": "/usr/bin/nvidia-debugdump""#)
             && out.contains(r#""update-ldcache""#)
             && out.contains(r#""create-symlinks""#),
         "the spec mounts the driver's libraries and binaries and calls the toolkit's hook:\n{out}"
@@ -367,7 +367,7 @@ fn cdi_prints_what_a_claims_containers_get_and_names_an_empty_driver_root() {
         .collect();
     assert!(
         mounts.contains(&"/usr/lib/x86_64-linux-gnu/libcuda.so.1")
-            && mounts.contains(&"/usr/bin/nvidia-smi"),
+            && mounts.contains(&"/usr/bin/nvidia-debugdump"),
         "{mounts:?}"
     );
     // A MIG placement that is not carved has no spec yet.

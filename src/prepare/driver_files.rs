@@ -33,6 +33,8 @@ pub const BINARIES: [&str; 5] = [
     "nvidia-cuda-mps-control",
     "nvidia-cuda-mps-server",
 ];
+/// The binaries of [`BINARIES`] the driver itself runs (time-slicing, MPS).
+const DRIVER_RUN_TOOLS: [&str; 2] = ["nvidia-smi", "nvidia-cuda-mps-control"];
 const SOCKETS: [&str; 2] = [
     "run/nvidia-persistenced/socket",
     "run/nvidia-fabricmanager/socket",
@@ -243,10 +245,16 @@ impl DriverRoot {
         let binaries = BINARIES
             .iter()
             .filter_map(|name| {
+                // An executable file, as the toolkit's locator wants it: a placeholder
+                // without the execute bit is no binary.
                 BINARY_DIRS
                     .iter()
                     .map(|dir| Path::new(dir).join(name))
-                    .find(|rel| self.here.join(rel).is_file())
+                    .find(|rel| {
+                        use std::os::unix::fs::PermissionsExt;
+                        std::fs::metadata(self.here.join(rel))
+                            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+                    })
             })
             .map(|rel| self.file(&rel))
             .collect();
@@ -588,7 +596,14 @@ pub fn write_fake_driver_root(root: &Path, version: &str) -> std::io::Result<()>
     std::fs::write(root.join("etc/hosts"), "127.0.0.1\tlocalhost\n")?;
     std::fs::create_dir_all(root.join("usr/bin"))?;
     for binary in BINARIES {
-        std::fs::write(root.join("usr/bin").join(binary), b"")?;
+        let path = root.join("usr/bin").join(binary);
+        std::fs::write(&path, b"")?;
+        // Executable, as a driver's are, but for the two tools the driver runs: an empty file
+        // must not look runnable to them (a test installs fake ones where it needs them).
+        if !DRIVER_RUN_TOOLS.contains(&binary) {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))?;
+        }
     }
     let firmware = root.join("lib/firmware/nvidia").join(version);
     std::fs::create_dir_all(&firmware)?;
@@ -1028,7 +1043,8 @@ mod tests {
                 .iter()
                 .any(|l| l.link == Path::new("/usr/lib/x86_64-linux-gnu/libcuda.so"))
         );
-        assert_eq!(files.binaries.len(), 5);
+        // The simulated root's nvidia-smi and nvidia-cuda-mps-control are not executable.
+        assert_eq!(files.binaries.len(), 3);
         assert_eq!(files.firmware.len(), 2);
         assert_eq!(files.sockets.len(), 1);
         assert_eq!(files.hook, None);
