@@ -2,9 +2,20 @@
 # e2e: the claim differential against NVIDIA's driver (issue 54, item 3).
 #
 # The same ResourceClaims, allocated once by kube-scheduler, are prepared and unprepared by
-# NVIDIA's gpu-kubelet-plugin v0.5.0 (DynamicMIG and TimeSlicingSettings on) and then by gpu-dra,
-# each alone on the same simulated node (fake libnvidia-ml in the same driver root, 4×H100),
-# through the kubelet plugin socket (kubelet-sim, the kubelet's own stubs). For each claim:
+# NVIDIA's gpu-kubelet-plugin v0.5.0 and then by gpu-dra with the same settings, each alone on the
+# same simulated node (fake libnvidia-ml in the same driver root, 4×H100), through the kubelet
+# plugin socket (kubelet-sim, the kubelet's own stubs). Two phases:
+#
+#   dynamic-mig        NVIDIA's DynamicMIG and TimeSlicingSettings, gpu-dra's defaults: a whole
+#                      GPU, a time-sliced GPU (interval Long), two carved MIG devices and a claim
+#                      with two MIG devices on two GPUs;
+#   consumable-memory  NVIDIA's ConsumableShares with --consumable-shares=memory, gpu-dra's
+#                      --mig static --consumable-shares memory: two claims sharing one GPU's
+#                      memory (20Gi and 30Gi);
+#   consumable-unlimited  the same with --consumable-shares unlimited: two claims on one GPU
+#                      asking for no capacity.
+#
+# For each claim:
 #
 #   - the kubelet's answer (devices: request, pool, device; CDI device ids),
 #   - what a container gets from those CDI ids, computed by the runtimes' own CDI library
@@ -20,8 +31,7 @@
 #
 # Not compared here, with why: MPS (NVIDIA's control daemon is a Deployment, which needs a real
 # kubelet and its image), VFIO (NVIDIA's PassthroughSupport binds through sysfs paths of a real
-# PCI bus), consumable shares (NVIDIA's ConsumableShares modes change what it publishes, so the
-# allocation differs: e2e/vs-nvidia.sh compares those slices).
+# PCI bus).
 #
 # What this proves less than it seems: both plugins run as host processes with kubelet-sim, not
 # their images through their charts; no container starts (what it would get is the CDI library's
@@ -44,16 +54,17 @@ fake_nvidia_smi
 CDI_INJECT=${CDI_INJECT:-$BIN/cdi-inject}
 kubectl apply -f "$ROOT/deviceclasses/" >&2
 
-NVIDIA_GATES=DynamicMIG=true,TimeSlicingSettings=true \
-    start_nvidia "$WORK/nvidia-plugins" "$WORK/registry" "$WORK/nvidia-cdi" "$WORK/nvidia.log"
-
-# ------------------------------------------------------------------ the claims
 uuid_of() { slices_json | jq -r --arg d "$1" '.items[].spec.devices[]? | select(.name == $d) | .attributes.uuid.string'; }
 attr() { echo "device.attributes[\"gpu.nvidia.com\"].$1"; }
-claim_and_pod whole gpu.nvidia.com "$(attr uuid) == \"$(uuid_of gpu-0)\""
-claim_and_pod carved mig.nvidia.com "$(attr profile) == \"1g.10gb\" && $(attr parentUUID) == \"$(uuid_of gpu-2)\""
-claim_and_pod carved-big mig.nvidia.com "$(attr profile) == \"3g.40gb\" && $(attr parentUUID) == \"$(uuid_of gpu-3)\""
-kubectl apply -f - >&2 <<EOF
+uid_of() { kubectl get resourceclaim "$1" -o jsonpath='{.metadata.uid}'; }
+
+# ------------------------------------------------------------------ the claims of each phase
+# Each makes its claims (and pods, which kube-scheduler allocates them for) and sets CLAIMS.
+mig_and_sliced_claims() {
+    claim_and_pod whole gpu.nvidia.com "$(attr uuid) == \"$(uuid_of gpu-0)\""
+    claim_and_pod carved mig.nvidia.com "$(attr profile) == \"1g.10gb\" && $(attr parentUUID) == \"$(uuid_of gpu-2)\""
+    claim_and_pod carved-big mig.nvidia.com "$(attr profile) == \"3g.40gb\" && $(attr parentUUID) == \"$(uuid_of gpu-3)\""
+    kubectl apply -f - >&2 <<EOF
 apiVersion: resource.k8s.io/v1
 kind: ResourceClaim
 metadata: {name: sliced, namespace: default}
@@ -91,17 +102,50 @@ spec:
         selectors:
         - cel: {expression: '$(attr profile) == "2g.20gb" && $(attr parentUUID) == "$(uuid_of gpu-3)"'}
 EOF
-pod_using_claim sliced sliced | kubectl apply -f - >&2
-pod_using_claim two-mig two-mig | kubectl apply -f - >&2
-CLAIMS=(whole sliced carved carved-big two-mig)
-refs=()
-for c in "${CLAIMS[@]}"; do
-    wait_for "claim $c allocated" 60 bash -c "[[ -n \$(kubectl get resourceclaim $c -o jsonpath='{.status.allocation}') ]]"
-    refs+=(--claim "default/$c/$(kubectl get resourceclaim "$c" -o jsonpath='{.metadata.uid}')")
-done
-uid_of() { kubectl get resourceclaim "$1" -o jsonpath='{.metadata.uid}'; }
-kubectl get resourceclaims -o json | jq -c '[.items[] | {name: .metadata.name, results: .status.allocation.devices.results}]' >"$WORK/allocations.json"
-log "allocated: $(jq -c '[.[] | {(.name): [.results[].device]}] | add' "$WORK/allocations.json")"
+    pod_using_claim sliced sliced | kubectl apply -f - >&2
+    pod_using_claim two-mig two-mig | kubectl apply -f - >&2
+    CLAIMS+=(whole sliced carved carved-big two-mig)
+}
+shared_claims() { # two claims sharing gpu-0's memory (consumable capacity); SHARES: NAME:MEMORY...
+    local name memory capacity
+    for name in ${SHARES:-share-a:20Gi share-b:30Gi}; do
+        memory=${name#*:} name=${name%%:*} capacity=
+        [[ $memory == none ]] || capacity="capacity: {requests: {memory: $memory}}"
+        kubectl apply -f - >&2 <<EOF
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: $name, namespace: default}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly:
+        deviceClassName: gpu.nvidia.com
+        selectors:
+        - cel: {expression: '$(attr uuid) == "$(uuid_of gpu-0)"'}
+        $capacity
+EOF
+        pod_using_claim "$name" "$name" | kubectl apply -f - >&2
+        CLAIMS+=("$name")
+    done
+}
+unlimited_claims() { # two claims on gpu-0, no capacity asked (consumable shares, unlimited)
+    SHARES="share-c:none share-d:none" shared_claims
+}
+
+# allocated: waits for kube-scheduler's allocation of every claim; sets refs.
+allocated() {
+    local c
+    refs=()
+    for c in "${CLAIMS[@]}"; do
+        wait_for "claim $c allocated" 60 bash -c "[[ -n \$(kubectl get resourceclaim $c -o jsonpath='{.status.allocation}') ]]"
+        refs+=(--claim "default/$c/$(uid_of "$c")")
+    done
+    log "allocated: $(kubectl get resourceclaims -o json | jq -c '[.items[] | {(.metadata.name): [.status.allocation.devices.results[] | .device + (if .shareID then " (shared)" else "" end)]}] | add')"
+}
+clear_slices() {
+    kubectl delete resourceslices --field-selector "spec.nodeName=$NODE" --wait=true >/dev/null 2>&1 || true
+}
 
 # hardware: each GPU's settings and the MIG devices on it
 hardware() {
@@ -162,27 +206,51 @@ json.dump(doc, open(f"{work}/{side}.json", "w"), indent=1, sort_keys=True)
 PY
 }
 
-hardware >"$WORK/hw-before.json"
-record nvidia "$WORK/nvidia-cdi"
-ok "NVIDIA's driver prepared and unprepared ${#CLAIMS[@]} claims (whole, time-sliced, two carved, one with two MIG devices)"
-stop_nvidia
-[[ $(hardware) == "$(cat "$WORK/hw-before.json")" ]] || fail "NVIDIA's driver left the hardware changed: $(hardware)"
+# phase NAME NVIDIA_GATES NVIDIA_FLAGS OURS_FLAGS MAKE_CLAIMS: NVIDIA's plugin with its gates
+# and flags, the claims made and allocated against what it publishes, prepared and unprepared by
+# it, then by gpu-dra with the same settings; the two records compared.
+total_claims=0 total_fields=0 total_explained=0
+phase() {
+    local name=$1 gates=$2 nvidia_flags=$3 ours_flags=$4 make=$5 out claims fields explained
+    clear_slices
+    # shellcheck disable=SC2086 # flags split on purpose
+    NVIDIA_GATES=$gates start_nvidia "$WORK/nvidia-plugins" "$WORK/registry" "$WORK/nvidia-cdi" "$WORK/nvidia-$name.log" $nvidia_flags
+    CLAIMS=()
+    "$make"
+    allocated
+    hardware >"$WORK/hw-before.json"
+    record "nvidia-$name" "$WORK/nvidia-cdi"
+    stop_nvidia
+    [[ $(hardware) == "$(cat "$WORK/hw-before.json")" ]] || fail "$name: NVIDIA's driver left the hardware changed: $(hardware)"
+    # The same container toolkit hook NVIDIA's plugin was given.
+    DRIVER_ARGS="--nvidia-cdi-hook-path $BIN/nvidia-cdi-hook $ours_flags" start_driver
+    record "ours-$name" "$WORK/cdi"
+    stop_driver
+    # KEEP=DIR keeps each side's record and the CDI specs it wrote, for a look at a difference.
+    [[ -z ${KEEP:-} ]] || { mkdir -p "$KEEP" && cp -r "$WORK"/nvidia-"$name"* "$WORK"/ours-"$name"* "$KEEP"/; }
+    out=$(python3 "$E2E/claims-vs-nvidia-compare.py" --explained "$E2E/claims-vs-nvidia-explained.tsv" \
+        --driver-root "$WORK/driver-root" --work "$WORK" "$WORK/nvidia-$name.json" "$WORK/ours-$name.json") ||
+        fail "$name: mismatches against NVIDIA's driver: $out"
+    echo "$out" | sed '$d' >&2
+    read -r claims fields explained <<<"$(tail -n 1 <<<"$out")"
+    total_claims=$((total_claims + claims)) total_fields=$((total_fields + fields)) total_explained=$((total_explained + explained))
+    ok "$name: ${CLAIMS[*]} prepared and unprepared by each driver: $claims claims, $fields fields compared, 0 mismatches ($explained differences explained)"
+    # Gone before the next phase allocates (no kubelet here finishes the pods' deletion, so the
+    # claims' delete protection is taken off by hand).
+    kubectl delete pods --all --grace-period=0 --force >/dev/null 2>&1 || true
+    kubectl delete resourceclaims --all --wait=false >/dev/null
+    local c
+    for c in "${CLAIMS[@]}"; do
+        kubectl patch resourceclaim "$c" --type=merge -p '{"metadata":{"finalizers":null}}' >/dev/null 2>&1 || true
+    done
+    wait_for "$name's claims gone" 30 bash -c "[[ -z \$(kubectl get resourceclaims -o name) ]]"
+}
 
-# The same container toolkit hook NVIDIA's plugin was given.
-DRIVER_ARGS="${DRIVER_ARGS:-} --nvidia-cdi-hook-path $BIN/nvidia-cdi-hook"
-start_driver
-record ours "$WORK/cdi"
-stop_driver
-ok "gpu-dra prepared and unprepared the same claims"
+phase dynamic-mig DynamicMIG=true,TimeSlicingSettings=true "" "" mig_and_sliced_claims
+phase consumable-memory ConsumableShares=true --consumable-shares=memory "--mig static --consumable-shares memory" shared_claims
+phase consumable-unlimited ConsumableShares=true --consumable-shares=unlimited "--mig static --consumable-shares unlimited" unlimited_claims
 
-# KEEP=DIR keeps each side's record and the CDI specs it wrote, for a look at a difference.
-[[ -z ${KEEP:-} ]] || { mkdir -p "$KEEP" && cp -r "$WORK"/nvidia* "$WORK"/ours* "$KEEP"/; }
-out=$(python3 "$E2E/claims-vs-nvidia-compare.py" --explained "$E2E/claims-vs-nvidia-explained.tsv" \
-    --driver-root "$WORK/driver-root" --work "$WORK" "$WORK/nvidia.json" "$WORK/ours.json") ||
-    fail "mismatches against NVIDIA's driver: $out"
-echo "$out" | sed '$d' >&2
-read -r claims fields explained <<<"$(tail -n 1 <<<"$out")"
-line="claims vs NVIDIA's driver: $claims claims, $fields fields compared, 0 mismatches ($explained differences explained)"
-ok "$line"
+line="claims vs NVIDIA's driver: $total_claims claims, $total_fields fields compared, 0 mismatches ($total_explained differences explained)"
+log "$line"
 [[ -z ${GPU_DRA_TEST_REPORT:-} ]] || echo "$line" >>"$GPU_DRA_TEST_REPORT"
 echo "$passed passed, 0 failed"
