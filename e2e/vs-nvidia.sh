@@ -61,6 +61,7 @@ CONFIGS=(
     "consumable-memory|--feature-gates=ConsumableShares=true --consumable-shares=memory|--mig static --consumable-shares memory"
     "consumable-unlimited|--feature-gates=ConsumableShares=true --consumable-shares=unlimited|--mig static --consumable-shares unlimited"
     "list-type|--feature-gates=DRAListTypeAttributes=true|--mig static --feature-gates DRAListTypeAttributes=true"
+    "passthrough|--feature-gates=PassthroughSupport=true|--mig static --passthrough"
 )
 # MODEL_SETS: one simulated node each, together every simulated model. The first runs every
 # configuration; the others the two that change which devices exist.
@@ -86,8 +87,24 @@ compare() {
     mkdir -p "$WORK/host-root" "$WORK/nvidia-registry" "$WORK/nvidia-plugins/gpu.nvidia.com"
     ln -s "$WORK/sysfs" "$WORK/host-root/sys"
     clear_slices
+    # Its PCI scan for passthrough (go-nvlib's nvpci) reads /sys/bus/pci/devices itself: in a
+    # mount namespace of its own, /sys is the simulated one.
+    # It also picks each GPU's VFIO driver from the running kernel's /lib/modules/<release>/
+    # modules.alias (this machine has none): there, the aliases a 6.18 kernel declares for
+    # vfio_pci and its Grace variant (gpu_dra::gpu::pci::NVGRACE_DEVICE_IDS).
+    local in_sim_sys=() modules id
+    if [[ $label == passthrough ]]; then
+        in_sim_sys=(unshare -m --propagation private sh -c 'mount --bind "$0" /sys && mount --bind "$1" /lib/modules && shift && exec "$@"'
+            "$WORK/sysfs" "$WORK/modules")
+        modules=$WORK/modules/$(uname -r)
+        mkdir -p "$modules"
+        {
+            echo "alias vfio_pci:v*d*sv*sd*bc*sc*i* vfio_pci"
+            for id in 2342 2345 2348 2941 31C2; do echo "alias vfio_pci:v000010DEd0000${id}sv*sd*bc*sc*i* nvgrace_gpu_vfio_pci"; done
+        } >"$modules/modules.alias"
+    fi
     # shellcheck disable=SC2086 # flags split on purpose
-    env NVIDIA_DRA_SYSFS_ROOT="$WORK/sysfs" \
+    env NVIDIA_DRA_SYSFS_ROOT="$WORK/sysfs" "${in_sim_sys[@]}" \
         "$NVIDIA_PLUGIN" --node-name "$NODE" --kubeconfig "$KUBECONFIG" \
         --nvidia-driver-root "$WORK/driver-root" --container-driver-root "$WORK/driver-root" \
         --host-root "$WORK/host-root" --cdi-root "$WORK/nvidia-cdi" \
@@ -116,6 +133,8 @@ for set in "${!MODEL_SETS[@]}"; do
     for config in "${CONFIGS[@]}"; do
         IFS='|' read -r label nvidia_flags ours_flags <<<"$config"
         ((set == 0)) || [[ $label == default || $label == dynamic-mig ]] || continue
+        # VS_NVIDIA_ONLY=LABEL: one configuration (for a look at it; the totals are then partial).
+        [[ -z ${VS_NVIDIA_ONLY:-} || $label == "$VS_NVIDIA_ONLY" ]] || continue
         compare "$set" "${MODEL_SETS[$set]}" "$label" "$nvidia_flags" "$ours_flags"
     done
 done
