@@ -7,15 +7,17 @@
 #
 # Adapters (each only where the suite assumes what this machine lacks):
 #   - its pods' images (ubuntu:22.04, nvcr.io/nvidia/cuda:12.2.0-base-ubuntu22.04) come from the
-#     network: the e2e image is tagged under those names in the node's containerd (its `bash` is
-#     busybox's sh, its `nvidia-smi` the driver root's, injected by our CDI spec).
+#     network: e2e/images/build.sh's cuda-standin image is tagged under those names in the node's
+#     containerd (its `bash` is busybox's sh). Its `nvidia-smi` is a stand-in in /usr/local/bin
+#     (e2e/images/nvidia-smi-standin.sh) that lists the GPU device nodes the container got and
+#     fails without one: the simulated driver root's nvidia-smi, which our CDI spec mounts at
+#     /usr/bin, runs only chrooted into that root. (Before the stand-in, `nvidia-smi -L` failed
+#     in every container; the [sharing] spec, whose pods need it to succeed, passed only when its
+#     poll caught the crash-looping pods in their moment of readiness: the flake seen once in 5.)
 # Not yet: the same suite against NVIDIA's own driver on the same node (issue 54), and its BATS
 # suite (tests/bats).
 #
-# Prints `NVIDIA's suites: passed P, failed F, skipped S (reasons)`. Not in e2e/run-tests yet:
-# in 5 runs here its `[sharing]` spec failed once (the other 4 and every other spec passed), and
-# until the same suite runs against NVIDIA's own driver on this node, a flake of the suite cannot
-# be told apart from one of ours.
+# Prints `NVIDIA's suites: passed P, failed F, skipped S (reasons)`; in e2e/run-tests.
 set -euo pipefail
 E2E=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(dirname "$E2E")
@@ -57,8 +59,10 @@ chart_build_images
 chart_cluster_up --gpus sim:8xH100-SXM5-80GB
 eval "$("$E2E/cluster" env)"
 chart_import_images
+eval "$("$E2E/images/build.sh" | grep '^CUDA_STANDIN_')"
+"$E2E_CTR" --address "$E2E_CONTAINERD_ADDRESS" -n k8s.io images import "$CUDA_STANDIN_ARCHIVE" >/dev/null
 for ref in docker.io/library/ubuntu:22.04 nvcr.io/nvidia/cuda:12.2.0-base-ubuntu22.04; do
-    "$E2E_CTR" --address "$E2E_CONTAINERD_ADDRESS" -n k8s.io images tag --force "$E2E_IMAGE" "$ref" >/dev/null
+    "$E2E_CTR" --address "$E2E_CONTAINERD_ADDRESS" -n k8s.io images tag --force "$CUDA_STANDIN_IMAGE" "$ref" >/dev/null
 done
 
 total_passed=0 total_failed=0 total_skipped=0

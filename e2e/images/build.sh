@@ -7,13 +7,17 @@
 #            /sbin/ldconfig (NVIDIA's update-ldcache hook runs it), and bin/bash: busybox's
 #            sh under bash's name (bash.c), for NVIDIA's specs' `bash -c`; the image pods run.
 #   pause    gpu-dra.local/e2e/pause:e2e    our pause.c, gcc -static; the pod sandbox image.
+#   cuda-standin  gpu-dra.local/e2e/cuda-standin:e2e  busybox's image with nvidia-smi-standin.sh
+#            as /usr/local/bin/nvidia-smi: e2e/nvidia-suite.sh tags it under the images NVIDIA's
+#            suite pulls.
 #
 # Each archive is an oci-layout directory tarred up (oci-layout, index.json, blobs/sha256/...),
 # one uncompressed layer, the name in the index's io.containerd.image.name and
 # org.opencontainers.image.ref.name annotations, for `ctr -n k8s.io images import`.
 #
 # Usage: e2e/images/build.sh    prints KEY=VALUE lines (BUSYBOX_ARCHIVE, BUSYBOX_IMAGE,
-#                               PAUSE_ARCHIVE, PAUSE_IMAGE); progress goes to stderr.
+#                               PAUSE_ARCHIVE, PAUSE_IMAGE, CUDA_STANDIN_ARCHIVE,
+#                               CUDA_STANDIN_IMAGE); progress goes to stderr.
 # Archives are cached under ${GPU_DRA_CACHE:-~/.cache/gpu-dra}/images/<hash of the inputs>.
 set -euo pipefail
 
@@ -23,6 +27,7 @@ source "$HERE/oci.sh"
 BUSYBOX=${BUSYBOX:-/bin/busybox}
 BUSYBOX_IMAGE=gpu-dra.local/e2e/busybox:e2e
 PAUSE_IMAGE=gpu-dra.local/e2e/pause:e2e
+CUDA_STANDIN_IMAGE=gpu-dra.local/e2e/cuda-standin:e2e
 
 log() { echo "images: $*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -36,14 +41,15 @@ for tool in gcc tar jq sha256sum; do
 done
 
 CACHE=${GPU_DRA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-dra}
-key=$(cat "${BASH_SOURCE[0]}" "$HERE/oci.sh" "$HERE/pause.c" "$HERE/bash.c" "$BUSYBOX" "${LDCONFIG:-/sbin/ldconfig}" | sha256sum | cut -c1-16)
+key=$(cat "${BASH_SOURCE[0]}" "$HERE/oci.sh" "$HERE/pause.c" "$HERE/bash.c" "$HERE/nvidia-smi-standin.sh" "$BUSYBOX" "${LDCONFIG:-/sbin/ldconfig}" | sha256sum | cut -c1-16)
 OUT=$CACHE/images/$key
 
 emit() {
-    printf 'BUSYBOX_ARCHIVE=%s\nBUSYBOX_IMAGE=%s\nPAUSE_ARCHIVE=%s\nPAUSE_IMAGE=%s\n' \
-        "$OUT/busybox.oci.tar" "$BUSYBOX_IMAGE" "$OUT/pause.oci.tar" "$PAUSE_IMAGE"
+    printf 'BUSYBOX_ARCHIVE=%s\nBUSYBOX_IMAGE=%s\nPAUSE_ARCHIVE=%s\nPAUSE_IMAGE=%s\nCUDA_STANDIN_ARCHIVE=%s\nCUDA_STANDIN_IMAGE=%s\n' \
+        "$OUT/busybox.oci.tar" "$BUSYBOX_IMAGE" "$OUT/pause.oci.tar" "$PAUSE_IMAGE" \
+        "$OUT/cuda-standin.oci.tar" "$CUDA_STANDIN_IMAGE"
 }
-if [[ -f $OUT/busybox.oci.tar && -f $OUT/pause.oci.tar ]]; then
+if [[ -f $OUT/busybox.oci.tar && -f $OUT/pause.oci.tar && -f $OUT/cuda-standin.oci.tar ]]; then
     emit
     exit 0
 fi
@@ -83,6 +89,12 @@ strip "$rootfs/bin/bash" 2>/dev/null || true
 printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n' >"$rootfs/etc/passwd"
 printf 'root:x:0:\nnogroup:x:65534:\n' >"$rootfs/etc/group"
 image_archive busybox "$BUSYBOX_IMAGE" "$rootfs" \
+    '{"Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"], "Cmd": ["sh"]}'
+
+log "building $CUDA_STANDIN_IMAGE: $BUSYBOX_IMAGE with an nvidia-smi stand-in"
+mkdir -p "$rootfs/usr/local/bin"
+install -m 0755 "$HERE/nvidia-smi-standin.sh" "$rootfs/usr/local/bin/nvidia-smi"
+image_archive cuda-standin "$CUDA_STANDIN_IMAGE" "$rootfs" \
     '{"Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"], "Cmd": ["sh"]}'
 
 log "building $PAUSE_IMAGE from pause.c"
