@@ -64,27 +64,8 @@ mig_and_sliced_claims() {
     claim_and_pod whole gpu.nvidia.com "$(attr uuid) == \"$(uuid_of gpu-0)\""
     claim_and_pod carved mig.nvidia.com "$(attr profile) == \"1g.10gb\" && $(attr parentUUID) == \"$(uuid_of gpu-2)\""
     claim_and_pod carved-big mig.nvidia.com "$(attr profile) == \"3g.40gb\" && $(attr parentUUID) == \"$(uuid_of gpu-3)\""
-    kubectl apply -f - >&2 <<EOF
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {name: sliced, namespace: default}
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly:
-        deviceClassName: gpu.nvidia.com
-        selectors:
-        - cel: {expression: '$(attr uuid) == "$(uuid_of gpu-1)"'}
-    config:
-    - requests: [gpu]
-      opaque:
-        driver: gpu.nvidia.com
-        parameters:
-          apiVersion: resource.nvidia.com/v1beta1
-          kind: GpuConfig
-          sharing: {strategy: TimeSlicing, timeSlicingConfig: {interval: Long}}
----
+    # The time-sliced claim, then the heredoc's.
+    { timesliced_claim_yaml sliced "$(attr uuid) == \"$(uuid_of gpu-1)\"" Long; echo ---; cat; } <<EOF | kubectl apply -f - >&2
 apiVersion: resource.k8s.io/v1
 kind: ResourceClaim
 metadata: {name: two-mig, namespace: default}

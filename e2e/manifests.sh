@@ -47,3 +47,29 @@ spec:
         deviceClassName: $2$extra
 EOF
 }
+
+# timesliced_claim_yaml NAME CEL INTERVAL: a ResourceClaim for one GPU matching CEL, time-sliced
+# through NVIDIA's GpuConfig (timeSlicingConfig.interval INTERVAL).
+timesliced_claim_yaml() {
+    cat <<EOF
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: $1, namespace: default}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly:
+        deviceClassName: gpu.nvidia.com
+        selectors:
+        - cel: {expression: '$2'}
+    config:
+    - requests: [gpu]
+      opaque:
+        driver: gpu.nvidia.com
+        parameters:
+          apiVersion: resource.nvidia.com/v1beta1
+          kind: GpuConfig
+          sharing: {strategy: TimeSlicing, timeSlicingConfig: {interval: $3}}
+EOF
+}

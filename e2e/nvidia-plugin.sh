@@ -10,7 +10,14 @@
 #                          node's four GPUs, and tells the stand-in their UUIDs
 #   fake_nvidia_smi        gpu-dra's nvidia-smi in the driver root (the fake one, chrooted)
 #   stop_nvidia            stops it as its DaemonSet's pod would be (SIGTERM, then SIGKILL)
+#
+# The node's layout, lib.sh's by default (set before sourcing for another, e.g. the real node's):
+# NVIDIA_ROOT (driver root), NVIDIA_STATE (simulator state), NVIDIA_FAKE_NVML (the fake library),
+# GPUS and NODE.
 # shellcheck shell=bash
+NVIDIA_ROOT=${NVIDIA_ROOT:-$WORK/driver-root}
+NVIDIA_STATE=${NVIDIA_STATE:-$WORK/hw.json}
+NVIDIA_FAKE_NVML=${NVIDIA_FAKE_NVML:-$WORK/libnvidia-ml.so.1}
 
 NVIDIA_PLUGIN=$("$E2E/build-k8s.sh" nvidia-gpu-kubelet-plugin | tail -n 1)/nvidia-gpu-kubelet-plugin
 NVIDIA_PID=
@@ -18,28 +25,28 @@ NVIDIA_PID=
 # NVIDIA's plugin loads libnvidia-ml.so.1 from the driver root: the fake one, as gpu-dra does.
 nvidia_fake_nvml() {
     local nvml_in_root
-    nvml_in_root=$(find "$WORK/driver-root" -name 'libnvidia-ml.so.*' -type f | head -n 1)
+    nvml_in_root=$(find "$NVIDIA_ROOT" -name 'libnvidia-ml.so.*' -type f | head -n 1)
     [[ -n $nvml_in_root ]] || fail "no libnvidia-ml in the simulated driver root"
-    cp "$WORK/libnvidia-ml.so.1" "$nvml_in_root"
+    cp "$NVIDIA_FAKE_NVML" "$nvml_in_root"
 }
 
 nvidia_node_setup() {
     local minor
     nvidia_fake_nvml
-    "$GPU_DRA" sim --gpus "$GPUS" --node-name "$NODE" --sim-state "$WORK/hw.json" sysfs "$WORK/sysfs" >/dev/null
+    "$GPU_DRA" sim --gpus "$GPUS" --node-name "$NODE" --sim-state "$NVIDIA_STATE" sysfs "$WORK/sysfs" >/dev/null
     # Its CDI specs name the GPUs' device nodes under its driver root (a device without any is
     # refused); gpu-dra's simulated root has none, its specs name /dev's.
-    mkdir -p "$WORK/driver-root/dev/nvidia-caps"
-    mknod "$WORK/driver-root/dev/nvidiactl" c 195 255
-    mknod "$WORK/driver-root/dev/nvidia-uvm" c 510 0
-    mknod "$WORK/driver-root/dev/nvidia-uvm-tools" c 510 1
-    for minor in 0 1 2 3 4 5 6 7; do mknod "$WORK/driver-root/dev/nvidia$minor" c 195 "$minor"; done
+    mkdir -p "$NVIDIA_ROOT/dev/nvidia-caps"
+    mknod "$NVIDIA_ROOT/dev/nvidiactl" c 195 255
+    mknod "$NVIDIA_ROOT/dev/nvidia-uvm" c 510 0
+    mknod "$NVIDIA_ROOT/dev/nvidia-uvm-tools" c 510 1
+    for minor in 0 1 2 3 4 5 6 7; do mknod "$NVIDIA_ROOT/dev/nvidia$minor" c 195 "$minor"; done
     # It reads a MIG device's capability minors from the host's /proc/driver/nvidia/capabilities
     # and the nvidia-caps major from /proc/devices (gpu-dra computes them, as the driver lays them
     # out): it runs in a mount namespace of its own where both are the driver's layout for 8 GPUs
     # (every GPU and compute instance id an H100 has).
     # Their device nodes too, under the driver root's /dev (what both drivers' specs name).
-    python3 - "$WORK/proc-driver" "$WORK/driver-root/dev/nvidia-caps" <<'PY'
+    python3 - "$WORK/proc-driver" "$NVIDIA_ROOT/dev/nvidia-caps" <<'PY'
 import os, stat, sys
 root, caps = sys.argv[1:]
 def access(path, minor):
@@ -64,7 +71,7 @@ PY
     cat >"$WORK/nvidia-smi-stand-in" <<PY
 #!/usr/bin/env python3
 import fcntl, json, os, sys
-args, state = sys.argv[1:], "$WORK/hw.json"
+args, state = sys.argv[1:], "$NVIDIA_STATE"
 minors = dict(line.split() for line in open("$WORK/nvidia-smi-uuids"))
 modes = {"DEFAULT": "Default", "EXCLUSIVE_PROCESS": "ExclusiveProcess", "PROHIBITED": "Prohibited"}
 if len(args) == 5 and args[:2] == ["compute-policy", "-i"] and args[3] == "--set-timeslice":
@@ -109,9 +116,9 @@ launch_nvidia() {
     env NVIDIA_DRA_SYSFS_ROOT="$WORK/sysfs" unshare -m --propagation private sh -c \
         'mount -t tmpfs none /proc/driver && cp -r "$0"/. /proc/driver/ && mount --bind "$1" /proc/devices &&
          mount --bind "$2" "$3" && shift 3 && exec "$@"' \
-        "$WORK/proc-driver" "$WORK/proc-devices" "$WORK/nvidia-smi-stand-in" "$WORK/driver-root/usr/bin/nvidia-smi" \
+        "$WORK/proc-driver" "$WORK/proc-devices" "$WORK/nvidia-smi-stand-in" "$NVIDIA_ROOT/usr/bin/nvidia-smi" \
         "$NVIDIA_PLUGIN" --node-name "$NODE" --kubeconfig "$KUBECONFIG" \
-        --nvidia-driver-root "$WORK/driver-root" --container-driver-root "$WORK/driver-root" \
+        --nvidia-driver-root "$NVIDIA_ROOT" --container-driver-root "$NVIDIA_ROOT" \
         --host-root "$WORK/host-root" --cdi-root "$cdi" \
         --kubelet-plugins-directory-path "$plugins" \
         --kubelet-registrar-directory-path "$registry" \
@@ -133,7 +140,7 @@ start_nvidia() {
 fake_nvidia_smi() {
     local fake=${NVIDIA_SMI_FAKE:-$ROOT/target/debug/nvidia-smi}
     [[ -x $fake ]] || (cd "$ROOT" && cargo build -p fakenvml --bin nvidia-smi) >&2
-    install -m 0755 "$fake" "$WORK/driver-root/usr/bin/nvidia-smi"
+    install -m 0755 "$fake" "$NVIDIA_ROOT/usr/bin/nvidia-smi"
 }
 
 stop_nvidia() {

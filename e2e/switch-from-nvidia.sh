@@ -48,28 +48,8 @@ NVIDIA_GATES=DynamicMIG=true,TimeSlicingSettings=true \
 uuid_of() { slices_json | jq -r --arg d "$1" '.items[].spec.devices[]? | select(.name == $d) | .attributes.uuid.string'; }
 claim_and_pod whole gpu.nvidia.com "device.attributes[\"gpu.nvidia.com\"].uuid == \"$(uuid_of gpu-0)\""
 claim_and_pod carved mig.nvidia.com "device.attributes[\"gpu.nvidia.com\"].profile == \"1g.10gb\" && device.attributes[\"gpu.nvidia.com\"].parentUUID == \"$(uuid_of gpu-2)\""
-kubectl apply -f - >&2 <<EOF
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {name: sliced, namespace: default}
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly:
-        deviceClassName: gpu.nvidia.com
-        selectors:
-        - cel: {expression: 'device.attributes["gpu.nvidia.com"].uuid == "$(uuid_of gpu-1)"'}
-    config:
-    - requests: [gpu]
-      opaque:
-        driver: gpu.nvidia.com
-        parameters:
-          apiVersion: resource.nvidia.com/v1beta1
-          kind: GpuConfig
-          sharing: {strategy: TimeSlicing, timeSlicingConfig: {interval: Long}}
-EOF
-pod_using_claim sliced sliced | kubectl apply -f - >&2
+{ timesliced_claim_yaml sliced "device.attributes[\"gpu.nvidia.com\"].uuid == \"$(uuid_of gpu-1)\"" Long; echo ---; pod_using_claim sliced sliced; } |
+    kubectl apply -f - >&2
 claims=()
 for c in whole sliced carved; do
     wait_for "claim $c allocated" 60 bash -c "[[ -n \$(kubectl get resourceclaim $c -o jsonpath='{.status.allocation}') ]]"
