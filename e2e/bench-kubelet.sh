@@ -15,6 +15,11 @@
 #                  the first claim, slow-0, for --api-delay. That pod is created first; the
 #                  others must not wait for it.
 #
+#   4. NVIDIA's driver (--beside-nvidia): gpu-dra's chart uninstalled, NVIDIA's gpu-kubelet-plugin
+#      v0.5.0 (DynamicMIG on, its carve on prepare) registered with the same kubelet as a host
+#      process (e2e/nvidia-plugin.sh; its image and chart are not built here), the fake
+#      libnvidia-ml's carves taking --carve too: runs 1 and 2 again, the same claims and pods.
+#
 # Printed: per-pod and all-Running seconds for each run, and the issue's target for run 2
 # (≤ 1.5 carves + pod start, pod start = run 1's all-Running). The numbers are not checked.
 # The exit status checks behaviour only: every pod runs, each MIG pod got its own GPU (one GPU
@@ -27,6 +32,7 @@
 #   --api-delay D   how long the proxy holds slow-0's GETs; default 10s (keep it under the
 #                   driver's --api-timeout, 20s)
 #   --runs R        repeat runs 1 and 2 R times (medians printed); default 1
+#   --beside-nvidia then runs 1 and 2 (R times) with NVIDIA's driver instead (run 4)
 # IMAGE_BINARY: the gpu-dra binary for the image (default: `cargo build --profile node --locked
 # --no-default-features`, target/node/gpu-dra); it is also the host's GPU_DRA unless that is set.
 set -euo pipefail
@@ -34,13 +40,14 @@ E2E=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(dirname "$E2E")
 cd "$ROOT"
 NAME=bench-kubelet
-PODS=4 CARVE=1s API_DELAY=10s RUNS=1
+PODS=4 CARVE=1s API_DELAY=10s RUNS=1 BESIDE_NVIDIA=
 while [[ $# -gt 0 ]]; do
     case $1 in
         --pods) PODS=${2:?--pods needs a value}; shift 2 ;;
         --carve) CARVE=${2:?--carve needs a value}; shift 2 ;;
         --api-delay) API_DELAY=${2:?--api-delay needs a value}; shift 2 ;;
         --runs) RUNS=${2:?--runs needs a value}; shift 2 ;;
+        --beside-nvidia) BESIDE_NVIDIA=1; shift ;;
         -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) echo "$NAME: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
@@ -72,10 +79,12 @@ fail() {
         kubectl get pods -A -o wide 2>&1 | sed 's/^/    /' >&2 || true
         kubectl get events -A --sort-by=.lastTimestamp 2>&1 | tail -n 15 | sed 's/^/    /' >&2 || true
     fi
+    [[ ! -s $WORK/nvidia.log ]] || { log "NVIDIA's plugin (tail):"; tail -n 15 "$WORK/nvidia.log" | sed 's/^/    /' >&2; }
     [[ ! -s $WORK/api-delay.log ]] || { log "api-delay log (tail):"; tail -n 10 "$WORK/api-delay.log" | sed 's/^/    /' >&2; }
     exit 1
 }
 cleanup() {
+    ! declare -F stop_nvidia >/dev/null || stop_nvidia
     [[ -z $WATCH_PID ]] || kill "$WATCH_PID" 2>/dev/null || true
     [[ -z $PROXY_PID ]] || kill "$PROXY_PID" 2>/dev/null || true
     "$E2E/cluster" down >/dev/null 2>&1 || true
@@ -117,7 +126,9 @@ chart_import_images
 # time; everything else the defaults.
 chart_install "$FIRST_REF" --set-string "simMigDelay=$CARVE"
 registrations() { grep -c 'Registered DRA plugin.*gpu.nvidia.com' "$LOGS/kubelet.log" || true; }
-wait_for "the kubelet registered the plugin" 30 test "$(registrations)" -gt 0
+# Predicates for wait_for, evaluated at every try (a `test "$(...)"` argument would be evaluated once).
+registered_more_than() { (($(registrations) > $1)); }
+wait_for "the kubelet registered the plugin" 30 registered_more_than 0
 slices() { kubectl get resourceslices -o json --field-selector "spec.nodeName=$E2E_NODE"; }
 # The GPUs' UUIDs in minor order, as a user reads them off the slices.
 gpu_uuids() {
@@ -125,7 +136,8 @@ gpu_uuids() {
         | {minor: (.name | ltrimstr("gpu-") | tonumber), uuid: .attributes.uuid.string}]
         | sort_by(.minor) | .[].uuid'
 }
-wait_for "$PODS GPUs in the slices of $E2E_NODE" 30 test "$(gpu_uuids | wc -l)" -ge "$PODS"
+gpus_published() { (($(gpu_uuids | wc -l) >= PODS)); }
+wait_for "$PODS GPUs in the slices of $E2E_NODE" 30 gpus_published
 mapfile -t UUIDS < <(gpu_uuids)
 ok "driver image installed with the chart ($GPUS, simMigDelay $CARVE), registered, ${#UUIDS[@]} GPUs published"
 
@@ -203,11 +215,12 @@ gpu_instances() {
     "$GPU_DRA" sim --gpus "$E2E_GPUS" --node-name "$E2E_NODE" --sim-state "$GPU_DRA_SIM_STATE" show |
         jq '[.gpus[].gpu_instances[]] | length'
 }
+no_gpu_instances() { (($(gpu_instances) == 0)); }
 clear_run() {
     kubectl delete pods -l "bench=$RUN_TAG" --wait --timeout 120s >/dev/null || fail "deleting the $RUN_TAG pods"
     kubectl delete resourceclaims -l "bench=$RUN_TAG" --wait --timeout 60s >/dev/null || fail "deleting the $RUN_TAG claims"
     wait_for "the $RUN_TAG claims unprepared" 60 bash -c "! compgen -G '$GPU_DRA_CDI_ROOT/*claim_*' >/dev/null"
-    wait_for "no GPU instance left after $RUN_TAG" 60 test "$(gpu_instances)" -eq 0
+    wait_for "no GPU instance left after $RUN_TAG" 60 no_gpu_instances
 }
 
 # run KIND TAG [FIRST]: one run of $PODS pods of KIND; FIRST names pod 0 (default TAG-0).
@@ -261,7 +274,7 @@ wait_for "api-delay answers /readyz as the API server" 10 bash -c \
 "$E2E/cluster" route-service "$PROXY_PORT" || fail "routing the kubernetes Service to api-delay"
 before=$(registrations)
 driver_restart
-wait_for "the kubelet registered the new driver pod" 30 test "$(registrations)" -gt "$before"
+wait_for "the kubelet registered the new driver pod" 30 registered_more_than "$before"
 driver_ip=$(kubectl -n "$CHART_NAMESPACE" get pod "$DRIVER_POD" -o jsonpath='{.status.podIP}')
 grep -qF "connection from $driver_ip:" "$WORK/api-delay.log" ||
     fail "the new driver pod ($driver_ip) does not reach the API server through api-delay"
@@ -270,6 +283,47 @@ ok "api-delay in front of the API server for the driver pod (kubernetes Service 
 run mig delayed slow-0
 SLOW_PODS=$RESULT SLOW_ALL=$ALL
 grep -q 'holding GET resourceclaim default/slow-0' "$WORK/api-delay.log" || fail "api-delay never held slow-0's GET: the run did not test a slow read"
+
+# ---------------------------------------------------------------- run 4: NVIDIA's driver
+# The same runs with NVIDIA's plugin on the same node: gpu-dra's chart uninstalled (its checkpoint,
+# holding no claim, removed: NVIDIA's plugin refuses one it did not write), NVIDIA's registered.
+if [[ -n $BESIDE_NVIDIA ]]; then
+    "$HELM" uninstall "$CHART_RELEASE" --namespace "$CHART_NAMESPACE" --wait --timeout 120s >/dev/null || fail "helm uninstall"
+    kubectl delete resourceslices --field-selector "spec.nodeName=$E2E_NODE" >/dev/null 2>&1 || true
+    kubectl apply -f "$ROOT/deviceclasses/" >/dev/null
+    checkpoint=$E2E_KUBELET_ROOT/plugins/gpu.nvidia.com/checkpoint.json
+    if [[ -f $checkpoint ]]; then
+        jq -e '.claims == {}' "$checkpoint" >/dev/null || fail "gpu-dra's checkpoint still holds claims"
+        rm -f "$checkpoint"
+    fi
+    NODE=$E2E_NODE NVIDIA_ROOT=$E2E_DRIVER_ROOT NVIDIA_STATE=$GPU_DRA_SIM_STATE
+    NVIDIA_FAKE_NVML=${FAKE_NVML:-$ROOT/target/release/libnvidia_ml.so}
+    [[ -f $NVIDIA_FAKE_NVML ]] || (cd "$ROOT" && CARGO_INCREMENTAL=0 cargo build --release --locked -p fakenvml) >&2
+    # shellcheck source=nvidia-plugin.sh
+    source "$E2E/nvidia-plugin.sh"
+    nvidia_node_setup
+    export FAKE_NVML_GPUS=$GPUS FAKE_NVML_NODE=$NODE FAKE_NVML_STATE=$NVIDIA_STATE
+    FAKE_NVML_MIG_DELAY_MS=$(awk -v s="$CARVE_S" 'BEGIN { printf "%d", s * 1000 }')
+    export FAKE_NVML_MIG_DELAY_MS
+    before=$(registrations)
+    NVIDIA_GATES=DynamicMIG=true launch_nvidia "$E2E_KUBELET_ROOT/plugins" "$E2E_KUBELET_ROOT/plugins_registry" \
+        "$GPU_DRA_CDI_ROOT" "$WORK/nvidia.log"
+    wait_for "the kubelet registered NVIDIA's plugin" 60 registered_more_than "$before"
+    wait_for "NVIDIA's plugin published $PODS GPUs" 60 gpus_published
+    [[ "$(gpu_uuids | tr '\n' ' ')" == "${UUIDS[*]} " ]] || fail "NVIDIA's plugin publishes other GPU UUIDs than gpu-dra"
+    NV_WHOLE_ALL='' NV_MIG_ALL=''
+    for ((r = 1; r <= RUNS; r++)); do
+        sfx=$( ((RUNS == 1)) || echo "-r$r")
+        run gpu "nvidia-whole$sfx"
+        NV_WHOLE_ALL+="$ALL " NV_WHOLE_PODS=$RESULT
+        run mig "nvidia-mig$sfx"
+        NV_MIG_ALL+="$ALL " NV_MIG_PODS=$RESULT
+    done
+    NV_WHOLE=$(median <<<"$NV_WHOLE_ALL")
+    NV_MIG=$(median <<<"$NV_MIG_ALL")
+    stop_nvidia
+    ok "the same runs with NVIDIA's driver ($RUNS each)"
+fi
 
 # ---------------------------------------------------------------- report
 target=$(awk -v c="$CARVE_S" -v w="$WHOLE" 'BEGIN { printf "%.2f", 1.5 * c + w }')
@@ -284,8 +338,15 @@ bench-kubelet: $PODS pods on $GPUS through the real kubelet, driver image from t
   target: 1.5 carves + pod start = 1.5 x ${CARVE_S}s + ${WHOLE}s = ${target}s: $verdict ($(awk -v m="$MIG" -v c="$CARVE_S" -v w="$WHOLE" 'BEGIN { printf "%.1f", (m - w) / c }') carves beyond pod start)
   slow API (slow-0's GETs held $API_DELAY): all Running ${SLOW_ALL}s   $(fmt_pods <<<"$SLOW_PODS")
   others: last Running ${others_max:-none}s (limit: MIG run + 5 s = ${limit}s); slow-0 ${slow}s
-  took $((SECONDS - T0))s
 EOF
+if [[ -n $BESIDE_NVIDIA ]]; then
+    cat <<EOF
+  NVIDIA v0.5.0 (host process, DynamicMIG; same node, claims and pods):
+  whole GPU (no carve):  all Running ${NV_WHOLE}s$( ((RUNS == 1)) || echo " (median of ${NV_WHOLE_ALL% }; pods of the last run)")   $(fmt_pods <<<"$NV_WHOLE_PODS")
+  MIG 1g.10gb (carve):   all Running ${NV_MIG}s$( ((RUNS == 1)) || echo " (median of ${NV_MIG_ALL% }; pods of the last run)")   $(fmt_pods <<<"$NV_MIG_PODS")
+EOF
+fi
+echo "  took $((SECONDS - T0))s"
 if [[ -n $others_max ]] && awk -v o="$others_max" -v l="$limit" 'BEGIN { exit !(o > l) }'; then
     fail "the slow claim delayed the others: last other pod Running at ${others_max}s > ${limit}s"
 fi

@@ -10,6 +10,9 @@
 #   - 4 carves on 4 GPUs in one NodePrepareResources call (the kubelet sends a pod's claims in one
 #     call): NVIDIA's driver serialises them node-wide, gpu-dra overlaps GPUs;
 #   - RSS after CYCLES prepare/unprepare cycles of a whole GPU;
+#   - create to Running of 4 pods through the real kubelet (whole GPUs, then 4 MIG carves), by
+#     e2e/bench-kubelet.sh --beside-nvidia on a cluster of its own with a real node: gpu-dra's
+#     image through its chart, NVIDIA's plugin as a host process on the same node;
 #   - binary size, and the size of gpu-dra's image (e2e/build-image.sh from the same binary).
 #
 # Both run as host processes with each one's defaults (gpu-dra: `--mig auto`, health probes every
@@ -192,6 +195,21 @@ stop_driver
 measure_prepare ours
 NVIDIA_GATES=DynamicMIG=true measure_prepare nvidia
 
+# Pods through the real kubelet: e2e/bench-kubelet.sh --beside-nvidia (its own cluster with a real
+# node: gpu-dra's image through its chart, then NVIDIA's plugin as a host process on the same
+# node), 4 pods each with a claim on its own GPU created by one kubectl, create to all Running
+# (scheduling included, the same for both), the median of 3 runs; MIG carves take the same time.
+"$E2E/cluster" down >/dev/null 2>&1 || true
+kubelet_out=$(env -u GPU_DRA IMAGE_BINARY="$GPU_DRA" FAKE_NVML="$FAKE_NVML" "$E2E/bench-kubelet.sh" --beside-nvidia --pods 4 --runs 3 \
+    --carve "${FAKE_NVML_MIG_DELAY_MS}ms" 2>"$WORK/bench-kubelet.log") ||
+    { tail -n 20 "$WORK/bench-kubelet.log" >&2; fail "e2e/bench-kubelet.sh --beside-nvidia"; }
+echo "$kubelet_out" >&2
+# all_running LABEL: the all-Running seconds of gpu-dra's (first) and NVIDIA's (second) LABEL line.
+all_running() { grep -F "$1" <<<"$kubelet_out" | sed -n 's/.*all Running \([0-9.]*\)s.*/\1/p' | paste -sd' '; }
+read -r ours_whole_pods nvidia_whole_pods < <(all_running 'whole GPU (no carve)')
+read -r ours_mig_pods nvidia_mig_pods < <(all_running 'MIG 1g.10gb (carve)')
+[[ -n $nvidia_mig_pods ]] || fail "e2e/bench-kubelet.sh printed no NVIDIA figures: $kubelet_out"
+
 # gpu-dra's image as e2e/build-image.sh builds it from this binary (what the chart runs).
 image_size=$("$E2E/build-image.sh" --binary "$GPU_DRA" --out "$WORK/image" 2>/dev/null | sed -n 's/^IMAGE_SIZE_BYTES=//p')
 [[ -n $image_size ]] || fail "e2e/build-image.sh did not build gpu-dra's image"
@@ -207,6 +225,8 @@ row "idle CPU, gpu-dra's probe and rescan 1h" "${RESULT[ours-noprobe.idle_cpu]} 
 row "prepare whole GPU p50 / p99" "${RESULT[ours.whole.p50]} / ${RESULT[ours.whole.p99]} ms" "${RESULT[nvidia.whole.p50]} / ${RESULT[nvidia.whole.p99]} ms"
 row "prepare MIG carve p50 / p99" "${RESULT[ours.carve.p50]} / ${RESULT[ours.carve.p99]} ms" "${RESULT[nvidia.carve.p50]} / ${RESULT[nvidia.carve.p99]} ms"
 row "prepare 4 carves, 4 GPUs, one call p50" "${RESULT[ours.carve4.p50]} ms" "${RESULT[nvidia.carve4.p50]} ms"
+row "create to 4 pods Running, whole GPUs" "$ours_whole_pods s" "$nvidia_whole_pods s"
+row "create to 4 pods Running, 4 MIG carves" "$ours_mig_pods s" "$nvidia_mig_pods s"
 row "RSS after $CYCLES prepare/unprepare cycles" "${RESULT[ours.cycles_rss]} MiB" "${RESULT[nvidia.cycles_rss]} MiB"
 row "binary" "$(mib "$(stat -c %s "$GPU_DRA")") MiB" "$(mib "$(stat -c %s "$NVIDIA_PLUGIN")") MiB"
 row "image (uncompressed; NVIDIA's not built here)" "$(mib "$image_size") MiB" "-"
