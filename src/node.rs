@@ -315,6 +315,10 @@ fn spawn_usage_sampler(
                 _ = shutdown.changed() => break,
             }
             let minors = metrics.usage_targets();
+            if minors.is_empty() && !metrics.has_usage() {
+                // No prepared claim and nothing reported: no thread to wake.
+                continue;
+            }
             let control = control.clone();
             let read = tokio::task::spawn_blocking(move || {
                 let mut usage = std::collections::BTreeMap::new();
@@ -735,6 +739,7 @@ impl NodeAgent {
                 driver_name: options.driver_name.clone(),
                 timeout: options.api_timeouts.request,
             }),
+            published: Default::default(),
         };
         tasks.push(tokio::spawn(monitor.run(health_shutdown)));
         Ok(Self {

@@ -520,8 +520,7 @@ impl HealthBook {
     }
 
     /// Forgets faults on GPUs the node no longer has.
-    pub fn retain_gpus(&mut self, inventory: &NodeInventory) {
-        let minors: BTreeSet<u32> = inventory.gpus.iter().map(|g| g.minor).collect();
+    pub fn retain_gpus(&mut self, minors: &BTreeSet<u32>) {
         self.faults.retain(|f| minors.contains(&f.target.minor()));
     }
 

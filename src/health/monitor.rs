@@ -47,7 +47,17 @@ pub struct HealthMonitor {
     /// The slices being published: which devices exist.
     pub desired: watch::Receiver<Arc<Vec<ResourceSlice>>>,
     pub sink: Arc<dyn HealthSink>,
+    /// The device names of the last `desired` snapshot read: every probe round needs them and
+    /// the slices change rarely, so they are collected once per snapshot.
+    pub published: PublishedDevices,
 }
+
+/// Device names of one snapshot of the published slices (see `HealthMonitor::published`).
+#[derive(Default)]
+pub struct PublishedDevices(std::sync::Mutex<Option<NamesOfSnapshot>>);
+
+/// A snapshot of the published slices and its device names.
+type NamesOfSnapshot = (Arc<Vec<ResourceSlice>>, Arc<[String]>);
 
 pub(crate) fn now_seconds() -> i64 {
     SystemTime::now()
@@ -99,9 +109,11 @@ fn spawn_event_thread(control: &Arc<dyn GpuControl>) -> Option<mpsc::Receiver<Gp
     }
 }
 
+/// GPUs to probe (by minor), and where their answers go, in the same order: a round of probes
+/// is one request, so the probe thread wakes once per round, not once per GPU.
 type ProbeRequest = (
-    u32,
-    tokio::sync::oneshot::Sender<Result<GpuProbe, crate::gpu::GpuError>>,
+    Vec<u32>,
+    tokio::sync::oneshot::Sender<Vec<Result<GpuProbe, crate::gpu::GpuError>>>,
 );
 
 /// Probes GPUs on a thread of their own, not on the runtime's blocking threads: those may all
@@ -117,8 +129,8 @@ impl Prober {
             .name("gpu-probes".into())
             .spawn(move || {
                 // Ends when the monitor (the sender) is gone.
-                for (minor, answer) in rx {
-                    let _ = answer.send(control.probe(minor));
+                for (minors, answer) in rx {
+                    let _ = answer.send(minors.into_iter().map(|m| control.probe(m)).collect());
                 }
             });
         match spawned {
@@ -131,23 +143,38 @@ impl Prober {
     }
 
     async fn probe(&self, minor: u32) -> Option<GpuProbe> {
-        let requests = self.requests.as_ref()?;
+        self.probe_each(vec![minor])
+            .await
+            .into_iter()
+            .next()
+            .and_then(|(_, probe)| probe)
+    }
+
+    /// Probes the GPUs in one round; each GPU with its probe, `None` where it failed (logged).
+    async fn probe_each(&self, minors: Vec<u32>) -> Vec<(u32, Option<GpuProbe>)> {
+        let Some(requests) = self.requests.as_ref() else {
+            return minors.into_iter().map(|m| (m, None)).collect();
+        };
         let (tx, rx) = tokio::sync::oneshot::channel();
-        if requests.send((minor, tx)).is_err() {
-            tracing::warn!(gpu = minor, "the GPU probe thread is gone");
-            return None;
+        if requests.send((minors.clone(), tx)).is_err() {
+            tracing::warn!(gpus = ?minors, "the GPU probe thread is gone");
+            return minors.into_iter().map(|m| (m, None)).collect();
         }
-        match rx.await {
-            Ok(Ok(probe)) => Some(probe),
-            Ok(Err(error)) => {
-                tracing::warn!(gpu = minor, %error, "cannot probe GPU");
-                None
-            }
-            Err(_) => {
-                tracing::warn!(gpu = minor, "GPU probe did not finish");
-                None
-            }
-        }
+        let Ok(answers) = rx.await else {
+            tracing::warn!(gpus = ?minors, "GPU probes did not finish");
+            return minors.into_iter().map(|m| (m, None)).collect();
+        };
+        minors
+            .into_iter()
+            .zip(answers)
+            .map(|(minor, answer)| match answer {
+                Ok(probe) => (minor, Some(probe)),
+                Err(error) => {
+                    tracing::warn!(gpu = minor, %error, "cannot probe GPU");
+                    (minor, None)
+                }
+            })
+            .collect()
     }
 }
 
@@ -309,13 +336,13 @@ impl HealthMonitor {
 
     /// Probes every GPU; returns those whose health changed.
     async fn probe_all(&mut self, prober: &Prober) -> BTreeSet<u32> {
-        let inventory = self.driver.with_state(|s| s.inventory()).await;
-        self.book.retain_gpus(&inventory);
+        let minors = self.driver.with_state(|s| s.gpu_minors()).await;
+        self.book.retain_gpus(&minors);
         let now = now_seconds();
         let mut changes = Vec::new();
-        for gpu in &inventory.gpus {
-            if let Some(probe) = prober.probe(gpu.minor).await {
-                changes.extend(self.book.probe(gpu.minor, probe, &self.config, now));
+        for (minor, probe) in prober.probe_each(minors.into_iter().collect()).await {
+            if let Some(probe) = probe {
+                changes.extend(self.book.probe(minor, probe, &self.config, now));
             }
         }
         let changed = changes.iter().map(HealthChange::minor).collect();
@@ -349,14 +376,22 @@ impl HealthMonitor {
         self.report_stream();
     }
 
-    fn published_devices(&self) -> Vec<String> {
-        self.desired
-            .borrow()
+    fn published_devices(&self) -> Arc<[String]> {
+        let slices = Arc::clone(&self.desired.borrow());
+        let mut memo = self.published.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((seen, names)) = memo.as_ref()
+            && Arc::ptr_eq(seen, &slices)
+        {
+            return Arc::clone(names);
+        }
+        let names: Arc<[String]> = slices
             .iter()
             .filter_map(|s| s.spec.devices.as_ref())
             .flatten()
             .map(|d| d.name.clone())
-            .collect()
+            .collect();
+        *memo = Some((slices, Arc::clone(&names)));
+        names
     }
 
     /// Sends the taints when they changed.

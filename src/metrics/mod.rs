@@ -358,6 +358,9 @@ pub struct Metrics {
     slice_writes: Family<OperationLabel, Counter>,
     slice_sync_errors: Counter,
     device_health: Family<DeviceStateLabel, Gauge>,
+    /// What `device_health` was last set from (device, healthy): the monitor reports every
+    /// round, and most rounds change nothing.
+    device_health_set: std::sync::Mutex<Vec<(String, bool)>>,
     prepared_device_info: Family<PreparedDeviceLabels, Gauge>,
     /// The pods each claim (by UID) is reserved for, and what the info series were last
     /// rendered from, so a change of either renders them again.
@@ -526,6 +529,7 @@ impl Metrics {
             mps_daemon_restarts,
             registered_gauge,
             device_health,
+            device_health_set: std::sync::Mutex::new(Vec::new()),
             prepared_device_info,
             claim_pods: std::sync::Mutex::new(ClaimPods::default()),
             xid_errors,
@@ -549,6 +553,23 @@ impl Metrics {
     /// Each device's health after a probe round; devices no longer reported are dropped.
     pub fn observe_device_health(&self, health: &[crate::plugin::DeviceHealth]) {
         use crate::plugin::DeviceHealthStatus;
+        let set: Vec<(String, bool)> = health
+            .iter()
+            .map(|d| {
+                (
+                    d.device_name.clone(),
+                    d.status == DeviceHealthStatus::Healthy,
+                )
+            })
+            .collect();
+        let mut last = self
+            .device_health_set
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if *last == set {
+            return;
+        }
+        *last = set;
         self.device_health.clear();
         for device in health {
             let healthy = device.status == DeviceHealthStatus::Healthy;
@@ -598,6 +619,12 @@ impl Metrics {
             .flat_map(|c| &c.devices)
             .filter_map(|d| device_gpu(d, inventory).map(|(minor, _, _)| minor))
             .collect()
+    }
+
+    /// Whether any use is reported now (a round with no prepared claim clears it).
+    pub fn has_usage(&self) -> bool {
+        let claim_pods = self.claim_pods.lock().unwrap_or_else(|p| p.into_inner());
+        !claim_pods.usage.is_empty() || !claim_pods.process_pods.is_empty()
     }
 
     /// One round of GPU use (by minor): each prepared claim's device gets its memory in use,

@@ -352,6 +352,12 @@ impl DeviceState {
         self.book().inventory.clone()
     }
 
+    /// The minor numbers of the GPUs in the inventory now (without copying the inventory: the
+    /// health probe asks every round).
+    pub fn gpu_minors(&self) -> std::collections::BTreeSet<u32> {
+        self.book().inventory.gpus.iter().map(|g| g.minor).collect()
+    }
+
     /// How each GPU is offered now.
     pub fn modes(&self) -> BTreeMap<u32, GpuMode> {
         self.modes.read().unwrap_or_else(|p| p.into_inner()).clone()

@@ -238,6 +238,7 @@ pub async fn start_monitor(
         reporter: HealthReporter::new(),
         desired,
         sink,
+        published: Default::default(),
     };
     let (shutdown, stop) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
