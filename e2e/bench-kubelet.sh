@@ -245,16 +245,25 @@ run() {
 median() { tr ' ' '\n' | grep . | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 fmt_pods() { tr ' ' '\n' | grep . | sed 's/=/ /' | awk '{ printf "%s %ss  ", $1, $2 }'; }
 
-WHOLE_ALL='' MIG_ALL='' WHOLE_PODS='' MIG_PODS=''
-for ((r = 1; r <= RUNS; r++)); do
-    sfx=$( ((RUNS == 1)) || echo "-r$r")
-    run gpu "whole$sfx"
-    WHOLE_ALL+="$ALL " WHOLE_PODS=$RESULT
-    run mig "mig$sfx"
-    MIG_ALL+="$ALL " MIG_PODS=$RESULT
-done
-WHOLE=$(median <<<"$WHOLE_ALL")
-MIG=$(median <<<"$MIG_ALL")
+# runs_1_and_2 [TAG_PREFIX [VAR_PREFIX]]: RUNS rounds of runs 1 and 2 (pods tagged
+# TAG_PREFIX{whole,mig}); sets VAR_PREFIX{WHOLE,MIG}_ALL (every round's all-Running),
+# VAR_PREFIX{WHOLE,MIG} (their medians) and VAR_PREFIX{WHOLE,MIG}_PODS (the last round's pods).
+runs_1_and_2() {
+    local r sfx kind whole_all='' mig_all=''
+    for ((r = 1; r <= RUNS; r++)); do
+        sfx=$( ((RUNS == 1)) || echo "-r$r")
+        for kind in whole mig; do
+            run "$([[ $kind == whole ]] && echo gpu || echo mig)" "${1:-}$kind$sfx"
+            if [[ $kind == whole ]]; then whole_all+="$ALL "; else mig_all+="$ALL "; fi
+            printf -v "${2:-}${kind^^}_PODS" '%s' "$RESULT"
+        done
+    done
+    printf -v "${2:-}WHOLE_ALL" '%s' "$whole_all"
+    printf -v "${2:-}MIG_ALL" '%s' "$mig_all"
+    printf -v "${2:-}WHOLE" '%s' "$(median <<<"$whole_all")"
+    printf -v "${2:-}MIG" '%s' "$(median <<<"$mig_all")"
+}
+runs_1_and_2
 ok "whole GPU and MIG runs ($RUNS each)"
 
 # ---------------------------------------------------------------- run 3: a slow API server
@@ -311,16 +320,7 @@ if [[ -n $BESIDE_NVIDIA ]]; then
     wait_for "the kubelet registered NVIDIA's plugin" 60 registered_more_than "$before"
     wait_for "NVIDIA's plugin published $PODS GPUs" 60 gpus_published
     [[ "$(gpu_uuids | tr '\n' ' ')" == "${UUIDS[*]} " ]] || fail "NVIDIA's plugin publishes other GPU UUIDs than gpu-dra"
-    NV_WHOLE_ALL='' NV_MIG_ALL=''
-    for ((r = 1; r <= RUNS; r++)); do
-        sfx=$( ((RUNS == 1)) || echo "-r$r")
-        run gpu "nvidia-whole$sfx"
-        NV_WHOLE_ALL+="$ALL " NV_WHOLE_PODS=$RESULT
-        run mig "nvidia-mig$sfx"
-        NV_MIG_ALL+="$ALL " NV_MIG_PODS=$RESULT
-    done
-    NV_WHOLE=$(median <<<"$NV_WHOLE_ALL")
-    NV_MIG=$(median <<<"$NV_MIG_ALL")
+    runs_1_and_2 nvidia- NV_
     stop_nvidia
     ok "the same runs with NVIDIA's driver ($RUNS each)"
 fi

@@ -48,21 +48,11 @@ spec:
 EOF
 }
 
-# timesliced_claim_yaml NAME CEL INTERVAL: a ResourceClaim for one GPU matching CEL, time-sliced
-# through NVIDIA's GpuConfig (timeSlicingConfig.interval INTERVAL).
+# timesliced_claim_yaml NAME CEL INTERVAL: claim_yaml's claim for one GPU matching CEL,
+# time-sliced through NVIDIA's GpuConfig (timeSlicingConfig.interval INTERVAL).
 timesliced_claim_yaml() {
+    claim_yaml "$1" gpu.nvidia.com "$2"
     cat <<EOF
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {name: $1, namespace: default}
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly:
-        deviceClassName: gpu.nvidia.com
-        selectors:
-        - cel: {expression: '$2'}
     config:
     - requests: [gpu]
       opaque:

@@ -1036,7 +1036,7 @@ impl DeviceState {
     /// when it is done), so a rescan after a fault on one GPU is not held up by a carve on it or
     /// on any other.
     pub fn rescan(&self, only: Option<&BTreeSet<u32>>) -> Result<bool, PrepareError> {
-        let known: BTreeSet<u32> = self.book().inventory.gpus.iter().map(|g| g.minor).collect();
+        let known = self.gpu_minors();
         let wanted = only.cloned().unwrap_or_else(|| known.clone());
         let held = self.busy_gpus.acquire_free(wanted);
         if held.keys().is_empty() && only.is_some() {
