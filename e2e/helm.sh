@@ -153,10 +153,22 @@ out=$(kubectl apply --dry-run=server -f "$WORK/nv.yaml" 2>&1) || fail "server dr
 for refused in "webhook.enabled=true|webhook.enabled true (NVIDIA's admission webhook" \
     "kubeletPlugin.metrics.metricsPath=/m|kubeletPlugin.metrics.metricsPath: \"/m\" is a value of NVIDIA's chart" \
     "kubeletPlugin.containers.gpus.env[0].name=CDI_ROOT|kubeletPlugin.containers.gpus.env CDI_ROOT: a setting of NVIDIA's plugin" \
-    "computeDomain.enabled=true|additional properties 'computeDomain' not allowed"; do
+    "computeDomain.enabled=true|additional properties 'computeDomain' not allowed" \
+    "featureGates.ConsumableShares=false,consumableShares=4|featureGates.ConsumableShares false with consumableShares \"4\""; do
     render --set "${refused%%|*}" >/dev/null 2>"$WORK/refused.err" && fail "${refused%%|*} rendered"
     grep -qF "${refused#*|}" "$WORK/refused.err" || fail "${refused%%|*}: $(cat "$WORK/refused.err")"
 done
+# What NVIDIA's values files and its BATS suite's installs set: its ConsumableShares gate beside a
+# mode (the mode alone here), its sysfs root variable (gpu-dra's GPU_DRA_SYSFS_ROOT), and the
+# component label its scripts select the plugin pods by.
+render --set featureGates.ConsumableShares=true --set featureGates.MPSSupport=true --set consumableShares=4 \
+    --set 'kubeletPlugin.containers.gpus.env[0].name=NVIDIA_DRA_SYSFS_ROOT' --set 'kubeletPlugin.containers.gpus.env[0].value=/driver-root/sys' \
+    >"$WORK/gates.yaml" || fail "helm template with NVIDIA's ConsumableShares gate"
+as_json "$WORK/gates.yaml" | jq -e '.items[] | select(.kind == "DaemonSet") | .spec.template
+    | (.spec.containers[0].args | index("--consumable-shares=4") != null and index("--feature-gates=MPSSupport=true,") != null)
+      and (.spec.containers[0].env | any(.name == "GPU_DRA_SYSFS_ROOT" and .value == "/driver-root/sys"))
+      and .metadata.labels["dra-driver-nvidia-gpu-component"] == "kubelet-plugin"' >/dev/null \
+    || fail "NVIDIA's gate, sysfs variable or label: $(as_json "$WORK/gates.yaml" | jq -c '.items[] | select(.kind == "DaemonSet") | .spec.template | {labels: .metadata.labels, args: .spec.containers[0].args, env: .spec.containers[0].env}')"
 ok "NVIDIA's values.yaml: its keys move to gpu-dra's (ComputeDomains, node affinity, log level) and the API server accepts the render (dry run); its install guard applies as in its chart; NVIDIA's image, its webhook, a value without equivalent and an unknown key are refused, each named"
 
 # ---------------------------------------------------------------- 2. apply RBAC, policy, classes

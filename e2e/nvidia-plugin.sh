@@ -28,6 +28,8 @@ nvidia_fake_nvml() {
     nvml_in_root=$(find "$NVIDIA_ROOT" -name 'libnvidia-ml.so.*' -type f | head -n 1)
     [[ -n $nvml_in_root ]] || fail "no libnvidia-ml in the simulated driver root"
     cp "$NVIDIA_FAKE_NVML" "$nvml_in_root"
+    # The node, for the library's container mode (a pod's nvidia-smi; see e2e/fakenvml/src/lib.rs).
+    printf '\n#gpu-dra-fake-nvml-node gpus=%s node=%s\n' "$GPUS" "$NODE" >>"$nvml_in_root"
 }
 
 nvidia_node_setup() {

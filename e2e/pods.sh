@@ -224,7 +224,9 @@ watched_name() { jq -r --arg u "$1" 'select(.object.metadata.uid == $u) | .objec
 
 # check_gpu POD CONTAINER CLAIM: the container sees exactly the claim's one whole GPU: one
 # /dev/nvidia<minor> (the allocated gpu-<minor>), its UUID in NVIDIA_VISIBLE_DEVICES and in the
-# claim's status.devices. Prints the minor.
+# claim's status.devices, and NVML in the container lists it alone as GPU 0 (`nvidia-smi -L`: the
+# driver root's, through the libnvidia-ml the CDI spec mounted; the fake library's container
+# mode, which sees the GPUs whose device nodes the container has). Prints the minor.
 # check_driver_files WHERE OUTPUT: the container got the driver's files from the node's driver
 # root (a fake one: minimal ELF libraries): libraries and their links, nvidia-smi, GSP firmware;
 # without the toolkit's hook on this node, each link is the library bound at the link's path.
@@ -241,7 +243,7 @@ check_driver_files() {
 }
 
 check_gpu() {
-    local pod=$1 ctr=$2 claim=$3 out dev minor nodes uuid vis status_uuid
+    local pod=$1 ctr=$2 claim=$3 out dev minor nodes uuid vis smi status_uuid
     out=$(ctr_out "$pod" "$ctr")
     dev=$(allocated "$claim")
     [[ $dev =~ ^gpu-([0-9]+)$ ]] || fail "$pod: claim $claim allocated '$dev', not one whole GPU"
@@ -253,6 +255,8 @@ check_gpu() {
     uuid=$(attr "$dev" uuid)
     vis=$(sed -n 's/^NVIDIA_VISIBLE_DEVICES=//p' <<<"$out")
     [[ $vis == GPU-* && $vis == "$uuid" ]] || fail "$pod/$ctr: NVIDIA_VISIBLE_DEVICES='$vis', want $dev's $uuid"
+    smi=$(grep '^smi=' <<<"$out" || true)
+    [[ $smi == "smi=GPU 0: $(attr "$dev" productName) (UUID: $uuid)" ]] || fail "$pod/$ctr: nvidia-smi -L printed '$smi', want $dev ($uuid) alone"
     # Reported after the driver answers the kubelet: it may trail the container's start.
     for _ in $(seq 20); do
         status_uuid=$(claim_json "$claim" | jq -r --arg d "$dev" '.status.devices[]? | select(.device == $d) | .data.uuid')

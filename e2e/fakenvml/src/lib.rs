@@ -20,6 +20,14 @@
 //!   the fake's lock, as the gate), as real ones take up to seconds: benchmarks see whether a
 //!   driver overlaps carves on different GPUs.
 //!
+//! Inside a container (a pod's `nvidia-smi` with the library its CDI spec mounted) none of these
+//! is set. There the node comes from the library file itself: a test that installs the fake in a
+//! driver root appends a last line `#gpu-dra-fake-nvml-node gpus=<spec> node=<name>` (see
+//! [`node_in_library_file`]; ELF loaders ignore bytes past the segments). As real NVML in a
+//! container, the session then sees only the GPUs whose device node `/dev/nvidia<minor>` the
+//! container was given, numbered from 0, in their simulated initial state (the node's state file
+//! is not in the container: MIG devices the driver made are not listed there).
+//!
 //! Faults come from the simulator too (`gpu-dra sim inject`, `SimNode::inject`): event sets poll
 //! the state for the events it records, and a GPU it marks lost answers `NVML_ERROR_GPU_IS_LOST`
 //! to the calls that need the GPU to answer (temperature, memory, compute mode, event types and
@@ -118,6 +126,15 @@ struct Fake {
     enumerated: std::collections::BTreeSet<u32>,
     /// The state file `inventory` and `state` were last read from (see `Fake::refresh`).
     refreshed: Option<StateStamp>,
+    /// In a container (the library's container mode): GPU indices count the GPUs it was given.
+    in_container: bool,
+}
+
+/// As NVML in a container: the GPUs it was given are GPU 0, 1, ... in the order of their minors.
+fn renumber_visible(inventory: &mut NodeInventory) {
+    for (index, gpu) in inventory.gpus.iter_mut().enumerate() {
+        gpu.index = index as u32;
+    }
 }
 
 /// What the session is, to the simulated kernel: this process holding its GPUs open.
@@ -150,6 +167,9 @@ impl Fake {
         inventory
             .gpus
             .retain(|g| self.enumerated.contains(&g.minor));
+        if self.in_container {
+            renumber_visible(&mut inventory);
+        }
         self.inventory = inventory;
         self.state = self.node.state()?;
         self.refreshed = stamp;
@@ -407,14 +427,21 @@ fn init(flags: c_uint) -> Ret {
         };
     }
     // A first init (or one after a full shutdown) reads the configuration afresh.
-    let Ok(spec) = std::env::var("FAKE_NVML_GPUS") else {
-        return DRIVER_NOT_LOADED;
+    let (spec, node_name, state, in_container) = match std::env::var("FAKE_NVML_GPUS") {
+        Ok(spec) => (
+            spec,
+            std::env::var("FAKE_NVML_NODE").unwrap_or_else(|_| "fake-node".into()),
+            std::env::var_os("FAKE_NVML_STATE").map(Into::into),
+            false,
+        ),
+        Err(_) => match node_in_library_file() {
+            Some((spec, node_name)) => (spec, node_name, None, true),
+            None => return DRIVER_NOT_LOADED,
+        },
     };
     let Ok(spec) = spec.parse() else {
         return DRIVER_NOT_LOADED;
     };
-    let node_name = std::env::var("FAKE_NVML_NODE").unwrap_or_else(|_| "fake-node".into());
-    let state = std::env::var_os("FAKE_NVML_STATE").map(Into::into);
     let node = SimNode::new(spec, &node_name, state);
     *MIG_GATE.lock().unwrap_or_else(|p| p.into_inner()) =
         std::env::var_os("FAKE_NVML_MIG_GATE").map(PathBuf::from);
@@ -431,9 +458,15 @@ fn init(flags: c_uint) -> Ret {
         },
     };
     *MIG_DELAY.lock().unwrap_or_else(|p| p.into_inner()) = delay;
-    let (Ok(inventory), Ok(state)) = (node.inventory(), node.state()) else {
+    let (Ok(mut inventory), Ok(state)) = (node.inventory(), node.state()) else {
         return UNKNOWN;
     };
+    if in_container {
+        inventory
+            .gpus
+            .retain(|g| device_node_given(&format!("/dev/nvidia{}", g.minor)));
+        renumber_visible(&mut inventory);
+    }
     if inventory.gpus.is_empty() && flags & INIT_FLAG_NO_GPUS == 0 {
         return NOT_FOUND;
     }
@@ -459,8 +492,53 @@ fn init(flags: c_uint) -> Ret {
         call_log: std::env::var_os("FAKE_NVML_CALL_LOG").map(Into::into),
         nameless_when_lost: std::env::var_os("FAKE_NVML_NAMELESS_WHEN_LOST").is_some(),
         refreshed: None,
+        in_container,
     });
     SUCCESS
+}
+
+/// The last line of a trailer, `#gpu-dra-fake-nvml-node gpus=<spec> node=<name>`.
+const NODE_TRAILER: &str = "#gpu-dra-fake-nvml-node ";
+
+/// The node a test wrote at the end of this library's file (see the crate docs): `(spec, node
+/// name)`, or `None` when the file has no such last line.
+fn node_in_library_file() -> Option<(String, String)> {
+    use std::io::{Read, Seek, SeekFrom};
+    // dladdr names the file this function was loaded from (the path the loader opened).
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    let here = node_in_library_file as *const () as *const libc::c_void;
+    if unsafe { libc::dladdr(here, &mut info) } == 0 || info.dli_fname.is_null() {
+        return None;
+    }
+    let path = unsafe { CStr::from_ptr(info.dli_fname) }.to_str().ok()?;
+    let mut file = std::fs::File::open(path).ok()?;
+    let len = file.metadata().ok()?.len();
+    file.seek(SeekFrom::Start(len.saturating_sub(1024))).ok()?;
+    let mut tail = Vec::new();
+    file.read_to_end(&mut tail).ok()?;
+    parse_node_trailer(&String::from_utf8_lossy(&tail))
+}
+
+/// The trailer in the last line of `tail`, if it is one.
+fn parse_node_trailer(tail: &str) -> Option<(String, String)> {
+    let line = tail.strip_suffix('\n')?.rsplit('\n').next()?;
+    let fields = line.strip_prefix(NODE_TRAILER)?;
+    let (mut gpus, mut node) = (None, None);
+    for field in fields.split_whitespace() {
+        match field.split_once('=')? {
+            ("gpus", value) => gpus = Some(value.to_string()),
+            ("node", value) => node = Some(value.to_string()),
+            _ => return None,
+        }
+    }
+    Some((gpus?, node?))
+}
+
+/// Whether the container was given this GPU's device node (a character device, as the CDI
+/// spec's `deviceNodes` make them).
+fn device_node_given(path: &str) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::metadata(path).is_ok_and(|m| m.file_type().is_char_device())
 }
 
 #[unsafe(no_mangle)]
@@ -2374,4 +2452,33 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuFabricInfo(
             Err(_) => UNKNOWN,
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_node_trailer;
+
+    #[test]
+    fn the_node_trailer_is_the_last_line_only() {
+        let node =
+            parse_node_trailer("\x7fELF...\n#gpu-dra-fake-nvml-node gpus=sim:2xA100 node=n1\n");
+        assert_eq!(node, Some(("sim:2xA100".into(), "n1".into())));
+        // Not last, not a whole line, an unknown field, a missing field: no trailer.
+        assert_eq!(
+            parse_node_trailer("#gpu-dra-fake-nvml-node gpus=sim:1xA100 node=n\nmore\n"),
+            None
+        );
+        assert_eq!(
+            parse_node_trailer("#gpu-dra-fake-nvml-node gpus=sim:1xA100 node=n"),
+            None
+        );
+        assert_eq!(
+            parse_node_trailer("#gpu-dra-fake-nvml-node gpus=sim:1xA100 node=n x=1\n"),
+            None
+        );
+        assert_eq!(
+            parse_node_trailer("#gpu-dra-fake-nvml-node gpus=sim:1xA100\n"),
+            None
+        );
+    }
 }

@@ -60,6 +60,15 @@ first by every template; it removes what it handled, so a second run changes not
 {{- if eq (toString $v.consumableShares) "" -}}
 {{- $_ := set $v "consumableShares" "off" -}}
 {{- end -}}
+{{- /* NVIDIA's plugin takes consumableShares only under its ConsumableShares gate; gpu-dra's value
+needs no gate. The gate on (NVIDIA's values files set both) is the value alone; the gate off with a
+mode set is what NVIDIA's plugin refuses to start with. */ -}}
+{{- if and $v.featureGates (hasKey $v.featureGates "ConsumableShares") -}}
+{{- if and (not (get $v.featureGates "ConsumableShares")) (not (has (toString $v.consumableShares) (list "off" "disabled"))) -}}
+{{- fail (printf "featureGates.ConsumableShares false with consumableShares %q: NVIDIA's plugin refuses a mode without its gate; set the gate true or consumableShares off" (toString $v.consumableShares)) -}}
+{{- end -}}
+{{- $_ := unset $v.featureGates "ConsumableShares" -}}
+{{- end -}}
 {{- with $v.logVerbosity -}}
 {{- $level := int . -}}
 {{- $_ := set $v "logLevel" (ternary "info" (ternary "info,gpu_dra=debug" "info,gpu_dra=trace" (lt $level 5)) (lt $level 2)) -}}
@@ -131,7 +140,12 @@ first by every template; it removes what it handled, so a second run changes not
 {{- fail (printf "kubeletPlugin.containers.gpus.env %s: a setting of NVIDIA's plugin that gpu-dra takes from its chart values (cdiRoot, nvidiaDriverRoot, kubeletDir, metrics.port, consumableShares, featureGates, ...), not from this variable" .name) -}}
 {{- end -}}
 {{- end -}}
-{{- with .env -}}{{- $_ := set $v "extraEnv" (concat (default list $v.extraEnv) .) -}}{{- end -}}
+{{- /* NVIDIA's sysfs root variable (its mock-NVML setups set it) is gpu-dra's GPU_DRA_SYSFS_ROOT. */ -}}
+{{- $env := list -}}
+{{- range .env -}}
+{{- if eq .name "NVIDIA_DRA_SYSFS_ROOT" -}}{{- $env = append $env (merge (dict "name" "GPU_DRA_SYSFS_ROOT") (omit . "name")) -}}{{- else -}}{{- $env = append $env . -}}{{- end -}}
+{{- end -}}
+{{- with $env -}}{{- $_ := set $v "extraEnv" (concat (default list $v.extraEnv) .) -}}{{- end -}}
 {{- $_ := unset . "env" -}}
 {{- if hasKey . "resources" -}}{{- with .resources -}}{{- $_ := set $v "resources" . -}}{{- end -}}{{- $_ := unset . "resources" -}}{{- end -}}
 {{- end -}}
