@@ -11,9 +11,10 @@
 #   ${GPU_DRA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-dra}/k8s-${K8S_VERSION}/bin
 #
 # Usage: e2e/build-k8s.sh [NAME...]     (default: all twenty-one binaries; NVIDIA's
-# gpu-kubelet-plugin and Go e2e suite, nvidia-gpu-kubelet-plugin and nvidia-e2e-suite, and its
-# BATS suite, nvidia-bats-suite (a folder: the module's tests/bats as published), only when
-# named: e2e/vs-nvidia.sh and e2e/nvidia-suite.sh do)
+# gpu-kubelet-plugin and Go e2e suite, nvidia-gpu-kubelet-plugin and nvidia-e2e-suite, its
+# BATS suite, nvidia-bats-suite, and its chart, nvidia-chart (folders: the module's tests/bats
+# and deployments/helm/dra-driver-nvidia-gpu as published), only when named: e2e/vs-nvidia.sh,
+# e2e/nvidia-suite.sh and e2e/helm.sh do)
 # A binary is skipped when it exists and its stamp matches (pin + Go version for the upstream
 # components; additionally a hash of the harness sources for our tools, of e2e/cdi-inject's
 # sources for cdi-inject). Progress goes to stderr; the LAST line of stdout is the bin dir, so
@@ -100,7 +101,7 @@ stamp_for() {
         kit-nvidia-cdi-hook) echo "$NVIDIA_CTK_VERSION $GOVERSION static" ;;
         kit-runc) echo "$RUNC_VERSION $GOVERSION static" ;;
         nvidia-gpu-kubelet-plugin | nvidia-e2e-suite) echo "$NVIDIA_DRA_VERSION $K8S_VERSION $GOVERSION $(sha256sum <"$NVIDIA_DRA_PATCH" | cut -d' ' -f1)" ;;
-        nvidia-bats-suite) echo "$NVIDIA_DRA_VERSION" ;;
+        nvidia-bats-suite | nvidia-chart) echo "$NVIDIA_DRA_VERSION" ;;
         *) die "unknown binary '$1'" ;;
     esac
 }
@@ -119,7 +120,7 @@ WANT=("$@")
 
 declare -A STAMP
 k8s_pkgs=() tool_pkgs=() containerd_pkgs=() need_etcd= need_cdi_inject= ctk_pkgs=() need_nvml_mocks=
-need_fake_smi= static_pkgs=() need_nvidia_dra= nvidia_dra_bins=() need_nvidia_bats=
+need_fake_smi= static_pkgs=() need_nvidia_dra= nvidia_dra_bins=() nvidia_folders=()
 for name in "${WANT[@]}"; do
     STAMP[$name]=$(stamp_for "$name")
     if up_to_date "$name" "${STAMP[$name]}"; then
@@ -137,7 +138,7 @@ for name in "${WANT[@]}"; do
         kit-nvidia-cdi-hook) static_pkgs+=("github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook@$NVIDIA_CTK_VERSION") ;;
         kit-runc) static_pkgs+=("github.com/opencontainers/runc@$RUNC_VERSION") ;;
         nvidia-gpu-kubelet-plugin | nvidia-e2e-suite) need_nvidia_dra=1 nvidia_dra_bins+=("$name") ;;
-        nvidia-bats-suite) need_nvidia_bats=1 ;;
+        nvidia-bats-suite | nvidia-chart) nvidia_folders+=("$name") ;;
         *) tool_pkgs+=("./cmd/$name") ;;
     esac
 done
@@ -150,7 +151,7 @@ trap 'rm -rf "$TMP"' EXIT
 install_bins() {
     local name
     for name in "$@"; do
-        # A folder (nvidia-bats-suite) replaces the old one, not goes inside it.
+        # A folder (nvidia-bats-suite, nvidia-chart) replaces the old one, not goes inside it.
         [[ -d $BIN/$name ]] && rm -rf "${BIN:?}/$name"
         mv -f "$TMP/$name" "$BIN/$name"
         echo "${STAMP[$name]}" >"$BIN/.$name.stamp"
@@ -274,13 +275,20 @@ if [[ -n $need_nvidia_dra ]]; then
     done
 fi
 
-if [[ -n $need_nvidia_bats ]]; then
-    # NVIDIA's BATS suite, unchanged (e2e/nvidia-suite.sh copies it and names its adapters).
+if ((${#nvidia_folders[@]})); then
+    # NVIDIA's BATS suite and chart, unchanged (e2e/nvidia-suite.sh copies the suite and names
+    # its adapters; e2e/helm.sh renders the chart).
     src=$("$GO" mod download -json "sigs.k8s.io/dra-driver-nvidia-gpu@$NVIDIA_DRA_VERSION" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
-    [[ -d $src/tests/bats ]] || die "the Go module proxy did not serve sigs.k8s.io/dra-driver-nvidia-gpu@$NVIDIA_DRA_VERSION's tests/bats"
-    cp -r "$src/tests/bats" "$TMP/nvidia-bats-suite"
-    chmod -R u+w "$TMP/nvidia-bats-suite"
-    install_bins nvidia-bats-suite
+    for name in "${nvidia_folders[@]}"; do
+        case $name in
+            nvidia-bats-suite) from=tests/bats ;;
+            nvidia-chart) from=deployments/helm/dra-driver-nvidia-gpu ;;
+        esac
+        [[ -d $src/$from ]] || die "the Go module proxy did not serve sigs.k8s.io/dra-driver-nvidia-gpu@$NVIDIA_DRA_VERSION's $from"
+        cp -r "$src/$from" "$TMP/$name"
+        chmod -R u+w "$TMP/$name"
+        install_bins "$name"
+    done
 fi
 
 echo "$BIN"

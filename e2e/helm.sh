@@ -57,6 +57,18 @@ ok "helm lint and template pass; the API server accepts all $(jq '.items | lengt
 as_json "$ROOT/deviceclasses" | jq -S '[.items[] | {name: .metadata.name, spec} | select(.name | startswith("compute-domain") | not)] | sort_by(.name)' >"$WORK/classes.repo.json"
 jq -S '[.items[] | select(.kind == "DeviceClass") | {name: .metadata.name, spec}] | sort_by(.name)' "$WORK/chart.json" >"$WORK/classes.chart.json"
 diff -u "$WORK/classes.repo.json" "$WORK/classes.chart.json" >&2 || fail "the chart's DeviceClasses differ from deviceclasses/"
+# NVIDIA's chart (its v0.5.0 module, rendered with its defaults: ComputeDomains on) installs the
+# same five classes as deviceclasses/: a cluster switching charts keeps its users' classes.
+NVIDIA_CHART=$("$E2E/build-k8s.sh" nvidia-chart | tail -n 1)/nvidia-chart
+"$HELM" template nvidia "$NVIDIA_CHART" --namespace nvidia-dra --api-versions resource.k8s.io/v1 \
+    --set gpuResourcesEnabledOverride=true >"$WORK/nvidia-chart.yaml" || fail "helm template of NVIDIA's chart"
+as_json "$ROOT/deviceclasses" | jq -S '[.items[] | {name: .metadata.name, spec}] | sort_by(.name)' >"$WORK/classes.all.json"
+# (Read as YAML, not through kubectl: its chart may render kinds this cluster does not serve.)
+python3 -c 'import json, sys, yaml; print(json.dumps({"items": [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]}))' \
+    "$WORK/nvidia-chart.yaml" | jq -S '[.items[] | select(.kind == "DeviceClass") | {name: .metadata.name, spec}] | sort_by(.name)' \
+    >"$WORK/classes.nvidia.json"
+[[ $(jq length "$WORK/classes.nvidia.json") == 5 ]] || fail "NVIDIA's chart rendered $(jq -c 'map(.name)' "$WORK/classes.nvidia.json"), not its five classes"
+diff -u "$WORK/classes.all.json" "$WORK/classes.nvidia.json" >&2 || fail "NVIDIA's chart's DeviceClasses differ from deviceclasses/"
 render --set extendedResources.enabled=false --set driverName=gpu.example.com --set healthTaintEffects=lost=NoExecute \
     >"$WORK/variant.yaml" || fail "helm template with options"
 as_json "$WORK/variant.yaml" | jq -e '
@@ -68,7 +80,7 @@ as_json "$WORK/variant.yaml" | jq -e '
     and (.items[] | select(.kind == "DaemonSet") | .spec.template.spec.containers[0].args
          | index("--driver-name=gpu.example.com") != null and index("--health-taint-effects=lost=NoExecute") != null)' >/dev/null \
     || fail "extendedResources.enabled=false / driverName / healthTaintEffects did not render as expected"
-ok "the chart's DeviceClasses equal deviceclasses/; extendedResources, driverName and healthTaintEffects switch as documented"
+ok "the chart's DeviceClasses equal deviceclasses/, and so do NVIDIA's chart's (v0.5.0, its defaults); extendedResources, driverName and healthTaintEffects switch as documented"
 
 # metrics.auth=kubernetes: the flag, and the reviews it needs in the driver's ClusterRole (the
 # reviews themselves against the API server: tests/metrics_auth.rs); a value it does not know is
