@@ -1003,6 +1003,64 @@ fn extended_resources_get_the_schedulers_claim() {
 
 /// `capacity`: copies of a pod placed one after another on each node alone until one does not
 /// fit; per node, the count and what stopped it; claims already allocated count.
+/// A fleet's slices in one List file (as `kubectl get resourceslices -o json` writes them) are
+/// read on several threads and its nodes counted on several threads: the answer, node by node
+/// and in node order, is the one for the same fleet given as simulated nodes.
+#[test]
+fn capacity_on_a_listed_fleet_equals_the_simulated_fleet() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let pod = temp_manifest(
+        &dir,
+        "gpu-pod.yaml",
+        "apiVersion: resource.k8s.io/v1\nkind: ResourceClaimTemplate\nmetadata: {name: big}\nspec:\n  spec:\n    devices:\n      requests:\n      - name: gpu\n        exactly:\n          deviceClassName: gpu.nvidia.com\n          selectors:\n          - cel: {expression: \"device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('20Gi')) > 0\"}\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: trainer}\nspec:\n  containers:\n  - name: c\n    resources: {claims: [{name: gpu}]}\n  resourceClaims:\n  - {name: gpu, resourceClaimTemplateName: big}\n",
+    );
+    // Three kinds of node, interleaved, so each thread's share mixes them.
+    let specs = ["sim:2xH100-SXM5-80GB", "sim:1xT4", "sim:1xL40S"];
+    let nodes: Vec<(String, &str)> = (0..48)
+        .map(|i| (format!("node-{i:02}"), specs[i % specs.len()]))
+        .collect();
+    let mut items = Vec::new();
+    for (node, spec) in &nodes {
+        let out = gpu_dra(&["slices", "--gpus", spec, "--node-name", node, "-o", "json"]);
+        let list = json(&out);
+        items.extend(list["items"].as_array().expect("items").iter().cloned());
+    }
+    assert!(items.len() >= 64, "enough slices for two reading threads");
+    let listed = dir.path().join("fleet.json");
+    std::fs::write(
+        &listed,
+        serde_json::to_string_pretty(
+            &serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items}),
+        )
+        .expect("json"),
+    )
+    .expect("write");
+    let from_list = json(&gpu_dra(&[
+        "capacity",
+        "--slices",
+        listed.to_str().expect("utf-8"),
+        "--classes",
+        &repo("deviceclasses"),
+        "-f",
+        &pod,
+        "-o",
+        "json",
+    ]));
+    let pairs: Vec<(&str, &str)> = nodes.iter().map(|(n, s)| (n.as_str(), *s)).collect();
+    let simulated = json(&on_fleet("capacity", &pairs, &["-f", &pod, "-o", "json"]));
+    assert_eq!(from_list["nodes"], simulated["nodes"]);
+    let fits: Vec<u64> = from_list["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .map(|n| n["fits"].as_u64().expect("fits"))
+        .collect();
+    // Two H100s, no T4 (16 GB), one L40S (48 GB), node after node.
+    let expected: Vec<u64> = (0..48).map(|i| [2, 0, 1][i % 3]).collect();
+    assert_eq!(fits, expected, "{from_list}");
+    assert_eq!(from_list["total"], 16 * 3);
+}
+
 #[test]
 fn capacity_counts_more_copies_per_node_and_says_what_runs_out() {
     let dir = tempfile::tempdir().expect("tmp");

@@ -131,6 +131,20 @@ struct Parts<'a> {
 }
 
 /// Go's `parseQuantityString`.
+/// `a` then `b`, read as one decimal integer (both digits only, not both empty), as
+/// `format!("{a}{b}").parse::<i64>()` reads it.
+fn digits_value(a: &str, b: &str) -> Option<i64> {
+    if a.is_empty() && b.is_empty() {
+        return None;
+    }
+    a.bytes().chain(b.bytes()).try_fold(0i64, |acc, digit| {
+        if !digit.is_ascii_digit() {
+            return None;
+        }
+        acc.checked_mul(10)?.checked_add(i64::from(digit - b'0'))
+    })
+}
+
 fn split_quantity(s: &str) -> Result<Parts<'_>, QuantityError> {
     let b = s.as_bytes();
     let end = b.len();
@@ -343,8 +357,9 @@ impl Quantity {
         if precision >= 0 {
             scale -= parts.denom.len() as i64;
             if scale >= -9 {
-                let shifted = format!("{}{}", parts.num, parts.denom);
-                let value: i64 = shifted.parse().map_err(|_| QuantityError::Numeric)?;
+                // The digits of num and denom as one integer; precision >= 0 bounds them to
+                // 18, so i64 holds them. Read in place: allocating them was most of a parse.
+                let value = digits_value(parts.num, parts.denom).ok_or(QuantityError::Numeric)?;
                 if let Some(mut result) = int64_multiply(value, mantissa) {
                     if !parts.positive {
                         result = result.wrapping_neg();

@@ -532,6 +532,10 @@ fn with_omitted_slice_values(doc: &Value) -> Option<Value> {
             }
         }
     }
+    // Most slices omit nothing: look first, so that a fleet's slices are not all copied.
+    if !omits_slice_values(doc) {
+        return None;
+    }
     let mut filled = doc.clone();
     let mut changed = false;
     let spec = filled.get_mut("spec");
@@ -552,6 +556,37 @@ fn with_omitted_slice_values(doc: &Value) -> Option<Value> {
         }
     }
     changed.then_some(filled)
+}
+
+/// Whether [`with_omitted_slice_values`] has anything to fill in `doc`.
+fn omits_slice_values(doc: &Value) -> bool {
+    fn omits(map: Option<&Value>) -> bool {
+        let Some(Value::Object(entries)) = map else {
+            return false;
+        };
+        entries.values().any(|entry| {
+            matches!(entry, Value::Object(fields) if fields.get("value").is_none_or(Value::is_null))
+        })
+    }
+    fn omits_counters(consumption: Option<&Value>) -> bool {
+        matches!(consumption, Some(Value::Array(items)) if items.iter().any(|item| omits(item.get("counters"))))
+    }
+    let Some(spec) = doc.get("spec") else {
+        return false;
+    };
+    if omits_counters(spec.get("sharedCounters")) {
+        return true;
+    }
+    let Some(Value::Array(devices)) = spec.get("devices") else {
+        return false;
+    };
+    devices.iter().any(|device| {
+        let device = match device.get("basic") {
+            Some(basic @ Value::Object(_)) => basic,
+            _ => device,
+        };
+        omits(device.get("capacity")) || omits_counters(device.get("consumesCounters"))
+    })
 }
 
 /// As [`decode`], with the value's canonical JSON (what an older version converts from).
