@@ -1896,4 +1896,20 @@ spec:
         assert!(err.contains("item 71"), "{err}");
         assert!(err.contains("colour"), "{err}");
     }
+
+    #[test]
+    fn a_bad_device_field_is_named_by_its_full_path() {
+        // Devices are checked without paths first; the one that fails is named in full.
+        let text = r#"{"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": "s"},
+            "spec": {"driver": "gpu.nvidia.com", "nodeName": "n",
+              "pool": {"name": "n", "generation": 1, "resourceSliceCount": 1},
+              "devices": [{"name": "gpu-0", "capacity": {"memory": {"value": "80Gi"}}},
+                          {"name": "gpu-1", "capacity": {"memory": {"value": "lots"}}}]}}"#;
+        let err = read(text).expect_err("bad quantity").to_string();
+        assert!(
+            err.contains("spec.devices[1].capacity[memory].value"),
+            "{err}"
+        );
+    }
 }

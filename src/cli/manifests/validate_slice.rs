@@ -18,6 +18,18 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use super::convert::FieldError;
 use super::validate::{self, ApiGates, at_most, dns_label, invalid_if};
 
+/// A field's path under `at` (as `format!`), or "" under the empty path of a first, path-less
+/// pass over a device (see [`slice_spec`]).
+macro_rules! field {
+    ($at:expr, $($arg:tt)*) => {
+        if $at.is_empty() {
+            String::new()
+        } else {
+            format!($($arg)*)
+        }
+    };
+}
+
 const MAX_DEVICES: usize = 128;
 /// `ResourceSliceMaxDevicesWithAdvancedFeatures`: with taints, counters or list attributes.
 const MAX_DEVICES_ADVANCED: usize = 64;
@@ -85,11 +97,16 @@ pub fn slice_spec(spec: &ResourceSliceSpec, gates: ApiGates) -> Result<(), Field
     let mut device_names = BTreeSet::new();
     let per_device = spec.per_device_node_selection == Some(true);
     for (i, device) in devices.iter().enumerate() {
-        let at = format!("spec.devices[{i}]");
-        self::device(device, &at, per_device, gates)?;
+        let at = || format!("spec.devices[{i}]");
+        // Checked without field paths first: writing them for each of a fleet's 200,000
+        // devices was most of the check. A device that fails is checked again with them, for
+        // the message (the checks do not depend on the path).
+        if self::device(device, "", per_device, gates).is_err() {
+            self::device(device, &at(), per_device, gates)?;
+        }
         if !device_names.insert(device.name.as_str()) {
             return Err(FieldError::new(
-                at,
+                at(),
                 format!("Duplicate value: {:?}", device.name),
             ));
         }
@@ -114,8 +131,8 @@ pub fn slice_spec(spec: &ResourceSliceSpec, gates: ApiGates) -> Result<(), Field
     let mut set_names = BTreeSet::new();
     for (i, set) in sets.unwrap_or_default().iter().enumerate() {
         let at = format!("spec.sharedCounters[{i}]");
-        dns_label(&set.name, &format!("{at}.name"))?;
-        counters(&set.counters, &format!("{at}.counters"))?;
+        dns_label(&set.name, &field!(at, "{at}.name"))?;
+        counters(&set.counters, &field!(at, "{at}.counters"))?;
         if !set_names.insert(set.name.as_str()) {
             return Err(FieldError::new(
                 at,
@@ -146,7 +163,7 @@ fn counters(
     }
     for (name, counter) in counters {
         invalid_if(names::dns1123_label(name), name, at)?;
-        validate::quantity(&counter.value, &format!("{at}[{name}].value"))?;
+        validate::quantity(&counter.value, &field!(at, "{at}[{name}].value"))?;
     }
     Ok(())
 }
@@ -165,27 +182,27 @@ fn node_selection(
     match node_name {
         Some("") if slice => {
             return Err(FieldError::new(
-                format!("{at}.nodeName"),
+                field!(at, "{at}.nodeName"),
                 "Invalid value: \"\": must be either unset or set to a non-empty string",
             ));
         }
         Some("") => {
             return Err(FieldError::new(
-                format!("{at}.nodeName"),
+                field!(at, "{at}.nodeName"),
                 "Invalid value: \"\": must not be empty",
             ));
         }
         Some(name) => {
-            validate::dns_subdomain(name, &format!("{at}.nodeName"))?;
+            validate::dns_subdomain(name, &field!(at, "{at}.nodeName"))?;
             set.push("`nodeName`");
         }
         None => {}
     }
     if let Some(selector) = selector {
-        node_selector(selector, &format!("{at}.nodeSelector"))?;
+        node_selector(selector, &field!(at, "{at}.nodeSelector"))?;
         if slice && selector.node_selector_terms.len() != 1 {
             return Err(FieldError::new(
-                format!("{at}.nodeSelector.nodeSelectorTerms"),
+                field!(at, "{at}.nodeSelector.nodeSelectorTerms"),
                 "Invalid value: must have exactly one node selector term",
             ));
         }
@@ -203,7 +220,7 @@ fn node_selection(
             }),
             Some(false) => {
                 return Err(FieldError::new(
-                    format!("{at}.{name}"),
+                    field!(at, "{at}.{name}"),
                     "Invalid value: false: must be either unset or set to true",
                 ));
             }
@@ -235,7 +252,7 @@ fn node_selection(
 
 /// `ValidateNodeSelector`: at least one term; each requirement's key, operator and values.
 fn node_selector(selector: &NodeSelector, at: &str) -> Result<(), FieldError> {
-    let terms_at = format!("{at}.nodeSelectorTerms");
+    let terms_at = field!(at, "{at}.nodeSelectorTerms");
     if selector.node_selector_terms.is_empty() {
         return Err(FieldError::new(
             terms_at,
@@ -243,12 +260,12 @@ fn node_selector(selector: &NodeSelector, at: &str) -> Result<(), FieldError> {
         ));
     }
     for (i, term) in selector.node_selector_terms.iter().enumerate() {
-        let at = format!("{terms_at}[{i}]");
+        let at = field!(terms_at, "{terms_at}[{i}]");
         for (j, r) in term.match_expressions.iter().flatten().enumerate() {
-            requirement(r, &format!("{at}.matchExpressions[{j}]"), false)?;
+            requirement(r, &field!(at, "{at}.matchExpressions[{j}]"), false)?;
         }
         for (j, r) in term.match_fields.iter().flatten().enumerate() {
-            requirement(r, &format!("{at}.matchFields[{j}]"), true)?;
+            requirement(r, &field!(at, "{at}.matchFields[{j}]"), true)?;
         }
     }
     Ok(())
@@ -256,7 +273,7 @@ fn node_selector(selector: &NodeSelector, at: &str) -> Result<(), FieldError> {
 
 fn requirement(r: &NodeSelectorRequirement, at: &str, field: bool) -> Result<(), FieldError> {
     let values = r.values.as_deref().unwrap_or_default();
-    let values_at = format!("{at}.values");
+    let values_at = field!(at, "{at}.values");
     match r.operator.as_str() {
         "In" | "NotIn" if values.is_empty() => {
             return Err(FieldError::new(
@@ -289,7 +306,7 @@ fn requirement(r: &NodeSelectorRequirement, at: &str, field: bool) -> Result<(),
         }
         other => {
             return Err(FieldError::new(
-                format!("{at}.operator"),
+                field!(at, "{at}.operator"),
                 format!("Invalid value: {other:?}: not a valid selector operator"),
             ));
         }
@@ -297,19 +314,23 @@ fn requirement(r: &NodeSelectorRequirement, at: &str, field: bool) -> Result<(),
     if field {
         if r.key != "metadata.name" {
             return Err(FieldError::new(
-                format!("{at}.key"),
+                field!(at, "{at}.key"),
                 format!("Invalid value: {:?}: not a valid field selector key", r.key),
             ));
         }
         return Ok(());
     }
-    invalid_if(names::qualified_name(&r.key), &r.key, &format!("{at}.key"))?;
+    invalid_if(
+        names::qualified_name(&r.key),
+        &r.key,
+        &field!(at, "{at}.key"),
+    )?;
     if !matches!(r.operator.as_str(), "Gt" | "Lt") {
         for (k, value) in values.iter().enumerate() {
             invalid_if(
                 names::label_value(value),
                 value,
-                &format!("{values_at}[{k}]"),
+                &field!(values_at, "{values_at}[{k}]"),
             )?;
         }
     }
@@ -317,7 +338,7 @@ fn requirement(r: &NodeSelectorRequirement, at: &str, field: bool) -> Result<(),
 }
 
 fn device(device: &Device, at: &str, per_device: bool, gates: ApiGates) -> Result<(), FieldError> {
-    dns_label(&device.name, &format!("{at}.name"))?;
+    dns_label(&device.name, &field!(at, "{at}.name"))?;
     let empty = BTreeMap::new();
     // Without DRAListTypeAttributes the API server drops list values before validating.
     let attributes: Vec<(&String, Cow<DeviceAttribute>)> = device
@@ -367,10 +388,10 @@ fn device(device: &Device, at: &str, per_device: bool, gates: ApiGates) -> Resul
             ),
         ));
     }
-    let attributes_at = format!("{at}.attributes");
+    let attributes_at = field!(at, "{at}.attributes");
     for (key, attribute) in &attributes {
         qualified_key(key, &attributes_at)?;
-        let at = format!("{attributes_at}[{key}]");
+        let at = field!(attributes_at, "{attributes_at}[{key}]");
         if let Cow::Owned(dropped) = attribute
             && attribute_value(dropped, &at).is_err()
         {
@@ -382,12 +403,15 @@ fn device(device: &Device, at: &str, per_device: bool, gates: ApiGates) -> Resul
         }
         attribute_value(attribute, &at)?;
     }
-    let capacity_at = format!("{at}.capacity");
+    let capacity_at = field!(at, "{at}.capacity");
     let multiple = gates.consumable_capacity && device.allow_multiple_allocations == Some(true);
     for (key, capacity) in capacity {
         qualified_key(key, &capacity_at)?;
-        validate::quantity(&capacity.value, &format!("{capacity_at}[{key}].value"))?;
-        let policy_at = format!("{capacity_at}[{key}].requestPolicy");
+        validate::quantity(
+            &capacity.value,
+            &field!(capacity_at, "{capacity_at}[{key}].value"),
+        )?;
+        let policy_at = field!(capacity_at, "{capacity_at}[{key}].requestPolicy");
         if let Some(policy) = &capacity.request_policy {
             let range = policy.valid_range.as_ref();
             let quantities = policy
@@ -414,7 +438,7 @@ fn device(device: &Device, at: &str, per_device: bool, gates: ApiGates) -> Resul
                         .map(|q| (q, "validRange.step".to_string())),
                 );
             for (q, field) in quantities {
-                validate::quantity(q, &format!("{policy_at}.{field}"))?;
+                validate::quantity(q, &field!(policy_at, "{policy_at}.{field}"))?;
             }
         }
         match &capacity.request_policy {
@@ -436,7 +460,7 @@ fn device(device: &Device, at: &str, per_device: bool, gates: ApiGates) -> Resul
                 if (!values.is_empty() || policy.valid_range.is_some()) && policy.default.is_none()
                 {
                     return Err(FieldError::new(
-                        format!("{policy_at}.default"),
+                        field!(policy_at, "{policy_at}.default"),
                         "Required value",
                     ));
                 }
@@ -458,18 +482,18 @@ fn device(device: &Device, at: &str, per_device: bool, gates: ApiGates) -> Resul
         }
     }
     let taints = device.taints.as_deref();
-    at_most(taints, MAX_TAINTS, &format!("{at}.taints"))?;
+    at_most(taints, MAX_TAINTS, &field!(at, "{at}.taints"))?;
     for (i, taint) in taints.unwrap_or_default().iter().enumerate() {
-        validate::taint(taint, &format!("{at}.taints[{i}]"))?;
+        validate::taint(taint, &field!(at, "{at}.taints[{i}]"))?;
     }
     let consumed = device.consumes_counters.as_deref();
-    let consumed_at = format!("{at}.consumesCounters");
+    let consumed_at = field!(at, "{at}.consumesCounters");
     at_most(consumed, MAX_CONSUMED_COUNTER_SETS, &consumed_at)?;
     let mut sets = BTreeSet::new();
     for (i, c) in consumed.unwrap_or_default().iter().enumerate() {
-        let at = format!("{consumed_at}[{i}]");
-        dns_label(&c.counter_set, &format!("{at}.counterSet"))?;
-        counters(&c.counters, &format!("{at}.counters"))?;
+        let at = field!(consumed_at, "{consumed_at}[{i}]");
+        dns_label(&c.counter_set, &field!(at, "{at}.counterSet"))?;
+        counters(&c.counters, &field!(at, "{at}.counters"))?;
         if !sets.insert(c.counter_set.as_str()) {
             return Err(FieldError::new(
                 at,
@@ -504,7 +528,7 @@ fn device(device: &Device, at: &str, per_device: bool, gates: ApiGates) -> Resul
         at,
     )?;
     if gates.node_allocatable_resources {
-        node_allocatable(device, &format!("{at}.nodeAllocatableResources"))?;
+        node_allocatable(device, &field!(at, "{at}.nodeAllocatableResources"))?;
     }
     Ok(())
 }
@@ -513,7 +537,7 @@ fn device(device: &Device, at: &str, per_device: bool, gates: ApiGates) -> Resul
 /// the device or given as an overhead, with positive multipliers and non-negative overheads.
 fn node_allocatable(device: &Device, at: &str) -> Result<(), FieldError> {
     for (name, resource) in device.node_allocatable_resources.iter().flatten() {
-        let at = format!("{at}[{name}]");
+        let at = field!(at, "{at}[{name}]");
         let mapping = resource.mapping.as_ref();
         let overhead = resource.overhead.as_ref();
         for (q, field) in [
@@ -532,7 +556,7 @@ fn node_allocatable(device: &Device, at: &str) -> Result<(), FieldError> {
             ),
         ] {
             if let Some(q) = q {
-                validate::quantity(q, &format!("{at}.{field}"))?;
+                validate::quantity(q, &field!(at, "{at}.{field}"))?;
             }
         }
     }
@@ -542,7 +566,7 @@ fn node_allocatable(device: &Device, at: &str) -> Result<(), FieldError> {
             .unwrap_or(0.0)
     };
     for (name, resource) in device.node_allocatable_resources.iter().flatten() {
-        let at = format!("{at}[{name}]");
+        let at = field!(at, "{at}[{name}]");
         if !(name == "cpu" || name == "memory" || name.starts_with("hugepages-")) {
             return Err(FieldError::new(
                 at,
@@ -556,11 +580,11 @@ fn node_allocatable(device: &Device, at: &str) -> Result<(), FieldError> {
             ));
         }
         if let Some(mapping) = &resource.mapping {
-            let at = format!("{at}.mapping");
+            let at = field!(at, "{at}.mapping");
             match (&mapping.capacity_key, &mapping.capacity_multiplier) {
                 (Some(key), _) if key.is_empty() => {
                     return Err(FieldError::new(
-                        format!("{at}.capacityKey"),
+                        field!(at, "{at}.capacityKey"),
                         "Invalid value: \"\": capacityKey must not be an empty string",
                     ));
                 }
@@ -571,25 +595,25 @@ fn node_allocatable(device: &Device, at: &str) -> Result<(), FieldError> {
                         .is_some_and(|c| c.contains_key(key)) =>
                 {
                     return Err(FieldError::new(
-                        format!("{at}.capacityKey"),
+                        field!(at, "{at}.capacityKey"),
                         format!("Not found: {key:?}"),
                     ));
                 }
                 (Some(_), None) => {
                     return Err(FieldError::new(
-                        format!("{at}.capacityMultiplier"),
+                        field!(at, "{at}.capacityMultiplier"),
                         "Required value: capacityMultiplier is required when capacityKey is set",
                     ));
                 }
                 (Some(_), Some(m)) if sign(m) <= 0.0 => {
                     return Err(FieldError::new(
-                        format!("{at}.capacityMultiplier"),
+                        field!(at, "{at}.capacityMultiplier"),
                         format!("Invalid value: {:?}: must be positive", m.0),
                     ));
                 }
                 (None, Some(_)) => {
                     return Err(FieldError::new(
-                        format!("{at}.capacityKey"),
+                        field!(at, "{at}.capacityKey"),
                         "Required value: capacityKey is required when capacityMultiplier is set",
                     ));
                 }
@@ -599,13 +623,13 @@ fn node_allocatable(device: &Device, at: &str) -> Result<(), FieldError> {
                 && sign(m) <= 0.0
             {
                 return Err(FieldError::new(
-                    format!("{at}.deviceMultiplier"),
+                    field!(at, "{at}.deviceMultiplier"),
                     format!("Invalid value: {:?}: must be positive", m.0),
                 ));
             }
         }
         if let Some(overhead) = &resource.overhead {
-            let at = format!("{at}.overhead");
+            let at = field!(at, "{at}.overhead");
             if overhead.per_pod.is_none() && overhead.per_container.is_none() {
                 return Err(FieldError::new(
                     at,
@@ -620,7 +644,7 @@ fn node_allocatable(device: &Device, at: &str) -> Result<(), FieldError> {
                     && sign(q) < 0.0
                 {
                     return Err(FieldError::new(
-                        format!("{at}.{name}"),
+                        field!(at, "{at}.{name}"),
                         format!("Invalid value: {:?}: must be non-negative", q.0),
                     ));
                 }
@@ -681,7 +705,7 @@ fn valid_values(
     policy_at: &str,
     gates: ApiGates,
 ) -> Result<(), FieldError> {
-    let at = format!("{policy_at}.validValues");
+    let at = field!(policy_at, "{policy_at}.validValues");
     at_most(Some(values), MAX_VALID_VALUES, &at)?;
     let parsed: Vec<k8s_quantity::Quantity> = values
         .iter()
@@ -690,7 +714,7 @@ fn valid_values(
     for (i, pair) in parsed.windows(2).enumerate() {
         if pair[0].cmp_value(&pair[1]) == Ordering::Greater {
             return Err(FieldError::new(
-                format!("{at}[{}]", i + 1),
+                field!(at, "{at}[{}]", i + 1),
                 format!(
                     "Invalid value: \"{}\": values must be sorted in ascending order",
                     pair[1]
@@ -702,7 +726,7 @@ fn valid_values(
     for (i, option) in parsed.iter().enumerate() {
         if option.cmp_value(capacity) == Ordering::Greater {
             return Err(FieldError::new(
-                format!("{at}[{i}]"),
+                field!(at, "{at}[{i}]"),
                 format!(
                     "Invalid value: \"{option}\": option is larger than capacity value: {capacity}"
                 ),
@@ -715,7 +739,7 @@ fn valid_values(
         };
         if !keys.insert(key) {
             return Err(FieldError::new(
-                format!("{at}[{i}]"),
+                field!(at, "{at}[{i}]"),
                 format!("Duplicate value: \"{option}\""),
             ));
         }
@@ -744,11 +768,11 @@ fn valid_range(
     policy_at: &str,
     gates: ApiGates,
 ) -> Result<(), FieldError> {
-    let at = format!("{policy_at}.validRange");
+    let at = field!(policy_at, "{policy_at}.validRange");
     let parse = |q: &Quantity| k8s_quantity::Quantity::parse(&q.0).ok();
     let invalid = |field: &str, value: &k8s_quantity::Quantity, message: String| {
         Err(FieldError::new(
-            format!("{at}.{field}"),
+            field!(at, "{at}.{field}"),
             format!("Invalid value: \"{value}\": {message}"),
         ))
     };
@@ -958,10 +982,10 @@ fn attribute_value(a: &DeviceAttribute, at: &str) -> Result<(), FieldError> {
         long(v, at)
     };
     if let Some(s) = &a.string {
-        long(s, format!("{at}.string"))?;
+        long(s, field!(at, "{at}.string"))?;
     }
     if let Some(v) = &a.version {
-        version(v, format!("{at}.version"))?;
+        version(v, field!(at, "{at}.version"))?;
     }
     for (name, len) in [
         ("bools", a.bools.as_ref().map(Vec::len)),
@@ -971,16 +995,16 @@ fn attribute_value(a: &DeviceAttribute, at: &str) -> Result<(), FieldError> {
     ] {
         if len == Some(0) {
             return Err(FieldError::new(
-                format!("{at}.{name}"),
+                field!(at, "{at}.{name}"),
                 "Invalid value: []: must not be empty if specified",
             ));
         }
     }
     for (i, s) in a.strings.iter().flatten().enumerate() {
-        long(s, format!("{at}.strings[{i}]"))?;
+        long(s, field!(at, "{at}.strings[{i}]"))?;
     }
     for (i, v) in a.versions.iter().flatten().enumerate() {
-        version(v, format!("{at}.versions[{i}]"))?;
+        version(v, field!(at, "{at}.versions[{i}]"))?;
     }
     Ok(())
 }
@@ -992,14 +1016,14 @@ fn binding_conditions(
     failures: &[String],
     at: &str,
 ) -> Result<(), FieldError> {
-    let c_at = format!("{at}.bindingConditions");
-    let f_at = format!("{at}.bindingFailureConditions");
+    let c_at = field!(at, "{at}.bindingConditions");
+    let f_at = field!(at, "{at}.bindingFailureConditions");
     at_most(Some(conditions), MAX_BINDING_CONDITIONS, &c_at)?;
     at_most(Some(failures), MAX_BINDING_CONDITIONS, &f_at)?;
     for (list, list_at) in [(conditions, &c_at), (failures, &f_at)] {
         let mut seen = BTreeSet::new();
         for (i, c) in list.iter().enumerate() {
-            let item = format!("{list_at}[{i}]");
+            let item = field!(list_at, "{list_at}[{i}]");
             invalid_if(names::qualified_name(c), c, &item)?;
             if !seen.insert(c) {
                 return Err(FieldError::new(item, format!("Duplicate value: {c:?}")));
@@ -1012,7 +1036,7 @@ fn binding_conditions(
         .find(|(_, c)| conditions.contains(c))
     {
         return Err(FieldError::new(
-            format!("{f_at}[{i}]"),
+            field!(f_at, "{f_at}[{i}]"),
             format!(
                 "Invalid value: {c:?}: bindingFailureConditions must not overlap with bindingConditions"
             ),
