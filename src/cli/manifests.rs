@@ -656,7 +656,7 @@ impl Manifests {
             Pending::Text(raw) => slice_from_text(raw),
             Pending::Parsed(_) => None,
         };
-        let Some(mut slice) = fast else {
+        let Some(slice) = fast else {
             return self.add_document(
                 doc.parse()?,
                 Some(Kind::ResourceSlice),
@@ -672,15 +672,7 @@ impl Manifests {
             .or(slice.metadata.generate_name.as_deref())
             .unwrap_or("<no name>");
         let object = format!("ResourceSlice {name}");
-        let fail = |e: FieldError| field_error(&object, &doc.origin, e);
-        name_object(&mut slice.metadata, false, &doc.origin).map_err(fail)?;
-        validate_slice::slice_spec(&slice.spec, self.gates).map_err(fail)?;
-        self.slices.push(Entry {
-            object: slice,
-            origin: doc.origin,
-            seq,
-        });
-        Ok(())
+        self.push_slice(slice, &object, doc.origin, seq)
     }
 
     /// `part`'s objects, as if read after this one's.
@@ -974,17 +966,27 @@ impl Manifests {
                     seq,
                 });
             }
-            V1Object::Slice(slice) => {
-                let mut slice = *slice;
-                name_object(&mut slice.metadata, false, &origin).map_err(fail)?;
-                validate_slice::slice_spec(&slice.spec, self.gates).map_err(fail)?;
-                self.slices.push(Entry {
-                    object: slice,
-                    origin,
-                    seq,
-                });
-            }
+            V1Object::Slice(slice) => self.push_slice(*slice, object, origin, seq)?,
         }
+        Ok(())
+    }
+
+    /// A decoded v1 slice: named and checked as the API server would, then kept.
+    fn push_slice(
+        &mut self,
+        mut slice: ResourceSlice,
+        object: &str,
+        origin: Origin,
+        seq: usize,
+    ) -> Result<(), ManifestError> {
+        let fail = |e: FieldError| field_error(object, &origin, e);
+        name_object(&mut slice.metadata, false, &origin).map_err(fail)?;
+        validate_slice::slice_spec(&slice.spec, self.gates).map_err(fail)?;
+        self.slices.push(Entry {
+            object: slice,
+            origin,
+            seq,
+        });
         Ok(())
     }
 
