@@ -1310,10 +1310,17 @@ fn node_objects_filter_where_pods_go() {
 
 /// NVIDIA's nvbandwidth job: its ComputeDomain becomes the channel template the controller
 /// makes, its MPIJob the operator's launcher and workers; with `--replicas` every worker gets
-/// channel 0 of a node of its own (one channel per node) and its two GPUs there.
+/// channel 0 of a node of its own (one channel per node) and its two GPUs there, and the
+/// launcher (no devices, a pod of the job all the same) the control-plane node it asks for.
 #[test]
 fn nvidias_compute_domain_job_places_one_worker_per_node() {
     let job = repo("e2e/pods/nvidia/nvbandwidth-test-job.yaml");
+    let dir = tempfile::tempdir().expect("tmp");
+    let control_plane = temp_manifest(
+        &dir,
+        "cp.yaml",
+        "apiVersion: v1\nkind: Node\nmetadata: {name: cp, labels: {node-role.kubernetes.io/control-plane: ''}}\n",
+    );
     let four = [
         ("n1", "sim:4xGB200-186GB"),
         ("n2", "sim:4xGB200-186GB"),
@@ -1323,7 +1330,16 @@ fn nvidias_compute_domain_job_places_one_worker_per_node() {
     let out = on_fleet(
         "match",
         &four,
-        &["-f", &job, "--compute-domains", "--replicas", "-o", "json"],
+        &[
+            "-f",
+            &job,
+            "-f",
+            &control_plane,
+            "--compute-domains",
+            "--replicas",
+            "-o",
+            "json",
+        ],
     );
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let list = json(&out);
@@ -1378,7 +1394,7 @@ fn nvidias_compute_domain_job_places_one_worker_per_node() {
         "{claim}"
     );
     assert!(
-        text(&out.stderr).contains("MPIJob default/nvbandwidth-test-worker: all 4 pods placed"),
+        text(&out.stderr).contains("MPIJob default/nvbandwidth-test: all 5 pods placed"),
         "{}",
         text(&out.stderr)
     );
@@ -1387,10 +1403,20 @@ fn nvidias_compute_domain_job_places_one_worker_per_node() {
     let out = on_fleet(
         "match",
         &four[..2],
-        &["-f", &job, "--compute-domains", "--replicas", "-o", "json"],
+        &[
+            "-f",
+            &job,
+            "-f",
+            &control_plane,
+            "--compute-domains",
+            "--replicas",
+            "-o",
+            "json",
+        ],
     );
     assert!(
-        text(&out.stderr).contains("2 of 4 pods placed, 2 would wait"),
+        text(&out.stderr)
+            .contains("MPIJob default/nvbandwidth-test: 3 of 5 pods placed, 2 would wait"),
         "{}",
         text(&out.stderr)
     );

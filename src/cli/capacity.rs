@@ -111,6 +111,22 @@ fn count_node(
         });
         return Ok(());
     }
+    if let Some((resource, _)) = ctx
+        .unit
+        .unserved
+        .iter()
+        .find(|(resource, _)| !node.allocatable.contains_key(resource))
+    {
+        answers.push(NodeCapacity {
+            node: name.clone(),
+            fits: 0,
+            at_max: false,
+            stops: Some(format!(
+                "Insufficient {resource}: no DeviceClass names it as its extendedResourceName and the node's allocatable (a device plugin) does not have it"
+            )),
+        });
+        return Ok(());
+    }
     let own: Vec<&k8s_openapi::api::resource::v1::ResourceSlice> = allocator
         .slices()
         .iter()

@@ -2,7 +2,7 @@
 //! ResourceClaimTemplates, DeviceClasses in resource.k8s.io v1beta1/v1beta2/v1, Pods and
 //! workloads; see [`super::manifests`]) offline exactly as kube-scheduler would, pod by pod, and
 //! explain the outcome device by device.
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -499,6 +499,75 @@ fn never_fits(plan: &Plan, explanation: &Explanation, claims: &[ResourceClaim]) 
     out
 }
 
+/// How many of a workload's pods were placed.
+struct Tally {
+    object: String,
+    placed: u64,
+    total: u64,
+    gang: Option<manifests::controllers::Gang>,
+    /// A gang short of its minimum: its placed pods' devices were given back.
+    given_back: bool,
+}
+
+impl Tally {
+    /// All at once, N of M, or (a gang short of its minimum) none.
+    fn verdict(&self) -> String {
+        let Tally {
+            object,
+            placed,
+            total,
+            ..
+        } = self;
+        match &self.gang {
+            Some(gang) if self.given_back => format!(
+                "{object}: none of its {total} pods binds: a gang of at least {} ({}) and only {placed} fit; its devices stay free for others",
+                gang.min_count, gang.by
+            ),
+            Some(gang) if placed < total => format!(
+                "{object}: {placed} of {total} pods placed, at least {} as a gang ({}): it starts with {placed}",
+                gang.min_count, gang.by
+            ),
+            _ if placed == total => {
+                format!("{object}: all {total} pods placed: it starts all at once")
+            }
+            _ => format!(
+                "{object}: {placed} of {total} pods placed, {} would wait: it does not start all at once (all-or-nothing scheduling, e.g. Kueue or Volcano, would hold it back)",
+                total - placed
+            ),
+        }
+    }
+}
+
+/// What placing a gang changes, kept to undo it.
+struct GangSnapshot {
+    state: AllocatedState,
+    done: HashSet<String>,
+    out: usize,
+    claim_node: HashMap<String, String>,
+    plugin_used: HashMap<(String, String), f64>,
+}
+
+/// Whether `node`'s device plugins have what the pod asks for beyond DRA (`unserved`), after
+/// what pods placed earlier use.
+fn plugins_serve(
+    node: &FleetNode,
+    unserved: &[(String, String)],
+    used: &HashMap<(String, String), f64>,
+) -> bool {
+    unserved.iter().all(|(resource, quantity)| {
+        let have = node
+            .allocatable
+            .get(resource)
+            .and_then(|q| k8s_quantity::Quantity::parse(q).ok())
+            .map_or(0.0, |q| q.as_approximate_float());
+        let taken = used
+            .get(&(node.info.name.clone(), resource.clone()))
+            .copied()
+            .unwrap_or(0.0);
+        have - taken >= quantity.parse::<f64>().unwrap_or(f64::MAX)
+    })
+}
+
 /// The claims of `unit` not yet allocated by an earlier pod.
 fn pending(unit: &Unit, done: &HashSet<String>) -> Vec<ResourceClaim> {
     unit.claims
@@ -548,38 +617,99 @@ pub fn run_match(args: MatchArgs) -> Result<ExitCode, CliError> {
             nodes.len()
         );
     }
-    // Per workload: pods placed, and pods it has.
-    let mut placed: Vec<(String, u64, u64)> = Vec::new();
+    let gangs = args.inputs.replicas;
+    let mut tallies: Vec<Tally> = Vec::new();
+    // Where each allocated claim went: a pod sharing it must go there too.
+    let mut claim_node: HashMap<String, String> = HashMap::new();
+    // Extended resources device plugins serve, used per node.
+    let mut plugin_used: HashMap<(String, String), f64> = HashMap::new();
+    // Before a gang's first pod: what to go back to if it does not bind.
+    let mut gang_start: Option<(String, GangSnapshot)> = None;
+    let units = &loaded.plan.units;
     // Pod by pod, as the scheduler would place them: each allocation uses up its devices.
-    for unit in &loaded.plan.units {
+    for (i, unit) in units.iter().enumerate() {
+        let object = unit
+            .group
+            .as_ref()
+            .map(|g| g.object.clone())
+            .or_else(|| unit.workload.as_ref().map(|(w, _)| w.clone()));
+        let gang = unit
+            .group
+            .as_ref()
+            .and_then(|g| g.gang.as_ref())
+            .filter(|_| gangs);
+        if gang.is_some() && gang_start.as_ref().map(|(o, _)| o) != object.as_ref() {
+            gang_start = Some((
+                object.clone().unwrap_or_default(),
+                GangSnapshot {
+                    state: state.clone(),
+                    done: done.clone(),
+                    out: out.len(),
+                    claim_node: claim_node.clone(),
+                    plugin_used: plugin_used.clone(),
+                },
+            ));
+        }
         let claims = pending(unit, &done);
-        if claims.is_empty() {
+        if claims.is_empty() && unit.group.is_none() && unit.unserved.is_empty() {
             continue;
         }
+        // A claim already allocated (shared with an earlier pod) holds the pod to its node.
+        let bound = unit
+            .claims
+            .iter()
+            .find_map(|c| claim_node.get(&claim_key(c)));
         let admitted: Vec<&FleetNode> = nodes
             .iter()
             .filter(|n| unit.placement.admits(n).is_ok())
+            .filter(|n| bound.is_none_or(|b| *b == n.info.name))
             .collect();
-        let outcome = admitted.iter().find_map(|node| {
+        let served: Vec<&FleetNode> = admitted
+            .iter()
+            .copied()
+            .filter(|n| plugins_serve(n, &unit.unserved, &plugin_used))
+            .collect();
+        let outcome = served.iter().find_map(|node| {
+            if claims.is_empty() {
+                return Some((node.info.name.clone(), vec![]));
+            }
             match loaded.allocator.allocate(&node.info, &claims, &state) {
-                Ok(Outcome::Allocated(results)) => Some(results),
+                Ok(Outcome::Allocated(results)) => Some((node.info.name.clone(), results)),
                 _ => None,
             }
         });
-        if let Some((workload, total)) = &unit.workload {
-            match placed.iter_mut().find(|(w, _, _)| w == workload) {
-                Some(entry) => entry.1 += u64::from(outcome.is_some()),
-                None => placed.push((workload.clone(), u64::from(outcome.is_some()), *total)),
+        if let (Some(object), Some(total)) = (
+            &object,
+            unit.group
+                .as_ref()
+                .map(|g| g.pods)
+                .or(unit.workload.as_ref().map(|(_, t)| *t)),
+        ) {
+            match tallies.iter_mut().find(|t| &t.object == object) {
+                Some(t) => t.placed += u64::from(outcome.is_some()),
+                None => tallies.push(Tally {
+                    object: object.clone(),
+                    placed: u64::from(outcome.is_some()),
+                    total,
+                    gang: gang.cloned(),
+                    given_back: false,
+                }),
             }
         }
         match outcome {
-            Some(results) => {
+            Some((node, results)) => {
+                for (resource, quantity) in &unit.unserved {
+                    *plugin_used
+                        .entry((node.clone(), resource.clone()))
+                        .or_default() += quantity.parse::<f64>().unwrap_or(0.0);
+                }
                 for (mut claim, allocation) in claims.into_iter().zip(results) {
                     let key = claim_key(&claim);
                     state
                         .mark(&key, &allocation, &loaded.features)
                         .map_err(usage)?;
-                    done.insert(key);
+                    done.insert(key.clone());
+                    claim_node.insert(key, node.clone());
                     let status = claim
                         .status
                         .get_or_insert_with(ResourceClaimStatus::default);
@@ -598,12 +728,33 @@ pub fn run_match(args: MatchArgs) -> Result<ExitCode, CliError> {
                 let Some(first) = admitted.first() else {
                     eprintln!("no node admits the pod, before any device is looked at:");
                     for node in &nodes {
-                        if let Err(why) = unit.placement.admits(node) {
+                        if let Some(b) = bound.filter(|b| **b != node.info.name) {
+                            eprintln!(
+                                "  node {}: a claim of the pod is allocated on node {b}",
+                                node.info.name
+                            );
+                        } else if let Err(why) = unit.placement.admits(node) {
                             eprintln!("  node {}: {why}", node.info.name);
                         }
                     }
                     continue;
                 };
+                if served.is_empty() {
+                    let names: Vec<&str> = unit.unserved.iter().map(|(r, _)| r.as_str()).collect();
+                    eprintln!(
+                        "0/{} nodes are available: {} Insufficient {}: no DeviceClass names it as its extendedResourceName and no node's allocatable (a device plugin) has enough; the pod stays Pending",
+                        nodes.len(),
+                        admitted.len(),
+                        names.join(", ")
+                    );
+                    continue;
+                }
+                let first = served.first().unwrap_or(first);
+                if let Some(b) = bound {
+                    eprintln!(
+                        "a claim of the pod is allocated on node {b} (shared with a pod placed before): the pod goes there or nowhere"
+                    );
+                }
                 let explanation = explain::explain(&loaded.allocator, &first.info, &claims, &state);
                 if nodes.len() > 1 {
                     eprintln!(
@@ -619,18 +770,30 @@ pub fn run_match(args: MatchArgs) -> Result<ExitCode, CliError> {
                 eprint!("{}", short_explanation(&explanation));
             }
         }
+        // The gang's last pod: all of it binds, or none (its devices stay free for others).
+        let next = units.get(i + 1).and_then(|u| u.group.as_ref());
+        if gang.is_some()
+            && next.map(|g| &g.object) != object.as_ref()
+            && let Some((gang_object, snapshot)) = gang_start.take()
+            && let Some(tally) = tallies.iter_mut().find(|t| t.object == gang_object)
+            && tally
+                .gang
+                .as_ref()
+                .is_some_and(|g| tally.placed < g.min_count)
+        {
+            state = snapshot.state;
+            done = snapshot.done;
+            out.truncate(snapshot.out);
+            claim_node = snapshot.claim_node;
+            plugin_used = snapshot.plugin_used;
+            tally.given_back = true;
+            failed = true;
+        }
     }
     // With every replica placed in turn: does the whole workload start at once?
     if args.inputs.replicas {
-        for (workload, count, total) in &placed {
-            if count == total {
-                eprintln!("note: {workload}: all {total} pods placed: it starts all at once");
-            } else {
-                eprintln!(
-                    "note: {workload}: {count} of {total} pods placed, {} would wait: it does not start all at once (all-or-nothing scheduling, e.g. Kueue or Volcano, would hold it back)",
-                    total - count
-                );
-            }
+        for tally in &tallies {
+            eprintln!("note: {}", tally.verdict());
         }
     }
     if failed && out.is_empty() {
@@ -774,7 +937,18 @@ pub fn run_explain(args: ExplainArgs) -> Result<ExitCode, CliError> {
                     .unwrap_or("ResourceClaims no pod uses")
             );
         }
+        if !unit.unserved.is_empty() {
+            let names: Vec<&str> = unit.unserved.iter().map(|(r, _)| r.as_str()).collect();
+            println!(
+                "  Insufficient {}: no DeviceClass names it as its extendedResourceName; only a node whose device plugin serves it takes the pod",
+                names.join(", ")
+            );
+        }
         let claims = pending(unit, &done);
+        if unit.claims.is_empty() {
+            println!("  no claims: nothing to allocate (a pod of its workload all the same)");
+            continue;
+        }
         if claims.is_empty() {
             println!("  its claims are allocated already (by an earlier pod)");
             continue;

@@ -10,11 +10,13 @@
 //! `resourceClaimTemplateName` gets a claim of its own from the template, named
 //! `<pod>-<pod claim>-<5 characters>`. Generated names are derived from the inputs (the API
 //! server's are random), so the same manifests always give the same names.
+pub mod controllers;
 pub mod convert;
 pub mod derived;
 pub mod driver_config;
 pub mod extended;
 pub mod placement;
+pub mod pod_group;
 pub mod taint_rules;
 pub mod validate;
 pub mod validate_slice;
@@ -370,13 +372,30 @@ pub struct Workload {
     pub namespace: String,
     pub name: String,
     /// Field path of the pod spec (`spec`, `spec.template.spec`, ...).
-    pub spec_path: &'static str,
+    pub spec_path: String,
     pub claims: Vec<PodClaim>,
     /// Init containers then containers, with their resource requests (extended resources).
     pub containers: Vec<extended::ContainerResources>,
     pub replicas: Replicas,
     /// Node selection, tolerations, `nodeName`: which nodes the scheduler may put it on.
     pub placement: placement::PodPlacement,
+    /// The pods' names where the controller's model gives them (one per replica).
+    pub pod_names: Option<Vec<String>>,
+    /// The object several pod templates make pods for (an MPIJob's launcher and workers).
+    pub group: Option<Group>,
+    /// `schedulingGroup.podGroupName` of the pod spec: the PodGroup it binds with.
+    pub pod_group: Option<String>,
+}
+
+/// The workload object a pod belongs to, when it is more than one template's pods, or pods
+/// that bind as a gang.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Group {
+    /// `MPIJob ns/name`, `PodGroup ns/name`.
+    pub object: String,
+    /// Its pods, all templates together.
+    pub pods: u64,
+    pub gang: Option<controllers::Gang>,
 }
 
 impl Workload {
@@ -429,6 +448,8 @@ pub struct Manifests {
     /// Nodes (core/v1): their labels and taints decide where pods may go.
     pub nodes: Vec<Entry<k8s_openapi::api::core::v1::Node>>,
     pub workloads: Vec<Entry<Workload>>,
+    /// `scheduling.k8s.io` PodGroups: pods that bind together, and claims they share.
+    pub pod_groups: Vec<Entry<pod_group::PodGroup>>,
     /// One line per skipped object.
     pub notes: Vec<String>,
     /// The API server's gates its create-time checks of objects read follow.
@@ -526,26 +547,15 @@ fn field_error(object: &str, origin: &Origin, e: FieldError) -> ManifestError {
 struct PodKind {
     kind: &'static str,
     group_version: &'static str,
-    spec_path: &'static [&'static str],
-    spec_field: &'static str,
+    spec_path: Vec<String>,
+    spec_field: String,
 }
 
 fn pod_kind(kind: &str) -> Option<PodKind> {
-    const POD: (&[&str], &str) = (&["spec"], "spec");
-    const TEMPLATE: (&[&str], &str) = (&["spec", "template", "spec"], "spec.template.spec");
-    const MPI_LAUNCHER: (&[&str], &str) = (
-        &["spec", "mpiReplicaSpecs", "Launcher", "template", "spec"],
-        "spec.mpiReplicaSpecs.Launcher.template.spec",
-    );
-    const MPI_WORKER: (&[&str], &str) = (
-        &["spec", "mpiReplicaSpecs", "Worker", "template", "spec"],
-        "spec.mpiReplicaSpecs.Worker.template.spec",
-    );
-    const CRON: (&[&str], &str) = (
-        &["spec", "jobTemplate", "spec", "template", "spec"],
-        "spec.jobTemplate.spec.template.spec",
-    );
-    let (kind, group_version, (spec_path, spec_field)) = match kind {
+    const POD: &[&str] = &["spec"];
+    const TEMPLATE: &[&str] = &["spec", "template", "spec"];
+    const CRON: &[&str] = &["spec", "jobTemplate", "spec", "template", "spec"];
+    let (kind, group_version, spec_path) = match kind {
         "Pod" => ("Pod", "v1", POD),
         "Deployment" => ("Deployment", "apps/v1", TEMPLATE),
         "ReplicaSet" => ("ReplicaSet", "apps/v1", TEMPLATE),
@@ -556,16 +566,13 @@ fn pod_kind(kind: &str) -> Option<PodKind> {
         // KubeVirt: the VMI's spec holds `resourceClaims` as a pod spec does.
         "VirtualMachineInstance" => ("VirtualMachineInstance", "kubevirt.io/v1", POD),
         "VirtualMachine" => ("VirtualMachine", "kubevirt.io/v1", TEMPLATE),
-        // Kubeflow's MPI operator: one workload per role (see `mpi_roles`).
-        "MPIJob/Launcher" => ("MPIJob", "kubeflow.org/v2beta1", MPI_LAUNCHER),
-        "MPIJob/Worker" => ("MPIJob", "kubeflow.org/v2beta1", MPI_WORKER),
         _ => return None,
     };
     Some(PodKind {
         kind,
         group_version,
-        spec_path,
-        spec_field,
+        spec_path: spec_path.iter().map(|s| s.to_string()).collect(),
+        spec_field: spec_path.join("."),
     })
 }
 
@@ -692,6 +699,7 @@ impl Manifests {
             taint_rules,
             nodes,
             workloads,
+            pod_groups,
             notes,
             gates: _,
             next_seq,
@@ -706,6 +714,7 @@ impl Manifests {
         // Workloads carry their seq inside too; a slice-only read makes none.
         debug_assert!(workloads.is_empty());
         shift(&mut self.workloads, workloads, base);
+        shift(&mut self.pod_groups, pod_groups, base);
         self.notes.extend(notes);
         self.next_seq += next_seq;
     }
@@ -833,58 +842,8 @@ impl Manifests {
                 None,
             );
         }
-        if kind == "MPIJob" && only.is_none() {
-            // One workload per role: the launcher and the workers the MPI operator makes.
-            let object = format!("{kind} {}", raw_identity(&value, true));
-            if api_version != "kubeflow.org/v2beta1" {
-                return Err(field_error(
-                    &object,
-                    &origin,
-                    FieldError::new(
-                        "apiVersion",
-                        format!("{api_version:?} does not serve MPIJob; use kubeflow.org/v2beta1"),
-                    ),
-                ));
-            }
-            let roles = value
-                .pointer("/spec/mpiReplicaSpecs")
-                .and_then(Value::as_object)
-                .ok_or_else(|| {
-                    field_error(
-                        &object,
-                        &origin,
-                        FieldError::new("spec.mpiReplicaSpecs", "Required value"),
-                    )
-                })?;
-            for role in roles.keys() {
-                let pk = pod_kind(&format!("MPIJob/{role}")).ok_or_else(|| {
-                    field_error(
-                        &object,
-                        &origin,
-                        FieldError::new(
-                            format!("spec.mpiReplicaSpecs.{role}"),
-                            "not a role of MPIJob v2beta1 (Launcher, Worker)",
-                        ),
-                    )
-                })?;
-                let mut workload = parse_workload(&pk, &value, &origin, seq)
-                    .map_err(|e| field_error(&object, &origin, e))?;
-                workload.name = format!("{}-{}", workload.name, role.to_lowercase());
-                workload.replicas = Replicas::Replicas(
-                    count_field(
-                        &value,
-                        &["spec", "mpiReplicaSpecs", role.as_str(), "replicas"],
-                        1,
-                    )
-                    .map_err(|e| field_error(&object, &origin, e))?,
-                );
-                self.workloads.push(Entry {
-                    object: workload,
-                    origin: origin.clone(),
-                    seq,
-                });
-            }
-            return Ok(());
+        if controllers::handles(&kind, &api_version) && only.is_none() {
+            return self.add_controlled(&kind, &api_version, &value, origin, seq);
         }
         if let Some(pk) = pod_kind(&kind) {
             let object = format!("{kind} {}", raw_identity(&value, true));
@@ -901,10 +860,24 @@ impl Manifests {
                     ),
                 ));
             }
-            let workload = parse_workload(&pk, &value, &origin, seq)
+            let mut workload = parse_workload(&pk, &value, &origin, seq)
                 .map_err(|e| field_error(&object, &origin, e))?;
+            if kind == "Job" {
+                self.job_suspension(&mut workload, &value, &object, &origin)?;
+            }
             self.workloads.push(Entry {
                 object: workload,
+                origin,
+                seq,
+            });
+            return Ok(());
+        }
+        if kind == "PodGroup" && api_version.starts_with("scheduling.k8s.io/") && only.is_none() {
+            let object = format!("{kind} {}", raw_identity(&value, true));
+            let group = pod_group::PodGroup::parse(&api_version, &value)
+                .map_err(|e| field_error(&object, &origin, e))?;
+            self.pod_groups.push(Entry {
+                object: group,
                 origin,
                 seq,
             });
@@ -914,6 +887,101 @@ impl Manifests {
             "skipped {kind} {} ({origin}): not a Pod, workload or DRA object",
             raw_identity(&value, false)
         ));
+        Ok(())
+    }
+
+    /// A workload controller's object: one workload per pod template, named `<object>-<role>`,
+    /// with the pods the controller names, grouped as the one object they belong to.
+    fn add_controlled(
+        &mut self,
+        kind: &str,
+        api_version: &str,
+        value: &Value,
+        origin: Origin,
+        seq: usize,
+    ) -> Result<(), ManifestError> {
+        let object = format!("{kind} {}", raw_identity(value, true));
+        let fail = |e: FieldError| field_error(&object, &origin, e);
+        let name = value
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| fail(FieldError::new("metadata.name", "Required value")))?;
+        let expansion =
+            controllers::expand(kind, api_version, value, name, &|seed| name_chars(seed, 5))
+                .map_err(fail)?;
+        for note in &expansion.notes {
+            self.notes.push(format!("{object} ({origin}): {note}"));
+        }
+        let total = expansion.roles.iter().map(|r| r.pods.len() as u64).sum();
+        let whole = format!(
+            "{} {}/{name}",
+            expansion.kind,
+            value
+                .pointer("/metadata/namespace")
+                .and_then(Value::as_str)
+                .filter(|n| !n.is_empty())
+                .unwrap_or(DEFAULT_NAMESPACE)
+        );
+        for role in expansion.roles {
+            let pk = PodKind {
+                kind: expansion.kind,
+                group_version: "",
+                spec_path: role.spec_path,
+                spec_field: role.spec_field,
+            };
+            let mut workload = parse_workload(&pk, value, &origin, seq).map_err(fail)?;
+            workload.name = format!("{}-{}", workload.name, role.name);
+            workload.replicas = Replicas::Replicas(role.pods.len() as u64);
+            workload.pod_names = Some(role.pods);
+            workload.group = Some(Group {
+                object: whole.clone(),
+                pods: total,
+                gang: expansion.gang.clone(),
+            });
+            self.workloads.push(Entry {
+                object: workload,
+                origin: origin.clone(),
+                seq,
+            });
+        }
+        Ok(())
+    }
+
+    /// A suspended batch/v1 Job runs no pods, unless Kueue queues it: then it is read as
+    /// admitted.
+    fn job_suspension(
+        &mut self,
+        workload: &mut Workload,
+        value: &Value,
+        object: &str,
+        origin: &Origin,
+    ) -> Result<(), ManifestError> {
+        match value.pointer("/spec/suspend") {
+            None | Some(Value::Null | Value::Bool(false)) => {}
+            Some(Value::Bool(true)) => match controllers::queue_name(value) {
+                Some(queue) => self.notes.push(format!(
+                    "{object} ({origin}): spec.suspend is true and Kueue queues it (LocalQueue {queue:?}): read as admitted"
+                )),
+                None => {
+                    self.notes.push(format!(
+                        "{object} ({origin}): spec.suspend is true and no Kueue queue ({}) admits it: the Job controller makes no pods",
+                        controllers::KUEUE_QUEUE_LABEL
+                    ));
+                    workload.replicas = Replicas::Parallel(0);
+                }
+            },
+            Some(other) => {
+                return Err(field_error(
+                    object,
+                    origin,
+                    FieldError::new(
+                        "spec.suspend",
+                        format!("Invalid value: {other}: must be a boolean"),
+                    ),
+                ));
+            }
+        }
         Ok(())
     }
 
@@ -1049,8 +1117,8 @@ fn template_metadata(meta: Option<&ObjectMeta>) -> Result<(), FieldError> {
     )
 }
 
-fn at_path<'a>(value: &'a Value, path: &[&str]) -> Option<&'a Value> {
-    path.iter().try_fold(value, |v, key| v.get(*key))
+fn at_path<'a, S: AsRef<str>>(value: &'a Value, path: &[S]) -> Option<&'a Value> {
+    controllers::at(value, path)
 }
 
 /// A non-negative integer field (absent or null: `default`).
@@ -1087,7 +1155,7 @@ fn parse_workload(
     let field = format!("{}.resourceClaims", pk.spec_field);
     let mut claims = Vec::new();
     let mut names = HashSet::new();
-    let entries = match at_path(value, pk.spec_path).and_then(|s| s.get("resourceClaims")) {
+    let entries = match at_path(value, &pk.spec_path).and_then(|s| s.get("resourceClaims")) {
         None | Some(Value::Null) => &[][..],
         Some(Value::Array(entries)) => entries.as_slice(),
         Some(_) => return Err(FieldError::new(field, "must be a list")),
@@ -1160,18 +1228,31 @@ fn parse_workload(
         "CronJob" => job(&["spec", "jobTemplate", "spec"])?,
         _ => Replicas::Replicas(count_field(value, &["spec", "replicas"], 1)?),
     };
-    let containers = extended::containers(at_path(value, pk.spec_path), pk.spec_field)?;
-    let placement =
-        placement::PodPlacement::from_spec(at_path(value, pk.spec_path), pk.spec_field)?;
+    let spec = at_path(value, &pk.spec_path);
+    let containers = extended::containers(spec, &pk.spec_field)?;
+    let placement = placement::PodPlacement::from_spec(spec, &pk.spec_field)?;
+    let pod_group = match spec.and_then(|s| s.pointer("/schedulingGroup/podGroupName")) {
+        None | Some(Value::Null) => None,
+        Some(Value::String(name)) if !name.is_empty() => Some(name.clone()),
+        Some(other) => {
+            return Err(FieldError::new(
+                format!("{}.schedulingGroup.podGroupName", pk.spec_field),
+                format!("Invalid value: {other}: must be a PodGroup's name"),
+            ));
+        }
+    };
     Ok(Workload {
         kind: pk.kind,
         namespace,
         name,
-        spec_path: pk.spec_field,
+        spec_path: pk.spec_field.clone(),
         claims,
         containers,
         replicas,
         placement,
+        pod_names: None,
+        group: None,
+        pod_group,
     })
 }
 
@@ -1219,7 +1300,7 @@ fn device_claim_refs(
     pk: &PodKind,
     claim_names: &HashSet<String>,
 ) -> Result<(), FieldError> {
-    let devices = at_path(value, pk.spec_path)
+    let devices = at_path(value, &pk.spec_path)
         .and_then(|s| s.get("domain"))
         .and_then(|d| d.get("devices"));
     for list in ["gpus", "hostDevices"] {
@@ -1327,6 +1408,11 @@ pub struct Unit {
     pub title: Option<String>,
     /// The workload the pod is a replica of (`Job default/j`), and how many replicas it has.
     pub workload: Option<(String, u64)>,
+    /// The object whose pods it is one of, across templates, and whether they bind as a gang.
+    pub group: Option<Group>,
+    /// Extended resources the pod asks for that no DeviceClass backs: only a node whose
+    /// allocatable has them (a device plugin) takes the pod.
+    pub unserved: Vec<(String, String)>,
     pub claims: Vec<ResourceClaim>,
     /// Where the pod may go (none for claims no pod uses: any node).
     pub placement: placement::PodPlacement,
@@ -1446,15 +1532,18 @@ pub(crate) fn claim_from_template(
 
 /// The name replica `replica` of a workload's pods gets, in the style of its controller.
 fn pod_name(w: &Workload, replica: u64) -> String {
+    if let Some(name) = w
+        .pod_names
+        .as_ref()
+        .and_then(|names| names.get(usize::try_from(replica).ok()?))
+    {
+        return name.clone();
+    }
     let seed = format!("{}/{}/{}", w.kind, w.namespace, w.name);
     let suffix = name_chars(&format!("{seed}/{replica}"), 5);
     match w.kind {
         "Pod" => w.name.clone(),
         "StatefulSet" => format!("{}-{replica}", w.name),
-        // The MPI operator's `<job>-launcher` and `<job>-worker-<i>` (the workload is named
-        // `<job>-<role>`).
-        "MPIJob" if w.name.ends_with("-launcher") => w.name.clone(),
-        "MPIJob" => format!("{}-{replica}", w.name),
         // KubeVirt's launcher pod of the VMI (a VM's VMI has the VM's name).
         "VirtualMachineInstance" | "VirtualMachine" => format!("virt-launcher-{}-{suffix}", w.name),
         // Pods of the Deployment's ReplicaSet `<name>-<pod-template-hash>`.
@@ -1530,6 +1619,9 @@ pub fn plan(
     );
     let claims = index(&m.claims, "ResourceClaim", |c| &c.metadata)?;
     let templates = index(&m.templates, "ResourceClaimTemplate", |t| &t.metadata)?;
+    let pod_groups = pod_group_members(m, all_replicas)?;
+    // A group's claim from a template: one for all its pods.
+    let mut group_claims: HashMap<String, ResourceClaim> = HashMap::new();
     let mut plan = Plan::default();
     for (key, entry) in &claims {
         plan.provenance.insert(
@@ -1550,9 +1642,54 @@ pub fn plan(
             field,
             message,
         };
+        let template_named = |name: &str, at: &str| {
+            let key = format!("{}/{name}", w.namespace);
+            match templates.get(&key) {
+                Some(found) => Ok((key, *found)),
+                None => Err(fail(
+                    format!("{at}.resourceClaimTemplateName"),
+                    format!("ResourceClaimTemplate {key} is not in the inputs (give it with -f)"),
+                )),
+            }
+        };
         // No node serves the extended resources itself offline (no device plugin).
         let extended_requests = extended::requests(&w.containers, &extended_classes, |_| false);
-        if w.claims.is_empty() && extended_requests.is_empty() {
+        let unserved = extended::unserved(&w.containers, &extended_classes);
+        let in_group = match &w.pod_group {
+            Some(name) => {
+                let key = format!("{}/{name}", w.namespace);
+                let (group, pods) = pod_groups.get(&key).ok_or_else(|| {
+                    fail(
+                        format!("{}.schedulingGroup.podGroupName", w.spec_path),
+                        format!("PodGroup {key} is not in the inputs (give it with -f)"),
+                    )
+                })?;
+                Some((
+                    &group.object,
+                    Group {
+                        object: group.object.describe(),
+                        pods: *pods,
+                        gang: group.object.min_count.map(|n| controllers::Gang {
+                            min_count: n,
+                            by: format!(
+                                "{}: spec.schedulingPolicy.gang.minCount",
+                                group.object.describe()
+                            ),
+                        }),
+                    },
+                ))
+            }
+            None => None,
+        };
+        let group = in_group
+            .as_ref()
+            .map(|(_, g)| g.clone())
+            .or_else(|| w.group.clone());
+        if w.claims.is_empty()
+            && extended_requests.is_empty()
+            && unserved.is_empty()
+            && group.is_none()
+        {
             plan.notes.push(format!(
                 "{}: no {}.resourceClaims and no extended resource a DeviceClass backs; nothing to allocate",
                 w.describe(),
@@ -1569,6 +1706,35 @@ pub fn plan(
             let mut pod_claims = Vec::new();
             for (i, pc) in w.claims.iter().enumerate() {
                 let at = format!("{}.resourceClaims[{i}]", w.spec_path);
+                let shared = in_group
+                    .as_ref()
+                    .filter(|(g, _)| g.claims.contains(pc))
+                    .map(|(g, _)| *g);
+                if let (Some(g), ClaimRef::Template(name)) = (shared, &pc.source) {
+                    let group_key = format!("{}/{}/{}", g.namespace, g.name, pc.name);
+                    if let Some(claim) = group_claims.get(&group_key) {
+                        pod_claims.push(claim.clone());
+                        continue;
+                    }
+                    let (key, found) = template_named(name, &at)?;
+                    let claim = pod_group::claim_for_group(g, &pc.name, &found.object);
+                    plan.provenance.insert(
+                        claim_key(&claim),
+                        Provenance {
+                            object: format!(
+                                "ResourceClaimTemplate {key} ({}), claim {} of {}",
+                                found.origin,
+                                pc.name,
+                                g.describe()
+                            ),
+                            spec_path: "spec.spec",
+                        },
+                    );
+                    plan.generated.push(claim.clone());
+                    group_claims.insert(group_key, claim.clone());
+                    pod_claims.push(claim);
+                    continue;
+                }
                 match &pc.source {
                     ClaimRef::Named(name) => {
                         let key = format!("{}/{name}", w.namespace);
@@ -1584,15 +1750,7 @@ pub fn plan(
                         pod_claims.push(found.object.clone());
                     }
                     ClaimRef::Template(name) => {
-                        let key = format!("{}/{name}", w.namespace);
-                        let found = templates.get(&key).ok_or_else(|| {
-                            fail(
-                                format!("{at}.resourceClaimTemplateName"),
-                                format!(
-                                    "ResourceClaimTemplate {key} is not in the inputs (give it with -f)"
-                                ),
-                            )
-                        })?;
+                        let (key, found) = template_named(name, &at)?;
                         let claim = claim_from_template(
                             &pod,
                             &pod_uid,
@@ -1661,6 +1819,8 @@ pub fn plan(
                 Unit {
                     title: Some(title),
                     workload: Some((w.describe(), total)),
+                    group: group.clone(),
+                    unserved: unserved.clone(),
                     claims: pod_claims,
                     placement: w.placement.clone(),
                 },
@@ -1679,14 +1839,64 @@ pub fn plan(
             Unit {
                 title: None,
                 workload: None,
+                group: None,
+                unserved: vec![],
                 claims: unused.iter().map(|e| e.object.clone()).collect(),
                 placement: placement::PodPlacement::default(),
             },
         ));
     }
     units.sort_by_key(|(seq, _)| *seq);
-    plan.units = units.into_iter().map(|(_, u)| u).collect();
+    plan.units = gangs_together(units.into_iter().map(|(_, u)| u).collect());
     Ok(plan)
+}
+
+/// Units in input order, except that the pods of one group follow its first: a gang's pods
+/// are placed (or given back) together.
+fn gangs_together(units: Vec<Unit>) -> Vec<Unit> {
+    let mut order: Vec<Vec<Unit>> = Vec::new();
+    let mut slot: HashMap<String, usize> = HashMap::new();
+    for unit in units {
+        match unit.group.as_ref().map(|g| g.object.clone()) {
+            Some(object) => match slot.get(&object) {
+                Some(&i) => order[i].push(unit),
+                None => {
+                    slot.insert(object, order.len());
+                    order.push(vec![unit]);
+                }
+            },
+            None => order.push(vec![unit]),
+        }
+    }
+    order.into_iter().flatten().collect()
+}
+
+/// Each PodGroup the workloads' pods name, with how many pods name it.
+fn pod_group_members(
+    m: &Manifests,
+    all_replicas: bool,
+) -> Result<HashMap<String, (&Entry<pod_group::PodGroup>, u64)>, ManifestError> {
+    let mut out: HashMap<String, (&Entry<pod_group::PodGroup>, u64)> = HashMap::new();
+    for entry in &m.pod_groups {
+        let key = format!("{}/{}", entry.object.namespace, entry.object.name);
+        if let Some((first, _)) = out.get(&key) {
+            return Err(ManifestError::Field {
+                object: entry.object.describe(),
+                origin: entry.origin.clone(),
+                field: "metadata.name".into(),
+                message: format!("Duplicate value: already defined in {}", first.origin),
+            });
+        }
+        out.insert(key, (entry, 0));
+    }
+    for w in m.workloads.iter().map(|e| &e.object) {
+        if let Some(name) = &w.pod_group
+            && let Some((_, pods)) = out.get_mut(&format!("{}/{name}", w.namespace))
+        {
+            *pods += if all_replicas { w.replicas.count() } else { 1 };
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

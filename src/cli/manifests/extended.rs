@@ -30,6 +30,8 @@ pub const CLAIM_ANNOTATION: &str = "resource.kubernetes.io/extended-resource-cla
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ContainerResources {
     pub name: String,
+    /// An init container (they run one at a time: the pod needs the largest, not the sum).
+    pub init: bool,
     pub requests: BTreeMap<String, String>,
 }
 
@@ -78,6 +80,7 @@ pub fn containers(
                     .and_then(Value::as_str)
                     .unwrap_or_default()
                     .to_string(),
+                init: list == "initContainers",
                 requests,
             });
         }
@@ -157,6 +160,48 @@ pub fn requests(
     }
     out.sort_by(|a, b| a.name.cmp(&b.name));
     out
+}
+
+/// The extended resources the pod asks for that no DeviceClass backs, with the pod's request
+/// of each (the larger of its containers' sum and any one init container's, as the scheduler
+/// counts them). Only a node whose allocatable has them (a device plugin) takes the pod; other
+/// nodes fail it as "Insufficient".
+pub fn unserved(
+    containers: &[ContainerResources],
+    mapping: &BTreeMap<String, String>,
+) -> Vec<(String, String)> {
+    let mut totals: BTreeMap<&str, (f64, f64)> = BTreeMap::new();
+    for container in containers {
+        let init = container.init;
+        for (resource, quantity) in &container.requests {
+            if !is_extended(resource) || mapping.contains_key(resource) {
+                continue;
+            }
+            let Ok(q) = k8s_quantity::Quantity::parse(quantity) else {
+                continue;
+            };
+            let value = q.as_approximate_float();
+            let (sum, init_max) = totals.entry(resource).or_default();
+            if init {
+                *init_max = init_max.max(value);
+            } else {
+                *sum += value;
+            }
+        }
+    }
+    totals
+        .into_iter()
+        .filter_map(|(resource, (sum, init_max))| {
+            let value = sum.max(init_max);
+            (value > 0.0).then(|| (resource.to_string(), value.to_string()))
+        })
+        .collect()
+}
+
+/// An extended resource name (`IsExtendedResourceName`): domain-qualified, not in the
+/// `kubernetes.io` domain, not a quota `requests.` name.
+pub fn is_extended(name: &str) -> bool {
+    name.contains('/') && !name.contains("kubernetes.io/") && !name.starts_with("requests.")
 }
 
 /// A quantity's value when it is a positive whole number (`AsInt64`).

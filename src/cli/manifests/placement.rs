@@ -31,6 +31,8 @@ pub struct FleetNode {
     pub taints: Vec<Taint>,
     /// `spec.unschedulable` (cordoned).
     pub unschedulable: bool,
+    /// `status.allocatable`: extended resources a device plugin serves, among others.
+    pub allocatable: std::collections::BTreeMap<String, String>,
 }
 
 impl FleetNode {
@@ -40,6 +42,7 @@ impl FleetNode {
             info,
             taints: vec![],
             unschedulable: false,
+            allocatable: Default::default(),
         }
     }
 
@@ -61,6 +64,12 @@ impl FleetNode {
             info,
             taints: spec.and_then(|s| s.taints.clone()).unwrap_or_default(),
             unschedulable: spec.and_then(|s| s.unschedulable).unwrap_or(false),
+            allocatable: node
+                .status
+                .as_ref()
+                .and_then(|s| s.allocatable.as_ref())
+                .map(|a| a.iter().map(|(k, v)| (k.clone(), v.0.clone())).collect())
+                .unwrap_or_default(),
         }
     }
 }
