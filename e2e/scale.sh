@@ -267,10 +267,21 @@ run_layout() {
     count=$(jq '.items | length' "$WORK/slices.json")
     # Every pool complete: as many slices of its generation as it says.
     incomplete=$(jq '[.items | group_by(.spec.pool.name)[] | select(length != .[0].spec.pool.resourceSliceCount)] | length' "$WORK/slices.json")
-    rm -f "$WORK/slices.json"
+    # An autoscaler's templates (`gpu-dra templates`, the form Cluster Autoscaler takes; the
+    # Karpenter form holds the same specs) equal what each node's driver published, but for
+    # each GPU's own UUIDs and the pool generation.
+    for ((i = 1; i <= NODES; i++)); do
+        "$GPU_DRA" templates --gpus "$GPUS" "${DRIVER_FLAGS[@]}" --node-name "scale-$i" \
+            --form slices -o json >"$WORK/templates-$i.json"
+    done
+    local differential
+    differential=$(python3 "$E2E/templates-vs-live.py" "$WORK/slices.json" "$WORK"/templates-*.json) \
+        || fail "[$layout] $differential"
+    rm -f "$WORK/slices.json" "$WORK"/templates-*.json
     ((count == expected && incomplete == 0)) || fail "[$layout] $count slices (want $expected), $incomplete incomplete pools"
     local etcd_rss api_rss drv_rss
     etcd_rss=$(rss_mib "$etcd_pid") api_rss=$(rss_mib "$api_pid") drv_rss=$(drivers_rss_mib)
+    ok "[$layout] $differential"
     ok "[$layout] $NODES nodes published $count ResourceSlices ($((json_bytes / 1048576)) MiB JSON) in ${pub_s}s with $writes API writes; RSS etcd ${etcd_rss} MiB, apiserver ${api_rss} MiB, drivers ${drv_rss} MiB ($((drv_rss / NODES)) each)"
 
     # ------------------------------------------------------------ 2. restart

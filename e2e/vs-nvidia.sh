@@ -96,6 +96,12 @@ compare() {
     if [[ $label == passthrough ]]; then
         in_sim_sys=(unshare -m --propagation private sh -c 'mount --bind "$0" /sys && mount --bind "$1" /lib/modules && shift && exec "$@"'
             "$WORK/sysfs" "$WORK/modules")
+        # A machine without kernel modules (a container, some VMs) has no mount point for them:
+        # an empty one, removed again after the run.
+        if [[ ! -e /lib/modules ]]; then
+            mkdir /lib/modules
+            MADE_LIB_MODULES=1
+        fi
         modules=$WORK/modules/$(uname -r)
         mkdir -p "$modules"
         {
@@ -115,6 +121,10 @@ compare() {
     NVIDIA_PID=$!
     settled "$WORK/nvidia-$run.json" || { tail -n 30 "$WORK/nvidia-$run.log" >&2; fail "$run ($gpus): NVIDIA's plugin published no settled slices"; }
     stop_nvidia
+    if [[ -n ${MADE_LIB_MODULES:-} ]]; then
+        rmdir /lib/modules
+        MADE_LIB_MODULES=
+    fi
     clear_slices
     DRIVER_ARGS="--sysfs-root $WORK/sysfs $ours_flags" start_driver
     settled "$WORK/ours-$run.json" || fail "$run ($gpus): gpu-dra published no settled slices"

@@ -332,3 +332,75 @@ fn health_reports_registration_faults_and_lost_gpus() {
         "gpu-0 lost in {report}"
     );
 }
+
+/// `gpu-dra templates` is `gpu-dra slices` of the model less each GPU's own UUIDs: in both
+/// forms, for every device, with the same flags.
+#[test]
+fn templates_are_the_published_slices_less_the_gpus_uuids() {
+    let model = "sim:2xH100-SXM5-80GB";
+    let published = stdout(&gpu_dra(&[
+        "slices",
+        "--gpus",
+        model,
+        "--node-name",
+        "n1",
+        "--mig",
+        "dynamic",
+        "-o",
+        "json",
+    ]));
+    let as_slices = stdout(&gpu_dra(&[
+        "templates",
+        "--gpus",
+        model,
+        "--node-name",
+        "n1",
+        "--mig",
+        "dynamic",
+        "--form",
+        "slices",
+        "-o",
+        "json",
+    ]));
+    let mut stripped = published.clone();
+    for slice in stripped["items"].as_array_mut().expect("items") {
+        // `get_mut`: indexing would add `devices: null` to the counter sets' slice.
+        let devices = slice["spec"]
+            .get_mut("devices")
+            .and_then(|d| d.as_array_mut());
+        for device in devices.into_iter().flatten() {
+            let attributes = device["attributes"].as_object_mut().expect("attributes");
+            // A GPU has its UUID; a MIG placement not yet made, its GPU's.
+            let removed = [attributes.remove("uuid"), attributes.remove("parentUUID")];
+            assert!(removed.iter().any(Option::is_some), "{device}");
+        }
+    }
+    assert_eq!(as_slices, stripped);
+
+    let karpenter = stdout(&gpu_dra(&[
+        "templates",
+        "--gpus",
+        model,
+        "--mig",
+        "dynamic",
+        "-o",
+        "json",
+    ]));
+    let templates = karpenter["resourceSliceTemplates"]
+        .as_array()
+        .expect("templates");
+    assert_eq!(
+        templates.len(),
+        published["items"].as_array().expect("items").len()
+    );
+    let names: Vec<String> = templates
+        .iter()
+        .flat_map(|t| t["devices"].as_array().cloned().unwrap_or_default())
+        .map(|d| d["name"].as_str().expect("name").to_string())
+        .collect();
+    assert_eq!(names, device_names(&published));
+    assert_eq!(templates[0]["pool"], "template");
+    let bindings = karpenter["attributeBindings"].as_array().expect("bindings");
+    assert_eq!(bindings.len(), 2, "one per GPU: {bindings:?}");
+    assert_eq!(bindings[0]["attribute"], "gpu.nvidia.com/parentUUID");
+}

@@ -35,6 +35,7 @@ pub mod repack;
 pub mod run;
 pub mod sim;
 pub mod slices;
+pub mod templates;
 pub mod usage;
 pub mod vfio_check;
 
@@ -109,6 +110,9 @@ pub enum Command {
     ComputeDomainController(compute_domain_controller::ControllerArgs),
     /// Print the ResourceSlices this node would publish, as a v1 List.
     Slices(slices::SlicesArgs),
+    /// Print the ResourceSlices a node of a model will publish as an autoscaler's templates
+    /// (Karpenter's instance-type form, or ResourceSlices), without the GPUs' UUIDs.
+    Templates(templates::TemplatesArgs),
     /// Print the CDI spec a claim holding some of this node's devices gets (device nodes, driver
     /// libraries, binaries, firmware, hooks).
     Cdi(cdi::CdiArgs),
@@ -166,6 +170,7 @@ pub fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Run(args) => run::run(args),
         Command::ComputeDomainController(args) => compute_domain_controller::run(args),
         Command::Slices(args) => slices::run(args),
+        Command::Templates(args) => templates::run(args),
         Command::Cdi(args) => cdi::run(args),
         Command::Health(args) => health::run(args),
         Command::Usage(args) => usage::run(args),

@@ -207,7 +207,7 @@ pub struct RunArgs {
 }
 
 /// `--device-order`: `packed` or `name`.
-fn device_order() -> impl clap::builder::TypedValueParser<Value = DeviceOrder> {
+pub(super) fn device_order() -> impl clap::builder::TypedValueParser<Value = DeviceOrder> {
     use clap::builder::TypedValueParser;
     clap::builder::PossibleValuesParser::new(["packed", "name"]).map(|s| match s.as_str() {
         "name" => DeviceOrder::Name,

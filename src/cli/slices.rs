@@ -161,15 +161,27 @@ pub struct SlicesArgs {
     pub output: OutputFormat,
 }
 
-pub fn run(args: SlicesArgs) -> Result<ExitCode, CliError> {
-    let inventory = gpu::discover(&args.gpu.discovery(&args.node_name))?;
+/// The node's GPUs and the options the driver would publish them with, from the flags.
+pub fn discover_with_options(
+    gpu: &GpuArgs,
+    gated: &GatedArgs,
+    driver_name: &str,
+    node_name: &str,
+) -> Result<(gpu::NodeInventory, SliceOptions), CliError> {
+    let inventory = gpu::discover(&gpu.discovery(node_name))?;
     let mut options = SliceOptions {
-        mig_policy: args.gpu.mig,
-        consumable: args.gpu.consumable_shares,
-        passthrough: args.gpu.passthrough,
-        ..SliceOptions::new(&args.driver_name, &args.node_name)
+        mig_policy: gpu.mig,
+        consumable: gpu.consumable_shares,
+        passthrough: gpu.passthrough,
+        ..SliceOptions::new(driver_name, node_name)
     };
-    args.gated.apply(&mut options)?;
+    gated.apply(&mut options)?;
+    Ok((inventory, options))
+}
+
+pub fn run(args: SlicesArgs) -> Result<ExitCode, CliError> {
+    let (inventory, options) =
+        discover_with_options(&args.gpu, &args.gated, &args.driver_name, &args.node_name)?;
     if options.passthrough {
         slices::passthrough::log_offer(&inventory, &options.modes(&inventory));
     }

@@ -26,6 +26,7 @@ pub mod packing;
 pub mod partitions;
 pub mod passthrough;
 pub mod publish;
+pub mod template;
 pub mod validate;
 
 /// NVIDIA's driver name; users' DeviceClasses select on it.
