@@ -14,10 +14,15 @@ use serde_json::Value;
 
 /// `match -f FILE --replicas -o json` on a fleet of nodes (`NAME=SPEC`), stock classes.
 fn place(manifest: &str, nodes: &[(&str, &str)]) -> (Output, String) {
+    on_fleet("match", manifest, nodes)
+}
+
+/// `COMMAND -f FILE --replicas -o json` on a fleet of nodes (`NAME=SPEC`), stock classes.
+fn on_fleet(command: &str, manifest: &str, nodes: &[(&str, &str)]) -> (Output, String) {
     let dir = tempfile::tempdir().expect("tmp");
     let path = dir.path().join("workload.yaml");
     std::fs::write(&path, manifest).expect("write");
-    let mut args = vec!["match".to_string()];
+    let mut args = vec![command.to_string()];
     for (node, spec) in nodes {
         args.push("--slices".into());
         args.push(format!("{node}={spec}"));
@@ -512,5 +517,48 @@ spec:
     assert!(
         stderr.contains("0/2 nodes are available: 2 Insufficient nvidia.com/mig-1g.10gb"),
         "{stderr}"
+    );
+}
+
+/// `capacity --replicas` of a workload of several pods counts copies of the whole workload on
+/// the fleet: each copy's pods placed in turn, all of them (or a gang's minimum) or the copy
+/// does not count; the next copy's first pod that does not fit says why.
+#[test]
+fn capacity_counts_copies_of_a_whole_workload() {
+    let jobset = r#"
+apiVersion: jobset.x-k8s.io/v1alpha2
+kind: JobSet
+metadata: {name: train}
+spec:
+  replicatedJobs:
+  - name: workers
+    replicas: 2
+    template:
+      spec:
+        template:
+          spec:
+            containers:
+            - {name: t, image: x, resources: {limits: {nvidia.com/gpu: 4}}}
+  - name: driver
+    template:
+      spec:
+        template:
+          spec:
+            containers: [{name: d, image: x}]
+"#;
+    let (out, stderr) = on_fleet("capacity", jobset, &TWO_H100_NODES);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let answer: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(answer["workload"], "JobSet default/train");
+    assert_eq!(answer["pods"], 3);
+    assert_eq!(
+        answer["fits"], 2,
+        "8 GPUs a copy, 16 in the fleet: {answer}"
+    );
+    assert!(
+        answer["stops"]
+            .as_str()
+            .is_some_and(|s| s.contains("train-workers") && s.contains("devices in use")),
+        "{answer}"
     );
 }
