@@ -562,3 +562,121 @@ spec:
         "{answer}"
     );
 }
+
+/// Kueue's quota on gpu-dra's devices: with the Configuration's deviceClassMappings, a
+/// ClusterQueue's nominal quota of whole GPUs admits the first queued Job and leaves the second
+/// suspended (its pods never run), saying which ClusterQueue and resource stop it; a claim with
+/// a CEL selector is inadmissible, as Kueue marks it.
+#[test]
+fn kueue_quota_on_devices_admits_in_order_and_names_what_holds_a_workload() {
+    let kueue = r#"
+apiVersion: config.kueue.x-k8s.io/v1beta2
+kind: Configuration
+resources:
+  deviceClassMappings:
+  - name: whole-gpus
+    deviceClassNames: [gpu.nvidia.com]
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ResourceFlavor
+metadata: {name: default}
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ClusterQueue
+metadata: {name: gpus}
+spec:
+  namespaceSelector: {}
+  resourceGroups:
+  - coveredResources: [cpu, whole-gpus]
+    flavors:
+    - name: default
+      resources:
+      - {name: cpu, nominalQuota: 64}
+      - {name: whole-gpus, nominalQuota: 6}
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: LocalQueue
+metadata: {name: team, namespace: default}
+spec: {clusterQueue: gpus}
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: two-gpus}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpu
+        exactly: {deviceClassName: gpu.nvidia.com, count: 2}
+"#;
+    let job = |name: &str, template: &str| {
+        format!(
+            r#"---
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: {name}
+  labels: {{kueue.x-k8s.io/queue-name: team}}
+spec:
+  parallelism: 2
+  completions: 2
+  suspend: true
+  template:
+    spec:
+      restartPolicy: Never
+      containers:
+      - name: c
+        image: x
+        resources: {{requests: {{cpu: "1"}}, claims: [{{name: gpu}}]}}
+      resourceClaims:
+      - {{name: gpu, resourceClaimTemplateName: {template}}}
+"#
+        )
+    };
+    let manifest = format!(
+        "{kueue}{}{}",
+        job("first", "two-gpus"),
+        job("second", "two-gpus")
+    );
+    let (out, stderr) = place(&manifest, &TWO_H100_NODES);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(
+        stderr.contains("Job default/second: Kueue would not admit it (quota: ClusterQueue gpus: whole-gpus needs 4, 2 of 6 left)"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("note: Job default/first: all 2 pods placed"),
+        "{stderr}"
+    );
+    assert_eq!(pools_of(&out).len(), 4, "only the first Job's GPUs");
+
+    let selector = kueue.replace(
+        "exactly: {deviceClassName: gpu.nvidia.com, count: 2}",
+        "exactly: {deviceClassName: gpu.nvidia.com, count: 2, selectors: [{cel: {expression: 'true'}}]}",
+    );
+    let (out, stderr) = place(
+        &format!("{selector}{}", job("first", "two-gpus")),
+        &TWO_H100_NODES,
+    );
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(
+            "inadmissible: claim \"gpu\" request \"gpu\": Kueue does not admit CEL selectors"
+        ),
+        "{stderr}"
+    );
+
+    let cohort = kueue.replace(
+        "  namespaceSelector: {}",
+        "  cohortName: shared\n  namespaceSelector: {}",
+    );
+    let (out, stderr) = place(
+        &format!("{cohort}{}", job("first", "two-gpus")),
+        &TWO_H100_NODES,
+    );
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("spec.cohortName") && stderr.contains("not predicted"),
+        "{stderr}"
+    );
+}

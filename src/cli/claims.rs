@@ -261,7 +261,8 @@ pub(super) fn load_with(
         &stock_classes,
         std::mem::take(&mut cluster.docs),
     )?;
-    if plan.units.is_empty() {
+    // Workloads Kueue holds are an answer (none of their pods runs), not an empty input.
+    if plan.units.is_empty() && plan.held.is_empty() {
         return Err(usage(
             "nothing to allocate: no ResourceClaim, no pod asks for one (spec.resourceClaims), and no container asks for an extended resource a DeviceClass backs",
         ));
@@ -796,6 +797,8 @@ pub fn run_match(args: MatchArgs) -> Result<ExitCode, CliError> {
             eprintln!("note: {}", tally.verdict());
         }
     }
+    // A workload Kueue would not admit runs none of its pods (said in the notes above).
+    failed |= !loaded.plan.held.is_empty();
     if failed && out.is_empty() {
         return Ok(ExitCode::from(1));
     }
@@ -972,6 +975,8 @@ pub fn run_explain(args: ExplainArgs) -> Result<ExitCode, CliError> {
             _ => refused += 1,
         }
     }
+    // A workload Kueue holds runs none of its pods (the notes above say why).
+    refused += loaded.plan.held.len();
     Ok(match (allocated, refused) {
         (_, 0) => ExitCode::SUCCESS,
         (0, _) => ExitCode::from(1),

@@ -15,6 +15,7 @@ pub mod convert;
 pub mod derived;
 pub mod driver_config;
 pub mod extended;
+pub mod kueue;
 pub mod placement;
 pub mod pod_group;
 pub mod taint_rules;
@@ -385,6 +386,8 @@ pub struct Workload {
     pub group: Option<Group>,
     /// `schedulingGroup.podGroupName` of the pod spec: the PodGroup it binds with.
     pub pod_group: Option<String>,
+    /// The Kueue LocalQueue (`kueue.x-k8s.io/queue-name`) the object is queued in.
+    pub queue: Option<String>,
 }
 
 /// The workload object a pod belongs to, when it is more than one template's pods, or pods
@@ -450,6 +453,8 @@ pub struct Manifests {
     pub workloads: Vec<Entry<Workload>>,
     /// `scheduling.k8s.io` PodGroups: pods that bind together, and claims they share.
     pub pod_groups: Vec<Entry<pod_group::PodGroup>>,
+    /// Kueue's queues and quotas, when given.
+    pub kueue: kueue::Kueue,
     /// One line per skipped object.
     pub notes: Vec<String>,
     /// The API server's gates its create-time checks of objects read follow.
@@ -700,10 +705,13 @@ impl Manifests {
             nodes,
             workloads,
             pod_groups,
+            kueue,
             notes,
             gates: _,
             next_seq,
         } = part;
+        // A slice-only read holds no Kueue object.
+        debug_assert!(kueue.is_empty());
         let base = self.next_seq;
         shift(&mut self.claims, claims, base);
         shift(&mut self.templates, templates, base);
@@ -870,6 +878,13 @@ impl Manifests {
                 origin,
                 seq,
             });
+            return Ok(());
+        }
+        if kueue::handles(&kind, &api_version) && only.is_none() {
+            let object = format!("{kind} {}", raw_identity(&value, kind == "LocalQueue"));
+            self.kueue
+                .add(&kind, &value)
+                .map_err(|e| field_error(&object, &origin, e))?;
             return Ok(());
         }
         if kind == "PodGroup" && api_version.starts_with("scheduling.k8s.io/") && only.is_none() {
@@ -1253,6 +1268,7 @@ fn parse_workload(
         pod_names: None,
         group: None,
         pod_group,
+        queue: controllers::queue_name(value).map(str::to_string),
     })
 }
 
@@ -1428,6 +1444,8 @@ pub struct Plan {
     pub generated: Vec<ResourceClaim>,
     /// Per claim (`namespace/name`).
     pub provenance: HashMap<String, Provenance>,
+    /// Workloads Kueue would not admit (their pods are not placed).
+    pub held: Vec<String>,
 }
 
 /// The claim's `status.allocation`, if it is allocated.
@@ -1620,6 +1638,11 @@ pub fn plan(
     let claims = index(&m.claims, "ResourceClaim", |c| &c.metadata)?;
     let templates = index(&m.templates, "ResourceClaimTemplate", |t| &t.metadata)?;
     let pod_groups = pod_group_members(m, all_replicas)?;
+    let held = if m.kueue.is_empty() {
+        BTreeMap::new()
+    } else {
+        kueue_admission(m, &templates)
+    };
     // A group's claim from a template: one for all its pods.
     let mut group_claims: HashMap<String, ResourceClaim> = HashMap::new();
     let mut plan = Plan::default();
@@ -1636,6 +1659,19 @@ pub fn plan(
     let mut units: Vec<(usize, Unit)> = Vec::new();
     for entry in &m.workloads {
         let w = &entry.object;
+        let object = w
+            .group
+            .as_ref()
+            .map_or_else(|| w.describe(), |g| g.object.clone());
+        if let Some(why) = held.get(&object) {
+            if !plan.held.contains(&object) {
+                plan.notes.push(format!(
+                    "{object}: Kueue would not admit it ({why}): it stays suspended and none of its pods runs"
+                ));
+                plan.held.push(object);
+            }
+            continue;
+        }
         let fail = |field: String, message: String| ManifestError::Field {
             object: w.describe(),
             origin: entry.origin.clone(),
@@ -1849,6 +1885,55 @@ pub fn plan(
     units.sort_by_key(|(seq, _)| *seq);
     plan.units = gangs_together(units.into_iter().map(|(_, u)| u).collect());
     Ok(plan)
+}
+
+/// Kueue's verdict on each queued workload, in input order: the objects it would not admit.
+fn kueue_admission(
+    m: &Manifests,
+    templates: &BTreeMap<String, &Entry<ResourceClaimTemplate>>,
+) -> BTreeMap<String, String> {
+    let mut order: Vec<kueue::Queued> = Vec::new();
+    for w in m.workloads.iter().map(|e| &e.object) {
+        let Some(queue) = &w.queue else { continue };
+        let object = w
+            .group
+            .as_ref()
+            .map_or_else(|| w.describe(), |g| g.object.clone());
+        // A missing template is the plan's error, below.
+        let claims: Vec<(&PodClaim, Option<&ResourceClaimTemplate>)> = w
+            .claims
+            .iter()
+            .filter_map(|pc| match &pc.source {
+                ClaimRef::Named(_) => Some((pc, None)),
+                ClaimRef::Template(t) => templates
+                    .get(&format!("{}/{t}", w.namespace))
+                    .map(|e| (pc, Some(&e.object))),
+            })
+            .collect();
+        let pods = w.replicas.count() as f64;
+        let usage = kueue::pod_usage(&w.containers, &claims, m.kueue.device_classes.as_ref())
+            .map(|u| u.into_iter().map(|(k, v)| (k, v * pods)).collect());
+        match order.iter_mut().find(|q| q.object == object) {
+            Some(queued) => {
+                let total = &mut queued.usage;
+                *total = match (std::mem::replace(total, Ok(BTreeMap::new())), usage) {
+                    (Ok(mut sum), Ok(more)) => {
+                        for (k, v) in more {
+                            *sum.entry(k).or_default() += v;
+                        }
+                        Ok(sum)
+                    }
+                    (Err(why), _) | (_, Err(why)) => Err(why),
+                }
+            }
+            None => order.push(kueue::Queued {
+                object,
+                queue: format!("{}/{queue}", w.namespace),
+                usage,
+            }),
+        }
+    }
+    kueue::admit(&m.kueue, &order)
 }
 
 /// Units in input order, except that the pods of one group follow its first: a gang's pods

@@ -1,0 +1,425 @@
+//! Kueue's admission (v0.17) of the workloads `match` reads: ClusterQueues' nominal quotas,
+//! LocalQueues, and the Configuration's `resources.deviceClassMappings` (Kueue's
+//! `DynamicResourceAllocation` feature). A workload queued by the `kueue.x-k8s.io/queue-name`
+//! label is admitted, in input order, when its whole usage fits what its ClusterQueue has left:
+//! every pod's container requests (init containers: the largest), and, with device class
+//! mappings, each request's `exactly.count` per mapped DeviceClass for claims made from
+//! templates. What Kueue refuses with DRA (a named claim, CEL selectors, firstAvailable,
+//! allocationMode All, constraints, config, an unmapped class) makes the workload inadmissible,
+//! as Kueue marks it. Cohorts (borrowing) and flavors that steer pods to nodes are refused: they
+//! are not predicted.
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
+use serde_json::Value;
+
+use super::convert::FieldError;
+
+const GROUP: &str = "kueue.x-k8s.io/";
+const CONFIG_VERSIONS: [&str; 2] = [
+    "config.kueue.x-k8s.io/v1beta1",
+    "config.kueue.x-k8s.io/v1beta2",
+];
+
+/// Whether `kind` at `api_version` is a Kueue object this module reads.
+pub fn handles(kind: &str, api_version: &str) -> bool {
+    match kind {
+        "ClusterQueue" | "LocalQueue" | "ResourceFlavor" => api_version.starts_with(GROUP),
+        "Configuration" => CONFIG_VERSIONS.contains(&api_version),
+        _ => false,
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Kueue {
+    /// ClusterQueue → resource → nominal quota (all flavors together).
+    pub cluster_queues: BTreeMap<String, BTreeMap<String, f64>>,
+    /// `namespace/name` → ClusterQueue.
+    pub local_queues: BTreeMap<String, String>,
+    /// DeviceClass → quota name; `None` without a Configuration (Kueue's DRA feature off: claims
+    /// are not counted).
+    pub device_classes: Option<BTreeMap<String, String>>,
+}
+
+fn quantity(value: &Value, field: &str) -> Result<f64, FieldError> {
+    let text = match value {
+        Value::String(s) => s.clone(),
+        Value::Number(n) => n.to_string(),
+        other => {
+            return Err(FieldError::new(
+                field,
+                format!("Invalid value: {other}: must be a quantity"),
+            ));
+        }
+    };
+    k8s_quantity::Quantity::parse(&text)
+        .map(|q| q.as_approximate_float())
+        .map_err(|e| FieldError::new(field, format!("Invalid value: {text:?}: {e}")))
+}
+
+fn name_of(value: &Value) -> Result<String, FieldError> {
+    value
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .filter(|n| !n.is_empty())
+        .map(str::to_string)
+        .ok_or_else(|| FieldError::new("metadata.name", "Required value"))
+}
+
+impl Kueue {
+    pub fn is_empty(&self) -> bool {
+        self.cluster_queues.is_empty() && self.local_queues.is_empty()
+    }
+
+    pub fn add(&mut self, kind: &str, value: &Value) -> Result<(), FieldError> {
+        match kind {
+            "ClusterQueue" => self.add_cluster_queue(value),
+            "LocalQueue" => {
+                let name = name_of(value)?;
+                let namespace = value
+                    .pointer("/metadata/namespace")
+                    .and_then(Value::as_str)
+                    .filter(|n| !n.is_empty())
+                    .unwrap_or(super::DEFAULT_NAMESPACE);
+                let cluster_queue = value
+                    .pointer("/spec/clusterQueue")
+                    .and_then(Value::as_str)
+                    .filter(|n| !n.is_empty())
+                    .ok_or_else(|| FieldError::new("spec.clusterQueue", "Required value"))?;
+                self.local_queues
+                    .insert(format!("{namespace}/{name}"), cluster_queue.to_string());
+                Ok(())
+            }
+            "ResourceFlavor" => {
+                for field in ["nodeLabels", "nodeTaints", "tolerations", "topologyName"] {
+                    if value
+                        .pointer(&format!("/spec/{field}"))
+                        .is_some_and(|v| !v.is_null() && v != &Value::Object(Default::default()))
+                    {
+                        return Err(FieldError::new(
+                            format!("spec.{field}"),
+                            "a flavor that steers pods to nodes is not predicted (only flavors without nodeLabels, nodeTaints, tolerations or topology)",
+                        ));
+                    }
+                }
+                Ok(())
+            }
+            _ => self.add_configuration(value),
+        }
+    }
+
+    fn add_cluster_queue(&mut self, value: &Value) -> Result<(), FieldError> {
+        let name = name_of(value)?;
+        for field in ["cohort", "cohortName"] {
+            if value
+                .pointer(&format!("/spec/{field}"))
+                .and_then(Value::as_str)
+                .is_some_and(|c| !c.is_empty())
+            {
+                return Err(FieldError::new(
+                    format!("spec.{field}"),
+                    "borrowing within a cohort is not predicted",
+                ));
+            }
+        }
+        let mut quota: BTreeMap<String, f64> = BTreeMap::new();
+        let groups = value
+            .pointer("/spec/resourceGroups")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        for (g, group) in groups.iter().enumerate() {
+            for resource in group
+                .get("coveredResources")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+            {
+                quota.entry(resource.to_string()).or_insert(0.0);
+            }
+            let flavors = group.get("flavors").and_then(Value::as_array);
+            for (f, flavor) in flavors.into_iter().flatten().enumerate() {
+                let resources = flavor.get("resources").and_then(Value::as_array);
+                for (r, resource) in resources.into_iter().flatten().enumerate() {
+                    let at = format!("spec.resourceGroups[{g}].flavors[{f}].resources[{r}]");
+                    let resource_name = resource
+                        .get("name")
+                        .and_then(Value::as_str)
+                        .ok_or_else(|| FieldError::new(format!("{at}.name"), "Required value"))?;
+                    let nominal = resource.get("nominalQuota").ok_or_else(|| {
+                        FieldError::new(format!("{at}.nominalQuota"), "Required value")
+                    })?;
+                    *quota.entry(resource_name.to_string()).or_default() +=
+                        quantity(nominal, &format!("{at}.nominalQuota"))?;
+                }
+            }
+        }
+        self.cluster_queues.insert(name, quota);
+        Ok(())
+    }
+
+    fn add_configuration(&mut self, value: &Value) -> Result<(), FieldError> {
+        let mut mappings = BTreeMap::new();
+        let entries = value
+            .pointer("/resources/deviceClassMappings")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        for (i, entry) in entries.iter().enumerate() {
+            let at = format!("resources.deviceClassMappings[{i}]");
+            let name = entry
+                .get("name")
+                .and_then(Value::as_str)
+                .ok_or_else(|| FieldError::new(format!("{at}.name"), "Required value"))?;
+            for class in entry
+                .get("deviceClassNames")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+            {
+                if mappings
+                    .insert(class.to_string(), name.to_string())
+                    .is_some()
+                {
+                    return Err(FieldError::new(
+                        format!("{at}.deviceClassNames"),
+                        format!("Duplicate value: DeviceClass {class:?} maps to one name only"),
+                    ));
+                }
+            }
+        }
+        self.device_classes = Some(mappings);
+        Ok(())
+    }
+}
+
+/// Quota used per resource, or why Kueue refuses the workload.
+pub type Usage = Result<BTreeMap<String, f64>, String>;
+
+/// A queued workload: its object, its LocalQueue (`namespace/name`) and what it uses.
+pub struct Queued {
+    pub object: String,
+    pub queue: String,
+    pub usage: Usage,
+}
+
+/// What one pod uses of a queue's quota, or why Kueue will not admit it.
+pub fn pod_usage(
+    containers: &[super::extended::ContainerResources],
+    claims: &[(&super::PodClaim, Option<&ResourceClaimTemplate>)],
+    device_classes: Option<&BTreeMap<String, String>>,
+) -> Usage {
+    let mut usage: BTreeMap<String, f64> = BTreeMap::new();
+    let mut init: BTreeMap<String, f64> = BTreeMap::new();
+    for container in containers {
+        for (resource, text) in &container.requests {
+            let value = k8s_quantity::Quantity::parse(text)
+                .map(|q| q.as_approximate_float())
+                .unwrap_or(0.0);
+            if container.init {
+                let max = init.entry(resource.clone()).or_default();
+                *max = max.max(value);
+            } else {
+                *usage.entry(resource.clone()).or_default() += value;
+            }
+        }
+    }
+    for (resource, value) in init {
+        let used = usage.entry(resource).or_default();
+        *used = used.max(value);
+    }
+    let Some(classes) = device_classes else {
+        return Ok(usage);
+    };
+    for (claim, template) in claims {
+        let Some(template) = template else {
+            return Err(format!(
+                "claim {:?} names a ResourceClaim: Kueue's DynamicResourceAllocation counts claims from templates only",
+                claim.name
+            ));
+        };
+        let devices = template
+            .spec
+            .as_ref()
+            .and_then(|s| s.spec.as_ref())
+            .and_then(|s| s.devices.as_ref());
+        let Some(devices) = devices else { continue };
+        if devices.constraints.as_ref().is_some_and(|c| !c.is_empty())
+            || devices.config.as_ref().is_some_and(|c| !c.is_empty())
+        {
+            return Err(format!(
+                "claim {:?}: Kueue does not admit claims with constraints or config",
+                claim.name
+            ));
+        }
+        for request in devices.requests.iter().flatten() {
+            let Some(exactly) = &request.exactly else {
+                return Err(format!(
+                    "claim {:?} request {:?}: Kueue does not admit firstAvailable",
+                    claim.name, request.name
+                ));
+            };
+            if exactly.selectors.as_ref().is_some_and(|s| !s.is_empty()) {
+                return Err(format!(
+                    "claim {:?} request {:?}: Kueue does not admit CEL selectors in claims (put them in a DeviceClass of their own)",
+                    claim.name, request.name
+                ));
+            }
+            if exactly.allocation_mode.as_deref() == Some("All")
+                || exactly.admin_access == Some(true)
+            {
+                return Err(format!(
+                    "claim {:?} request {:?}: Kueue does not admit allocationMode All or adminAccess",
+                    claim.name, request.name
+                ));
+            }
+            let Some(name) = classes.get(&exactly.device_class_name) else {
+                return Err(format!(
+                    "claim {:?} request {:?}: DeviceClass {:?} is in no deviceClassMappings entry",
+                    claim.name, request.name, exactly.device_class_name
+                ));
+            };
+            *usage.entry(name.clone()).or_default() += exactly.count.unwrap_or(1) as f64;
+        }
+    }
+    Ok(usage)
+}
+
+/// Admission in input order. Returns, per object not admitted, why.
+pub fn admit(kueue: &Kueue, workloads: &[Queued]) -> BTreeMap<String, String> {
+    let mut left = kueue.cluster_queues.clone();
+    let mut held = BTreeMap::new();
+    for Queued {
+        object,
+        queue,
+        usage,
+    } in workloads
+    {
+        let usage = match usage {
+            Ok(usage) => usage,
+            Err(why) => {
+                held.insert(object.clone(), format!("inadmissible: {why}"));
+                continue;
+            }
+        };
+        let Some(cluster_queue) = kueue.local_queues.get(queue) else {
+            held.insert(
+                object.clone(),
+                format!("LocalQueue {queue} is not in the inputs: Kueue leaves it pending"),
+            );
+            continue;
+        };
+        let Some(remaining) = left.get_mut(cluster_queue) else {
+            held.insert(
+                object.clone(),
+                format!(
+                    "ClusterQueue {cluster_queue} (of LocalQueue {queue}) is not in the inputs"
+                ),
+            );
+            continue;
+        };
+        let short = usage.iter().find_map(|(resource, need)| {
+            if *need <= 0.0 {
+                return None;
+            }
+            match remaining.get(resource) {
+                None => Some(format!(
+                    "ClusterQueue {cluster_queue} does not cover {resource} (needs {need})"
+                )),
+                Some(have) if have + 1e-9 < *need => Some(format!(
+                    "ClusterQueue {cluster_queue}: {resource} needs {need}, {have} of {} left",
+                    kueue.cluster_queues[cluster_queue][resource]
+                )),
+                Some(_) => None,
+            }
+        });
+        match short {
+            Some(why) => {
+                held.insert(object.clone(), format!("quota: {why}"));
+            }
+            None => {
+                for (resource, need) in usage {
+                    if let Some(have) = remaining.get_mut(resource) {
+                        *have -= need;
+                    }
+                }
+            }
+        }
+    }
+    held
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn quotas_sum_over_flavors_and_admission_runs_in_order() {
+        let mut kueue = Kueue::default();
+        kueue
+            .add(
+                "ClusterQueue",
+                &json!({"metadata": {"name": "cq"}, "spec": {"resourceGroups": [{
+                    "coveredResources": ["cpu", "nvidia.com/gpu"],
+                    "flavors": [
+                        {"name": "a", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": 2}]},
+                        {"name": "b", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": "2"}, {"name": "cpu", "nominalQuota": "500m"}]},
+                    ]}]}}),
+            )
+            .expect("queue");
+        kueue
+            .add(
+                "LocalQueue",
+                &json!({"metadata": {"name": "q", "namespace": "ml"}, "spec": {"clusterQueue": "cq"}}),
+            )
+            .expect("local queue");
+        assert_eq!(kueue.cluster_queues["cq"]["nvidia.com/gpu"], 4.0);
+        let gpus = |n: f64| Ok(BTreeMap::from([("nvidia.com/gpu".to_string(), n)]));
+        let queued = |object: &str, usage: Usage| Queued {
+            object: object.into(),
+            queue: "ml/q".into(),
+            usage,
+        };
+        let held = admit(
+            &kueue,
+            &[
+                queued("a", gpus(3.0)),
+                queued("b", gpus(2.0)),
+                queued("c", gpus(1.0)),
+                queued("d", Ok(BTreeMap::from([("memory".to_string(), 1.0)]))),
+                queued("e", Err("refused".into())),
+            ],
+        );
+        assert_eq!(held.keys().collect::<Vec<_>>(), ["b", "d", "e"]);
+        assert!(held["b"].contains("needs 2, 1 of 4 left"), "{held:?}");
+        assert!(held["d"].contains("does not cover memory"), "{held:?}");
+        let cohort = Kueue::default().add(
+            "ClusterQueue",
+            &json!({"metadata": {"name": "x"}, "spec": {"cohortName": "c"}}),
+        );
+        assert_eq!(cohort.expect_err("cohort").field, "spec.cohortName");
+    }
+
+    #[test]
+    fn a_pod_uses_its_containers_sum_and_its_largest_init_container() {
+        let container = |init: bool, cpu: &str| super::super::extended::ContainerResources {
+            name: "c".into(),
+            init,
+            requests: BTreeMap::from([("cpu".to_string(), cpu.to_string())]),
+        };
+        let usage = pod_usage(
+            &[
+                container(true, "3"),
+                container(false, "1"),
+                container(false, "1"),
+            ],
+            &[],
+            None,
+        )
+        .expect("usage");
+        assert_eq!(usage["cpu"], 3.0);
+    }
+}
