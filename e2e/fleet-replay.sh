@@ -90,13 +90,9 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-GPU_DRA=${GPU_DRA:-$ROOT/target/debug/gpu-dra}
-[[ -x $GPU_DRA ]] || (cd "$ROOT" && cargo build --bin gpu-dra) >&2
-cp "$GPU_DRA" "$WORK/gpu-dra"
-GPU_DRA=$WORK/gpu-dra
-BIN=${GPU_DRA_K8S_BIN:-$("$E2E/build-k8s.sh" | tail -n 1)}
-export GPU_DRA_K8S_BIN=$BIN
-export PATH="$BIN:$PATH"
+# shellcheck source-path=SCRIPTDIR source=sim-driver.sh
+source "$E2E/sim-driver.sh"
+use_private_binaries
 
 study_args=(--events "$EVENTS" --seed "$SEED" --mean-lifetime "$LIFETIME" --mix "$MIX")
 "$GPU_DRA" packing-study --gpus "$GPUS" "${study_args[@]}" --print-trace >"$WORK/trace" ||

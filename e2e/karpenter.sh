@@ -10,7 +10,9 @@
 #   - kwok (KWOK_VERSION) as the kubelet of the nodes Karpenter makes (Ready, pods Running);
 #   - for each node Karpenter makes: `gpu-dra run` as a host process with that model's
 #     simulated GPUs and the node's name (what the chart's DaemonSet pod would run there; no
-#     kubelet calls it: nothing is prepared, the claim is allocated and the pod bound).
+#     kubelet calls it: nothing is prepared, the claim is allocated and the pod bound). So this
+#     does not show the chart's pod starting on a new node (DaemonSet, image, kubelet
+#     registration): e2e/install.sh shows that on the real node.
 # Claims (each a ResourceClaim; Karpenter reads a template's claim only once the resourceclaim
 # controller, not run here, has made it):
 #   1. a whole H100 (productName)            -> only gpu-8xh100
@@ -61,14 +63,10 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-GPU_DRA=${GPU_DRA:-$ROOT/target/debug/gpu-dra}
-[[ -x $GPU_DRA ]] || (cd "$ROOT" && cargo build --bin gpu-dra) >&2
-cp "$GPU_DRA" "$WORK/gpu-dra"
-GPU_DRA=$WORK/gpu-dra
-BIN=${GPU_DRA_K8S_BIN:-$("$E2E/build-k8s.sh" | tail -n 1)}
-export GPU_DRA_K8S_BIN=$BIN
+# shellcheck source-path=SCRIPTDIR source=sim-driver.sh
+source "$E2E/sim-driver.sh"
+use_private_binaries
 KBIN=$("$E2E/build-karpenter.sh" | tail -n 1) || fail "building Karpenter and kwok failed"
-export PATH="$BIN:$PATH"
 now() { echo "$EPOCHREALTIME"; }
 elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
@@ -187,12 +185,8 @@ EOF
         [[ $initialized != True ]] || fail "[$name] Karpenter initialised $node before gpu-dra published"
         sleep 0.2
     done
-    mkdir -p "$WORK/node-$name"
-    env RUST_LOG=info "$GPU_DRA" run --node-name "$node" --gpus "${MODEL[$type]}" "${DRIVER_FLAGS[@]}" \
-        --sim-state "$WORK/node-$name/hw.json" --kubeconfig "$KUBECONFIG" \
-        --registrar-dir "$WORK/node-$name/registry" --plugin-dir "$WORK/node-$name/plugin" \
-        --cdi-root "$WORK/node-$name/cdi" --state-dir "$WORK/node-$name/state" >"$WORK/driver-$name.log" 2>&1 &
-    DRIVER_PID=$!
+    start_sim_driver "$node" "${MODEL[$type]}" "$WORK/node-$name" "$WORK/driver-$name.log" "${DRIVER_FLAGS[@]}"
+    DRIVER_PID=$SIM_DRIVER_PID
     local t_driver bound=''
     t_driver=$(now)
     until bound=$(kubectl get pod "$name" -o jsonpath='{.spec.nodeName}') && [[ -n $bound ]]; do

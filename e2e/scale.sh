@@ -106,14 +106,9 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-GPU_DRA=${GPU_DRA:-$ROOT/target/debug/gpu-dra}
-[[ -x $GPU_DRA ]] || (cd "$ROOT" && cargo build --bin gpu-dra) >&2
-# A private copy: a concurrent `cargo build` must not swap the binary under the fleet.
-cp "$GPU_DRA" "$WORK/gpu-dra"
-GPU_DRA=$WORK/gpu-dra
-BIN=${GPU_DRA_K8S_BIN:-$("$E2E/build-k8s.sh" | tail -n 1)}
-export GPU_DRA_K8S_BIN=$BIN
-export PATH="$BIN:$PATH"
+# shellcheck source-path=SCRIPTDIR source=sim-driver.sh
+source "$E2E/sim-driver.sh"
+use_private_binaries
 CLK_TCK=$(getconf CLK_TCK)
 
 now() { echo "$EPOCHREALTIME"; }
@@ -207,13 +202,10 @@ launch_drivers() { # suffix (log file name)
     local i dir
     for ((i = 1; i <= NODES; i++)); do
         dir=$WORK/run/node-$i
-        mkdir -p "$dir"
         # gpu_dra::node=debug: "ResourceSlices up to date" tells that a restart's sync wrote nothing.
-        env RUST_LOG="info,gpu_dra::node=debug" "$GPU_DRA" run --node-name "scale-$i" --gpus "$GPUS" \
-            "${DRIVER_FLAGS[@]}" --sim-state "$dir/hw.json" --kubeconfig "$KUBECONFIG" \
-            --registrar-dir "$dir/registry" --plugin-dir "$dir/plugin" \
-            --cdi-root "$dir/cdi" --state-dir "$dir/state" >>"$dir/driver$1.log" 2>&1 &
-        DRIVER_PIDS+=("$!")
+        RUST_LOG="info,gpu_dra::node=debug" start_sim_driver "scale-$i" "$GPUS" "$dir" "$dir/driver$1.log" \
+            "${DRIVER_FLAGS[@]}"
+        DRIVER_PIDS+=("$SIM_DRIVER_PID")
     done
 }
 

@@ -2,7 +2,9 @@
 # Predictions equal reality for gangs: `gpu-dra match --replicas` against kube-scheduler v1.37.2
 # with its gang scheduling on (GenericWorkload, DRAWorkloadResourceClaims; scheduling.k8s.io/v1beta1
 # served), on two simulated nodes of 4 H100s, each a real `gpu-dra run` (host process; no kubelet:
-# what is checked is which pods the scheduler binds, with which devices).
+# what is checked is which pods the scheduler binds, with which devices; not what the pods get,
+# which e2e/pods.sh checks through the chart and the kubelet). The workload controllers and
+# Kueue are not run here: these are PodGroups and plain pods, the scheduler's own gangs.
 #
 # In order, each applied when the one before has settled (8 GPUs in all):
 #   1. PodGroup shared (gang minCount 2) with a workload-level claim of 1 GPU its two pods share,
@@ -47,13 +49,9 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-GPU_DRA=${GPU_DRA:-$ROOT/target/debug/gpu-dra}
-[[ -x $GPU_DRA ]] || (cd "$ROOT" && cargo build --bin gpu-dra) >&2
-cp "$GPU_DRA" "$WORK/gpu-dra"
-GPU_DRA=$WORK/gpu-dra
-BIN=${GPU_DRA_K8S_BIN:-$("$E2E/build-k8s.sh" | tail -n 1)}
-export GPU_DRA_K8S_BIN=$BIN
-export PATH="$BIN:$PATH"
+# shellcheck source-path=SCRIPTDIR source=sim-driver.sh
+source "$E2E/sim-driver.sh"
+use_private_binaries
 
 NODES=(wl-1 wl-2)
 GPUS=sim:4xH100-SXM5-80GB
@@ -65,11 +63,8 @@ export GPU_DRA_CLUSTER_RUNTIME_CONFIG=scheduling.k8s.io/v1beta1=true
 eval "$("$E2E/cluster" env)"
 kubectl apply -f "$ROOT/deviceclasses/" >/dev/null
 for node in "${NODES[@]}"; do
-    mkdir -p "$WORK/$node"
-    "$GPU_DRA" run --node-name "$node" --gpus "$GPUS" --mig off --sim-state "$WORK/$node/hw.json" \
-        --kubeconfig "$KUBECONFIG" --registrar-dir "$WORK/$node/registry" --plugin-dir "$WORK/$node/plugin" \
-        --cdi-root "$WORK/$node/cdi" --state-dir "$WORK/$node/state" >"$WORK/driver-$node.log" 2>&1 &
-    DRIVER_PIDS+=("$!")
+    start_sim_driver "$node" "$GPUS" "$WORK/$node" "$WORK/driver-$node.log" --mig off
+    DRIVER_PIDS+=("$SIM_DRIVER_PID")
 done
 deadline=$((SECONDS + 60))
 until [[ $(kubectl get resourceslices --no-headers 2>/dev/null | wc -l) -ge ${#NODES[@]} ]]; do

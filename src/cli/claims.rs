@@ -500,6 +500,28 @@ fn never_fits(plan: &Plan, explanation: &Explanation, claims: &[ResourceClaim]) 
     out
 }
 
+/// The first of `nodes` (in order) where all of a pod's `claims` fit, and their allocations; a
+/// pod without claims fits the first.
+pub(super) fn first_fit(
+    allocator: &Allocator,
+    nodes: &[&FleetNode],
+    claims: &[ResourceClaim],
+    state: &AllocatedState,
+) -> Option<(
+    String,
+    Vec<k8s_openapi::api::resource::v1::AllocationResult>,
+)> {
+    nodes.iter().find_map(|node| {
+        if claims.is_empty() {
+            return Some((node.info.name.clone(), vec![]));
+        }
+        match allocator.allocate(&node.info, claims, state) {
+            Ok(Outcome::Allocated(results)) => Some((node.info.name.clone(), results)),
+            _ => None,
+        }
+    })
+}
+
 /// How many of a workload's pods were placed.
 struct Tally {
     object: String,
@@ -670,15 +692,7 @@ pub fn run_match(args: MatchArgs) -> Result<ExitCode, CliError> {
             .copied()
             .filter(|n| plugins_serve(n, &unit.unserved, &plugin_used))
             .collect();
-        let outcome = served.iter().find_map(|node| {
-            if claims.is_empty() {
-                return Some((node.info.name.clone(), vec![]));
-            }
-            match loaded.allocator.allocate(&node.info, &claims, &state) {
-                Ok(Outcome::Allocated(results)) => Some((node.info.name.clone(), results)),
-                _ => None,
-            }
-        });
+        let outcome = first_fit(&loaded.allocator, &served, &claims, &state);
         if let (Some(object), Some(total)) = (
             &object,
             unit.group

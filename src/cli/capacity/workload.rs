@@ -5,12 +5,11 @@
 //! at least its minimum; the first that does not says which pod stopped it and why.
 use std::collections::BTreeSet;
 
-use dra_allocator::Outcome;
 use dra_allocator::explain;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 
 use super::super::CliError;
-use super::super::claims::{Loaded, fleet, usage};
+use super::super::claims::{Loaded, first_fit, fleet, usage};
 use super::super::manifests::{Unit, allocation_of, claim_key};
 
 /// The answer for a workload.
@@ -86,15 +85,8 @@ pub fn count(
                         .all(|(resource, _)| n.allocatable.contains_key(resource))
                 })
                 .collect();
-            let outcome = admitted.iter().find_map(|node| {
-                if claims.is_empty() {
-                    return Some(vec![]);
-                }
-                match loaded.allocator.allocate(&node.info, &claims, &state) {
-                    Ok(Outcome::Allocated(results)) => Some(results),
-                    _ => None,
-                }
-            });
+            let outcome = first_fit(&loaded.allocator, &admitted, &claims, &state)
+                .map(|(_, results)| results);
             let pod = unit.title.clone().unwrap_or_default();
             match outcome {
                 Some(results) => {

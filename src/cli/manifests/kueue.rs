@@ -122,6 +122,16 @@ impl Kueue {
                 ));
             }
         }
+        // Which namespaces' LocalQueues it serves depends on namespace labels the inputs lack.
+        if value
+            .pointer("/spec/namespaceSelector")
+            .is_some_and(|v| !v.is_null() && v != &Value::Object(Default::default()))
+        {
+            return Err(FieldError::new(
+                "spec.namespaceSelector",
+                "a selector other than {} (every namespace) is not predicted",
+            ));
+        }
         let mut quota: BTreeMap<String, f64> = BTreeMap::new();
         let groups = value
             .pointer("/spec/resourceGroups")

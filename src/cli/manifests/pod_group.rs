@@ -45,6 +45,16 @@ impl PodGroup {
             "" => DEFAULT_NAMESPACE,
             ns => ns,
         };
+        // Topology-aware placement (alpha TopologyAwareWorkloadScheduling) is not predicted.
+        if value
+            .pointer("/spec/schedulingConstraints")
+            .is_some_and(|v| !v.is_null())
+        {
+            return Err(FieldError::new(
+                "spec.schedulingConstraints",
+                "topology constraints on a PodGroup are not predicted",
+            ));
+        }
         let policy = value.pointer("/spec/schedulingPolicy");
         let basic = policy
             .and_then(|p| p.get("basic"))
