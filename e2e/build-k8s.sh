@@ -11,10 +11,13 @@
 #   ${GPU_DRA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-dra}/k8s-${K8S_VERSION}/bin
 #
 # Usage: e2e/build-k8s.sh [NAME...]     (default: all twenty-one binaries; NVIDIA's
-# gpu-kubelet-plugin and Go e2e suite, nvidia-gpu-kubelet-plugin and nvidia-e2e-suite, its
-# BATS suite, nvidia-bats-suite, and its chart, nvidia-chart (folders: the module's tests/bats
-# and deployments/helm/dra-driver-nvidia-gpu as published), only when named: e2e/vs-nvidia.sh,
-# e2e/nvidia-suite.sh and e2e/helm.sh do)
+# gpu-kubelet-plugin, compute-domain-kubelet-plugin, compute-domain-controller and Go e2e suite,
+# nvidia-gpu-kubelet-plugin, nvidia-compute-domain-kubelet-plugin, nvidia-compute-domain-controller
+# and nvidia-e2e-suite, its BATS suite, nvidia-bats-suite, its chart, nvidia-chart, and its
+# templates, nvidia-templates (folders: the module's tests/bats, deployments/helm/
+# dra-driver-nvidia-gpu and templates as published), only when named: e2e/nvidia-plugin.sh (its
+# two plugins and its controller at once, for e2e/vs-nvidia.sh and the other differentials),
+# e2e/nvidia-suite.sh, e2e/helm.sh and e2e/compute-domain-vs-nvidia.sh do)
 # A binary is skipped when it exists and its stamp matches (pin + Go version for the upstream
 # components; additionally a hash of the harness sources for our tools, of e2e/cdi-inject's
 # sources for cdi-inject). Progress goes to stderr; the LAST line of stdout is the bin dir, so
@@ -100,8 +103,9 @@ stamp_for() {
         nvml-mocks | fake-nvidia-smi) echo "$GOVERSION $(sources_hash "$NVML_MOCKS_MOD")" ;;
         kit-nvidia-cdi-hook) echo "$NVIDIA_CTK_VERSION $GOVERSION static" ;;
         kit-runc) echo "$RUNC_VERSION $GOVERSION static" ;;
-        nvidia-gpu-kubelet-plugin | nvidia-e2e-suite) echo "$NVIDIA_DRA_VERSION $K8S_VERSION $GOVERSION $(sha256sum <"$NVIDIA_DRA_PATCH" | cut -d' ' -f1)" ;;
-        nvidia-bats-suite | nvidia-chart) echo "$NVIDIA_DRA_VERSION" ;;
+        nvidia-gpu-kubelet-plugin | nvidia-compute-domain-kubelet-plugin | nvidia-compute-domain-controller | nvidia-e2e-suite)
+            echo "$NVIDIA_DRA_VERSION $K8S_VERSION $GOVERSION $(sha256sum <"$NVIDIA_DRA_PATCH" | cut -d' ' -f1)" ;;
+        nvidia-bats-suite | nvidia-chart | nvidia-templates) echo "$NVIDIA_DRA_VERSION" ;;
         *) die "unknown binary '$1'" ;;
     esac
 }
@@ -137,8 +141,9 @@ for name in "${WANT[@]}"; do
         fake-nvidia-smi) need_fake_smi=1 ;;
         kit-nvidia-cdi-hook) static_pkgs+=("github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook@$NVIDIA_CTK_VERSION") ;;
         kit-runc) static_pkgs+=("github.com/opencontainers/runc@$RUNC_VERSION") ;;
-        nvidia-gpu-kubelet-plugin | nvidia-e2e-suite) need_nvidia_dra=1 nvidia_dra_bins+=("$name") ;;
-        nvidia-bats-suite | nvidia-chart) nvidia_folders+=("$name") ;;
+        nvidia-gpu-kubelet-plugin | nvidia-compute-domain-kubelet-plugin | nvidia-compute-domain-controller | nvidia-e2e-suite)
+            need_nvidia_dra=1 nvidia_dra_bins+=("$name") ;;
+        nvidia-bats-suite | nvidia-chart | nvidia-templates) nvidia_folders+=("$name") ;;
         *) tool_pkgs+=("./cmd/$name") ;;
     esac
 done
@@ -263,7 +268,11 @@ if [[ -n $need_nvidia_dra ]]; then
     (cd "$TMP/nvidia-dra" && GOFLAGS=-mod=mod "$GO" mod tidy >/dev/null 2>&1) || die "go mod tidy of NVIDIA's driver failed"
     for name in "${nvidia_dra_bins[@]}"; do
         case $name in
-            nvidia-gpu-kubelet-plugin) build=(build -o "$TMP/$name" ./cmd/gpu-kubelet-plugin) ;;
+            # One checkout, one go.mod, one Go build cache: after the gpu plugin the compute-domain
+            # binaries compile little of their own (2 cores, empty Go cache: gpu plugin ~2 min,
+            # then ~40 s for both, nearly all the controller's; packages cached: ~6 s, linking).
+            nvidia-gpu-kubelet-plugin | nvidia-compute-domain-kubelet-plugin | nvidia-compute-domain-controller)
+                build=(build -o "$TMP/$name" "./cmd/${name#nvidia-}") ;;
             # Its Go e2e suite (Ginkgo), as `go test -c -tags=e2e` makes it.
             nvidia-e2e-suite) build=(test -c -tags=e2e -o "$TMP/$name" ./test/e2e) ;;
         esac
@@ -276,13 +285,16 @@ if [[ -n $need_nvidia_dra ]]; then
 fi
 
 if ((${#nvidia_folders[@]})); then
-    # NVIDIA's BATS suite and chart, unchanged (e2e/nvidia-suite.sh copies the suite and names
-    # its adapters; e2e/helm.sh renders the chart).
+    # NVIDIA's BATS suite, chart and templates, unchanged (e2e/nvidia-suite.sh copies the suite
+    # and names its adapters; e2e/helm.sh renders the chart; e2e/compute-domain-vs-nvidia.sh
+    # installs its ComputeDomainClique CRD and gives its controller the templates).
     src=$("$GO" mod download -json "sigs.k8s.io/dra-driver-nvidia-gpu@$NVIDIA_DRA_VERSION" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
     for name in "${nvidia_folders[@]}"; do
         case $name in
             nvidia-bats-suite) from=tests/bats ;;
             nvidia-chart) from=deployments/helm/dra-driver-nvidia-gpu ;;
+            # What its image has at /templates (its compute-domain-controller reads them there).
+            nvidia-templates) from=templates ;;
         esac
         [[ -d $src/$from ]] || die "the Go module proxy did not serve sigs.k8s.io/dra-driver-nvidia-gpu@$NVIDIA_DRA_VERSION's $from"
         cp -r "$src/$from" "$TMP/$name"

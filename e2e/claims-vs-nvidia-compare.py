@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """Compares what NVIDIA's DRA driver and gpu-dra did with the same claims (e2e/claims-vs-nvidia.sh).
 
-Each side's record (the kubelet's answer, what the runtimes' CDI library injects for the claim's
-CDI ids, the claim's status.devices, the GPUs after prepare and after unprepare, the CDI files
-left) is flattened to paths. A path whose value differs, or that one side lacks, is a mismatch
-unless the explained-differences table covers it (TSV: path regex, side that has the value, or
-"both" where the values differ; a regex each value shown must match; why). Claim UIDs, the driver
-root and the run's folder are replaced by placeholders first. Prints each explained difference
-once with its reason, each mismatch, and last `CLAIMS FIELDS EXPLAINED`; exits 1 on a mismatch.
+Each side's record (the kubelet's answer, what the runtimes' CDI library injects for the claim's CDI
+ids and the device metadata files among its mounts, the claim's status.devices, the GPUs, their PCI
+functions' bindings and the MPS daemons after prepare and after unprepare, the CDI files left) is
+flattened to paths. A path whose value differs, or that one side lacks, is a mismatch unless the
+explained-differences table covers it (TSV: path regex, side that has the value, or "both" where the
+values differ; a regex each value shown must match; why). Claim UIDs, the driver root and the run's
+folder are replaced by placeholders first. Prints each explained difference once with its reason,
+each mismatch, and last `CLAIMS FIELDS EXPLAINED`; exits 1 on a mismatch.
 """
 import argparse
 import json
@@ -76,6 +77,24 @@ def flatten(doc, driver_root, work):
                     break
                 target = links[target]
             put(f"{prefix}/links/{link}", target)
+    def put_tree(path, value):
+        if isinstance(value, dict) and value:
+            for key, v in value.items():
+                put_tree(f"{path}/{key}", v)
+        elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            for i, v in enumerate(value):
+                put_tree(f"{path}/{i}", v)
+        else:
+            put(path, value)
+
+    for claim, files in doc.get("metadata", {}).items():
+        # The device metadata files' contents (KEP-5304), by where the container gets them.
+        # A file holds a document per API version written: each compared with its version's.
+        for destination, documents in files.items():
+            for document in documents:
+                document = dict(document)
+                version = document.pop("apiVersion", "?")
+                put_tree(f"metadata/{claim}/{destination}/{version}", document)
     for claim, status in doc["status"].items():
         for entry in status:
             name = f"{entry.get('pool')}/{entry.get('device')}"
@@ -88,6 +107,21 @@ def flatten(doc, driver_root, work):
             for key, value in gpu.items():
                 if key != "minor":
                     put(f"hardware/{when}/gpu{gpu['minor']}/{key}", value)
+    for when, functions in doc.get("pci", {}).items():
+        # Each PCI function's binding, and the VFIO nodes in the node's /dev.
+        for key, value in functions.items():
+            if isinstance(value, dict):
+                for field, v in value.items():
+                    put(f"pci/{when}/{key}/{field}", v)
+            else:
+                put(f"pci/{when}/{key}", value)
+    for when, daemons in doc.get("mps", {}).items():
+        # MPS control daemons, each by the devices it serves: what it was told.
+        put(f"mps/{when}/daemons", len(daemons))
+        for daemon in daemons:
+            for key, value in daemon.items():
+                if key != "devices":
+                    put(f"mps/{when}/{','.join(daemon['devices'])}/{key}", value)
     put("left/cdi", doc["left"]["cdi"])
     for claim, error in doc.get("unprepare_errors", {}).items():
         put(f"unprepare/{claim}/first-call-error", error)

@@ -5,7 +5,10 @@
 #   nvidia_fake_nvml       puts the fake libnvidia-ml where NVIDIA's plugin loads it from
 #   nvidia_node_setup      makes the node NVIDIA's plugin can run on (once; includes the above)
 #   nvidia_uuids           tells the nvidia-smi stand-in the GPUs' UUIDs (once published)
-#   launch_nvidia DIRS...  starts it (NVIDIA_PID), NVIDIA_GATES its --feature-gates
+#   launch_nvidia DIRS...  starts it (NVIDIA_PID), NVIDIA_GATES its --feature-gates;
+#                          NVIDIA_BINDS="DIR:PATH ..." bind-mounts each DIR on PATH in its mount
+#                          namespace (e.g. the simulated sysfs on /sys: go-nvlib's PCI scan and
+#                          passthrough binding use /sys itself; PATH must exist)
 #   start_nvidia DIRS...   launch_nvidia, then waits until it registered and published the
 #                          node's four GPUs, and tells the stand-in their UUIDs
 #   fake_nvidia_smi        gpu-dra's nvidia-smi in the driver root (the fake one, chrooted)
@@ -19,7 +22,7 @@ NVIDIA_ROOT=${NVIDIA_ROOT:-$WORK/driver-root}
 NVIDIA_STATE=${NVIDIA_STATE:-$WORK/hw.json}
 NVIDIA_FAKE_NVML=${NVIDIA_FAKE_NVML:-$WORK/libnvidia-ml.so.1}
 
-NVIDIA_PLUGIN=$("$E2E/build-k8s.sh" nvidia-gpu-kubelet-plugin | tail -n 1)/nvidia-gpu-kubelet-plugin
+NVIDIA_PLUGIN=$("$E2E/build-k8s.sh" nvidia-gpu-kubelet-plugin nvidia-compute-domain-kubelet-plugin nvidia-compute-domain-controller | tail -n 1)/nvidia-gpu-kubelet-plugin
 NVIDIA_PID=
 
 # NVIDIA's plugin loads libnvidia-ml.so.1 from the driver root: the fake one, as gpu-dra does.
@@ -115,9 +118,10 @@ launch_nvidia() {
     shift 4
     mkdir -p "$plugins/gpu.nvidia.com" "$registry"
     # shellcheck disable=SC2016 # expanded by the namespace's shell
-    env NVIDIA_DRA_SYSFS_ROOT="$WORK/sysfs" unshare -m --propagation private sh -c \
+    env NVIDIA_DRA_SYSFS_ROOT="$WORK/sysfs" NVIDIA_BINDS="${NVIDIA_BINDS:-}" unshare -m --propagation private sh -c \
         'mount -t tmpfs none /proc/driver && cp -r "$0"/. /proc/driver/ && mount --bind "$1" /proc/devices &&
-         mount --bind "$2" "$3" && shift 3 && exec "$@"' \
+         mount --bind "$2" "$3" && for b in $NVIDIA_BINDS; do mount --bind "${b%%:*}" "${b#*:}" || exit 1; done &&
+         shift 3 && exec "$@"' \
         "$WORK/proc-driver" "$WORK/proc-devices" "$WORK/nvidia-smi-stand-in" "$NVIDIA_ROOT/usr/bin/nvidia-smi" \
         "$NVIDIA_PLUGIN" --node-name "$NODE" --kubeconfig "$KUBECONFIG" \
         --nvidia-driver-root "$NVIDIA_ROOT" --container-driver-root "$NVIDIA_ROOT" \

@@ -697,7 +697,9 @@ done
 ! grep -q '^dev=nvidia' <<<"$out12" || fail "virt-launcher-vm got NVIDIA devices: $(grep '^dev=' <<<"$out12" | tr '\n' ' ')"
 grep -q "\"resource.kubernetes.io/pciBusID\":{\"string\":\"$bus12\"}" <<<"$out12" ||
     fail "virt-launcher-vm: the device metadata does not give $d12's PCI address $bus12: $(grep '^metadata=' <<<"$out12")"
-grep -q '"apiVersion":"metadata.resource.k8s.io/v1alpha1"' <<<"$out12" || fail "virt-launcher-vm: metadata not v1alpha1: $out12"
+for version in v1beta1 v1alpha1; do
+    grep -q "\"apiVersion\":\"metadata.resource.k8s.io/$version\"" <<<"$out12" || fail "virt-launcher-vm: no $version metadata: $out12"
+done
 [[ $(hw | jq -r --argjson g "$i12" '.gpus[] | select(.minor == $g) | .driver') == vfio-pci ]] ||
     fail "GPU $i12 is not bound to vfio-pci while the VM's pod runs: $(hw | jq -c '[.gpus[] | {minor, driver}]')"
 [[ $(stuck_unbinds) == "[]" ]] || fail "the unbind found GPU $i12 held open (the driver's own session or persistence): $(stuck_unbinds)"

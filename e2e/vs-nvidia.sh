@@ -27,30 +27,8 @@ trap 'stop_driver; stop_nvidia; "$E2E/cluster" down >/dev/null 2>&1 || true; rm 
 # shellcheck source=nvidia-plugin.sh
 source "$E2E/nvidia-plugin.sh"
 nvidia_fake_nvml
-
-slices_json() { kubectl get resourceslices -o json --field-selector "spec.nodeName=$NODE,spec.driver=gpu.nvidia.com"; }
-device_count() { slices_json | jq '[.items[].spec.devices[]?] | length'; }
-# settled FILE: the node's slices, once their device count held still for 2 s.
-settled() {
-    local last=-1 n stable=0
-    for _ in $(seq 120); do
-        n=$(device_count)
-        if [[ $n == "$last" && $n -gt 0 ]]; then
-            stable=$((stable + 1))
-            ((stable >= 4)) && { slices_json >"$1"; return 0; }
-        else
-            stable=0
-        fi
-        last=$n
-        sleep 0.5
-    done
-    return 1
-}
-clear_slices() {
-    kubectl delete resourceslices --field-selector "spec.nodeName=$NODE" --wait=true >/dev/null 2>&1 || true
-    for _ in $(seq 40); do [[ $(device_count) == 0 ]] && return 0; sleep 0.25; done
-    fail "the node's slices were not deleted"
-}
+# shellcheck source=driver-slices.sh
+source "$E2E/driver-slices.sh"
 
 # CONFIGS: label | NVIDIA's --feature-gates and flags | gpu-dra's flags (the same settings).
 # NVIDIA's default gates publish whole GPUs and the MIG devices that exist: gpu-dra's --mig static.

@@ -740,6 +740,7 @@ impl NodeAgent {
                 timeout: options.api_timeouts.request,
             }),
             published: Default::default(),
+            reported: None,
         };
         tasks.push(tokio::spawn(monitor.run(health_shutdown)));
         Ok(Self {

@@ -115,7 +115,7 @@ pub fn channel_template(
             "name": template_name,
             "namespace": namespace,
             "finalizers": [FINALIZER],
-            "labels": {DOMAIN_LABEL: uid, TARGET_LABEL: "workload"},
+            "labels": {DOMAIN_LABEL: uid, TARGET_LABEL: "Workload"},
             "ownerReferences": [{
                 "apiVersion": API_VERSION,
                 "kind": KIND,

@@ -840,7 +840,8 @@ impl NodeBook {
 }
 
 /// A node's `compute-domain.nvidia.com` pool: channel 0 (`type: channel`, `id: 0`), as
-/// NVIDIA's plugin publishes it (channels other than 0 and the daemon device are not), and, on
+/// NVIDIA's plugin publishes it (channels other than 0 are not; NVIDIA's `daemon-0`, which its
+/// IMEX DaemonSet's pods claim, is not either: ours runs the domain's daemon itself), and, on
 /// a node with multi-node NVLink, `cliqueID` (`<cluster UUID>.<clique id>`; ours: selectors may
 /// keep a workload in one clique).
 pub fn channel_slices(node_name: &str, clique: Option<&str>) -> Vec<ResourceSlice> {

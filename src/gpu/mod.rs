@@ -216,6 +216,12 @@ pub fn boot_id() -> Result<String, GpuError> {
             reason: format!("{BOOT_ID_OVERRIDE} is for tests only (debug builds); unset it"),
         });
     }
+    // Constant while this process lives, and asked at every call of the fake libnvidia-ml (its
+    // state is checked against this boot): read once.
+    static KERNEL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    if let Some(id) = KERNEL.get() {
+        return Ok(id.clone());
+    }
     let id = std::fs::read_to_string(KERNEL_BOOT_ID).map_err(|e| GpuError::BootId {
         reason: format!("cannot read {KERNEL_BOOT_ID}: {e}"),
     })?;
@@ -223,7 +229,7 @@ pub fn boot_id() -> Result<String, GpuError> {
         "" => Err(GpuError::BootId {
             reason: format!("{KERNEL_BOOT_ID} is empty"),
         }),
-        id => Ok(id.to_string()),
+        id => Ok(KERNEL.get_or_init(|| id.to_string()).clone()),
     }
 }
 

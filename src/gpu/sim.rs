@@ -280,6 +280,25 @@ impl SimHolder {
 
 /// Field 22 of `/proc/<pid>/stat`: when the process started, in clock ticks since boot.
 fn process_start_time(pid: u32) -> Option<u64> {
+    // This process's own, read once: the fake libnvidia-ml checks at every call that the
+    // session's holder (the process it is loaded in) still runs. Keyed by pid, as a forked child
+    // is another process.
+    static OWN: std::sync::Mutex<Option<(u32, u64)>> = std::sync::Mutex::new(None);
+    let own = pid == std::process::id();
+    if own
+        && let Some((cached_pid, start)) = *OWN.lock().unwrap_or_else(|p| p.into_inner())
+        && cached_pid == pid
+    {
+        return Some(start);
+    }
+    let start = read_process_start_time(pid)?;
+    if own {
+        *OWN.lock().unwrap_or_else(|p| p.into_inner()) = Some((pid, start));
+    }
+    Some(start)
+}
+
+fn read_process_start_time(pid: u32) -> Option<u64> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name (field 2) may hold spaces and parentheses: count from its end.
     let after_name = &stat[stat.rfind(')')? + 1..];

@@ -50,6 +50,17 @@ pub struct HealthMonitor {
     /// The device names of the last `desired` snapshot read: every probe round needs them and
     /// the slices change rarely, so they are collected once per snapshot.
     pub published: PublishedDevices,
+    /// What the last health report was made of: a round that finds the same only refreshes the
+    /// reports' time, instead of rebuilding an entry per device (hundreds with dynamic MIG).
+    pub reported: Option<ReportInputs>,
+}
+
+/// The inputs of one health report (see `HealthMonitor::reported`).
+#[derive(PartialEq)]
+pub struct ReportInputs {
+    published: Arc<[String]>,
+    faults: Vec<super::Fault>,
+    vanished: BTreeSet<String>,
 }
 
 /// Device names of one snapshot of the published slices (see `HealthMonitor::published`).
@@ -405,9 +416,33 @@ impl HealthMonitor {
     }
 
     /// Kubelet's health stream: every published device, and prepared devices that vanished.
-    fn report_stream(&self) {
+    /// Sent every round (kubelet shows Unknown past the timeout), rebuilt only when its inputs
+    /// changed.
+    fn report_stream(&mut self) {
         let devices = self.published_devices();
         let now = SystemTime::now();
+        let prepared = self.driver.state().prepared_devices(&self.pool);
+        let published: BTreeSet<&str> = devices.iter().map(String::as_str).collect();
+        let vanished: BTreeSet<String> = prepared
+            .into_iter()
+            .filter(|d| !published.contains(d.as_str()))
+            .collect();
+        drop(published);
+        let inputs = ReportInputs {
+            published: Arc::clone(&devices),
+            faults: self.book.faults.clone(),
+            vanished,
+        };
+        if self.reported.as_ref().is_some_and(|last| {
+            Arc::ptr_eq(&last.published, &inputs.published)
+                && last.faults == inputs.faults
+                && last.vanished == inputs.vanished
+        }) {
+            self.reporter.refresh(now);
+            return;
+        }
+        let vanished = inputs.vanished.clone();
+        self.reported = Some(inputs);
         let timeout = Some(self.config.probe_interval * 3);
         let entry = |device: &str, status, message: String| DeviceHealth {
             pool_name: self.pool.clone(),
@@ -431,15 +466,6 @@ impl HealthMonitor {
                     entry(device, DeviceHealthStatus::Unhealthy, reasons.join("; "))
                 }
             })
-            .collect();
-        let published: BTreeSet<&str> = devices.iter().map(String::as_str).collect();
-        let checkpoint = self.driver.state().checkpoint();
-        let vanished: BTreeSet<String> = checkpoint
-            .claims
-            .values()
-            .flat_map(|c| c.devices.iter())
-            .filter(|d| d.pool == self.pool && !published.contains(d.device.as_str()))
-            .map(|d| d.device.clone())
             .collect();
         for device in vanished {
             let reasons: Vec<String> = self

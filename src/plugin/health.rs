@@ -63,6 +63,15 @@ impl HealthReporter {
         self.devices.send_replace(devices);
     }
 
+    /// The same reports, observed again at `now`: every stream gets them with the new time.
+    pub fn refresh(&self, now: SystemTime) {
+        self.devices.send_modify(|devices| {
+            for device in devices.values_mut() {
+                device.last_updated = now;
+            }
+        });
+    }
+
     /// Adds or refreshes one device; the others are kept.
     pub fn update(&self, device: DeviceHealth) {
         self.devices.send_if_modified(|devices| {

@@ -1,4 +1,4 @@
-//! Device metadata for containers (KEP-5304, `metadata.resource.k8s.io/v1alpha1`): a file per
+//! Device metadata for containers (KEP-5304, `metadata.resource.k8s.io` v1beta1 and v1alpha1): a file per
 //! claim request with the allocated devices' attributes, bind-mounted where the container
 //! expects it. KubeVirt's virt-launcher finds the PCI address of a GPU handed to its virtual
 //! machine only there (`resource.kubernetes.io/pciBusID`), so claims with GPUs for virtual
@@ -22,7 +22,12 @@ use super::cdi::Mount;
 use super::checkpoint::ClaimEntry;
 use crate::fsutil;
 
-pub const API_VERSION: &str = "metadata.resource.k8s.io/v1alpha1";
+/// The versions each file holds, in this order, as one JSON stream: those Kubernetes' kubelet
+/// plugin library (v0.37) writes for NVIDIA's driver, so a reader of either finds its own.
+pub const API_VERSIONS: [&str; 2] = [
+    "metadata.resource.k8s.io/v1beta1",
+    "metadata.resource.k8s.io/v1alpha1",
+];
 /// Where containers find device metadata.
 pub const CONTAINER_ROOT: &str = "/var/run/kubernetes.io/dra-device-attributes";
 const HOST_FOLDER: &str = "dra-device-metadata";
@@ -84,7 +89,13 @@ impl MetadataStore {
             .all(|file| {
                 std::fs::read(&file)
                     .ok()
-                    .and_then(|text| serde_json::from_slice::<serde_json::Value>(&text).ok())
+                    // The stream's first object (every version names the same claim).
+                    .and_then(|text| {
+                        serde_json::Deserializer::from_slice(&text)
+                            .into_iter::<serde_json::Value>()
+                            .next()?
+                            .ok()
+                    })
                     .is_some_and(|document| document["metadata"]["uid"] == claim.uid.as_str())
             })
             .then_some(dir)
@@ -125,7 +136,7 @@ impl MetadataStore {
         let mut mounts = Vec::new();
         for (request, devices) in requests {
             let mut document = json!({
-                "apiVersion": API_VERSION,
+                "apiVersion": API_VERSIONS[0],
                 "kind": "DeviceMetadata",
                 "metadata": {
                     "name": claim.name,
@@ -151,9 +162,13 @@ impl MetadataStore {
                 path: path.clone(),
                 reason: e.to_string(),
             };
-            let mut text = serde_json::to_string_pretty(&document).map_err(|e| failed(&e))?;
             // A stream of one object per API version, each ending in a newline.
-            text.push('\n');
+            let mut text = String::new();
+            for version in API_VERSIONS {
+                document["apiVersion"] = json!(version);
+                text += &serde_json::to_string_pretty(&document).map_err(|e| failed(&e))?;
+                text.push('\n');
+            }
             if let Some(dir) = path.parent() {
                 std::fs::create_dir_all(dir).map_err(|e| failed(&e))?;
             }
@@ -265,8 +280,24 @@ mod tests {
         assert_eq!(mounts[0].host_path, host.to_string_lossy());
         let text = std::fs::read_to_string(&host).expect("file");
         assert!(text.ends_with("}\n"));
-        let document: serde_json::Value = serde_json::from_str(&text).expect("json");
-        assert_eq!(document["apiVersion"], API_VERSION);
+        let stream: Vec<serde_json::Value> = serde_json::Deserializer::from_str(&text)
+            .into_iter()
+            .collect::<Result<_, _>>()
+            .expect("json stream");
+        let versions: Vec<&str> = stream
+            .iter()
+            .filter_map(|d| d["apiVersion"].as_str())
+            .collect();
+        assert_eq!(versions, API_VERSIONS);
+        let mut unversioned: Vec<serde_json::Value> = stream.clone();
+        for d in &mut unversioned {
+            d["apiVersion"] = serde_json::Value::Null;
+        }
+        assert_eq!(
+            unversioned[0], unversioned[1],
+            "the same content in each version"
+        );
+        let document = &stream[1];
         assert_eq!(document["kind"], "DeviceMetadata");
         assert_eq!(document["podClaimName"], "gpu-claim");
         assert_eq!(document["metadata"]["uid"], "uid-1");

@@ -342,6 +342,19 @@ impl DeviceState {
         self.mps_unusable.as_deref()
     }
 
+    /// The devices of `pool` that prepared claims hold (without copying the checkpoint: the
+    /// health stream asks every probe round).
+    pub fn prepared_devices(&self, pool: &str) -> std::collections::BTreeSet<String> {
+        self.book()
+            .checkpoint
+            .claims
+            .values()
+            .flat_map(|c| c.devices.iter())
+            .filter(|d| d.pool == pool)
+            .map(|d| d.device.clone())
+            .collect()
+    }
+
     /// A copy of the checkpoint as it is now.
     pub fn checkpoint(&self) -> Checkpoint {
         self.book().checkpoint.clone()

@@ -1094,9 +1094,14 @@ fn a_vfio_claim_binds_its_gpu_for_a_vm_and_unprepare_gives_it_back() {
         mounts[0].container_path,
         "/var/run/kubernetes.io/dra-device-attributes/resourceclaimtemplates/gpu/gpu/gpu.nvidia.com-metadata.json"
     );
-    let metadata: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&mounts[0].host_path).expect("metadata file"))
-            .expect("json");
+    let text = std::fs::read(&mounts[0].host_path).expect("metadata file");
+    // A stream of one object per API version; the first is v1beta1.
+    let metadata: serde_json::Value = serde_json::Deserializer::from_slice(&text)
+        .into_iter()
+        .next()
+        .expect("an object")
+        .expect("json");
+    assert_eq!(metadata["apiVersion"], "metadata.resource.k8s.io/v1beta1");
     let attributes = &metadata["requests"][0]["devices"][0]["attributes"];
     assert_eq!(
         attributes["resource.kubernetes.io/pciBusID"]["string"],

@@ -239,6 +239,7 @@ pub async fn start_monitor(
         desired,
         sink,
         published: Default::default(),
+        reported: None,
     };
     let (shutdown, stop) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {

@@ -45,7 +45,7 @@ use std::ffi::{CStr, c_char, c_int, c_uint, c_ulonglong};
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use gpu_dra::gpu::events::{GpuEvent, GpuEventKind};
@@ -693,6 +693,54 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
     })
 }
 
+/// A GPU by its PCI address (`domain:bus:device.function`, the domain 4 or 8 hex digits, any
+/// case), as NVIDIA's plugin finds a GPU back on nvidia after its VM (persistence mode).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId_v2(
+    pci_bus_id: *const c_char,
+    device: *mut nvmlDevice_t,
+) -> Ret {
+    if pci_bus_id.is_null() {
+        return INVALID_ARGUMENT;
+    }
+    // SAFETY: caller passes a NUL-terminated string.
+    let wanted = unsafe { CStr::from_ptr(pci_bus_id) }
+        .to_string_lossy()
+        .to_ascii_lowercase();
+    // `0000:2a:00.0` and `00000000:2a:00.0` name the same function.
+    let canonical = |id: &str| -> String {
+        match id.split_once(':') {
+            Some((domain, rest)) => format!("{:0>8}:{rest}", domain.trim_start_matches('0')),
+            None => id.to_string(),
+        }
+    };
+    let wanted = canonical(wanted.trim());
+    with("nvmlDeviceGetHandleByPciBusId_v2", |fake| {
+        let Some(minor) = fake
+            .inventory
+            .gpus
+            .iter()
+            .map(|g| g.minor)
+            .find(|&m| canonical(&sim_pci_location(m).0.to_ascii_lowercase()) == wanted)
+        else {
+            return NOT_FOUND;
+        };
+        let handle = fake.device_handle(DeviceKey::Gpu(minor));
+        out!(device, handle);
+        SUCCESS
+    })
+}
+
+/// The first version's name for [`nvmlDeviceGetHandleByPciBusId_v2`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId(
+    pci_bus_id: *const c_char,
+    device: *mut nvmlDevice_t,
+) -> Ret {
+    // SAFETY: the same contract.
+    unsafe { nvmlDeviceGetHandleByPciBusId_v2(pci_bus_id, device) }
+}
+
 // ---- per-device queries ----------------------------------------------------------------------
 
 /// Runs `f` on the full GPU behind `device` (or a MIG device's parent when `allow_mig`).
@@ -947,6 +995,29 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
                     };
                 }
             }
+            SUCCESS
+        },
+    )
+}
+
+/// The graphics processes of a GPU: none (nothing renders on the simulated GPUs); NVML's
+/// two-call protocol as for compute processes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v3(
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+    _infos: *mut nvmlProcessInfo_t,
+) -> Ret {
+    on_live_gpu(
+        "nvmlDeviceGetGraphicsRunningProcesses_v3",
+        device,
+        true,
+        |_, _, _| {
+            if count.is_null() {
+                return INVALID_ARGUMENT;
+            }
+            // SAFETY: non-null, caller-owned.
+            unsafe { *count = 0 };
             SUCCESS
         },
     )
@@ -2060,6 +2131,16 @@ struct EventSet {
     queue: VecDeque<GpuEvent>,
     /// The state file as this set last read it (see `next_event`).
     stamp: Option<StateStamp>,
+    /// What a wait on this set watches, made at its first wait and kept: a real set's wait is a
+    /// poll on descriptors opened once, not a new watch per call.
+    waiter: Option<Arc<Waiter>>,
+}
+
+/// The node a waiting set reads, and the watch on its state file's folder (used outside the
+/// library lock).
+struct Waiter {
+    node: SimNode,
+    changes: StateChanges,
 }
 
 fn event_type(kind: GpuEventKind) -> c_ulonglong {
@@ -2181,17 +2262,25 @@ fn next_event(
 ) -> Result<(nvmlDevice_t, GpuEvent), Ret> {
     let deadline = Instant::now() + Duration::from_millis(u64::from(timeout_ms));
     let key = event_set_key(set);
-    let mut node = None;
+    let mut waiter = None;
     let ret = with(name, |fake| {
-        if !fake.event_sets.contains_key(&key) {
+        let node = &fake.node;
+        let Some(set) = fake.event_sets.get_mut(&key) else {
             return INVALID_ARGUMENT;
-        }
-        node = Some(fake.node.clone());
+        };
+        let made = set.waiter.get_or_insert_with(|| {
+            Arc::new(Waiter {
+                changes: StateChanges::watch(node),
+                node: node.clone(),
+            })
+        });
+        waiter = Some(Arc::clone(made));
         SUCCESS
     });
-    let Some(node) = node.filter(|_| ret == SUCCESS) else {
+    let Some(waiter) = waiter.filter(|_| ret == SUCCESS) else {
         return Err(ret);
     };
+    let node = &waiter.node;
     let pop = |state: Option<(&SimState, Option<StateStamp>)>| -> Result<Option<(nvmlDevice_t, GpuEvent)>, Ret> {
         let mut guard = lock();
         let fake = guard
@@ -2223,20 +2312,27 @@ fn next_event(
     // Only a changed state file can hold a new event. The real call blocks in the kernel; this
     // one sleeps until the state's folder changes (every write renames a new file into place),
     // so a waiting driver costs no CPU here, as it would on a GPU: idle figures are the driver's.
-    let changes = StateChanges::watch(&node);
+    // The file is looked at first, then again only once the folder changed (the watch lives as
+    // long as the set: no change is missed between waits) or while its last look was too recent
+    // to trust.
+    let changes = &waiter.changes;
+    let mut look = true;
     loop {
-        let stamp = node.state_stamp();
-        if stamp.is_none() || stamp != last_stamp()? {
-            let state = node.state().map_err(|_| UNKNOWN)?;
-            if let Some(found) = pop(Some((&state, stamp)))? {
-                return Ok(found);
+        let last = last_stamp()?;
+        if look || last.is_none() {
+            let stamp = node.state_stamp();
+            if stamp.is_none() || stamp != last {
+                let state = node.state().map_err(|_| UNKNOWN)?;
+                if let Some(found) = pop(Some((&state, stamp)))? {
+                    return Ok(found);
+                }
             }
         }
         let now = Instant::now();
         if now >= deadline {
             return Err(TIMEOUT);
         }
-        changes.wait(EVENT_POLL.min(deadline - now));
+        look = changes.wait(EVENT_POLL.min(deadline - now));
     }
 }
 
@@ -2258,22 +2354,29 @@ impl StateChanges {
         Self(watch())
     }
 
-    /// Returns after `at_most`, or sooner once the folder changed.
-    fn wait(&self, at_most: Duration) {
+    /// Returns after `at_most`, or sooner once the folder changed; whether it may have changed
+    /// (always, without a watch).
+    fn wait(&self, at_most: Duration) -> bool {
         use rustix::event::{PollFd, PollFlags, Timespec, poll};
         let Some(fd) = &self.0 else {
             std::thread::sleep(at_most);
-            return;
+            return true;
         };
         let timeout = Timespec::try_from(at_most).unwrap_or(Timespec {
             tv_sec: 1,
             tv_nsec: 0,
         });
         let mut fds = [PollFd::new(fd, PollFlags::IN)];
-        if poll(&mut fds, Some(&timeout)).is_ok_and(|ready| ready > 0) {
-            // Drained: the next wait sleeps until the next change.
-            let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
-            while rustix::io::read(fd, &mut buf).is_ok_and(|(read, _)| !read.is_empty()) {}
+        match poll(&mut fds, Some(&timeout)) {
+            Ok(0) => false,
+            Ok(_) => {
+                // Drained: the next wait sleeps until the next change.
+                let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
+                while rustix::io::read(fd, &mut buf).is_ok_and(|(read, _)| !read.is_empty()) {}
+                true
+            }
+            // Interrupted: look again.
+            Err(_) => true,
         }
     }
 }

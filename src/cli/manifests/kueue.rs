@@ -8,7 +8,7 @@
 //! allocationMode All, constraints, config, an unmapped class) makes the workload inadmissible,
 //! as Kueue marks it. Cohorts (borrowing) and flavors that steer pods to nodes are refused: they
 //! are not predicted.
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
 use serde_json::Value;
@@ -39,6 +39,11 @@ pub struct Kueue {
     /// DeviceClass → quota name; `None` without a Configuration (Kueue's DRA feature off: claims
     /// are not counted).
     pub device_classes: Option<BTreeMap<String, String>>,
+    /// ClusterQueues with `queueingStrategy: StrictFIFO`: a workload held by quota holds every
+    /// later one of the queue.
+    pub strict_fifo: BTreeSet<String>,
+    /// ClusterQueues stopped by `stopPolicy` (Hold, HoldAndDrain): nothing is admitted.
+    pub stopped: BTreeMap<String, String>,
 }
 
 fn quantity(value: &Value, field: &str) -> Result<f64, FieldError> {
@@ -55,6 +60,17 @@ fn quantity(value: &Value, field: &str) -> Result<f64, FieldError> {
     k8s_quantity::Quantity::parse(&text)
         .map(|q| q.as_approximate_float())
         .map_err(|e| FieldError::new(field, format!("Invalid value: {text:?}: {e}")))
+}
+
+/// Whether a field says anything: not null, and not an empty list or object (nor one whose
+/// lists are all empty, as `admissionChecksStrategy: {admissionChecks: []}`).
+fn is_set(value: &Value) -> bool {
+    match value {
+        Value::Null => false,
+        Value::Array(items) => !items.is_empty(),
+        Value::Object(fields) => fields.values().any(is_set),
+        _ => true,
+    }
 }
 
 fn name_of(value: &Value) -> Result<String, FieldError> {
@@ -131,6 +147,46 @@ impl Kueue {
                 "spec.namespaceSelector",
                 "a selector other than {} (every namespace) is not predicted",
             ));
+        }
+        // Admission checks wait for controllers (provisioning, MultiKueue) the inputs lack.
+        for field in ["admissionChecks", "admissionChecksStrategy"] {
+            if value.pointer(&format!("/spec/{field}")).is_some_and(is_set) {
+                return Err(FieldError::new(
+                    format!("spec.{field}"),
+                    "admission checks are not predicted",
+                ));
+            }
+        }
+        match value
+            .pointer("/spec/queueingStrategy")
+            .and_then(Value::as_str)
+        {
+            None | Some("BestEffortFIFO") => {}
+            Some("StrictFIFO") => {
+                self.strict_fifo.insert(name.clone());
+            }
+            Some(other) => {
+                return Err(FieldError::new(
+                    "spec.queueingStrategy",
+                    format!(
+                        "Unsupported value: {other:?}: supported values: \"BestEffortFIFO\", \"StrictFIFO\""
+                    ),
+                ));
+            }
+        }
+        match value.pointer("/spec/stopPolicy").and_then(Value::as_str) {
+            None | Some("None") => {}
+            Some(policy @ ("Hold" | "HoldAndDrain")) => {
+                self.stopped.insert(name.clone(), policy.to_string());
+            }
+            Some(other) => {
+                return Err(FieldError::new(
+                    "spec.stopPolicy",
+                    format!(
+                        "Unsupported value: {other:?}: supported values: \"None\", \"Hold\", \"HoldAndDrain\""
+                    ),
+                ));
+            }
         }
         let mut quota: BTreeMap<String, f64> = BTreeMap::new();
         let groups = value
@@ -301,6 +357,8 @@ pub fn pod_usage(
 pub fn admit(kueue: &Kueue, workloads: &[Queued]) -> BTreeMap<String, String> {
     let mut left = kueue.cluster_queues.clone();
     let mut held = BTreeMap::new();
+    // StrictFIFO ClusterQueue → the workload held by quota at its head.
+    let mut blocked: BTreeMap<&str, &str> = BTreeMap::new();
     for Queued {
         object,
         queue,
@@ -330,6 +388,20 @@ pub fn admit(kueue: &Kueue, workloads: &[Queued]) -> BTreeMap<String, String> {
             );
             continue;
         };
+        if let Some(policy) = kueue.stopped.get(cluster_queue) {
+            held.insert(
+                object.clone(),
+                format!("ClusterQueue {cluster_queue} is stopped (stopPolicy {policy})"),
+            );
+            continue;
+        }
+        if let Some(head) = blocked.get(cluster_queue.as_str()) {
+            held.insert(
+                object.clone(),
+                format!("waiting behind {head}: ClusterQueue {cluster_queue} is StrictFIFO"),
+            );
+            continue;
+        }
         let short = usage.iter().find_map(|(resource, need)| {
             if *need <= 0.0 {
                 return None;
@@ -348,6 +420,9 @@ pub fn admit(kueue: &Kueue, workloads: &[Queued]) -> BTreeMap<String, String> {
         match short {
             Some(why) => {
                 held.insert(object.clone(), format!("quota: {why}"));
+                if kueue.strict_fifo.contains(cluster_queue) {
+                    blocked.insert(cluster_queue, object);
+                }
             }
             None => {
                 for (resource, need) in usage {
@@ -411,6 +486,88 @@ mod tests {
             &json!({"metadata": {"name": "x"}, "spec": {"cohortName": "c"}}),
         );
         assert_eq!(cohort.expect_err("cohort").field, "spec.cohortName");
+    }
+
+    #[test]
+    fn a_strict_fifo_queue_holds_everything_behind_a_workload_quota_holds() {
+        let kueue_with = |spec: serde_json::Value| {
+            let mut kueue = Kueue::default();
+            let mut spec = spec;
+            spec["resourceGroups"] = json!([{"coveredResources": ["nvidia.com/gpu"], "flavors": [
+                {"name": "a", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": 4}]}]}]);
+            kueue
+                .add(
+                    "ClusterQueue",
+                    &json!({"metadata": {"name": "cq"}, "spec": spec}),
+                )
+                .expect("queue");
+            kueue
+                .add(
+                    "LocalQueue",
+                    &json!({"metadata": {"name": "q"}, "spec": {"clusterQueue": "cq"}}),
+                )
+                .expect("local queue");
+            kueue
+        };
+        let gpus = |n: f64| Ok(BTreeMap::from([("nvidia.com/gpu".to_string(), n)]));
+        let queued = |object: &str, usage: Usage| Queued {
+            object: object.into(),
+            queue: "default/q".into(),
+            usage,
+        };
+        let workloads = [
+            queued("refused", Err("CEL selectors".into())),
+            queued("big", gpus(3.0)),
+            queued("too-big", gpus(2.0)),
+            queued("small", gpus(1.0)),
+        ];
+        // BestEffortFIFO (the default): a later workload that fits is admitted.
+        let held = admit(&kueue_with(json!({})), &workloads);
+        assert_eq!(held.keys().collect::<Vec<_>>(), ["refused", "too-big"]);
+        // StrictFIFO: the held one blocks the rest; an inadmissible one never queued does not.
+        let strict = admit(
+            &kueue_with(json!({"queueingStrategy": "StrictFIFO"})),
+            &workloads,
+        );
+        assert_eq!(
+            strict.keys().collect::<Vec<_>>(),
+            ["refused", "small", "too-big"]
+        );
+        assert!(
+            strict["small"].contains("waiting behind too-big"),
+            "{strict:?}"
+        );
+        let stopped = admit(&kueue_with(json!({"stopPolicy": "Hold"})), &workloads);
+        assert!(
+            stopped["big"].contains("stopped (stopPolicy Hold)"),
+            "{stopped:?}"
+        );
+        let mut kueue = Kueue::default();
+        for (spec, field) in [
+            (json!({"queueingStrategy": "LIFO"}), "spec.queueingStrategy"),
+            (json!({"stopPolicy": "Pause"}), "spec.stopPolicy"),
+            (json!({"admissionChecks": ["prov"]}), "spec.admissionChecks"),
+            (
+                json!({"admissionChecksStrategy": {"admissionChecks": [{"name": "prov"}]}}),
+                "spec.admissionChecksStrategy",
+            ),
+        ] {
+            let error = kueue
+                .add(
+                    "ClusterQueue",
+                    &json!({"metadata": {"name": "x"}, "spec": spec}),
+                )
+                .expect_err("refused");
+            assert_eq!(error.field, field);
+        }
+        assert!(
+            kueue
+                .add(
+                    "ClusterQueue",
+                    &json!({"metadata": {"name": "y"}, "spec": {"admissionChecksStrategy": {"admissionChecks": []}}})
+                )
+                .is_ok()
+        );
     }
 
     #[test]
