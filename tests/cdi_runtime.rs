@@ -411,10 +411,18 @@ fn a_vm_gets_the_vfio_nodes_and_the_device_metadata_only() {
         "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/vm/gpu/gpu.nvidia.com-metadata.json"
     );
     let source = mounts[0]["source"].as_str().expect("source");
-    let metadata: Value =
-        serde_json::from_slice(&std::fs::read(source).expect("metadata")).expect("json");
-    assert_eq!(
-        metadata["requests"][0]["devices"][0]["attributes"]["resource.kubernetes.io/pciBusID"]["string"],
-        gpu_dra::gpu::sim::sim_pci_location(1).0
-    );
+    // One object per API version (v1beta1, v1alpha1), each naming the same device.
+    let text = std::fs::read(source).expect("metadata");
+    let stream: Vec<Value> = serde_json::Deserializer::from_slice(&text)
+        .into_iter()
+        .collect::<Result<_, _>>()
+        .expect("json stream");
+    assert_eq!(stream.len(), 2, "{stream:?}");
+    for metadata in &stream {
+        assert_eq!(
+            metadata["requests"][0]["devices"][0]["attributes"]["resource.kubernetes.io/pciBusID"]
+                ["string"],
+            gpu_dra::gpu::sim::sim_pci_location(1).0
+        );
+    }
 }
