@@ -143,16 +143,8 @@ vfio_claims() { # gpu-1 for a virtual machine (its VFIO device, NVIDIA's default
     CLAIMS+=(vm)
 }
 mps_claims() { # gpu-2 shared through MPS (30 % of its threads, 2Gi pinned per client)
-    { claim_yaml mps gpu.nvidia.com "$(attr uuid) == \"$(uuid_of gpu-2)\""; cat <<EOF; } | kubectl apply -f - >&2
-    config:
-    - requests: [gpu]
-      opaque:
-        driver: gpu.nvidia.com
-        parameters:
-          apiVersion: resource.nvidia.com/v1beta1
-          kind: GpuConfig
-          sharing: {strategy: MPS, mpsConfig: {defaultActiveThreadPercentage: 30, defaultPinnedDeviceMemoryLimit: 2Gi}}
-EOF
+    shared_claim_yaml mps "$(attr uuid) == \"$(uuid_of gpu-2)\"" \
+        "{strategy: MPS, mpsConfig: {defaultActiveThreadPercentage: 30, defaultPinnedDeviceMemoryLimit: 2Gi}}" | kubectl apply -f - >&2
     pod_using_claim mps mps | kubectl apply -f - >&2
     CLAIMS+=(mps)
     mps_deployments &

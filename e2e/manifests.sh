@@ -48,9 +48,9 @@ spec:
 EOF
 }
 
-# timesliced_claim_yaml NAME CEL INTERVAL: claim_yaml's claim for one GPU matching CEL,
-# time-sliced through NVIDIA's GpuConfig (timeSlicingConfig.interval INTERVAL).
-timesliced_claim_yaml() {
+# shared_claim_yaml NAME CEL SHARING: claim_yaml's claim for one GPU matching CEL, shared as
+# NVIDIA's GpuConfig says (SHARING: the flow mapping of its `sharing` field).
+shared_claim_yaml() {
     claim_yaml "$1" gpu.nvidia.com "$2"
     cat <<EOF
     config:
@@ -60,6 +60,10 @@ timesliced_claim_yaml() {
         parameters:
           apiVersion: resource.nvidia.com/v1beta1
           kind: GpuConfig
-          sharing: {strategy: TimeSlicing, timeSlicingConfig: {interval: $3}}
+          sharing: $3
 EOF
+}
+# timesliced_claim_yaml NAME CEL INTERVAL: time-sliced (timeSlicingConfig.interval INTERVAL).
+timesliced_claim_yaml() {
+    shared_claim_yaml "$1" "$2" "{strategy: TimeSlicing, timeSlicingConfig: {interval: $3}}"
 }
