@@ -1,5 +1,6 @@
-//! What the driver pays at each republish for its device order (`gpu-dra packing-study`'s
-//! policy): 8 H100s in dynamic MIG mode, half of them holding MIG instances.
+//! What the driver pays at each republish for its device order (the policy
+//! `gpu-dra-packing-study` measures): 8 H100s in dynamic MIG mode, half of them holding MIG
+//! instances.
 //!
 //! - `republish/order`: the placements in publication order (`slices::placement_order`), the
 //!   policy's own cost;

@@ -16,7 +16,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # CEL engine or allocator).
 if [[ -z ${GPU_DRA:-} ]]; then
     (cd "$ROOT" && cargo build --profile node --no-default-features --bin gpu-dra) >&2
-    GPU_DRA=$ROOT/target/node/gpu-dra
+    GPU_DRA=${CARGO_TARGET_DIR:-$ROOT/target}/node/gpu-dra
 fi
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"

@@ -15,7 +15,7 @@ NODES=${NODES:-1000}
 REPLICAS=${REPLICAS:-2000}
 if [[ -z ${GPU_DRA:-} ]]; then
     (cd "$ROOT" && cargo build --release --bin gpu-dra) >&2
-    GPU_DRA=$ROOT/target/release/gpu-dra
+    GPU_DRA=${CARGO_TARGET_DIR:-$ROOT/target}/release/gpu-dra
 fi
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT

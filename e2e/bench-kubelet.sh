@@ -108,7 +108,7 @@ export PATH="$BIN:$PATH"
 API_DELAY_BIN=$("$E2E/build-k8s.sh" api-delay | tail -n 1)/api-delay
 if [[ -z ${IMAGE_BINARY:-} ]]; then
     cargo build --profile node --locked --no-default-features --bin gpu-dra >&2
-    IMAGE_BINARY=$ROOT/target/node/gpu-dra
+    IMAGE_BINARY=${CARGO_TARGET_DIR:-$ROOT/target}/node/gpu-dra
 fi
 # Private copies: a concurrent build must not swap the binary between the image and the host.
 cp "$IMAGE_BINARY" "$WORK/gpu-dra"
@@ -306,7 +306,7 @@ if [[ -n $BESIDE_NVIDIA ]]; then
         rm -f "$checkpoint"
     fi
     NODE=$E2E_NODE NVIDIA_ROOT=$E2E_DRIVER_ROOT NVIDIA_STATE=$GPU_DRA_SIM_STATE
-    NVIDIA_FAKE_NVML=${FAKE_NVML:-$ROOT/target/release/libnvidia_ml.so}
+    NVIDIA_FAKE_NVML=${FAKE_NVML:-${CARGO_TARGET_DIR:-$ROOT/target}/release/libnvidia_ml.so}
     [[ -f $NVIDIA_FAKE_NVML ]] || (cd "$ROOT" && CARGO_INCREMENTAL=0 cargo build --release --locked -p fakenvml) >&2
     # shellcheck source=nvidia-plugin.sh
     source "$E2E/nvidia-plugin.sh"

@@ -4,7 +4,8 @@
 # driver root and sysfs), the same control plane and the same claims, each plugin alone in turn:
 #
 #   - exec to registration socket (the moment kubelet's plugin watcher could see it);
-#   - idle RSS and idle CPU (user + system) over IDLE_SECONDS once the slices are published;
+#   - idle RSS and idle CPU (user + system) over IDLE_SECONDS once the slices are published; the
+#     start and idle figures are the median of IDLE_ROUNDS rounds, the drivers alternating;
 #   - prepare latency p50/p99 through the plugin socket (kubelet-sim, the kubelet's own gRPC
 #     stubs): a whole GPU, and a MIG carve (DynamicMIG placement: both carve on prepare);
 #   - 4 carves on 4 GPUs in one NodePrepareResources call (the kubelet sends a pod's claims in one
@@ -16,17 +17,17 @@
 #   - binary size, and the size of gpu-dra's image (e2e/build-image.sh from the same binary).
 #
 # Both run as host processes with each one's defaults (gpu-dra: `--mig auto`, health probes every
-# 5 s, rescans every 10 s; NVIDIA's: no health check, no DynamicMIG), then with the features of
-# the other: NVIDIA's with its NVMLDeviceHealthCheck gate, gpu-dra's with its probe and rescan
+# 5 s, MIG changes read at their NVML event, rescans every 60 s; NVIDIA's: no health check, no
+# DynamicMIG), then with the features of the other: NVIDIA's with its NVMLDeviceHealthCheck gate, gpu-dra's with its probe and rescan
 # 1 h apart; the prepare figures with NVIDIA's DynamicMIG on (its carve-on-prepare). The fake
 # libnvidia-ml's event wait sleeps until the simulated state changes, as the real call blocks in
 # the kernel: an idle figure is the driver's own work. NVIDIA's plugin needs the GPUs' device
 # nodes and MIG capability files of a real driver: e2e/nvidia-plugin.sh gives it those. Not in
-# run-tests (a benchmark: numbers, no pass/fail beyond "both ran"); the README's table is its
-# output.
+# run-tests (a benchmark: numbers, no pass/fail beyond "both ran"); the table in docs/benchmarks.md
+# (and README's glance) is its output.
 #
 # Usage: e2e/bench-vs-nvidia.sh   (GPU_DRA=path: the node-profile binary by default, as shipped;
-#   FAKE_NVML=path: the release build by default; IDLE_SECONDS=30 CYCLES=1000 ROUNDS=50
+#   FAKE_NVML=path: the release build by default; IDLE_SECONDS=30 IDLE_ROUNDS=3 CYCLES=1000 ROUNDS=50
 #   MIG_DELAY_MS=250)
 set -euo pipefail
 NAME=bench-vs-nvidia
@@ -34,18 +35,19 @@ NODE=bench-node-1
 GPUS=sim:8xH100-SXM5-80GB
 DRIVER_BACKEND=nvml
 IDLE_SECONDS=${IDLE_SECONDS:-30}
+IDLE_ROUNDS=${IDLE_ROUNDS:-3}
 CYCLES=${CYCLES:-1000}
 ROUNDS=${ROUNDS:-50}
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 if [[ -z ${GPU_DRA:-} ]]; then
     (cd "$ROOT" && CARGO_INCREMENTAL=0 cargo build --profile node --locked --no-default-features --bin gpu-dra) >&2
-    GPU_DRA=$ROOT/target/node/gpu-dra
+    GPU_DRA=${CARGO_TARGET_DIR:-$ROOT/target}/node/gpu-dra
 fi
 # The fake libnvidia-ml optimised too: its per-call cost (it reads the simulated node's state) is
 # the fake's, not either driver's, and counts in both drivers' idle CPU.
 if [[ -z ${FAKE_NVML:-} ]]; then
     (cd "$ROOT" && CARGO_INCREMENTAL=0 cargo build --release --locked -p fakenvml) >&2
-    FAKE_NVML=$ROOT/target/release/libnvidia_ml.so
+    FAKE_NVML=${CARGO_TARGET_DIR:-$ROOT/target}/release/libnvidia_ml.so
 fi
 E2E=$ROOT/e2e
 # shellcheck source=lib.sh
@@ -76,7 +78,7 @@ launch() { # who [extra flags...]
         PID=$NVIDIA_PID REG=$WORK/nvidia-registry/gpu.nvidia.com-reg.sock
     else
         rm -rf "$WORK/registry/gpu.nvidia.com-reg.sock" "$WORK/state"
-        env RUST_LOG=${BENCH_RUST_LOG:-warn} "$GPU_DRA" run --node-name "$NODE" "${GPU_ARGS[@]}" \
+        env RUST_LOG="${BENCH_RUST_LOG:-warn}" "$GPU_DRA" run --node-name "$NODE" "${GPU_ARGS[@]}" \
             --sim-state "$WORK/hw.json" --kubeconfig "$KUBECONFIG" \
             --registrar-dir "$WORK/registry" --plugin-dir "$WORK/plugin" \
             --cdi-root "$WORK/cdi" --state-dir "$WORK/state" --sysfs-root "$WORK/sysfs" \
@@ -126,16 +128,19 @@ idle() {
 }
 
 declare -A RESULT
-measure_idle() { # key who [flags]
+# measure_idle KEY WHO [flags]: one start and idle period, appended to KEY's samples.
+measure_idle() {
     local key=$1
     shift
     start "$@"
-    RESULT[$key.start]=$START_MS
     idle
-    RESULT[$key.idle_rss]=$IDLE_RSS RESULT[$key.idle_cpu]=$IDLE_CPU_MS
+    RESULT[$key.start]+="$START_MS " RESULT[$key.idle_rss]+="$IDLE_RSS " RESULT[$key.idle_cpu]+="$IDLE_CPU_MS "
     log "$key: exec to registration ${START_MS} ms, idle RSS ${IDLE_RSS} MiB, idle CPU ${IDLE_CPU_MS} ms per ${IDLE_SECONDS} s"
     stop_who "$1"
 }
+# median_of KEY: KEY's samples replaced by their median (idle figures this small move 2-3x
+# between runs on a shared machine; rounds alternate the drivers, so drift hits both alike).
+median_of() { RESULT[$1]=$(tr ' ' '\n' <<<"${RESULT[$1]}" | grep . | sort -n | awk '{ v[NR] = $1 } END { printf "%.1f", v[int((NR + 1) / 2)] }'); }
 
 # percentile P FILE-OF-NUMBERS: nearest-rank percentile.
 percentile() { sort -n "$2" | awk -v p="$1" '{ v[NR] = $1 } END { i = int((p * NR + 99) / 100); if (i < 1) i = 1; printf "%.1f", v[i] }'; }
@@ -164,10 +169,15 @@ measure_prepare() { # who [flags]
     stop_who "$who"
 }
 
-measure_idle nvidia nvidia
-NVIDIA_GATES=NVMLDeviceHealthCheck=true measure_idle nvidia-health nvidia
-measure_idle ours ours
-measure_idle ours-noprobe ours --health-probe-interval 1h --rescan-interval 1h
+for _ in $(seq "$IDLE_ROUNDS"); do
+    measure_idle nvidia nvidia
+    measure_idle ours ours
+    NVIDIA_GATES=NVMLDeviceHealthCheck=true measure_idle nvidia-health nvidia
+    measure_idle ours-noprobe ours --health-probe-interval 1h --rescan-interval 1h
+done
+for key in nvidia ours nvidia-health ours-noprobe; do
+    for figure in start idle_rss idle_cpu; do median_of "$key.$figure"; done
+done
 
 # The claims, allocated once by kube-scheduler from gpu-dra's slices (the same device names as
 # NVIDIA's under DynamicMIG: e2e/vs-nvidia.sh), prepared by each driver in turn: a whole GPU, a

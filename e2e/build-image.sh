@@ -38,7 +38,7 @@ NVML_GLIBC=(libc.so.6 libdl.so.2 libpthread.so.0 libm.so.6 librt.so.1)
 log() { echo "build-image: $*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
-tag="" binary="" out=${OUT:-$ROOT/target/image}
+tag="" binary="" out=${OUT:-${CARGO_TARGET_DIR:-$ROOT/target}/image}
 while (($#)); do
     case $1 in
         --tag) tag=${2:?--tag needs a value}; shift 2 ;;
@@ -62,7 +62,7 @@ ref=$REPOSITORY:$tag
 if [[ -z $binary ]]; then
     log "cargo build --profile node --locked --no-default-features --bin gpu-dra"
     (cd "$ROOT" && cargo build --profile node --locked --no-default-features --bin gpu-dra >&2)
-    binary=$ROOT/target/node/gpu-dra
+    binary=${CARGO_TARGET_DIR:-$ROOT/target}/node/gpu-dra
 fi
 [[ -f $binary && -x $binary ]] || die "$binary is not an executable file"
 

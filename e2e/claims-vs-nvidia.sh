@@ -401,7 +401,7 @@ phase consumable-unlimited ConsumableShares=true --consumable-shares=unlimited "
 # point for the run). gpu-dra starts the daemon itself, the driver root's
 # nvidia-cuda-mps-control: the fake one.
 mps_node_setup() {
-    local module control=${FAKE_MPS_CONTROL:-$ROOT/target/debug/nvidia-cuda-mps-control}
+    local module control=${FAKE_MPS_CONTROL:-${CARGO_TARGET_DIR:-$ROOT/target}/debug/nvidia-cuda-mps-control}
     local go=${GO:-$(command -v go || echo /usr/local/go/bin/go)}
     module=$(cd "$ROOT" && GOTOOLCHAIN=local "$go" mod download -json sigs.k8s.io/dra-driver-nvidia-gpu@v0.5.0 | jq -r .Dir)
     [[ -f $module/templates/mps-control-daemon.tmpl.yaml ]] || fail "NVIDIA's module has no MPS daemon template at $module/templates"

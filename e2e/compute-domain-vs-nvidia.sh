@@ -105,7 +105,7 @@ clear_slices
 # daemon per domain): the fake one (e2e/fakenvml), as e2e/computedomain.sh's nodes have. NVIDIA's
 # plugin leaves IMEX daemons to its DaemonSet's pods (the compute-domain-daemon image), never
 # looks for it.
-IMEX=$ROOT/target/debug/nvidia-imex
+IMEX=${CARGO_TARGET_DIR:-$ROOT/target}/debug/nvidia-imex
 [[ -x $IMEX ]] || (cd "$ROOT" && cargo build -q -p fakenvml --bin nvidia-imex) >&2
 install -m 0755 "$IMEX" "$NVIDIA_ROOT/usr/bin/nvidia-imex"
 install -m 0755 "$IMEX" "$NVIDIA_ROOT/usr/bin/nvidia-imex-ctl"

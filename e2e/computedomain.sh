@@ -101,9 +101,9 @@ trap cleanup EXIT
 set -E
 trap 'fail "line $LINENO: unexpected failure of: $BASH_COMMAND"' ERR
 
-export GPU_DRA=${GPU_DRA:-$ROOT/target/debug/gpu-dra}
+export GPU_DRA=${GPU_DRA:-${CARGO_TARGET_DIR:-$ROOT/target}/debug/gpu-dra}
 [[ -x $GPU_DRA ]] || (cd "$ROOT" && cargo build --bin gpu-dra) >&2
-IMEX=$ROOT/target/debug/nvidia-imex
+IMEX=${CARGO_TARGET_DIR:-$ROOT/target}/debug/nvidia-imex
 [[ -x $IMEX ]] || (cd "$ROOT" && cargo build -q -p fakenvml --bin nvidia-imex) >&2
 BIN=${GPU_DRA_K8S_BIN:-$("$E2E/build-k8s.sh" | tail -n 1)}
 export GPU_DRA_K8S_BIN=$BIN PATH="$BIN:$PATH"

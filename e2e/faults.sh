@@ -164,7 +164,7 @@ if [[ $DRIVER_BACKEND != nvml ]]; then
     DRIVER_ARGS="${DRIVER_ARGS:-} --nvidia-driver-root $WORK/driver-root"
 fi
 DRIVER_ARGS="${DRIVER_ARGS:-} --consumable-shares memory --passthrough"
-MPS_CONTROL=${FAKE_MPS_CONTROL:-$ROOT/target/debug/nvidia-cuda-mps-control}
+MPS_CONTROL=${FAKE_MPS_CONTROL:-${CARGO_TARGET_DIR:-$ROOT/target}/debug/nvidia-cuda-mps-control}
 [[ -x $MPS_CONTROL ]] || (cd "$ROOT" && cargo build -q -p fakenvml --bin nvidia-cuda-mps-control) >&2
 install -m 0755 "$MPS_CONTROL" "$WORK/driver-root/usr/bin/nvidia-cuda-mps-control"
 
@@ -507,7 +507,7 @@ if [[ " $KINDS " == *" cd "* ]] && ((FAULT_SHARD == 0)); then
     CD=$WORK/cd CD_NODE=fault-cd-1 CD_GPUS=sim:4xGB200-186GB CD_PID= CD_CONTROLLER_PID=
     mkdir -p "$CD"
     "$GPU_DRA" sim --gpus "$CD_GPUS" --node-name "$CD_NODE" --sim-state "$CD/hw.json" driver-root "$CD/driver-root" >/dev/null
-    IMEX=${FAKE_IMEX:-$ROOT/target/debug/nvidia-imex}
+    IMEX=${FAKE_IMEX:-${CARGO_TARGET_DIR:-$ROOT/target}/debug/nvidia-imex}
     [[ -x $IMEX ]] || (cd "$ROOT" && cargo build -q -p fakenvml --bin nvidia-imex) >&2
     install -m 0755 "$IMEX" "$CD/driver-root/usr/bin/nvidia-imex"
     install -m 0755 "$IMEX" "$CD/driver-root/usr/bin/nvidia-imex-ctl"

@@ -2,7 +2,7 @@
 # Fleet replay: one arrival/departure trace of MIG requests on N simulated GPU nodes, placed by
 # the real kube-scheduler from the slices our drivers publish: NVIDIA's name order against ours.
 #
-# The trace is `gpu-dra packing-study`'s (same generator, seed, lifetimes and mix), printed with
+# The trace is `gpu-dra-packing-study`'s (same generator, seed, lifetimes and mix), printed with
 # --print-trace. Events run one at a time: the requests whose lifetime ended leave (kubelet-sim
 # unprepares the claim over the node's plugin socket, as the kubelet does when the pod ends, then
 # the pod and the claim are deleted), then one arrival: a ResourceClaim and a pod. The scheduler
@@ -20,7 +20,7 @@
 # Phase 1 (always): one node. The scheduler has no node to choose, so every outcome must equal
 # the study's replay of the same trace through our copy of the allocator (asserted, per order).
 # Phase 2: N nodes (--nodes), failed placements per order, side by side; the scheduler chooses
-# the node (1.37 scores no DRA device fullness; see README "Packing across a fleet").
+# the node (1.37 scores no DRA device fullness; see docs/concepts/mig-and-packing.md, "Packing across a fleet").
 #
 # Usage: e2e/fleet-replay.sh [--nodes N] [--gpus SPEC] [--events E] [--seed S]
 #                           [--mean-lifetime L] [--mix MIX] [--smoke]
@@ -28,7 +28,8 @@
 #   --smoke: 2 nodes × sim:1xH100-SXM5-80GB, 40 events, seed 2, mean lifetime 3 (on one node the
 #            study says name order 10 failed, ours 7: the check tells the orders apart; CI, about 2 min:
 #            the two orders run side by side, each on its own control plane)
-# Environment: GPU_DRA (driver binary, default target/debug/gpu-dra), GPU_DRA_K8S_BIN.
+# Environment: GPU_DRA (driver binary, default target/debug/gpu-dra), PACKING_STUDY (the study's
+# binary, default target/debug/gpu-dra-packing-study), GPU_DRA_K8S_BIN.
 set -euo pipefail
 NAME=fleet-replay
 E2E=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -94,9 +95,12 @@ trap 'exit 130' INT TERM
 source "$E2E/sim-driver.sh"
 use_private_binaries
 
+# The study is its own binary (crates/packing-study), not a command of the driver's.
+PACKING_STUDY=${PACKING_STUDY:-${CARGO_TARGET_DIR:-$ROOT/target}/debug/gpu-dra-packing-study}
+[[ -x $PACKING_STUDY ]] || (cd "$ROOT" && cargo build -p gpu-dra-packing-study) >&2
 study_args=(--events "$EVENTS" --seed "$SEED" --mean-lifetime "$LIFETIME" --mix "$MIX")
-"$GPU_DRA" packing-study --gpus "$GPUS" "${study_args[@]}" --print-trace >"$WORK/trace" ||
-    fail "packing-study --print-trace refused the trace's arguments"
+"$PACKING_STUDY" --gpus "$GPUS" "${study_args[@]}" --print-trace >"$WORK/trace" ||
+    fail "gpu-dra-packing-study --print-trace refused the trace's arguments"
 # Index, request (MIG profile or `gpu`), index of the event it leaves at.
 mapfile -t TRACE <"$WORK/trace"
 ((${#TRACE[@]} == EVENTS)) || fail "the trace has ${#TRACE[@]} arrivals, want $EVENTS"
@@ -232,7 +236,7 @@ replay() {
 
 # The study's failures for the same trace on one node: "name ours".
 study() {
-    "$GPU_DRA" packing-study --gpus "$GPUS" "${study_args[@]}" | awk '
+    "$PACKING_STUDY" --gpus "$GPUS" "${study_args[@]}" | awk '
         /name order \(NVIDIA.s\):/ { for (i = 1; i <= NF; i++) if ($i == "failed") name = $(i - 1) }
         /best-fit order \(ours\):/ { for (i = 1; i <= NF; i++) if ($i == "failed") ours = $(i - 1) }
         END { print name, ours }'
@@ -240,7 +244,7 @@ study() {
 
 T0=$SECONDS
 read -r predicted_name predicted_ours <<<"$(study)"
-[[ -n $predicted_ours ]] || fail "packing-study printed no result"
+[[ -n $predicted_ours ]] || fail "gpu-dra-packing-study printed no result"
 log "trace: $EVENTS arrivals, seed $SEED, mean lifetime $LIFETIME, mix $MIX; the study predicts, on one node of $GPUS: name order $predicted_name failed, ours $predicted_ours"
 declare -A RESULT
 # replay_both NODE_COUNT: name order and ours side by side, each on its own cluster (a replay

@@ -15,7 +15,7 @@
 # specs applied by the CDI library and run by runc, NVIDIA's update-ldcache hook building the
 # container's ld cache, both comparisons and their parsing: the devices against nvidia-smi, our
 # spec against nvidia-ctk's). What it cannot: that the real NVML, nvidia-smi, libcuda and driver
-# files agree, which only a run on a GPU shows (README, "Checking a real GPU").
+# files agree, which only a run on a GPU shows (docs/tasks/check-a-real-gpu.md).
 #
 # Needs root, gcc, and the workspace built (cargo build --workspace: gpu-dra and the fake NVML).
 # Reports TAP-like lines ending with "N passed, N failed".
@@ -31,8 +31,8 @@ fail() { log "FAIL: $*"; echo "$passed passed, 1 failed"; exit 1; }
 ok() { passed=$((passed + 1)); log "ok - $*"; }
 
 BIN=$("$E2E/build-k8s.sh" fake-nvidia-smi | tail -1)
-GPU_DRA=${GPU_DRA:-$ROOT/target/debug/gpu-dra}
-FAKE_NVML=$ROOT/target/debug/libnvidia_ml.so
+GPU_DRA=${GPU_DRA:-${CARGO_TARGET_DIR:-$ROOT/target}/debug/gpu-dra}
+FAKE_NVML=${CARGO_TARGET_DIR:-$ROOT/target}/debug/libnvidia_ml.so
 [[ -x $GPU_DRA && -f $FAKE_NVML ]] || fail "build the workspace first (cargo build --workspace): no $GPU_DRA or $FAKE_NVML"
 
 # 1. The kit, and its size.

@@ -71,7 +71,7 @@ build_kit() {
     bin=${GPU_DRA_K8S_BIN:-$HOME/.cache/gpu-dra/k8s-$K8S_VERSION/bin}
     if [[ -z ${IMAGE_BINARY:-} ]]; then
         (cd "$repo" && cargo build --profile node --locked --no-default-features --bin gpu-dra >&2)
-        IMAGE_BINARY=$repo/target/node/gpu-dra
+        IMAGE_BINARY=${CARGO_TARGET_DIR:-$repo/target}/node/gpu-dra
     fi
     install -m 0755 "$IMAGE_BINARY" "$dir/dyn/gpu-dra"
     install -m 0755 "$bin/nvidia-ctk" "$dir/dyn/nvidia-ctk"

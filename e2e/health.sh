@@ -10,7 +10,8 @@
 #      Healthy → Unhealthy → Healthy;
 #   5. a double-bit ECC error taints with the effect configured for its class (NoExecute), and
 #      the taint survives a driver restart until the GPU is reset;
-#   6. a MIG device an admin makes in static mode is published without restarting the driver;
+#   6. a MIG device an admin makes in static mode is published without restarting the driver, at
+#      its MIG-config-change event (the periodic rescan is an hour away here);
 #   7. a compute process on that MIG device under a prepared claim is the claim's use in
 #      /metrics (with DRIVER_BACKEND=nvml read through the fake libnvidia-ml's memory and process
 #      calls); when the admin destroys the device, the stream reports it Unhealthy and the claim
@@ -36,7 +37,7 @@ sim mig-mode --gpu 2 --enabled true >/dev/null
 kubectl apply -f "$ROOT/deviceclasses/" >&2
 PORT=$(metrics_port)
 METRICS=http://127.0.0.1:$PORT/metrics
-ARGS="--mig static --health-probe-interval 500ms --rescan-interval 1s --health-taint-effects reset=NoExecute --metrics-addr 127.0.0.1:$PORT --usage-interval 1s"
+ARGS="--mig static --health-probe-interval 500ms --rescan-interval 1h --health-taint-effects reset=NoExecute --metrics-addr 127.0.0.1:$PORT --usage-interval 1s"
 DRIVER_ARGS=$ARGS start_driver
 wait_for "gpu-0 and gpu-1 published" 30 bash -c "[[ \$(kubectl get resourceslices -o json | jq -r '[.items[].spec.devices[]?.name] | sort | join(\" \")') == 'gpu-0 gpu-1' ]]"
 kubelet watch --duration 120s >"$WORK/watch.jsonl" 2>"$WORK/watch.log" &
@@ -102,16 +103,16 @@ before=$(taints gpu-0)
 stop_driver
 DRIVER_ARGS=$ARGS start_driver
 wait_for "the restarted driver taking the faults over" 30 grep -q "devices still unhealthy from before the restart" "$WORK/driver.log"
-sleep 3 # several of its probe rounds (500 ms) and rescans (1 s): a wrong one would have untainted by now
+sleep 3 # several of its probe rounds (500 ms): a wrong one would have untainted by now
 [[ $(taints gpu-0) == "$before" ]] || fail "the restart changed gpu-0's taints: $(taints gpu-0) (was $before)"
 sim inject --gpu 0 --reset >/dev/null
 wait_for "gpu-0 untainted after the second reset" 10 bash -c "[[ \$(kubectl get resourceslices -o json | jq -c '[.items[].spec.devices[]? | select(.name == \"gpu-0\") | .taints // [] | length] | add') == 0 ]]"
 ok "a double-bit ECC error taints gpu-0 NoExecute (its class's effect); the taint outlives a driver restart and clears at reset"
 
-# ---------------------------------------------------------------- 6. rescan
+# ---------------------------------------------------------------- 6. MIG made by an admin
 sim create --gpu 2 --profile 1g.10gb >/dev/null
-wait_for "the admin-made MIG device published" 15 bash -c "kubectl get resourceslices -o json | jq -e '[.items[].spec.devices[]?.name] | index(\"gpu-2-mig-1g10gb-19-0\")'"
-ok "a MIG device made by an admin in static mode is published without a restart ($(device_names))"
+wait_for "the admin-made MIG device published" 5 bash -c "kubectl get resourceslices -o json | jq -e '[.items[].spec.devices[]?.name] | index(\"gpu-2-mig-1g10gb-19-0\")'"
+ok "a MIG device made by an admin in static mode is published at its MIG-config-change event, without a restart or a periodic rescan ($(device_names))"
 
 # ---------------------------------------------------------------- 7. vanished while prepared
 mig=gpu-2-mig-1g10gb-19-0

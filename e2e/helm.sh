@@ -5,6 +5,8 @@
 #   1. `helm lint` and `helm template` (Helm built from its Go module by e2e/build-helm.sh); the
 #      rendered objects pass `kubectl apply --dry-run=server`; the chart's DeviceClasses equal
 #      deviceclasses/; value switches (extended resources, driver name) render as documented;
+#      values.schema.json refuses misspelt values and wrong types, naming them, and
+#      docs/reference/chart-values.md is generated from it (e2e/chart-values-doc.py --check);
 #   2. the ServiceAccount, RBAC, ValidatingAdmissionPolicy (+ binding) and DeviceClasses are
 #      applied for real;
 #   3. a token of the chart's ServiceAccount bound to the simulated Node carries the node name;
@@ -94,6 +96,18 @@ as_json "$WORK/auth.yaml" | jq -e --arg role "$RELEASE" '
 render --set metrics.auth=basic >/dev/null 2>"$WORK/auth.err" && fail "metrics.auth=basic rendered"
 grep -q "metrics.auth" "$WORK/auth.err" || fail "metrics.auth=basic: $(cat "$WORK/auth.err")"
 ok "metrics.auth=kubernetes passes --metrics-auth and grants TokenReview and SubjectAccessReview; an unknown value is refused"
+
+# values.schema.json types every value and knows every key: a misspelt value (nested or top-level)
+# and a wrong type are refused before anything renders, naming the value; the values reference
+# page is generated from the schema and must be its current output.
+for refused in "image.tagg=x|at '/image': additional properties 'tagg' not allowed" \
+    "imag.tag=x|at '': additional properties 'imag' not allowed" \
+    "metrics.port=abc|at '/metrics/port': got string, want integer"; do
+    render --set "${refused%%|*}" >/dev/null 2>"$WORK/schema.err" && fail "${refused%%|*} rendered"
+    grep -qF "${refused#*|}" "$WORK/schema.err" || fail "${refused%%|*}: $(cat "$WORK/schema.err")"
+done
+python3 "$ROOT/e2e/chart-values-doc.py" --check "$ROOT/docs/reference/chart-values.md" || fail "docs/reference/chart-values.md is stale: run e2e/chart-values-doc.py"
+ok "values.schema.json refuses a misspelt value (image.tagg, imag.tag) and a wrong type (metrics.port=abc), naming each; docs/reference/chart-values.md is e2e/chart-values-doc.py's output"
 
 # computeDomains.enabled: the CRD, NVIDIA's two classes, the controller's Deployment and RBAC,
 # the channel plugin's flags, permissions and admission rule; the API server takes them all.

@@ -88,7 +88,7 @@ wait_for() { # description, timeout seconds, command...
 # ---------------------------------------------------------------- 0. image, helm, cluster
 BIN=${GPU_DRA_K8S_BIN:-$("$E2E/build-k8s.sh" | tail -n 1)}
 export PATH="$BIN:$PATH"
-GPU_DRA=${GPU_DRA:-$ROOT/target/debug/gpu-dra}
+GPU_DRA=${GPU_DRA:-${CARGO_TARGET_DIR:-$ROOT/target}/debug/gpu-dra}
 [[ -x $GPU_DRA ]] || cargo build --bin gpu-dra >&2
 export GPU_DRA
 

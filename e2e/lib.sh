@@ -53,7 +53,7 @@ trap cleanup EXIT
 trap 'exit 143' TERM
 trap 'exit 130' INT
 
-GPU_DRA=${GPU_DRA:-$ROOT/target/debug/gpu-dra}
+GPU_DRA=${GPU_DRA:-${CARGO_TARGET_DIR:-$ROOT/target}/debug/gpu-dra}
 if [[ ! -x $GPU_DRA ]]; then
     (cd "$ROOT" && cargo build --bin gpu-dra) >&2
 fi
@@ -66,7 +66,7 @@ GPU_DRA=$WORK/gpu-dra
 DRIVER_BACKEND=${DRIVER_BACKEND:-sim}
 GPU_ARGS=(--gpus "$GPUS")
 if [[ $DRIVER_BACKEND == nvml ]]; then
-    FAKE_NVML=${FAKE_NVML:-$ROOT/target/debug/libnvidia_ml.so}
+    FAKE_NVML=${FAKE_NVML:-${CARGO_TARGET_DIR:-$ROOT/target}/debug/libnvidia_ml.so}
     [[ -f $FAKE_NVML ]] || (cd "$ROOT" && cargo build -p fakenvml) >&2
     cp "$FAKE_NVML" "$WORK/libnvidia-ml.so.1"
     export FAKE_NVML_GPUS=$GPUS FAKE_NVML_NODE=$NODE FAKE_NVML_STATE=$WORK/hw.json

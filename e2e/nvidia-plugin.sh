@@ -144,7 +144,7 @@ start_nvidia() {
 # gpu-dra sets time-slices with the driver root's nvidia-smi, chrooted there: the fake one
 # (e2e/fakenvml), as on the other simulated nodes.
 fake_nvidia_smi() {
-    local fake=${NVIDIA_SMI_FAKE:-$ROOT/target/debug/nvidia-smi}
+    local fake=${NVIDIA_SMI_FAKE:-${CARGO_TARGET_DIR:-$ROOT/target}/debug/nvidia-smi}
     [[ -x $fake ]] || (cd "$ROOT" && cargo build -p fakenvml --bin nvidia-smi) >&2
     install -m 0755 "$fake" "$NVIDIA_ROOT/usr/bin/nvidia-smi"
 }

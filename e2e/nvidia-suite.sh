@@ -55,7 +55,7 @@ set -E
 trap 'fail "line $LINENO: unexpected failure of: $BASH_COMMAND"' ERR
 # shellcheck source=versions.env
 source "$E2E/versions.env"
-export GPU_DRA=${GPU_DRA:-$ROOT/target/debug/gpu-dra}
+export GPU_DRA=${GPU_DRA:-${CARGO_TARGET_DIR:-$ROOT/target}/debug/gpu-dra}
 BIN=${GPU_DRA_K8S_BIN:-$("$E2E/build-k8s.sh" | tail -n 1)}
 export GPU_DRA_K8S_BIN=$BIN PATH="$BIN:$PATH"
 SUITE=$("$E2E/build-k8s.sh" nvidia-e2e-suite | tail -n 1)/nvidia-e2e-suite
@@ -287,7 +287,7 @@ fi
 # sysfs, and its nvidia-smi a stand-in that sets the simulated time-slice (the driver root's fake
 # one runs only chrooted; NVIDIA's plugin runs it as a host program).
 GPUS=$E2E_GPUS NODE=$E2E_NODE NVIDIA_ROOT=$E2E_DRIVER_ROOT NVIDIA_STATE=$GPU_DRA_SIM_STATE
-NVIDIA_FAKE_NVML=${FAKE_NVML:-$ROOT/target/debug/libnvidia_ml.so}
+NVIDIA_FAKE_NVML=${FAKE_NVML:-${CARGO_TARGET_DIR:-$ROOT/target}/debug/libnvidia_ml.so}
 [[ -f $NVIDIA_FAKE_NVML ]] || (cd "$ROOT" && cargo build -p fakenvml) >&2
 # shellcheck source=nvidia-plugin.sh
 source "$E2E/nvidia-plugin.sh"

@@ -84,7 +84,7 @@ trap cleanup EXIT
 set -E
 trap 'fail "line $LINENO: unexpected failure of: $BASH_COMMAND"' ERR
 
-export GPU_DRA=${GPU_DRA:-$ROOT/target/debug/gpu-dra}
+export GPU_DRA=${GPU_DRA:-${CARGO_TARGET_DIR:-$ROOT/target}/debug/gpu-dra}
 [[ -x $GPU_DRA ]] || (cd "$ROOT" && cargo build --bin gpu-dra) >&2
 BIN=${GPU_DRA_K8S_BIN:-$("$E2E/build-k8s.sh" | tail -n 1)}
 export GPU_DRA_K8S_BIN=$BIN PATH="$BIN:$PATH"
@@ -469,7 +469,7 @@ wait_for "the pod's memory on the MIG device" 20 pod_memory_is 2147483648
 sim_process --end
 wait_for "the ended process's memory gone" 20 memory_is 0
 ok "4. /metrics: the pod's process on MIG device GPU_I_ID=$gi4 shows as the claim's and pod $dp's 2 GiB in use (then 0 when it ends)"
-# The README's picture of "which pod holds which GPU slice" (e2e/alerts.sh prints it).
+# The picture (docs/tasks/monitor.md) of "which pod holds which GPU slice" (e2e/alerts.sh prints it).
 # The chart's metrics need a token: the sample is scraped with one.
 if [[ -n ${GPU_DRA_METRICS_SAMPLES:-} ]]; then
     mkdir -p "$GPU_DRA_METRICS_SAMPLES"

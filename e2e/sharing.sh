@@ -26,7 +26,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/mps-folder.sh"
 
 hw() { "$GPU_DRA" sim --gpus "$GPUS" --node-name "$NODE" --sim-state "$WORK/hw.json" show; }
 "$GPU_DRA" sim --gpus "$GPUS" --node-name "$NODE" --sim-state "$WORK/hw.json" driver-root "$WORK/driver-root" >/dev/null
-MPS_CONTROL=${FAKE_MPS_CONTROL:-$ROOT/target/debug/nvidia-cuda-mps-control}
+MPS_CONTROL=${FAKE_MPS_CONTROL:-${CARGO_TARGET_DIR:-$ROOT/target}/debug/nvidia-cuda-mps-control}
 [[ -x $MPS_CONTROL ]] || (cd "$ROOT" && cargo build -q -p fakenvml --bin nvidia-cuda-mps-control) >&2
 install -m 0755 "$MPS_CONTROL" "$WORK/driver-root/usr/bin/nvidia-cuda-mps-control"
 # The GPUs' state, without who holds them open (the driver's own NVML session changes with it).

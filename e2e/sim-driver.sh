@@ -7,7 +7,7 @@
 # A private copy of the driver (a concurrent `cargo build` must not swap it under the fleet), and
 # the pinned Kubernetes binaries first on PATH. Sets GPU_DRA and BIN.
 use_private_binaries() {
-    GPU_DRA=${GPU_DRA:-$ROOT/target/debug/gpu-dra}
+    GPU_DRA=${GPU_DRA:-${CARGO_TARGET_DIR:-$ROOT/target}/debug/gpu-dra}
     [[ -x $GPU_DRA ]] || (cd "$ROOT" && cargo build --bin gpu-dra) >&2
     cp "$GPU_DRA" "$WORK/gpu-dra"
     GPU_DRA=$WORK/gpu-dra

@@ -48,7 +48,7 @@ example() { # crate example variable
     local bin=${!3:-}
     if [[ -z $bin ]]; then
         cargo build --quiet --locked --manifest-path "$ROOT/Cargo.toml" -p "$1" --example "$2"
-        bin="$ROOT/target/debug/examples/$2"
+        bin="${CARGO_TARGET_DIR:-$ROOT/target}/debug/examples/$2"
     fi
     [[ -x $bin ]] || { echo "e2e/upstream-tables: $bin is not an executable $2" >&2; exit 1; }
     echo "$bin"
@@ -58,7 +58,7 @@ gpu_dra() {
     local bin=${GPU_DRA:-}
     if [[ -z $bin ]]; then
         cargo build --quiet --locked --manifest-path "$ROOT/Cargo.toml" --bin gpu-dra
-        bin="$ROOT/target/debug/gpu-dra"
+        bin="${CARGO_TARGET_DIR:-$ROOT/target}/debug/gpu-dra"
     fi
     [[ -x $bin ]] || { echo "e2e/upstream-tables: $bin is not an executable gpu-dra" >&2; exit 1; }
     echo "$bin"

@@ -181,6 +181,82 @@ fn a_fault_during_a_slow_carve_is_tainted_at_once() {
     });
 }
 
+/// An admin makes a MIG device behind the driver's back (`nvidia-smi mig -cgi ... -C`): NVML's
+/// MIG-config-change event makes the monitor read that GPU again at once, with the periodic
+/// rescan an hour away; the event is no fault (no taint, no probe).
+#[test]
+fn a_mig_device_made_by_an_admin_is_read_at_its_event() {
+    gpu_dra::node::runtime().expect("runtime").block_on(async {
+        let node = start().await;
+        let probes = node.gpus.probes.load(Ordering::SeqCst);
+        let instances = |minor: usize| {
+            let driver = node.driver.clone();
+            async move {
+                driver
+                    .with_state(|s| s.inventory())
+                    .await
+                    .gpus
+                    .get(minor)
+                    .and_then(|g| g.mig.as_ref())
+                    .map_or(0, |m| m.instances.len())
+            }
+        };
+        assert_eq!(instances(1).await, 0, "GPU 1 starts without MIG devices");
+        // MIG mode on, then 1g.10gb (profile 19) at memory slice 0, as the admin's tool does.
+        let mode = node.gpus.sim.set_mig_mode(1, true).expect("MIG mode");
+        assert!(mode.current, "MIG mode pending: {mode:?}");
+        let placement = gpu_dra::gpu::Placement { start: 0, size: 1 };
+        let gi = node
+            .gpus
+            .sim
+            .create_gpu_instance(1, 19, placement)
+            .expect("admin's GPU instance");
+        node.gpus
+            .sim
+            .create_compute_instance(1, gi)
+            .expect("admin's compute instance");
+        // The simulator raised the events NVML would; the scripted source delivers them here.
+        let raised: Vec<GpuEvent> = node
+            .gpus
+            .sim
+            .state()
+            .expect("state")
+            .events
+            .iter()
+            .map(|e| e.event)
+            .collect();
+        assert_eq!(
+            raised,
+            vec![GpuEvent {
+                minor: 1,
+                kind: GpuEventKind::MigConfigChange,
+                gpu_instance_id: None,
+                compute_instance_id: None,
+            }],
+            "one MIG-config-change event per GPU is kept (the newest)"
+        );
+        for event in raised {
+            node.events.send(event).expect("send");
+        }
+        let deadline = Instant::now() + scripted::DEADLINE;
+        while instances(1).await != 1 {
+            if Instant::now() > deadline {
+                node.gpus
+                    .fail("the admin's MIG device was not read after its event".into());
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(instances(0).await, 0, "GPU 0 changed");
+        assert_eq!(
+            node.gpus.probes.load(Ordering::SeqCst),
+            probes,
+            "a MIG change made the monitor probe"
+        );
+        assert!(node.taints.first_on("gpu-1").is_none(), "gpu-1 tainted");
+        let _ = node.shutdown.send(true);
+    });
+}
+
 /// A tenant raising XID 13 (illegal memory access) in a loop: thousands of events while claims are
 /// prepared and unprepared. Every event reaches the monitor and is counted, and nothing else
 /// happens: no probe, no rescan, no taint, and every prepare and unprepare succeeds. What the storm

@@ -30,7 +30,7 @@ const CLASSES: &[&str] = &[
 const CLAIMS: &[&str] = &[
     include_str!("../../deploy/examples/gpu-40gi.yaml"),
     include_str!("../../deploy/examples/mig-3g40gb.yaml"),
-    include_str!("../../deploy/examples/mig-1g-timesliced.yaml"),
+    include_str!("../../deploy/examples/mig-1g-pair.yaml"),
     include_str!("../../deploy/examples/gpu-timesliced.yaml"),
 ];
 

@@ -44,7 +44,9 @@ pub fn run(args: HealthArgs) -> Result<ExitCode, CliError> {
     for gpu in &inventory.gpus {
         let probe = control.probe(gpu.minor)?;
         let is_watched = watched.contains(&gpu.minor);
-        let faulted = events.iter().any(|e| e.minor == gpu.minor);
+        let faulted = events
+            .iter()
+            .any(|e| e.minor == gpu.minor && e.kind.is_fault());
         healthy &= is_watched && !probe.lost && !faulted;
         gpus.push(json!({
             "device": gpu_device_name(gpu.minor),

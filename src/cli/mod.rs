@@ -1,7 +1,7 @@
 //! Command-line interface: one submodule per subcommand.
 //!
-//! The offline commands (`demo`, `packing-study`, `cel`, `match`, `explain`) need the CEL engine
-//! and the allocator; they exist only with the cargo feature `tools` (on by default). The
+//! The offline commands (`demo`, `cel`, `match`, `explain`, `capacity`) need the CEL engine and
+//! the allocator; they exist only with the cargo feature `tools` (on by default). The
 //! DaemonSet image builds without it, so the privileged node binary offers `run`, `slices` and
 //! `sim` and links neither engine.
 use std::process::ExitCode;
@@ -21,17 +21,9 @@ pub mod demo;
 pub mod duration;
 pub mod health;
 #[cfg(feature = "tools")]
-pub mod hindsight;
-#[cfg(feature = "tools")]
 pub mod live;
 #[cfg(feature = "tools")]
 pub mod manifests;
-#[cfg(feature = "tools")]
-pub mod online;
-#[cfg(feature = "tools")]
-pub mod packing_study;
-#[cfg(feature = "tools")]
-pub mod repack;
 pub mod run;
 pub mod sim;
 pub mod slices;
@@ -81,10 +73,27 @@ pub fn verbosity_filter(level: Option<u8>) -> String {
     }
 }
 
-/// Sends `tracing` logs to stderr in the chosen format.
-pub fn init_logging(format: LogFormat, verbosity: Option<u8>) {
+impl Cli {
+    /// Whether the command tells its own story on stdout (`demo`): the driver's logs would
+    /// interleave with it, so they show only with `-v` (errors always).
+    pub fn narrates(&self) -> bool {
+        #[cfg(feature = "tools")]
+        if matches!(self.command, Command::Demo(_)) {
+            return true;
+        }
+        false
+    }
+}
+
+/// Sends `tracing` logs to stderr in the chosen format; a narrating command without `-v` logs
+/// errors only.
+pub fn init_logging(format: LogFormat, verbosity: Option<u8>, narrates: bool) {
+    let default = match verbosity {
+        None if narrates => "error".to_string(),
+        level => verbosity_filter(level),
+    };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(verbosity_filter(verbosity)));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     use std::io::IsTerminal;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -127,9 +136,6 @@ pub enum Command {
     VfioCheck(vfio_check::VfioCheckArgs),
     /// Operate simulated GPU hardware (MIG mode, instances) in a state file.
     Sim(sim::SimArgs),
-    /// Replay a random MIG workload: failed placements with our device order vs name order.
-    #[cfg(feature = "tools")]
-    PackingStudy(packing_study::PackingStudyArgs),
     /// Evaluate DRA CEL selectors exactly as Kubernetes does.
     #[cfg(feature = "tools")]
     #[command(subcommand)]
@@ -180,8 +186,6 @@ pub fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Demo(args) => demo::run(args),
         #[cfg(feature = "tools")]
         Command::Cel(cmd) => cel::run(cmd),
-        #[cfg(feature = "tools")]
-        Command::PackingStudy(args) => packing_study::run(args),
         #[cfg(feature = "tools")]
         Command::Match(args) => claims::run_match(args),
         #[cfg(feature = "tools")]

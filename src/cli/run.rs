@@ -191,9 +191,11 @@ pub struct RunArgs {
     /// How often every GPU is probed (lost, reset) and kubelet's health stream refreshed.
     #[arg(long, env = "GPU_DRA_HEALTH_PROBE_INTERVAL", default_value = "5s", value_parser = duration::parse)]
     pub health_probe_interval: Duration,
-    /// How often the GPUs are discovered again (MIG devices made by someone else, GPUs lost or
-    /// back), besides after every fault.
-    #[arg(long, env = "GPU_DRA_RESCAN_INTERVAL", default_value = "10s", value_parser = duration::parse)]
+    /// How often the GPUs are discovered again, besides after every fault and every MIG change
+    /// NVML reports (`nvmlEventMigConfigChange`: MIG devices made or destroyed by anyone, read at
+    /// once): the fallback for what no event reports (MIG mode changed at a reset, GPUs whose NVML
+    /// has no MIG events).
+    #[arg(long, env = "GPU_DRA_RESCAN_INTERVAL", default_value = "60s", value_parser = duration::parse)]
     pub rescan_interval: Duration,
     /// Device order within each node's pool: `packed` (best fit for dynamic MIG placements: the
     /// scheduler takes the first device that fits, so the order decides where MIG devices land)

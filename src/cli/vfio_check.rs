@@ -21,7 +21,7 @@ use crate::gpu::{self, GpuControl};
 use crate::prepare::checkpoint::{Checkpoint, ClaimEntry, ClaimState, DeviceRecord, VfioRecord};
 use crate::prepare::effects::vfio_bind::VfioBind;
 use crate::prepare::effects::{ClaimDevice, DeviceEffect, Host};
-use crate::prepare::state::PrepareError;
+use crate::prepare::error::PrepareError;
 
 #[derive(Debug, Args)]
 #[command(

@@ -17,6 +17,7 @@ pub mod controller;
 pub mod credentials;
 pub mod imex;
 pub mod node;
+pub mod node_agent;
 
 /// The DRA driver name of ComputeDomain channels.
 pub const DRIVER_NAME: &str = "compute-domain.nvidia.com";

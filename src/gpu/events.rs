@@ -26,6 +26,17 @@ pub enum GpuEventKind {
     Xid { code: u64 },
     /// `nvmlEventTypeDoubleBitEccError`.
     DoubleBitEcc,
+    /// `nvmlEventMigConfigChange`: a GPU or compute instance was made or destroyed, by anyone
+    /// (this driver, an admin's `nvidia-smi`, another driver). Not a fault: the GPU's MIG
+    /// devices are read again.
+    MigConfigChange,
+}
+
+impl GpuEventKind {
+    /// Whether the event says something may be wrong with the GPU.
+    pub fn is_fault(&self) -> bool {
+        !matches!(self, Self::MigConfigChange)
+    }
 }
 
 /// One NVML event.

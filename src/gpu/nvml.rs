@@ -14,8 +14,9 @@ use nvml_wrapper::enums::device::{DeviceArchitecture, SampleValue};
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::structs::device::FieldId;
 use nvml_wrapper_sys::bindings::{
-    field_id::NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, nvmlDevice_t, nvmlEventData_t, nvmlEventSet_t,
-    nvmlEventTypeDoubleBitEccError, nvmlEventTypeXidCriticalError,
+    field_id::NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, nvmlDevice_t, nvmlEventData_t,
+    nvmlEventMigConfigChange, nvmlEventSet_t, nvmlEventTypeDoubleBitEccError,
+    nvmlEventTypeXidCriticalError,
 };
 
 use super::events::{GpuEvent, GpuEventKind, GpuEventSource, GpuProbe, RecoveryAction};
@@ -252,8 +253,12 @@ impl GpuHandles {
 
 /// What the event source listens for: the faults that make a device unhealthy. NVIDIA's driver
 /// also registers single-bit ECC errors but acts on XIDs only.
-const WANTED_EVENTS: u64 =
+const FAULT_EVENTS: u64 =
     nvmlEventTypeXidCriticalError as u64 | nvmlEventTypeDoubleBitEccError as u64;
+
+/// Also listened for where the GPU reports it: MIG devices made or destroyed by anyone, so they
+/// are read again at once instead of at the next periodic rescan.
+const MIG_EVENTS: u64 = nvmlEventMigConfigChange as u64;
 
 /// Most events one [`GpuEventSource::wait`] returns; the rest wait in NVML for the next call.
 const MAX_EVENTS_PER_WAIT: usize = 64;
@@ -364,8 +369,8 @@ impl RegisteredSet {
                     continue;
                 }
             };
-            let types = supported & WANTED_EVENTS;
-            if types == 0 {
+            let faults = supported & FAULT_EVENTS;
+            if faults == 0 {
                 tracing::warn!(
                     minor,
                     supported,
@@ -373,6 +378,7 @@ impl RegisteredSet {
                 );
                 continue;
             }
+            let types = faults | (supported & MIG_EVENTS);
             // SAFETY: a full-GPU handle and a live set, both of this session.
             match unsafe { nvml_raw::register_events(nvml, handle.0, types, set) } {
                 Ok(()) => registered.gpus.push((minor, handle)),
@@ -415,6 +421,8 @@ impl RegisteredSet {
             }
         } else if data.eventType & u64::from(nvmlEventTypeDoubleBitEccError) != 0 {
             GpuEventKind::DoubleBitEcc
+        } else if data.eventType & MIG_EVENTS != 0 {
+            GpuEventKind::MigConfigChange
         } else {
             tracing::debug!(minor, event_type = data.eventType, "NVML event ignored");
             return None;

@@ -167,6 +167,36 @@ pub struct SimEvent {
 /// How many raised events the state keeps for readers that poll.
 pub const EVENTS_KEPT: usize = 256;
 
+/// Numbers `event` and keeps it for every reader (the oldest beyond [`EVENTS_KEPT`] go).
+fn raise(state: &mut SimState, event: GpuEvent) {
+    if event.kind == GpuEventKind::MigConfigChange {
+        // A reader that missed one still learns "this GPU's MIG devices changed" from the
+        // newest: one per GPU is kept, so carve churn neither grows the state file nor pushes
+        // faults out of the list.
+        state.events.retain(|e| {
+            !(e.event.kind == GpuEventKind::MigConfigChange && e.event.minor == event.minor)
+        });
+    }
+    state.event_serial += 1;
+    state.events.push(SimEvent {
+        serial: state.event_serial,
+        event,
+    });
+    let excess = state.events.len().saturating_sub(EVENTS_KEPT);
+    state.events.drain(..excess);
+}
+
+/// `nvmlEventMigConfigChange` on GPU `minor`: raised by every GPU or compute instance made or
+/// destroyed, whoever made it.
+fn mig_config_change(minor: u32) -> GpuEvent {
+    GpuEvent {
+        minor,
+        kind: GpuEventKind::MigConfigChange,
+        gpu_instance_id: None,
+        compute_instance_id: None,
+    }
+}
+
 /// A fault to raise on a simulated GPU, or its reset (`gpu-dra sim inject`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SimFault {
@@ -512,14 +542,6 @@ impl Drop for SimSession {
             tracing::warn!(%error, "cannot record the simulated NVML session's end");
         }
     }
-}
-
-/// The inventory of a simulated node without state, for tests.
-#[cfg(test)]
-pub(crate) fn test_inventory(spec: &str) -> NodeInventory {
-    SimNode::new(spec.parse().expect("sim spec"), "n", None)
-        .inventory()
-        .expect("inventory")
 }
 
 impl SimNode {
@@ -1166,13 +1188,7 @@ impl SimNode {
                 }
             };
             if let Some(event) = event {
-                state.event_serial += 1;
-                state.events.push(SimEvent {
-                    serial: state.event_serial,
-                    event,
-                });
-                let excess = state.events.len().saturating_sub(EVENTS_KEPT);
-                state.events.drain(..excess);
+                raise(state, event);
             }
             Ok(())
         })
@@ -1384,6 +1400,7 @@ impl SimNode {
                 compute_instances: vec![],
             });
             gpu.gpu_instances.sort_by_key(|gi| gi.id);
+            raise(state, mig_config_change(minor));
             Ok(id)
         })
     }
@@ -1434,6 +1451,7 @@ impl SimNode {
                 profile_id: full_compute_profile(slices),
                 uuid: uuid.clone(),
             });
+            raise(state, mig_config_change(minor));
             Ok((0, uuid))
         })
     }
@@ -1470,6 +1488,7 @@ impl SimNode {
                     &format!("no compute instance {compute_instance_id} in GPU instance {gpu_instance_id}"),
                 ));
             }
+            raise(state, mig_config_change(minor));
             Ok(())
         })
     }
@@ -1501,6 +1520,7 @@ impl SimNode {
                 ));
             }
             gpu.gpu_instances.remove(index);
+            raise(state, mig_config_change(minor));
             Ok(())
         })
     }

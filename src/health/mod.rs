@@ -194,7 +194,7 @@ pub struct HealthConfig {
     pub recovery_after: Duration,
     /// How often every GPU is probed (and the health stream refreshed).
     pub probe_interval: Duration,
-    /// How often the hardware is discovered again.
+    /// How often the hardware is discovered again (MIG changes NVML reports are read at once).
     pub rescan_interval: Duration,
 }
 
@@ -205,7 +205,7 @@ impl Default for HealthConfig {
             effects: TaintEffects::default(),
             recovery_after: Duration::from_secs(600),
             probe_interval: Duration::from_secs(5),
-            rescan_interval: Duration::from_secs(10),
+            rescan_interval: Duration::from_secs(60),
         }
     }
 }
@@ -401,6 +401,8 @@ impl HealthBook {
                 FaultClass::Reset,
                 "double-bit ECC error".to_string(),
             ),
+            // Not a fault (the monitor rescans the GPU instead).
+            GpuEventKind::MigConfigChange => return None,
         };
         let reset_asked = probe
             .and_then(|p| p.recovery_action)

@@ -281,7 +281,15 @@ impl HealthMonitor {
                                 }
                             }
                         }
-                        let faulted = self.on_events(&prober, batch).await;
+                        // MIG devices made or destroyed: read those GPUs again, nothing else.
+                        let (mig_changed, faults): (Vec<_>, Vec<_>) =
+                            batch.into_iter().partition(|e| !e.kind.is_fault());
+                        rescans.gpus(mig_changed.iter().map(|e| e.minor));
+                        let faulted = if faults.is_empty() {
+                            BTreeSet::new()
+                        } else {
+                            self.on_events(&prober, faults).await
+                        };
                         if !faulted.is_empty() {
                             // The taint goes out now; the rescan (a fault may come with hardware
                             // changes: a GPU lost, instances gone) follows on its own task.

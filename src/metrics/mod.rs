@@ -741,6 +741,8 @@ impl Metrics {
                     })
                     .inc();
             }
+            // Not an error; the MIG device gauges show what changed.
+            GpuEventKind::MigConfigChange => {}
         }
     }
 

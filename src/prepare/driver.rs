@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use futures::future::join_all;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::state::PrepareError;
+use super::error::PrepareError;
 
 use super::claims::ClaimSource;
 use super::in_flight::{Entry, InFlight, Outcome};

@@ -74,6 +74,7 @@ pub mod claims;
 pub mod driver;
 pub mod driver_files;
 pub mod effects;
+pub mod error;
 pub mod failpoint;
 pub mod in_flight;
 pub mod ldcache;

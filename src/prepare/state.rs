@@ -30,53 +30,25 @@ use super::checkpoint::{
     Checkpoint, CheckpointError, CheckpointStore, ClaimEntry, ClaimState, DeviceRecord,
     LoadOutcome, MigRecord,
 };
-use super::driver_files::{DriverFilesError, DriverRoot};
+use super::driver_files::DriverRoot;
 use super::effects::compute_mode::{self, ComputeMode};
 use super::effects::mig_carve::{self, MigCarve};
 use super::effects::mig_mode::WholeGpu;
 use super::effects::mps_daemon::{self, SharedMps};
 use super::effects::vfio_bind::VFIO_BIND;
 use super::effects::{ClaimDevice, DeviceEffect, Host};
+use super::error::PrepareError;
 use super::failpoint::failpoint;
 use super::memory_limits::MemoryLimits;
-use super::metadata::{MetadataDevice, MetadataError, MetadataStore};
-use super::mps::{MpsDaemons, MpsError};
+use super::metadata::{MetadataDevice, MetadataStore};
+use super::mps::MpsDaemons;
 use super::plan::{PlannedDevice, Planner, Target};
 use super::sharing;
 use super::sharing::MpsAvailability;
 use super::takeover;
 use super::{ClaimRef, PreparedDevice};
 use crate::gpu::mig::{GpuMode, MigPolicy, choose_modes, parse_mig_device_name};
-use crate::gpu::{GpuControl, GpuError, NodeInventory};
-
-#[derive(Debug, thiserror::Error)]
-pub enum PrepareError {
-    /// The claim itself is unusable (not allocated, not ours, bad config...).
-    #[error("ResourceClaim {claim}: {reason}")]
-    Claim { claim: String, reason: String },
-    #[error(transparent)]
-    Checkpoint(#[from] CheckpointError),
-    #[error(transparent)]
-    Cdi(#[from] super::cdi::CdiError),
-    #[error(transparent)]
-    Gpu(#[from] GpuError),
-    #[error(transparent)]
-    DriverFiles(#[from] DriverFilesError),
-    #[error(transparent)]
-    Mps(#[from] MpsError),
-    #[error(transparent)]
-    Metadata(#[from] MetadataError),
-    #[error(transparent)]
-    VfioNames(#[from] super::vfio_names::VfioNamesError),
-    /// A device's hardware did not get where preparing it needs it (e.g. a GPU that does not
-    /// leave the nvidia driver).
-    #[error("device {device}: {reason}")]
-    Device { device: String, reason: String },
-    /// The operation's own thread failed (a bug); nothing it changed is lost: the checkpoint
-    /// says what to undo.
-    #[error("internal error: {0}")]
-    Internal(String),
-}
+use crate::gpu::{GpuControl, NodeInventory};
 
 /// Static settings of the node driver.
 #[derive(Debug, Clone)]

@@ -1003,7 +1003,7 @@ fn a_missing_checkpoint_with_this_boots_work_on_the_node_fails_closed() {
     assert!(
         matches!(
             refused,
-            super::state::PrepareError::Checkpoint(
+            super::error::PrepareError::Checkpoint(
                 super::checkpoint::CheckpointError::Unusable { .. }
             )
         ),

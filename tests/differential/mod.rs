@@ -1,6 +1,9 @@
 //! What the comparisons with other people's code share: a table of explained differences that
 //! must each still match one (so it stays true), and the count line of the run.
 
+#[path = "../common/docs.rs"]
+mod docs;
+
 /// Differences found, each either matching a row of an explanation table or kept as unexplained.
 /// A row is `(key glob, entry glob, why)`; `*` in a glob stands for any text.
 pub struct Explanations<'a> {
@@ -53,22 +56,7 @@ impl<'a> Explanations<'a> {
 
 /// Whether `text` matches `pattern`, where `*` stands for any text.
 pub fn glob(pattern: &str, text: &str) -> bool {
-    let parts: Vec<&str> = pattern.split('*').collect();
-    if parts.len() == 1 {
-        return pattern == text;
-    }
-    let (first, last) = (parts[0], parts[parts.len() - 1]);
-    if !text.starts_with(first) || text.len() < first.len() + last.len() || !text.ends_with(last) {
-        return false;
-    }
-    let mut rest = &text[first.len()..text.len() - last.len()];
-    for part in &parts[1..parts.len() - 1] {
-        match rest.find(part) {
-            Some(at) => rest = &rest[at + part.len()..],
-            None => return false,
-        }
-    }
-    true
+    docs::wildcard_matches(pattern, "*", text)
 }
 
 /// Prints the count line and appends it to `$GPU_DRA_TEST_REPORT` when set (e2e/run-tests ends

@@ -55,11 +55,11 @@ use gpu_dra::gpu::sim::{
 use gpu_dra::gpu::{ComputeMode, GpuError, NodeInventory, Placement, SharingSettings, catalog};
 use nvml_wrapper_sys::bindings::{
     nvmlComputeInstance_t, nvmlComputeInstanceInfo_t, nvmlComputeInstancePlacement_t,
-    nvmlComputeInstanceProfileInfo_t, nvmlDevice_t, nvmlEventData_t, nvmlEventSet_t,
-    nvmlEventTypeDoubleBitEccError, nvmlEventTypeSingleBitEccError, nvmlEventTypeXidCriticalError,
-    nvmlFieldValue_t, nvmlGpuInstance_t, nvmlGpuInstanceInfo_t, nvmlGpuInstancePlacement_t,
-    nvmlGpuInstanceProfileInfo_t, nvmlMemory_t, nvmlMemory_v2_t, nvmlPciInfo_t, nvmlProcessInfo_t,
-    nvmlReturn_t, nvmlUtilization_t, nvmlValue_t,
+    nvmlComputeInstanceProfileInfo_t, nvmlDevice_t, nvmlEventData_t, nvmlEventMigConfigChange,
+    nvmlEventSet_t, nvmlEventTypeDoubleBitEccError, nvmlEventTypeSingleBitEccError,
+    nvmlEventTypeXidCriticalError, nvmlFieldValue_t, nvmlGpuInstance_t, nvmlGpuInstanceInfo_t,
+    nvmlGpuInstancePlacement_t, nvmlGpuInstanceProfileInfo_t, nvmlMemory_t, nvmlMemory_v2_t,
+    nvmlPciInfo_t, nvmlProcessInfo_t, nvmlReturn_t, nvmlUtilization_t, nvmlValue_t,
 };
 
 type Ret = nvmlReturn_t;
@@ -249,6 +249,14 @@ impl Fake {
 
     fn gpu(&self, minor: u32) -> Option<&gpu_dra::gpu::Gpu> {
         self.inventory.gpus.iter().find(|g| g.minor == minor)
+    }
+
+    /// `nvmlDeviceGetSupportedEventTypes`: MIG config changes on MIG-capable GPUs only.
+    fn supported_events(&self, minor: u32) -> c_ulonglong {
+        match self.gpu(minor).and_then(|g| g.mig.as_ref()) {
+            Some(_) => SUPPORTED_EVENTS | MIG_EVENTS,
+            None => SUPPORTED_EVENTS,
+        }
     }
 
     /// The GPU's simulated state as it is now: faults arrive from other processes at any time.
@@ -2107,6 +2115,9 @@ const SUPPORTED_EVENTS: c_ulonglong = (nvmlEventTypeXidCriticalError
     | nvmlEventTypeDoubleBitEccError
     | nvmlEventTypeSingleBitEccError) as c_ulonglong;
 
+/// What a MIG-capable simulated GPU supports besides.
+const MIG_EVENTS: c_ulonglong = nvmlEventMigConfigChange as c_ulonglong;
+
 /// `gpuInstanceId`/`computeInstanceId` of an event on the whole GPU.
 const NO_INSTANCE: c_uint = 0xFFFF_FFFF;
 
@@ -2147,6 +2158,7 @@ fn event_type(kind: GpuEventKind) -> c_ulonglong {
     c_ulonglong::from(match kind {
         GpuEventKind::Xid { .. } => nvmlEventTypeXidCriticalError,
         GpuEventKind::DoubleBitEcc => nvmlEventTypeDoubleBitEccError,
+        GpuEventKind::MigConfigChange => nvmlEventMigConfigChange,
     })
 }
 
@@ -2220,7 +2232,7 @@ pub unsafe extern "C" fn nvmlDeviceGetSupportedEventTypes(
             if let Err(code) = fake.answering(minor) {
                 return code;
             }
-            out!(event_types, SUPPORTED_EVENTS);
+            out!(event_types, fake.supported_events(minor));
             SUCCESS
         },
     )
@@ -2241,7 +2253,7 @@ pub unsafe extern "C" fn nvmlDeviceRegisterEvents(
                 return code;
             }
             // NVML refuses the whole mask if one type is unsupported.
-            if event_types & !SUPPORTED_EVENTS != 0 {
+            if event_types & !fake.supported_events(minor) != 0 {
                 return NOT_SUPPORTED;
             }
             let Some(set) = fake.event_sets.get_mut(&event_set_key(set)) else {
@@ -2400,7 +2412,7 @@ pub unsafe extern "C" fn nvmlEventSetWait_v2(
                     eventType: event_type(event.kind),
                     eventData: match event.kind {
                         GpuEventKind::Xid { code } => code,
-                        GpuEventKind::DoubleBitEcc => 0,
+                        GpuEventKind::DoubleBitEcc | GpuEventKind::MigConfigChange => 0,
                     },
                     gpuInstanceId: instance(event.gpu_instance_id),
                     computeInstanceId: instance(event.compute_instance_id),
@@ -2438,7 +2450,7 @@ pub unsafe extern "C" fn nvmlEventSetWait(
                     event_type: event_type(event.kind),
                     event_data: match event.kind {
                         GpuEventKind::Xid { code } => code,
-                        GpuEventKind::DoubleBitEcc => 0,
+                        GpuEventKind::DoubleBitEcc | GpuEventKind::MigConfigChange => 0,
                     },
                 }
             );

@@ -278,11 +278,13 @@ fn nvml_wrapper_reads_the_fake_events_and_fields() {
         .expect("NVML init");
     let gpu0 = nvml.device_by_index(0).expect("GPU 0");
     let gpu1 = nvml.device_by_index(1).expect("GPU 1");
+    // An H100 is MIG-capable: it reports MIG configuration changes too.
     assert_eq!(
         gpu0.supported_event_types().expect("supported"),
         EventTypes::CRITICAL_XID_ERROR
             | EventTypes::DOUBLE_BIT_ECC_ERROR
             | EventTypes::SINGLE_BIT_ECC_ERROR
+            | EventTypes::MIG_CONFIG_CHANGE
     );
     let refused = gpu1
         .register_events(
@@ -320,6 +322,26 @@ fn nvml_wrapper_reads_the_fake_events_and_fields() {
             gpu0.uuid().expect("uuid")
         );
     }
+    assert!(matches!(set.wait(50), Err(NvmlError::Timeout)));
+    set.release_events().expect("free");
+
+    // A GPU instance made by someone else (here: the simulator, as `nvidia-smi mig -cgi` would)
+    // is a MIG-config-change event on its GPU's set.
+    let set = gpu0
+        .register_events(
+            EventTypes::MIG_CONFIG_CHANGE,
+            nvml.create_event_set().expect("set"),
+        )
+        .expect("register MIG changes");
+    sim.set_mig_mode(0, true).expect("MIG mode");
+    sim.create_gpu_instance(0, 19, gpu_dra::gpu::Placement { start: 0, size: 1 })
+        .expect("GPU instance");
+    let event = set.wait(2_000).expect("a MIG event");
+    assert_eq!(event.event_type, EventTypes::MIG_CONFIG_CHANGE);
+    assert_eq!(
+        event.device.uuid().expect("uuid"),
+        gpu0.uuid().expect("uuid")
+    );
     assert!(matches!(set.wait(50), Err(NvmlError::Timeout)));
     set.release_events().expect("free");
 

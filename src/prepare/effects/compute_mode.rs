@@ -8,9 +8,9 @@ use super::{ClaimDevice, DeviceEffect, Host};
 use crate::config::DeviceConfig;
 use crate::gpu::{GpuControl, GpuError, SharingSettings};
 use crate::prepare::checkpoint::SharingRecord;
+use crate::prepare::error::PrepareError;
 use crate::prepare::failpoint::failpoint;
 use crate::prepare::sharing;
-use crate::prepare::state::PrepareError;
 
 /// What must be recorded before preparing a full GPU with this configuration: its current
 /// settings, when sharing will change them.

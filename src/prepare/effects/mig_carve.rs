@@ -15,8 +15,8 @@ use super::{ClaimDevice, DeviceEffect, Host, ignore_not_found, mig_mode};
 use crate::gpu::mig::GpuMode;
 use crate::gpu::{GpuError, Placement};
 use crate::prepare::checkpoint::{Checkpoint, MigRecord};
+use crate::prepare::error::PrepareError;
 use crate::prepare::failpoint::failpoint;
-use crate::prepare::state::PrepareError;
 
 pub struct MigCarve;
 

@@ -9,8 +9,8 @@ use super::{ClaimDevice, DeviceEffect, Host};
 use crate::gpu::GpuError;
 use crate::gpu::mig::GpuMode;
 use crate::prepare::checkpoint::DeviceRecord;
+use crate::prepare::error::PrepareError;
 use crate::prepare::failpoint::failpoint;
-use crate::prepare::state::PrepareError;
 
 /// Turns MIG mode on for a carve; a GPU that needs a reset for it is refused.
 pub fn ensure(host: &dyn Host, minor: u32) -> Result<(), PrepareError> {

@@ -17,7 +17,7 @@
 use std::collections::BTreeSet;
 
 use super::checkpoint::{Checkpoint, DeviceRecord};
-use super::state::PrepareError;
+use super::error::PrepareError;
 use crate::gpu::mig::GpuMode;
 use crate::gpu::{GpuControl, GpuError};
 
@@ -86,7 +86,7 @@ pub(crate) mod test_host {
     use crate::gpu::sim::SimNode;
     use crate::gpu::{GpuControl, NodeInventory};
     use crate::prepare::checkpoint::{Checkpoint, DeviceRecord};
-    use crate::prepare::state::PrepareError;
+    use crate::prepare::error::PrepareError;
 
     pub struct TestHost {
         pub sim: SimNode,

@@ -12,9 +12,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::{ClaimDevice, DeviceEffect, Host};
 use crate::prepare::checkpoint::{Checkpoint, ClaimEntry};
+use crate::prepare::error::PrepareError;
 use crate::prepare::mps::{DaemonSpec, MpsDaemons};
 use crate::prepare::sharing;
-use crate::prepare::state::PrepareError;
 
 /// The daemon a claim's own MPS devices need (not shared ones), if any.
 pub fn claim_daemon(entry: &ClaimEntry) -> Result<Option<DaemonSpec>, PrepareError> {

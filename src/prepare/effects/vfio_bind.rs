@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use super::{ClaimDevice, DeviceEffect, Host};
 use crate::gpu::holders::{self, GpuHolder};
 use crate::gpu::sim::PciDriver;
+use crate::prepare::error::PrepareError;
 use crate::prepare::failpoint::failpoint;
-use crate::prepare::state::PrepareError;
 
 /// How long a GPU gets to be let go of (its processes to exit, other holders to close it) before
 /// the claim is refused naming them. NVIDIA's driver waits 60 s; the kubelet's prepare call is

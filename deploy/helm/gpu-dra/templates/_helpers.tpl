@@ -198,6 +198,6 @@ mode set is what NVIDIA's plugin refuses to start with. */ -}}
 {{- include "gpu-dra.nvidiaDefaultsOnly" (dict "path" (printf "%s.%s" $path $key) "value" $value "default" (get $default $key)) -}}
 {{- end -}}
 {{- else if ne (toJson .value) (toJson .default) -}}
-{{- fail (printf "%s: %s is a value of NVIDIA's chart (dra-driver-nvidia-gpu) that gpu-dra's chart has no equivalent for; only NVIDIA's default (%s) is accepted (README \"Deploy\": NVIDIA's values)" .path (toJson .value) (toJson .default)) -}}
+{{- fail (printf "%s: %s is a value of NVIDIA's chart (dra-driver-nvidia-gpu) that gpu-dra's chart has no equivalent for; only NVIDIA's default (%s) is accepted (docs/reference/chart-values.md, \"NVIDIA's values\")" .path (toJson .value) (toJson .default)) -}}
 {{- end -}}
 {{- end -}}

@@ -3,10 +3,10 @@
 //! ours' decisions come from the same code the publication uses (`packing::order`, device
 //! names), per pair of states.
 use super::{FirstFit, Gpus, Held, Rates, WHOLE, fitting, live_devices, relative_update, usage_of};
-use crate::gpu::mig::{gpu_device_name, mig_device_name};
-use crate::gpu::{GiProfile, Gpu};
-use crate::slices::DeviceOrder;
-use crate::slices::packing::{self, Candidate, limits};
+use gpu_dra::gpu::mig::{gpu_device_name, mig_device_name};
+use gpu_dra::gpu::{GiProfile, Gpu};
+use gpu_dra::slices::DeviceOrder;
+use gpu_dra::slices::packing::{self, Candidate, limits};
 
 use super::super::packing_study::Wanted;
 

@@ -1,4 +1,4 @@
-//! `gpu-dra packing-study`: how many MIG requests find no room when the scheduler takes the first
+//! `gpu-dra-packing-study`: how many MIG requests find no room when the scheduler takes the first
 //! fitting device, with our best-fit device order against plain name order.
 //!
 //! One random trace (seeded) of arrivals with lifetimes is replayed twice on the same simulated
@@ -21,17 +21,17 @@ use k8s_openapi::api::resource::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use super::CliError;
 use super::{hindsight, online, repack};
-use crate::gpu::mig::{GpuMode, parse_mig_device_name};
-use crate::gpu::sim::{SimNode, SimSpec};
-use crate::gpu::{MigInstance, NodeInventory};
-use crate::slices::{self, DeviceOrder, SliceOptions};
+use gpu_dra::cli::CliError;
+use gpu_dra::gpu::mig::{GpuMode, parse_mig_device_name};
+use gpu_dra::gpu::sim::{SimNode, SimSpec};
+use gpu_dra::gpu::{MigInstance, NodeInventory};
+use gpu_dra::slices::{self, DeviceOrder, SliceOptions};
 
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  gpu-dra packing-study --events 10000 --seed 1\n  \
-gpu-dra packing-study --mean-lifetime 15,20,25,30 --seed 1-5 --mix all\n\n\
+    after_help = "Examples:\n  gpu-dra-packing-study --events 10000 --seed 1\n  \
+gpu-dra-packing-study --mean-lifetime 15,20,25,30 --seed 1-5 --mix all\n\n\
 Named mixes (profiles by shape, so they resolve on every MIG model: 1g.10gb is the 1-slice \
 profile with an eighth of the memory, 1g.20gb the one with a quarter, ...):\n  \
 default    1g.10gb=35,1g.20gb=10,2g.20gb=20,3g.40gb=20,4g.40gb=8,7g.80gb=7\n  \
@@ -79,20 +79,21 @@ pub struct PackingStudyArgs {
     /// Also bound the best order from below on a node of identical MIG-capable GPUs of any
     /// size (8×H100 with the default mix included), in the same continuous-time model: the node
     /// that re-places its instances freely and may turn requests away, solved over counts of
-    /// live instances (`src/cli/online/repacked.rs`); beside name order and ours simulated over
-    /// 100 × --events arrivals. About 10 s per mix and lifetime for 8×H100 in a release build.
+    /// live instances (`crates/packing-study/src/online/repacked.rs`); beside name order and
+    /// ours simulated over 100 × --events arrivals. About 10 s per mix and lifetime for 8×H100
+    /// in a release build.
     #[arg(long)]
     pub best_order_bound: bool,
     /// With --best-order-bound, also the second floor: a linear program over one GPU's states
     /// and the node's totals, solved by cutting planes and checked exactly against every node
-    /// state (`src/cli/online/bound.rs`); the higher floor is reported. Lower than the first
-    /// everywhere measured, and about a minute per mix and lifetime for 8×H100.
+    /// state (`crates/packing-study/src/online/bound.rs`); the higher floor is reported. Lower
+    /// than the first everywhere measured, and about a minute per mix and lifetime for 8×H100.
     #[arg(long)]
     pub additive_bound: bool,
 }
 
 fn parse_spec(s: &str) -> Result<SimSpec, String> {
-    s.parse().map_err(|e: crate::gpu::GpuError| e.to_string())
+    s.parse().map_err(|e: gpu_dra::gpu::GpuError| e.to_string())
 }
 
 /// The request a mix entry stands for.
@@ -452,7 +453,7 @@ fn fits_after_replacing(
         // A whole GPU taken by a live request leaves no room at all.
         if live
             .values()
-            .any(|d| d == &crate::gpu::mig::gpu_device_name(gpu.minor))
+            .any(|d| d == &gpu_dra::gpu::mig::gpu_device_name(gpu.minor))
         {
             return false;
         }
@@ -463,7 +464,7 @@ fn fits_after_replacing(
                     return false;
                 };
                 ids.push(wanted.id);
-                crate::gpu::mig::fit_together(&mig.profiles, &ids)
+                gpu_dra::gpu::mig::fit_together(&mig.profiles, &ids)
             }
         }
     })
@@ -479,7 +480,7 @@ fn first_fit(
     wanted: &Wanted,
 ) -> Option<String> {
     let whole_taken = |minor: u32| {
-        let name = crate::gpu::mig::gpu_device_name(minor);
+        let name = gpu_dra::gpu::mig::gpu_device_name(minor);
         live.values().any(|d| *d == name)
     };
     match wanted {
@@ -489,7 +490,7 @@ fn first_fit(
                 .iter()
                 .filter(|g| g.mig.as_ref().is_some_and(|m| m.instances.is_empty()))
                 .filter(|g| !whole_taken(g.minor))
-                .map(|g| crate::gpu::mig::gpu_device_name(g.minor))
+                .map(|g| gpu_dra::gpu::mig::gpu_device_name(g.minor))
                 .collect();
             if options.order == DeviceOrder::Name {
                 names.sort();
@@ -499,9 +500,9 @@ fn first_fit(
         Wanted::Profile(profile) => slices::placement_order(inventory, options)
             .into_iter()
             .filter(|c| &c.profile.name == profile && !whole_taken(c.gpu.minor))
-            .find(crate::slices::packing::fits_now)
+            .find(gpu_dra::slices::packing::fits_now)
             .map(|c| {
-                crate::gpu::mig::mig_device_name(
+                gpu_dra::gpu::mig::mig_device_name(
                     c.gpu.minor,
                     &c.profile.name,
                     c.profile.id,
@@ -861,7 +862,7 @@ pub fn run(args: PackingStudyArgs) -> Result<ExitCode, CliError> {
 /// The lower bound on the best order (`online::bound`) beside name order and ours, simulated,
 /// in continuous time.
 fn print_bound(
-    gpus: &[crate::gpu::Gpu],
+    gpus: &[gpu_dra::gpu::Gpu],
     mix: &Mix,
     lifetimes: &[f64],
     simulated: usize,
@@ -937,7 +938,7 @@ const MANY_SIMULATED_PER_EVENT: usize = 100;
 
 /// The exact best order and ours on a node of identical GPUs, in continuous time
 /// (`online::many`).
-fn print_many(gpus: &[crate::gpu::Gpu], mix: &Mix, lifetimes: &[f64], simulated: usize) {
+fn print_many(gpus: &[gpu_dra::gpu::Gpu], mix: &Mix, lifetimes: &[f64], simulated: usize) {
     println!(
         "  mix {} in continuous time, every node state solved (name order, and ours with the GPUs' minors, simulated over {simulated} arrivals):",
         mix.name

@@ -15,19 +15,19 @@ use std::collections::{HashMap, HashSet};
 use super::super::packing_study::Wanted;
 use super::bound::BoundError;
 use super::{Gpus, Held};
-use crate::gpu::Gpu;
+use gpu_dra::gpu::Gpu;
 
 /// The floor and what it took.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(in crate::cli) struct Repacked {
+pub(crate) struct Repacked {
     /// No device order fails fewer arrivals than this, in the long run.
-    pub(in crate::cli) best_at_least: f64,
+    pub(crate) best_at_least: f64,
     /// The node that re-places its instances fails at most this many (the same iteration's
     /// largest residual): the floor's own gap.
-    pub(in crate::cli) repacked_at_most: f64,
+    pub(crate) repacked_at_most: f64,
     /// Count vectors of live instances that fit the node.
-    pub(in crate::cli) states: usize,
-    pub(in crate::cli) iterations: usize,
+    pub(crate) states: usize,
+    pub(crate) iterations: usize,
 }
 
 /// Bits per profile count in a packed state (a node of at most 255 instances per profile).
@@ -39,7 +39,7 @@ const BITS: u32 = 8;
 /// away the requests of the mix with bit `r` set in `turn_away`: all of them for the floor; none
 /// for a node without fragmentation that takes whatever fits (not a floor: what it takes blocks
 /// later requests).
-pub(in crate::cli) fn repacked_bound(
+pub(crate) fn repacked_bound(
     gpus: &[Gpu],
     mix: &[(Wanted, f64)],
     mean_lifetime: f64,
@@ -300,21 +300,21 @@ fn relative_value_iteration(
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
-    use crate::gpu::sim::test_inventory as node;
+    use crate::test_inventory as node;
 
     /// The study's default mix, as `MIX` is written.
     #[cfg(feature = "experiments")]
-    pub(in crate::cli::online) const DEFAULT_MIX: &str =
+    pub(in crate::online) const DEFAULT_MIX: &str =
         "1g.10gb=35,1g.20gb=10,2g.20gb=20,3g.40gb=20,4g.40gb=8,7g.80gb=7";
 
     /// The default mix less 1g.10gb, whose best order is solved exactly on 4×H100.
     #[cfg(feature = "experiments")]
-    pub(in crate::cli::online) const FOUR_H100_MIX: &str =
+    pub(in crate::online) const FOUR_H100_MIX: &str =
         "1g.20gb=45,2g.20gb=20,3g.40gb=20,4g.40gb=8,7g.80gb=7";
 
     /// The study's default mix, as H100 profiles.
     #[cfg(feature = "experiments")]
-    pub(in crate::cli::online) fn default_mix() -> Vec<(Wanted, f64)> {
+    pub(in crate::online) fn default_mix() -> Vec<(Wanted, f64)> {
         mix(&[
             ("1g.10gb", 35.0),
             ("1g.20gb", 10.0),
@@ -447,20 +447,14 @@ pub(super) mod tests {
 
     /// The GPUs of the node in `SPEC` and the mix in `MIX`, or the defaults.
     #[cfg(feature = "experiments")]
-    pub(in crate::cli::online) fn env_node(
-        spec: &str,
-        mix: &str,
-    ) -> (Vec<Gpu>, Vec<(Wanted, f64)>) {
+    pub(in crate::online) fn env_node(spec: &str, mix: &str) -> (Vec<Gpu>, Vec<(Wanted, f64)>) {
         let spec = std::env::var("SPEC").unwrap_or_else(|_| spec.into());
         (node(&spec).gpus, env_mix(mix))
     }
 
     /// The comma-separated values in the environment variable `name`, or `default`.
     #[cfg(feature = "experiments")]
-    pub(in crate::cli::online) fn env_list<T: std::str::FromStr>(
-        name: &str,
-        default: &str,
-    ) -> Vec<T> {
+    pub(in crate::online) fn env_list<T: std::str::FromStr>(name: &str, default: &str) -> Vec<T> {
         std::env::var(name)
             .unwrap_or_else(|_| default.into())
             .split(',')
@@ -470,7 +464,7 @@ pub(super) mod tests {
 
     /// The mix in `MIX` (`profile=weight,...`, `gpu` for a whole GPU), or `default`.
     #[cfg(feature = "experiments")]
-    pub(in crate::cli::online) fn env_mix(default: &str) -> Vec<(Wanted, f64)> {
+    pub(in crate::online) fn env_mix(default: &str) -> Vec<(Wanted, f64)> {
         std::env::var("MIX")
             .unwrap_or_else(|_| default.into())
             .split(',')
@@ -518,7 +512,7 @@ pub(super) mod tests {
 #[cfg(all(test, feature = "experiments"))]
 mod empty_tracked {
     use super::*;
-    use crate::gpu::sim::test_inventory as node;
+    use crate::test_inventory as node;
 
     const NONE: u32 = u32::MAX;
 

@@ -5,16 +5,17 @@
 //! mix-weighted room, whole GPUs from the top minor, small and big slices on separate GPUs,
 //! values over pairs of GPUs (the two-GPU best order's), weighted orders (room lost, instances,
 //! largest free placement) from a random search, checked on fresh seeds.
-//! None beat it beyond seed noise (README, "MIG packing"). `many_gpus` solves the best order
+//! None beat it beyond seed noise (docs/benchmarks.md, "MIG packing"). `many_gpus` solves the best order
 //! exactly on nodes of four to six GPUs instead: ours is within 3% of it there. Run with
-//! `cargo test --release --features experiments --lib online::experiment -- --ignored --nocapture`
-//! (behind a feature: the suite runs ignored tests too, and these take minutes in a debug build).
+//! `cargo test --release -p gpu-dra-packing-study --features experiments online::experiment
+//! -- --ignored --nocapture` (behind a feature: the suite runs ignored tests too, and these take
+//! minutes in a debug build).
 use super::super::packing_study::{Mix, Rng, Wanted, trace};
 use super::many::by_name;
 use super::{Gpus, Held, WHOLE, fitting, relative_values, usage_of};
-use crate::gpu::Gpu;
-use crate::gpu::sim::SimNode;
-use crate::slices::packing::limits;
+use gpu_dra::gpu::Gpu;
+use gpu_dra::gpu::sim::SimNode;
+use gpu_dra::slices::packing::limits;
 
 /// A placement policy on per-GPU states: the GPU and what it adds, or `None` (the request fails).
 type Decide<'a> = dyn Fn(&[Vec<Held>], &Wanted) -> Option<(usize, Held)> + 'a;
@@ -139,7 +140,10 @@ fn failed_percent(
 }
 
 /// The MIG profile named `name` on the node's (identical) GPUs.
-pub(super) fn profile_named<'a>(gpus: &'a [Gpu], name: &str) -> Option<&'a crate::gpu::GiProfile> {
+pub(super) fn profile_named<'a>(
+    gpus: &'a [Gpu],
+    name: &str,
+) -> Option<&'a gpu_dra::gpu::GiProfile> {
     gpus.first()?
         .mig
         .as_ref()?
@@ -355,8 +359,8 @@ fn fitted_value_policy() {
 fn room(
     gpu: &Gpu,
     lim: &[u64; 7],
-    usage: &crate::slices::packing::Usage,
-    w: &dyn Fn(&crate::gpu::GiProfile) -> f64,
+    usage: &gpu_dra::slices::packing::Usage,
+    w: &dyn Fn(&gpu_dra::gpu::GiProfile) -> f64,
 ) -> f64 {
     gpu.mig
         .iter()
@@ -368,7 +372,7 @@ fn room(
 }
 
 /// A candidate's GPU's used slices, and the room (weighted by `w`) the placement takes.
-fn used_and_loss(candidate: &Candidate, w: &dyn Fn(&crate::gpu::GiProfile) -> f64) -> (i64, f64) {
+fn used_and_loss(candidate: &Candidate, w: &dyn Fn(&gpu_dra::gpu::GiProfile) -> f64) -> (i64, f64) {
     let Candidate {
         gpu,
         limits: lim,
@@ -387,7 +391,7 @@ fn keyed(
     sets: &[Vec<Held>],
     wanted: &Wanted,
     variant: u32,
-    w: &dyn Fn(&crate::gpu::GiProfile) -> f64,
+    w: &dyn Fn(&gpu_dra::gpu::GiProfile) -> f64,
 ) -> Option<(usize, Held)> {
     least_key(gpus, sets, wanted, |candidate| {
         let (used, loss) = used_and_loss(candidate, w);
@@ -408,8 +412,8 @@ struct Candidate<'a> {
     g: usize,
     instances: usize,
     limits: &'a [u64; 7],
-    before: &'a crate::slices::packing::Usage,
-    after: &'a crate::slices::packing::Usage,
+    before: &'a gpu_dra::slices::packing::Usage,
+    after: &'a gpu_dra::slices::packing::Usage,
     start: u32,
 }
 
@@ -460,7 +464,7 @@ fn least_key<K: Ord>(
 fn key_variants() {
     let (_, gpus, mix) = setup();
     let default_mix = mix.entries.clone();
-    let weight = |p: &crate::gpu::GiProfile| -> f64 {
+    let weight = |p: &gpu_dra::gpu::GiProfile| -> f64 {
         default_mix
             .iter()
             .find(|(w, _)| matches!(w, Wanted::Profile(n) if *n == p.name))

@@ -11,10 +11,10 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::packing_study::Wanted;
-use crate::gpu::mig::{gpu_device_name, mig_device_name, parse_mig_device_name};
-use crate::gpu::{Gpu, NodeInventory};
-use crate::slices::DeviceOrder;
-use crate::slices::packing::{Usage, limits};
+use gpu_dra::gpu::mig::{gpu_device_name, mig_device_name, parse_mig_device_name};
+use gpu_dra::gpu::{Gpu, NodeInventory};
+use gpu_dra::slices::DeviceOrder;
+use gpu_dra::slices::packing::{Usage, limits};
 #[cfg(all(test, feature = "experiments"))]
 mod experiment;
 
@@ -404,7 +404,7 @@ fn relative_update(h: &mut [f64], next: &[f64]) -> (f64, f64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gpu::sim::SimNode;
+    use gpu_dra::gpu::sim::SimNode;
 
     fn h100() -> NodeInventory {
         SimNode::new("1xH100-SXM5-80GB".parse().expect("spec"), "n", None)

@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 
 use super::packing_study::{Arrival, Wanted};
-use crate::gpu::{GiProfile, Gpu, NodeInventory, Placement};
-use crate::slices::packing::{Usage, limits};
+use gpu_dra::gpu::{GiProfile, Gpu, NodeInventory, Placement};
+use gpu_dra::slices::packing::{Usage, limits};
 
 /// One live request in a state: when it leaves, which GPU, what it holds (`None`: the whole
 /// GPU).
@@ -137,7 +137,7 @@ pub(super) fn fitting<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gpu::sim::SimNode;
+    use gpu_dra::gpu::sim::SimNode;
 
     fn profile(name: &str, leaves_at: usize) -> Arrival {
         Arrival {

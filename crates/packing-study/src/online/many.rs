@@ -16,19 +16,19 @@
 //! which depends on which GPU is which and has no multiset form) to measure that.
 use super::super::packing_study::{Rng, Wanted, draw};
 use super::{Gpus, Held, WHOLE, relative_update};
-use crate::gpu::Gpu;
-use crate::gpu::mig::mig_device_name;
+use gpu_dra::gpu::Gpu;
+use gpu_dra::gpu::mig::mig_device_name;
 
 /// No decision: the request fails.
 const NONE: u32 = u32::MAX;
 
 /// Long-run failures per arrival on a node of identical GPUs.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(in crate::cli) struct ManyRates {
-    pub(in crate::cli) ours: f64,
-    pub(in crate::cli) best: f64,
+pub(crate) struct ManyRates {
+    pub(crate) ours: f64,
+    pub(crate) best: f64,
     /// The node's states (multisets of one GPU's states).
-    pub(in crate::cli) states: usize,
+    pub(crate) states: usize,
 }
 
 /// Multisets of `k` values below `n`, ranked: `rank` of the sorted values is
@@ -609,7 +609,7 @@ fn simulated_with(
 pub(super) mod tests {
     use super::*;
 
-    use crate::gpu::sim::test_inventory as node;
+    use crate::test_inventory as node;
 
     #[test]
     fn multisets_rank_and_unrank_every_state_once() {
@@ -626,7 +626,7 @@ pub(super) mod tests {
 
     /// Erlang's loss formula: the share of arrivals that find all `servers` busy when requests
     /// of mean length `load` (in mean times between arrivals) each take one server.
-    pub(in crate::cli) fn erlang_b(servers: usize, load: f64) -> f64 {
+    pub(crate) fn erlang_b(servers: usize, load: f64) -> f64 {
         (1..=servers).fold(1.0, |b, m| load * b / (m as f64 + load * b))
     }
 

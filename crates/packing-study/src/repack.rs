@@ -10,8 +10,8 @@
 use std::collections::HashMap;
 
 use super::packing_study::{Arrival, Wanted};
-use crate::gpu::mig::fit_together;
-use crate::gpu::{GiProfile, NodeInventory};
+use gpu_dra::gpu::mig::fit_together;
+use gpu_dra::gpu::{GiProfile, NodeInventory};
 
 /// Most packing subproblems remembered before the replay gives up.
 const MAX_MEMO: usize = 4_000_000;
@@ -179,7 +179,7 @@ pub(super) fn fragmentation_free(base: &NodeInventory, arrivals: &[Arrival]) -> 
 mod tests {
     use super::*;
 
-    use crate::gpu::sim::test_inventory as node;
+    use crate::test_inventory as node;
 
     fn profile(name: &str, leaves_at: usize) -> Arrival {
         Arrival {

@@ -43,25 +43,25 @@ use clarabel::solver::{
 
 use super::super::packing_study::Wanted;
 use super::{Gpus, WHOLE};
-use crate::gpu::Gpu;
+use gpu_dra::gpu::Gpu;
 
 /// The bound and what it took.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(in crate::cli) struct Bound {
+pub(crate) struct Bound {
     /// No device order fails fewer arrivals than this, in the long run (checked exactly).
-    pub(in crate::cli) best_at_least: f64,
+    pub(crate) best_at_least: f64,
     /// The most these values could prove (the last linear program's optimum).
-    pub(in crate::cli) could_prove: f64,
+    pub(crate) could_prove: f64,
     /// One GPU's states, and the values they share (one per state on small GPUs).
-    pub(in crate::cli) gpu_states: usize,
-    pub(in crate::cli) value_classes: usize,
+    pub(crate) gpu_states: usize,
+    pub(crate) value_classes: usize,
     /// Rounds of cutting planes, and node states held as cuts at the end.
-    pub(in crate::cli) rounds: usize,
-    pub(in crate::cli) cuts: usize,
+    pub(crate) rounds: usize,
+    pub(crate) cuts: usize,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq)]
-pub(in crate::cli) enum BoundError {
+pub(crate) enum BoundError {
     #[error("the GPUs are not identical MIG GPUs")]
     NotIdentical,
     #[error("the mix has no weight, or the mean lifetime is not positive")]
@@ -620,7 +620,7 @@ pub(super) fn checked<'g>(
 
 /// The bound on `gpus` (identical MIG GPUs) under `mix`, for one GPU of at most `max_states`
 /// states, after at most `rounds` rounds of cutting planes.
-pub(in crate::cli) fn best_order_bound(
+pub(crate) fn best_order_bound(
     gpus: &[Gpu],
     mix: &[(Wanted, f64)],
     mean_lifetime: f64,
@@ -840,7 +840,7 @@ fn solve_rows(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gpu::sim::test_inventory as node;
+    use crate::test_inventory as node;
 
     pub(super) fn mix(entries: &[(&str, f64)]) -> Vec<(Wanted, f64)> {
         entries
@@ -982,7 +982,7 @@ mod experiment {
 
     use super::tests::{mix, multisets};
     use super::*;
-    use crate::gpu::sim::test_inventory as node;
+    use crate::test_inventory as node;
 
     type Key = Vec<u64>;
 
@@ -1176,7 +1176,7 @@ mod experiment {
 #[cfg(all(test, feature = "experiments"))]
 mod timing {
     use super::*;
-    use crate::gpu::sim::test_inventory as node;
+    use crate::test_inventory as node;
 
     #[test]
     #[ignore = "an experiment"]

@@ -1,0 +1,114 @@
+//! Module layering: which parts of the library may name which. Data flows one way (NVML → device
+//! model → slices), and the prepare effects are leaves the orchestrator applies, so none of them
+//! may reach back into what uses it. An import circle compiles fine in Rust, so only a scan of the
+//! sources keeps these lines from eroding.
+//!
+//! Comment lines are skipped: a doc link to the layer above says who calls the code, it is not a
+//! dependency.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+/// Every `.rs` file under `dir`, recursively, sorted so failures list in a stable order.
+fn rust_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        let entries = fs::read_dir(&dir)
+            .unwrap_or_else(|error| panic!("cannot read {}: {error}", dir.display()));
+        for entry in entries {
+            let path = entry
+                .unwrap_or_else(|error| panic!("cannot read {}: {error}", dir.display()))
+                .path();
+            if path.is_dir() {
+                pending.push(path);
+            } else if path.extension().is_some_and(|ext| ext == "rs") {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    files
+}
+
+/// `file:line: text` for each non-comment line under `dir` (relative to the package root) that
+/// contains one of `forbidden`.
+fn violations(dir: &str, forbidden: &[&str]) -> Vec<String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let files = rust_files(&root.join(dir));
+    assert!(
+        !files.is_empty(),
+        "no Rust files under {dir}: was it moved?"
+    );
+    let mut found = Vec::new();
+    for file in files {
+        let text = fs::read_to_string(&file)
+            .unwrap_or_else(|error| panic!("cannot read {}: {error}", file.display()));
+        let shown = file
+            .strip_prefix(root)
+            .unwrap_or(&file)
+            .display()
+            .to_string();
+        for (number, line) in text.lines().enumerate() {
+            if line.trim_start().starts_with("//") {
+                continue;
+            }
+            // One report per line: `super::super::state` also contains `super::state`.
+            if let Some(pattern) = forbidden.iter().find(|pattern| line.contains(*pattern)) {
+                found.push(format!(
+                    "{shown}:{}: names `{pattern}`: {}",
+                    number + 1,
+                    line.trim()
+                ));
+            }
+        }
+    }
+    found
+}
+
+fn assert_none(rule: &str, found: Vec<String>) {
+    assert!(found.is_empty(), "{rule}:\n{}", found.join("\n"));
+}
+
+#[test]
+fn prepare_effects_do_not_import_the_orchestrator() {
+    assert_none(
+        "src/prepare/effects/ must not import the orchestrator (prepare::state) or the driver \
+         (prepare::driver); shared types belong in prepare::error or another leaf module",
+        violations(
+            "src/prepare/effects",
+            &[
+                "prepare::state",
+                "prepare::driver",
+                // Longest first: the report names the pattern that matched.
+                "super::super::state",
+                "super::state",
+                "super::driver",
+            ],
+        ),
+    );
+}
+
+#[test]
+fn device_model_does_not_import_prepare() {
+    assert_none(
+        "src/gpu/ must not import crate::prepare (data flows NVML → device model → slices)",
+        violations("src/gpu", &["crate::prepare"]),
+    );
+}
+
+#[test]
+fn slices_do_not_import_prepare() {
+    assert_none(
+        "src/slices/ must not import crate::prepare (data flows NVML → device model → slices)",
+        violations("src/slices", &["crate::prepare"]),
+    );
+}
+
+#[test]
+fn device_model_does_not_import_slices() {
+    assert_none(
+        "src/gpu/ must not import crate::slices (data flows NVML → device model → slices)",
+        violations("src/gpu", &["crate::slices"]),
+    );
+}
