@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Predictions equal Kueue: `gpu-dra match -f ... --replicas` against Kueue's own manager
-# (sigs.k8s.io/kueue KUEUE_VERSION, e2e/build-kueue.sh), which admits queued Jobs by quota on
+# (sigs.k8s.io/kueue KUEUE_VERSION, e2e/build-controllers.sh), which admits queued Jobs by quota on
 # gpu-dra's devices (feature gate DynamicResourceAllocation, `resources.deviceClassMappings`:
 # gpu.nvidia.com counted as nvidia.com/gpu), beside kube-controller-manager's Job, ResourceClaim
 # and garbage-collector controllers and kube-scheduler v1.37.2, over three simulated gpu-dra
@@ -78,7 +78,7 @@ trap 'exit 130' INT TERM
 # shellcheck source-path=SCRIPTDIR source=sim-driver.sh
 source "$E2E/sim-driver.sh"
 use_private_binaries
-KBIN=$("$E2E/build-kueue.sh" | tail -n 1) || fail "building Kueue failed"
+KBIN=$("$E2E/build-controllers.sh" | tail -n 1) || fail "building Kueue failed"
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 now() { date +%s.%N; }
 

@@ -4,7 +4,9 @@
 //! (`batch.volcano.sh`). Each pod template is a [`Role`] with the names its controller gives
 //! the pods; a [`Gang`] says how many must bind together (Volcano's `minAvailable`, the
 //! operators' `schedulingPolicy`). Counts, defaults and names follow each controller's code
-//! (jobset v0.10.1, lws v0.7.0, mpi-operator v0.6.0, training-operator v1.9, volcano v1.13).
+//! (jobset v0.10.1, lws v0.7.0, mpi-operator v0.6.0, training-operator v1.9, volcano v1.13);
+//! `e2e/workloads.sh` holds JobSet, LWS and MPIJob v2beta1 to the controllers themselves
+//! (jobset v0.11.1, lws v0.8.0, mpi-operator v0.8.0, the versions Kueue v0.17 integrates with).
 use serde_json::Value;
 
 use super::convert::FieldError;
