@@ -40,9 +40,12 @@
 # pod goes to is the scheduler's choice, not compared). Prints `kueue: N workloads, predictions
 # equal Kueue for N` (~45 s with Kueue built).
 #
-# Not covered (Kueue would decide otherwise): Jobs pending together (Kueue takes them by
-# priority, then creation time, to the second; match in input order): each Job here is applied
-# once Kueue has decided on the one before.
+# Then Jobs pending together (the ClusterQueue held while they are made): Kueue takes them by
+# priority (a WorkloadPriorityClass), then creation time; match, given the Jobs as the API
+# server returns them, in the reverse order, predicts the same:
+#  13. p-urgent  2 pods, priority 1000, made last -> admitted first;
+#  14. p-plain   2 pods, made first -> admitted (4 GPUs of quota);
+#  15. p-late    2 pods, made second -> held by quota.
 #
 # Usage: e2e/kueue.sh   Environment: GPU_DRA, GPU_DRA_K8S_BIN.
 set -euo pipefail
@@ -370,6 +373,40 @@ workloads=$((workloads + 1))
     fail "Job s-singles: Kueue holds it behind s-three (StrictFIFO); gpu-dra match: ${held:-admitted}"
 equal=$((equal + 1))
 ok "Job s-singles: Kueue: held behind s-three (StrictFIFO; it would fit the 2 GPUs left), no pod; gpu-dra match: held ($held)"
+
+# ------------------------------------------------------------------ phase 4: pending together
+# Three Jobs wait in one queue at once (its ClusterQueue held while they are made, 1.1 s apart:
+# Kueue's timestamps are to the second): p-plain, p-late, then p-urgent (WorkloadPriorityClass
+# urgent, 1000), 2 GPUs each, where the quota is 4. Kueue takes the urgent one first, then the
+# earlier of the other two. match reads the Jobs as the API server returns them (their
+# creationTimestamps), listed in the reverse order: input order alone, or creation time alone,
+# would each predict another pair.
+clear_jobs "${PHASE3[@]}"
+printf 'apiVersion: kueue.x-k8s.io/v1beta2\nkind: WorkloadPriorityClass\nmetadata: {name: urgent}\nvalue: 1000\n---\n' >"$WORK/urgent.yaml"
+queue prio 4 >"$WORK/prio.yaml"
+kubectl apply -f "$WORK/urgent.yaml" >/dev/null
+sed 's/^  namespaceSelector: {}$/&\n  stopPolicy: Hold/' "$WORK/prio.yaml" | kubectl apply -f - >/dev/null
+job p-plain prio 2 one-gpu >"$WORK/p-plain.yaml"
+job p-urgent prio 2 one-gpu | sed 's|^  labels: {kueue.x-k8s.io/queue-name: prio}$|  labels: {kueue.x-k8s.io/queue-name: prio, kueue.x-k8s.io/priority-class: urgent}|' >"$WORK/p-urgent.yaml"
+job p-late prio 2 one-gpu >"$WORK/p-late.yaml"
+grep -q 'priority-class: urgent' "$WORK/p-urgent.yaml" || fail "p-urgent has no priority class label"
+for j in p-plain p-late p-urgent; do
+    kubectl apply -f "$WORK/$j.yaml" >/dev/null
+    sleep 1.1
+done
+deadline=$((SECONDS + 60))
+until [[ $(kubectl get workloads --no-headers 2>/dev/null | wc -l) == 3 ]]; do
+    ((SECONDS < deadline)) || fail "Kueue did not make the 3 Workloads within 60s: $(kubectl get workloads 2>&1)"
+    sleep 0.2
+done
+kubectl get jobs p-urgent p-late p-plain -o yaml >"$WORK/p-live.yaml"
+predict 4 "$WORK/prio.yaml" "$WORK/team.yaml" "$WORK/urgent.yaml" "$WORK/p-live.yaml"
+kubectl apply -f "$WORK/prio.yaml" >/dev/null # the hold lifted
+REASON[p-late]='nvidia.com/gpu'
+compare 4 p-urgent 2
+compare 4 p-plain 2
+compare 4 p-late
+[[ $(jq -r .spec.priority <<<"$(workload_of p-urgent)") == 1000 ]] || fail "Kueue did not give p-urgent priority 1000"
 
 line="kueue: $workloads workloads, predictions equal Kueue for $equal"
 log "$line"

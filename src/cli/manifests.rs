@@ -388,6 +388,12 @@ pub struct Workload {
     pub pod_group: Option<String>,
     /// The Kueue LocalQueue (`kueue.x-k8s.io/queue-name`) the object is queued in.
     pub queue: Option<String>,
+    /// What Kueue orders a queue by: the object's WorkloadPriorityClass label
+    /// (`kueue.x-k8s.io/priority-class`), its pods' `priorityClassName`, and its
+    /// `metadata.creationTimestamp` (absent in files: made after everything that has one).
+    pub kueue_priority_class: Option<String>,
+    pub priority_class_name: Option<String>,
+    pub created: Option<String>,
 }
 
 /// The workload object a pod belongs to, when it is more than one template's pods, or pods
@@ -1269,6 +1275,16 @@ fn parse_workload(
         group: None,
         pod_group,
         queue: controllers::queue_name(value).map(str::to_string),
+        kueue_priority_class: kueue::priority_class_label(value).map(str::to_string),
+        priority_class_name: spec
+            .and_then(|s| s.get("priorityClassName"))
+            .and_then(Value::as_str)
+            .filter(|n| !n.is_empty())
+            .map(str::to_string),
+        created: value
+            .pointer("/metadata/creationTimestamp")
+            .and_then(Value::as_str)
+            .map(str::to_string),
     })
 }
 
@@ -1887,7 +1903,7 @@ pub fn plan(
     Ok(plan)
 }
 
-/// Kueue's verdict on each queued workload, in input order: the objects it would not admit.
+/// Kueue's verdict on each queued workload: the objects it would not admit.
 fn kueue_admission(
     m: &Manifests,
     templates: &BTreeMap<String, &Entry<ResourceClaimTemplate>>,
@@ -1913,9 +1929,9 @@ fn kueue_admission(
         let pods = w.replicas.count() as f64;
         let usage = kueue::pod_usage(&w.containers, &claims, m.kueue.device_classes.as_ref())
             .map(|u| u.into_iter().map(|(k, v)| (k, v * pods)).collect());
-        match order.iter_mut().find(|q| q.object == object) {
-            Some(queued) => {
-                let total = &mut queued.usage;
+        let at = match order.iter().position(|q| q.object == object) {
+            Some(at) => {
+                let total = &mut order[at].usage;
                 *total = match (std::mem::replace(total, Ok(BTreeMap::new())), usage) {
                     (Ok(mut sum), Ok(more)) => {
                         for (k, v) in more {
@@ -1924,13 +1940,25 @@ fn kueue_admission(
                         Ok(sum)
                     }
                     (Err(why), _) | (_, Err(why)) => Err(why),
-                }
+                };
+                at
             }
-            None => order.push(kueue::Queued {
-                object,
-                queue: format!("{}/{queue}", w.namespace),
-                usage,
-            }),
+            None => {
+                order.push(kueue::Queued {
+                    object,
+                    queue: format!("{}/{queue}", w.namespace),
+                    usage,
+                    workload_priority_class: w.kueue_priority_class.clone(),
+                    pod_priority_class: None,
+                    created: w.created.clone(),
+                });
+                order.len() - 1
+            }
+        };
+        // Kueue takes the class of the first pod set that names one.
+        let queued = &mut order[at];
+        if queued.pod_priority_class.is_none() {
+            queued.pod_priority_class = w.priority_class_name.clone();
         }
     }
     kueue::admit(&m.kueue, &order)

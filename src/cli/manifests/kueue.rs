@@ -6,8 +6,11 @@
 //! mappings, each request's `exactly.count` per mapped DeviceClass for claims made from
 //! templates. What Kueue refuses with DRA (a named claim, CEL selectors, firstAvailable,
 //! allocationMode All, constraints, config, an unmapped class) makes the workload inadmissible,
-//! as Kueue marks it. Cohorts (borrowing) and flavors that steer pods to nodes are refused: they
-//! are not predicted.
+//! as Kueue marks it. Within a ClusterQueue Kueue takes workloads by priority (a
+//! WorkloadPriorityClass named by the `kueue.x-k8s.io/priority-class` label, else the pods'
+//! PriorityClass, else the global default class, else 0), then by creation time; objects
+//! without `metadata.creationTimestamp` (files) come after those with one, in input order.
+//! Cohorts (borrowing) and flavors that steer pods to nodes are refused: they are not predicted.
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
@@ -24,8 +27,12 @@ const CONFIG_VERSIONS: [&str; 2] = [
 /// Whether `kind` at `api_version` is a Kueue object this module reads.
 pub fn handles(kind: &str, api_version: &str) -> bool {
     match kind {
-        "ClusterQueue" | "LocalQueue" | "ResourceFlavor" => api_version.starts_with(GROUP),
+        "ClusterQueue" | "LocalQueue" | "ResourceFlavor" | "WorkloadPriorityClass" => {
+            api_version.starts_with(GROUP)
+        }
         "Configuration" => CONFIG_VERSIONS.contains(&api_version),
+        // Read for Kueue's order only; kube-scheduler's own use of priority is not modelled.
+        "PriorityClass" => api_version == "scheduling.k8s.io/v1",
         _ => false,
     }
 }
@@ -44,6 +51,30 @@ pub struct Kueue {
     pub strict_fifo: BTreeSet<String>,
     /// ClusterQueues stopped by `stopPolicy` (Hold, HoldAndDrain): nothing is admitted.
     pub stopped: BTreeMap<String, String>,
+    /// WorkloadPriorityClass → value.
+    pub workload_priority_classes: BTreeMap<String, i32>,
+    /// PriorityClass → value, and the global default one (the lowest, if several say so).
+    pub priority_classes: BTreeMap<String, i32>,
+    pub default_priority: Option<(String, i32)>,
+}
+
+/// The WorkloadPriorityClass a Kueue-managed object names.
+pub fn priority_class_label(value: &Value) -> Option<&str> {
+    value
+        .pointer("/metadata/labels")
+        .and_then(|l| l.get(PRIORITY_CLASS_LABEL))
+        .and_then(Value::as_str)
+        .filter(|c| !c.is_empty())
+}
+
+const PRIORITY_CLASS_LABEL: &str = "kueue.x-k8s.io/priority-class";
+
+fn priority_value(value: &Value) -> Result<i32, FieldError> {
+    value
+        .get("value")
+        .and_then(Value::as_i64)
+        .and_then(|v| i32::try_from(v).ok())
+        .ok_or_else(|| FieldError::new("value", "Required value: a 32-bit integer"))
 }
 
 fn quantity(value: &Value, field: &str) -> Result<f64, FieldError> {
@@ -104,6 +135,26 @@ impl Kueue {
                     .ok_or_else(|| FieldError::new("spec.clusterQueue", "Required value"))?;
                 self.local_queues
                     .insert(format!("{namespace}/{name}"), cluster_queue.to_string());
+                Ok(())
+            }
+            "WorkloadPriorityClass" => {
+                let name = name_of(value)?;
+                self.workload_priority_classes
+                    .insert(name, priority_value(value)?);
+                Ok(())
+            }
+            "PriorityClass" => {
+                let name = name_of(value)?;
+                let priority = priority_value(value)?;
+                if value.get("globalDefault").and_then(Value::as_bool) == Some(true)
+                    && self
+                        .default_priority
+                        .as_ref()
+                        .is_none_or(|(_, lowest)| priority < *lowest)
+                {
+                    self.default_priority = Some((name.clone(), priority));
+                }
+                self.priority_classes.insert(name, priority);
                 Ok(())
             }
             "ResourceFlavor" => {
@@ -264,11 +315,38 @@ impl Kueue {
 /// Quota used per resource, or why Kueue refuses the workload.
 pub type Usage = Result<BTreeMap<String, f64>, String>;
 
-/// A queued workload: its object, its LocalQueue (`namespace/name`) and what it uses.
+/// A queued workload: its object, its LocalQueue (`namespace/name`), what it uses, and what
+/// orders it in its queue.
 pub struct Queued {
     pub object: String,
     pub queue: String,
     pub usage: Usage,
+    /// The `kueue.x-k8s.io/priority-class` label, and the first pod set's `priorityClassName`.
+    pub workload_priority_class: Option<String>,
+    pub pod_priority_class: Option<String>,
+    /// `metadata.creationTimestamp` (RFC 3339, as the API server writes it).
+    pub created: Option<String>,
+}
+
+impl Kueue {
+    /// The priority Kueue gives a workload, or why it makes no Workload for it.
+    fn priority(&self, queued: &Queued) -> Result<i32, String> {
+        if let Some(class) = &queued.workload_priority_class {
+            return self
+                .workload_priority_classes
+                .get(class)
+                .copied()
+                .ok_or_else(|| format!("WorkloadPriorityClass {class} is not in the inputs: Kueue makes no Workload without it"));
+        }
+        match &queued.pod_priority_class {
+            Some(class) => self.priority_classes.get(class).copied().ok_or_else(|| {
+                format!(
+                    "PriorityClass {class} is not in the inputs: Kueue makes no Workload without it"
+                )
+            }),
+            None => Ok(self.default_priority.as_ref().map_or(0, |(_, v)| *v)),
+        }
+    }
 }
 
 /// What one pod uses of a queue's quota, or why Kueue will not admit it.
@@ -353,17 +431,40 @@ pub fn pod_usage(
     Ok(usage)
 }
 
-/// Admission in input order. Returns, per object not admitted, why.
+/// Admission in Kueue's order: priority, then creation time, then input order. Returns, per
+/// object not admitted, why.
 pub fn admit(kueue: &Kueue, workloads: &[Queued]) -> BTreeMap<String, String> {
     let mut left = kueue.cluster_queues.clone();
     let mut held = BTreeMap::new();
     // StrictFIFO ClusterQueue → the workload held by quota at its head.
     let mut blocked: BTreeMap<&str, &str> = BTreeMap::new();
-    for Queued {
-        object,
-        queue,
-        usage,
-    } in workloads
+    let mut ordered = Vec::new();
+    for queued in workloads {
+        match kueue.priority(queued) {
+            Ok(priority) => ordered.push((priority, queued)),
+            Err(why) => {
+                held.insert(queued.object.clone(), why);
+            }
+        }
+    }
+    // Stable: equal keys keep input order. A timestamp sorts before none (made later).
+    ordered.sort_by(|(pa, a), (pb, b)| {
+        pb.cmp(pa).then_with(|| match (&a.created, &b.created) {
+            (Some(x), Some(y)) => x.cmp(y),
+            (Some(_), None) => std::cmp::Ordering::Less,
+            (None, Some(_)) => std::cmp::Ordering::Greater,
+            (None, None) => std::cmp::Ordering::Equal,
+        })
+    });
+    for (
+        _,
+        Queued {
+            object,
+            queue,
+            usage,
+            ..
+        },
+    ) in ordered
     {
         let usage = match usage {
             Ok(usage) => usage,
@@ -467,6 +568,9 @@ mod tests {
             object: object.into(),
             queue: "ml/q".into(),
             usage,
+            workload_priority_class: None,
+            pod_priority_class: None,
+            created: None,
         };
         let held = admit(
             &kueue,
@@ -514,6 +618,9 @@ mod tests {
             object: object.into(),
             queue: "default/q".into(),
             usage,
+            workload_priority_class: None,
+            pod_priority_class: None,
+            created: None,
         };
         let workloads = [
             queued("refused", Err("CEL selectors".into())),
@@ -567,6 +674,106 @@ mod tests {
                     &json!({"metadata": {"name": "y"}, "spec": {"admissionChecksStrategy": {"admissionChecks": []}}})
                 )
                 .is_ok()
+        );
+    }
+
+    #[test]
+    fn a_queue_takes_higher_priority_first_then_the_earlier_made() {
+        let mut kueue = Kueue::default();
+        for (kind, object) in [
+            (
+                "ClusterQueue",
+                json!({"metadata": {"name": "cq"}, "spec": {"resourceGroups": [{
+                    "coveredResources": ["nvidia.com/gpu"],
+                    "flavors": [{"name": "a", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": 2}]}]}]}}),
+            ),
+            (
+                "LocalQueue",
+                json!({"metadata": {"name": "q"}, "spec": {"clusterQueue": "cq"}}),
+            ),
+            (
+                "WorkloadPriorityClass",
+                json!({"metadata": {"name": "urgent"}, "value": 1000}),
+            ),
+            (
+                "PriorityClass",
+                json!({"metadata": {"name": "low"}, "value": -5}),
+            ),
+        ] {
+            kueue.add(kind, &object).expect(kind);
+        }
+        let two_gpus = || Ok(BTreeMap::from([("nvidia.com/gpu".to_string(), 2.0)]));
+        let queued =
+            |object: &str, wpc: Option<&str>, pc: Option<&str>, created: Option<&str>| Queued {
+                object: object.into(),
+                queue: "default/q".into(),
+                usage: two_gpus(),
+                workload_priority_class: wpc.map(str::to_string),
+                pod_priority_class: pc.map(str::to_string),
+                created: created.map(str::to_string),
+            };
+        // Input order would admit "first"; Kueue takes the urgent one.
+        let held = admit(
+            &kueue,
+            &[
+                queued("first", None, None, None),
+                queued("urgent", Some("urgent"), None, None),
+            ],
+        );
+        assert_eq!(held.keys().collect::<Vec<_>>(), ["first"], "{held:?}");
+        // Equal priority: the earlier creationTimestamp; one without comes after.
+        let held = admit(
+            &kueue,
+            &[
+                queued("unmade", None, None, None),
+                queued("later", None, None, Some("2026-12-07T10:00:05Z")),
+                queued("earlier", None, None, Some("2026-12-07T10:00:01Z")),
+            ],
+        );
+        assert_eq!(
+            held.keys().collect::<Vec<_>>(),
+            ["later", "unmade"],
+            "{held:?}"
+        );
+        // A negative PriorityClass goes behind the default 0, whatever the input order.
+        let held = admit(
+            &kueue,
+            &[
+                queued("low", None, Some("low"), None),
+                queued("plain", None, None, None),
+            ],
+        );
+        assert_eq!(held.keys().collect::<Vec<_>>(), ["low"], "{held:?}");
+        // A class the inputs lack: Kueue cannot make the Workload.
+        let held = admit(&kueue, &[queued("x", Some("missing"), None, None)]);
+        assert!(
+            held["x"].contains("WorkloadPriorityClass missing is not in the inputs"),
+            "{held:?}"
+        );
+        // A global default class gives unlabelled workloads its value.
+        kueue
+            .add(
+                "PriorityClass",
+                &json!({"metadata": {"name": "normal"}, "value": 10, "globalDefault": true}),
+            )
+            .expect("default");
+        let held = admit(
+            &kueue,
+            &[
+                queued("low", None, Some("low"), Some("2026-12-07T10:00:00Z")),
+                queued("plain", None, None, Some("2026-12-07T10:00:09Z")),
+            ],
+        );
+        assert_eq!(held.keys().collect::<Vec<_>>(), ["low"], "{held:?}");
+        assert_eq!(
+            kueue
+                .add(
+                    "WorkloadPriorityClass",
+                    &json!({"metadata": {"name": "v"}, "value": "high"})
+                )
+                .expect_err("value")
+                .field,
+            "value"
         );
     }
 
