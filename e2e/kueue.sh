@@ -319,6 +319,14 @@ for j in "${PHASE1[@]}"; do
     kubectl apply -f "$WORK/$j.yaml" >/dev/null
     compare 1 "$j" "${PODS[$j]}"
 done
+# Live: what holds a queued Job, in Kueue's words, with its ClusterQueue.
+set +e
+"$GPU_DRA" explain job/q-three --kubeconfig "$KUBECONFIG" >"$WORK/explain-q-three.txt" 2>&1
+rc=$?
+set -e
+((rc == 1)) && grep -q '^Job default/q-three: Kueue holds it (LocalQueue default/team, ClusterQueue team; Workload .*nvidia.com/gpu' "$WORK/explain-q-three.txt" \
+    || fail "explain job/q-three (exit $rc) did not say Kueue holds it on ClusterQueue team for nvidia.com/gpu: $(cat "$WORK/explain-q-three.txt")"
+ok "explain job/q-three (live): $(cat "$WORK/explain-q-three.txt")"
 
 # ------------------------------------------------------------------ phase 2: the gang, 8 GPUs
 clear_jobs() { # jobs...: deleted, with their pods, claims and Workloads

@@ -180,6 +180,16 @@ apply_part gang-short
 settle gang-short-0 gang-short-1
 sleep 5 # a gang that waits at Permit would hold devices a while: it must not
 check "PodGroup gang-short (minCount 2)" gang-short-0 gang-short-1
+# Live: what stops the gang, read from the cluster: its first pod would take the one GPU left,
+# its second finds none (before the plain pods take that GPU).
+set +e
+"$GPU_DRA" explain podgroup/gang-short --kubeconfig "$KUBECONFIG" >"$WORK/explain-gang.txt" 2>&1
+rc=$?
+set -e
+((rc == 3)) && grep -q '^PodGroup default/gang-short: 0 of 2 pods bound; pending: gang-short-0, gang-short-1' "$WORK/explain-gang.txt" \
+    && grep -A3 '^Pod default/gang-short-1' "$WORK/explain-gang.txt" | grep -q 'cannot be allocated' \
+    || fail "explain podgroup/gang-short (exit $rc) did not name gang-short-1 as the pod that cannot fit: $(cat "$WORK/explain-gang.txt")"
+ok "explain podgroup/gang-short (live): 0 of 2 bound; gang-short-0 would take the GPU left, gang-short-1 cannot be allocated"
 apply_part after
 settle after-0 after-1
 check "pods after-0..1" after-0 after-1
@@ -341,6 +351,14 @@ check_controller JobSet train 1-jobset-train.yaml
 check_controller MPIJob mpi 2-mpijob.yaml
 check_controller LeaderWorkerSet serve 3-leaderworkerset-serve.yaml
 check_controller JobSet overflow 4-jobset-overflow.yaml
+set +e
+"$GPU_DRA" explain jobset/overflow --kubeconfig "$KUBECONFIG" >"$WORK/explain-overflow.txt" 2>&1
+rc=$?
+set -e
+((rc == 1)) && grep -q '^JobSet default/overflow: 1 of 2 pods bound' "$WORK/explain-overflow.txt" \
+    && grep -q '^Pod default/overflow-workers-0-[01]-[a-z0-9]*: cannot be allocated on any of the 4 nodes' "$WORK/explain-overflow.txt" \
+    || fail "explain jobset/overflow (exit $rc) did not name its pending pod as one that cannot fit: $(cat "$WORK/explain-overflow.txt")"
+ok "explain jobset/overflow (live): 1 of 2 bound; the pending pod cannot be allocated on any node"
 mig=$(kubectl get resourceclaims -o json | jq -r '[.items[] | select(.metadata.name | startswith("serve-")) | .status.allocation.devices.results[]? | select(.pool == "wl-4") | .device] | length')
 [[ $mig == 4 ]] || fail "LWS serve: 4 MIG devices on wl-4 expected, the claims hold $mig"
 line="workloads: $applied applied, predictions equal reality for $equal"

@@ -301,7 +301,7 @@ pub fn run(args: CapacityArgs) -> Result<ExitCode, CliError> {
         .filter(|path| !path.exists())
         .and_then(|path| super::live::LiveTarget::parse(&path.to_string_lossy()));
     let mut loaded = match live_pod {
-        Some(super::live::LiveTarget::Claim(_)) => {
+        Some(super::live::LiveTarget::Claim(_) | super::live::LiveTarget::Workload(..)) => {
             return Err(usage(
                 "gpu-dra capacity counts copies of a pod: give pod/NAME or -f POD.yaml",
             ));

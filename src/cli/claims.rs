@@ -15,6 +15,8 @@ use k8s_openapi::api::resource::v1::{
     DeviceClass, ResourceClaim, ResourceClaimStatus, ResourceSlice,
 };
 
+mod live_workload;
+
 use super::CliError;
 use super::manifests::convert::{self, Kind};
 use super::manifests::placement::FleetNode;
@@ -500,6 +502,44 @@ fn never_fits(plan: &Plan, explanation: &Explanation, claims: &[ResourceClaim]) 
     out
 }
 
+/// The node a claim of the pod already holds it to (shared with a pod placed before), and the
+/// nodes that admit the pod: its node filters pass and, when held, only that node.
+fn admitting<'a>(
+    nodes: &'a [FleetNode],
+    unit: &Unit,
+    claim_node: &'a HashMap<String, String>,
+) -> (Option<&'a String>, Vec<&'a FleetNode>) {
+    let bound = unit
+        .claims
+        .iter()
+        .find_map(|c| claim_node.get(&claim_key(c)));
+    let admitted = nodes
+        .iter()
+        .filter(|n| unit.placement.admits(n).is_ok())
+        .filter(|n| bound.is_none_or(|b| *b == n.info.name))
+        .collect();
+    (bound, admitted)
+}
+
+/// Per node, why it does not admit the pod: its node filters, or a claim of the pod allocated
+/// on another node (`bound`).
+fn not_admitted(nodes: &[FleetNode], unit: &Unit, bound: Option<&String>) -> Vec<String> {
+    nodes
+        .iter()
+        .filter_map(|node| match bound.filter(|b| **b != node.info.name) {
+            Some(b) => Some(format!(
+                "  node {}: a claim of the pod is allocated on node {b}",
+                node.info.name
+            )),
+            None => unit
+                .placement
+                .admits(node)
+                .err()
+                .map(|why| format!("  node {}: {why}", node.info.name)),
+        })
+        .collect()
+}
+
 /// The first of `nodes` (in order) where all of a pod's `claims` fit, and their allocations; a
 /// pod without claims fits the first.
 pub(super) fn first_fit(
@@ -677,16 +717,7 @@ pub fn run_match(args: MatchArgs) -> Result<ExitCode, CliError> {
         if claims.is_empty() && unit.group.is_none() && unit.unserved.is_empty() {
             continue;
         }
-        // A claim already allocated (shared with an earlier pod) holds the pod to its node.
-        let bound = unit
-            .claims
-            .iter()
-            .find_map(|c| claim_node.get(&claim_key(c)));
-        let admitted: Vec<&FleetNode> = nodes
-            .iter()
-            .filter(|n| unit.placement.admits(n).is_ok())
-            .filter(|n| bound.is_none_or(|b| *b == n.info.name))
-            .collect();
+        let (bound, admitted) = admitting(&nodes, unit, &claim_node);
         let served: Vec<&FleetNode> = admitted
             .iter()
             .copied()
@@ -742,15 +773,8 @@ pub fn run_match(args: MatchArgs) -> Result<ExitCode, CliError> {
                 }
                 let Some(first) = admitted.first() else {
                     eprintln!("no node admits the pod, before any device is looked at:");
-                    for node in &nodes {
-                        if let Some(b) = bound.filter(|b| **b != node.info.name) {
-                            eprintln!(
-                                "  node {}: a claim of the pod is allocated on node {b}",
-                                node.info.name
-                            );
-                        } else if let Err(why) = unit.placement.admits(node) {
-                            eprintln!("  node {}: {why}", node.info.name);
-                        }
+                    for line in not_admitted(&nodes, unit, bound) {
+                        eprintln!("{line}");
                     }
                     continue;
                 };
@@ -923,6 +947,9 @@ pub fn run_explain(args: ExplainArgs) -> Result<ExitCode, CliError> {
         .filter(|path| !path.exists())
         .and_then(|path| super::live::LiveTarget::parse(&path.to_string_lossy()))
     {
+        if let super::live::LiveTarget::Workload(kind, name) = &target {
+            return live_workload::explain(&args, kind, name);
+        }
         let only_node = (args.inputs.node != "sim-node").then_some(args.inputs.node.as_str());
         // The cluster's scheduler gates are not visible through the API: the user names them.
         let features = Features::from_feature_gates(&args.inputs.feature_gates)
@@ -935,7 +962,12 @@ pub fn run_explain(args: ExplainArgs) -> Result<ExitCode, CliError> {
             features,
         );
     }
-    let loaded = load(&args.inputs)?;
+    explain_loaded(&load(&args.inputs)?)
+}
+
+/// Each pod (or the claims no pod uses) of the inputs in turn, each with what the ones before
+/// it took.
+fn explain_loaded(loaded: &Loaded) -> Result<ExitCode, CliError> {
     let mut state = loaded.state.clone();
     let mut done = HashSet::new();
     let (mut allocated, mut refused) = (0, 0);

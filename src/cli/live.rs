@@ -1,7 +1,8 @@
 //! `gpu-dra explain pod/NAME` and `explain resourceclaim/NAME` on a live cluster: "why is my pod
 //! Pending?" answered from what the scheduler sees — the pod's claims, the DeviceClasses, every
 //! ResourceSlice and every allocated claim — node by node, with the offline explainer.
-//! Read-only: it gets and lists, and a missing permission is an error naming it.
+//! Read-only: it gets and lists, and a missing permission is an error naming it. A workload
+//! (`job/NAME`, `podgroup/NAME`, ...) is read by [`workload`].
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::process::ExitCode;
@@ -17,16 +18,21 @@ use kube::api::{Api, ListParams};
 use super::CliError;
 use super::manifests::claim_key;
 
+pub mod workload;
+
 /// What to explain.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LiveTarget {
     Pod(String),
     Claim(String),
+    /// A workload object whose pods (or Kueue's verdict) answer: `job/NAME`, `podgroup/NAME`.
+    Workload(&'static workload::WorkloadKind, String),
 }
 
 impl LiveTarget {
-    /// `pod/NAME` (also `pods/`, `po/`) or `resourceclaim/NAME` (also `resourceclaims/`); `None`
-    /// for anything else (a file path).
+    /// `pod/NAME` (also `pods/`, `po/`), `resourceclaim/NAME` (also `resourceclaims/`) or a
+    /// workload (`job/`, `jobset/`, `mpijob/`, `leaderworkerset/`, `podgroup/`); `None` for
+    /// anything else (a file path).
     pub fn parse(text: &str) -> Option<Self> {
         let (kind, name) = text.split_once('/')?;
         if name.is_empty() || name.contains('/') {
@@ -37,13 +43,13 @@ impl LiveTarget {
             "resourceclaim" | "resourceclaims" | "resourceclaims.resource.k8s.io" => {
                 Some(Self::Claim(name.to_string()))
             }
-            _ => None,
+            other => workload::kind_named(other).map(|k| Self::Workload(k, name.to_string())),
         }
     }
 }
 
 /// What the command needs to read; named in the error when one is refused.
-const NEEDS: &str = "get/list on pods, resourceclaims, resourceclaimtemplates, deviceclasses, resourceslices, devicetaintrules and nodes";
+const NEEDS: &str = "get/list on pods, resourceclaims, resourceclaimtemplates, deviceclasses, resourceslices, devicetaintrules and nodes (for a workload also get on it and its podgroups, and list on Kueue's workloads and get on its localqueues where Kueue is installed)";
 
 fn api_error(what: &str, error: kube::Error) -> CliError {
     match &error {
@@ -106,6 +112,25 @@ pub struct Snapshot {
     pub docs: Vec<super::manifests::Doc>,
 }
 
+impl Snapshot {
+    /// The cluster as read, with `docs` to allocate for: only allocated claims are kept (their
+    /// devices are in use); the others are for the inputs to allocate.
+    fn from_view(view: ClusterView, docs: Vec<super::manifests::Doc>) -> Self {
+        Self {
+            classes: view.classes,
+            slices: view.slices,
+            taint_rules: view.taint_rules,
+            allocated: view
+                .claims
+                .into_iter()
+                .filter(|c| super::manifests::allocation_of(c).is_some())
+                .collect(),
+            nodes: view.nodes,
+            docs,
+        }
+    }
+}
+
 /// Reads the cluster (and the pod `pod` in `namespace`, when given).
 pub fn snapshot(
     kubeconfig: Option<&Path>,
@@ -123,19 +148,7 @@ pub fn snapshot(
         if let Some(name) = pod {
             docs = pod_documents(&client, namespace, name).await?;
         }
-        let view = view(&client).await?;
-        Ok(Snapshot {
-            classes: view.classes,
-            slices: view.slices,
-            taint_rules: view.taint_rules,
-            allocated: view
-                .claims
-                .into_iter()
-                .filter(|c| super::manifests::allocation_of(c).is_some())
-                .collect(),
-            nodes: view.nodes,
-            docs,
-        })
+        Ok(Snapshot::from_view(view(&client).await?, docs))
     })
 }
 
@@ -411,6 +424,13 @@ async fn run_async(
             }
             (claims, node, format!("Pod {namespace}/{name}"))
         }
+        // `gpu-dra explain` reads a workload through [`workload::read`], never here.
+        LiveTarget::Workload(kind, name) => {
+            return Err(CliError::Usage(format!(
+                "{}/{name}: a workload is explained through its pods (workload::read)",
+                kind.kind
+            )));
+        }
         LiveTarget::Claim(name) => {
             let api: Api<ResourceClaim> = Api::namespaced(client.clone(), namespace);
             let claim = api
@@ -568,6 +588,11 @@ mod tests {
             Some(LiveTarget::Pod("p".into()))
         );
         assert_eq!(LiveTarget::parse("po/p"), Some(LiveTarget::Pod("p".into())));
+        assert!(matches!(
+            LiveTarget::parse("jobs.batch/train"),
+            Some(LiveTarget::Workload(kind, name)) if kind.kind == "Job" && name == "train"
+        ));
+        assert!(LiveTarget::parse("deployment/web").is_none());
         assert_eq!(
             LiveTarget::parse("resourceclaims/c"),
             Some(LiveTarget::Claim("c".into()))

@@ -145,7 +145,7 @@ pub enum Command {
     #[cfg(feature = "tools")]
     Match(claims::MatchArgs),
     /// Explain, device by device, how kube-scheduler would allocate claims (or not): offline, or
-    /// for a pod or claim of a live cluster (`explain pod/NAME -n NS`).
+    /// for a pod, claim or workload of a live cluster (`explain pod/NAME -n NS`, `job/NAME`).
     #[cfg(feature = "tools")]
     Explain(claims::ExplainArgs),
     /// How many more copies of a pod fit right now, per node, and what runs out first.
