@@ -4,6 +4,9 @@
 //! cgroup, so the container runtime does not kill it when the driver's container stops, and its
 //! memory does not count against the driver's limit. The cgroups are found again by name after
 //! a driver restart; a reboot removes them with their processes.
+//!
+//! Mount points are read from `mountinfo` here ([`unescape_mount_path`]); MPS reads its shm
+//! mounts with the same function, so it lives in this leaf rather than in `mps`, which uses it.
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
@@ -146,14 +149,42 @@ fn cgroup_mounts(table: &str) -> Vec<PathBuf> {
                 return None;
             }
             let mount_point = left.split_whitespace().nth(4)?;
-            Some(PathBuf::from(super::mps::unescape_mount_path(mount_point)))
+            Some(PathBuf::from(unescape_mount_path(mount_point)))
         })
         .collect()
+}
+
+/// A mount point as `/proc/self/mountinfo` writes it, unescaped (mountinfo escapes space, tab,
+/// newline and backslash as `\ooo`).
+pub(crate) fn unescape_mount_path(escaped: &str) -> String {
+    let bytes = escaped.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\'
+            && i + 3 < bytes.len()
+            && let Ok(value) = u8::from_str_radix(&escaped[i + 1..i + 4], 8)
+        {
+            out.push(value);
+            i += 4;
+            continue;
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mountinfo_paths_are_unescaped() {
+        assert_eq!(unescape_mount_path(r"/a\040b/c"), "/a b/c");
+        assert_eq!(unescape_mount_path("/plain"), "/plain");
+        assert_eq!(unescape_mount_path(r"/end\"), r"/end\");
+    }
 
     #[test]
     fn cgroup_mounts_are_read_from_mountinfo() {

@@ -66,9 +66,23 @@ pub struct ClaimEntry {
     pub pod_claim_name: Option<String>,
     /// Prepared by NVIDIA's driver and taken over when gpu-dra replaced it on this node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub taken_over: Option<super::takeover::TakenOver>,
+    pub taken_over: Option<TakenOver>,
     #[serde(flatten)]
     pub unknown: serde_json::Map<String, serde_json::Value>,
+}
+
+/// Where a claim came from when gpu-dra took it over from NVIDIA's driver
+/// ([`super::takeover`]): part of the checkpoint's format, so it is defined here.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TakenOver {
+    /// The CDI spec NVIDIA's driver wrote for the claim: removed once gpu-dra's serves it, or at
+    /// unprepare.
+    pub nvidia_spec: PathBuf,
+    /// Why gpu-dra cannot undo what NVIDIA's driver did for the claim: its spec stays, its
+    /// devices stay held, and unpreparing it answers this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
 }
 
 impl ClaimEntry {
@@ -245,7 +259,7 @@ pub enum LoadOutcome {
     /// ([`super::takeover`]) once the node's GPUs are known.
     NvidiaClaims {
         backup: PathBuf,
-        nvidia: super::takeover::NvidiaCheckpoint,
+        nvidia: super::nvidia_checkpoint::NvidiaCheckpoint,
     },
 }
 
@@ -356,8 +370,8 @@ impl CheckpointStore {
         &self,
         document: &serde_json::Value,
         boot_id: &str,
-    ) -> Result<Option<super::takeover::NvidiaCheckpoint>, CheckpointError> {
-        match super::takeover::NvidiaCheckpoint::from_document(document, boot_id) {
+    ) -> Result<Option<super::nvidia_checkpoint::NvidiaCheckpoint>, CheckpointError> {
+        match super::nvidia_checkpoint::NvidiaCheckpoint::from_document(document, boot_id) {
             None => Ok(None),
             Some(Ok(nvidia)) => Ok(Some(nvidia)),
             Some(Err(reason)) => Err(CheckpointError::Unusable {

@@ -18,23 +18,11 @@ use super::lock::{NodeLock, NodeLockGuard, Others, Presence};
 use super::state::DeviceState;
 use super::{ClaimRef, NodeDriver, PrepareResult, UnprepareResult};
 
+// Re-exported: the metrics observer names it beside `DriverObserver`; it lives in the parent
+// module so `in_flight` need not import the driver that imports it.
+pub use super::Operation;
+
 /// Counts and timings the metrics endpoint exposes.
-/// A kubelet call's kind.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Operation {
-    Prepare,
-    Unprepare,
-}
-
-impl Operation {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Prepare => "prepare",
-            Self::Unprepare => "unprepare",
-        }
-    }
-}
-
 pub trait DriverObserver: Send + Sync + 'static {
     /// A kubelet call with this many claims begins; each ends with `prepared`/`unprepared`.
     fn starting(&self, _operation: Operation, _claims: usize) {}

@@ -12,8 +12,7 @@ use std::time::Instant;
 
 use tokio::sync::watch;
 
-use super::driver::Operation;
-use super::{ClaimRef, PrepareResult, UnprepareResult};
+use super::{ClaimRef, Operation, PrepareResult, UnprepareResult};
 
 /// What a claim's operation ended with, for the calls that joined it.
 #[derive(Debug, Clone)]

@@ -46,6 +46,22 @@ pub struct PreparedDevice {
     pub share_id: Option<String>,
 }
 
+/// A kubelet call's kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    Prepare,
+    Unprepare,
+}
+
+impl Operation {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Prepare => "prepare",
+            Self::Unprepare => "unprepare",
+        }
+    }
+}
+
 /// Result of preparing one claim: its devices, or an error message for kubelet.
 pub type PrepareResult = Result<Vec<PreparedDevice>, String>;
 /// Result of unpreparing one claim.
@@ -71,6 +87,7 @@ pub mod cdi;
 pub mod cgroup;
 pub mod checkpoint;
 pub mod claims;
+pub mod config;
 pub mod driver;
 pub mod driver_files;
 pub mod effects;
@@ -82,6 +99,7 @@ pub mod lock;
 pub mod memory_limits;
 pub mod metadata;
 pub mod mps;
+pub mod nvidia_checkpoint;
 pub mod plan;
 pub mod sharing;
 pub mod state;

@@ -22,7 +22,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::cdi::{ContainerEdits, Mount};
-use super::cgroup::HostCgroups;
+use super::cgroup::{HostCgroups, unescape_mount_path};
 use crate::gpu::driver_tools::{DriverRootTools, SimStateFile, ToolCommand, spawn_tool};
 
 /// Where a claim's containers, and its daemon in the driver root, find the daemon's pipes
@@ -534,26 +534,6 @@ fn is_mount_point(path: &Path) -> bool {
         .any(|mount_point| unescape_mount_path(mount_point) == wanted)
 }
 
-/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
-pub(crate) fn unescape_mount_path(escaped: &str) -> String {
-    let bytes = escaped.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'\\'
-            && i + 3 < bytes.len()
-            && let Ok(value) = u8::from_str_radix(&escaped[i + 1..i + 4], 8)
-        {
-            out.push(value);
-            i += 4;
-            continue;
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 /// Half the node's memory, as NVIDIA's driver sizes the MPS shm (64 MiB when unknown).
 fn default_shm_size() -> String {
     std::fs::read_to_string("/proc/meminfo")
@@ -574,13 +554,6 @@ pub fn megabytes(bytes: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn mountinfo_paths_are_unescaped() {
-        assert_eq!(unescape_mount_path(r"/a\040b/c"), "/a b/c");
-        assert_eq!(unescape_mount_path("/plain"), "/plain");
-        assert_eq!(unescape_mount_path(r"/end\"), r"/end\");
-    }
 
     #[test]
     fn limits_are_whole_mebibytes() {

@@ -10,9 +10,9 @@ use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClai
 use super::ClaimRef;
 use super::cdi::CdiStore;
 use super::checkpoint::{Checkpoint, DeviceRecord, MigRecord, VfioRecord};
+use super::config::DriverConfig;
 use super::error::PrepareError;
 use super::sharing;
-use super::state::DriverConfig;
 use crate::config::{self, DeviceConfig};
 use crate::gpu::mig::{GpuMode, gpu_device_name, mig_device_name, parse_mig_device_name};
 use crate::gpu::{NodeInventory, Placement};

@@ -30,7 +30,6 @@ use super::checkpoint::{
     Checkpoint, CheckpointError, CheckpointStore, ClaimEntry, ClaimState, DeviceRecord,
     LoadOutcome, MigRecord,
 };
-use super::driver_files::DriverRoot;
 use super::effects::compute_mode::{self, ComputeMode};
 use super::effects::mig_carve::{self, MigCarve};
 use super::effects::mig_mode::WholeGpu;
@@ -50,26 +49,9 @@ use super::{ClaimRef, PreparedDevice};
 use crate::gpu::mig::{GpuMode, MigPolicy, choose_modes, parse_mig_device_name};
 use crate::gpu::{GpuControl, NodeInventory};
 
-/// Static settings of the node driver.
-#[derive(Debug, Clone)]
-pub struct DriverConfig {
-    pub driver_name: String,
-    pub mig_policy: MigPolicy,
-    /// This node; also the pool name.
-    pub node_name: String,
-    pub cdi_root: PathBuf,
-    pub state_dir: PathBuf,
-    /// Where the host's `/dev` is, when not at `/` (CDI `hostPath`s are resolved under it).
-    pub dev_root: Option<PathBuf>,
-    /// Where the NVIDIA driver's files are: every claim's containers get them. `None` for
-    /// simulated GPUs without a driver root (there is no driver to mount).
-    pub driver_root: Option<DriverRoot>,
-    /// Whether devices are published for several claims at once (`--consumable-shares`): only
-    /// then may claims with a `shareID` hold the same device.
-    pub consumable: crate::slices::consumable::ConsumableShares,
-    /// Whether VFIO devices are published (`--passthrough`): only then are they prepared.
-    pub passthrough: bool,
-}
+// Re-exported: callers outside (the node binary, tests, benches) name it here, beside
+// `DeviceState`; it lives apart so the planner need not import the orchestrator.
+pub use super::config::DriverConfig;
 
 /// What recovery at start did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

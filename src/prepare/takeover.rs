@@ -8,8 +8,8 @@
 //! opaque config, of devices that are a whole GPU (`gpu.info.uuid`), a MIG device
 //! (`mig.concrete`: parent minor, GPU and compute instance ids, its UUID) or a GPU for a virtual
 //! machine (`vfio.info.pciBusID`), with `configState` saying whether time-slicing was applied and
-//! which MPS control daemon serves the group. Each becomes a [`DeviceRecord`] of ours that
-//! records what to undo:
+//! which MPS control daemon serves the group (read in [`super::nvidia_checkpoint`]). Each becomes
+//! a [`DeviceRecord`] of ours that records what to undo:
 //!
 //! - a whole GPU: nothing, or, where time-slicing was applied, its compute mode and time-slice
 //!   set back to the defaults NVIDIA's unprepare sets (`nvidia-smi -c DEFAULT`, time-slice 0);
@@ -30,232 +30,19 @@
 //! unprepare answers the reason; a claim whose prepare had not finished (NVIDIA records nothing of
 //! its devices yet) is prepared anew when the kubelet asks again.
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-
-use serde::{Deserialize, Serialize};
+use std::path::Path;
 
 use super::checkpoint::{
-    ClaimEntry, ClaimState, DeviceRecord, MigRecord, SharingRecord, VfioRecord,
+    ClaimEntry, ClaimState, DeviceRecord, MigRecord, SharingRecord, TakenOver, VfioRecord,
 };
+use super::nvidia_checkpoint::Device;
+// Re-exported: the orchestrator names what it takes over here.
+pub use super::nvidia_checkpoint::{NvidiaCheckpoint, NvidiaClaim};
 use crate::gpu::{ComputeMode, NodeInventory, SharingSettings};
 
 /// NVIDIA's CDI vendor and class: the spec file of claim `<uid>` is
 /// `<cdi root>/k8s.gpu.nvidia.com-claim_<uid>.yaml`.
 const NVIDIA_SPEC_PREFIX: &str = "k8s.gpu.nvidia.com-claim_";
-
-/// Where a claim came from when gpu-dra took it over from NVIDIA's driver.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct TakenOver {
-    /// The CDI spec NVIDIA's driver wrote for the claim: removed once gpu-dra's serves it, or at
-    /// unprepare.
-    pub nvidia_spec: PathBuf,
-    /// Why gpu-dra cannot undo what NVIDIA's driver did for the claim: its spec stays, its
-    /// devices stay held, and unpreparing it answers this.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub refused: Option<String>,
-}
-
-/// NVIDIA's checkpoint, as far as taking it over needs it.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct NvidiaCheckpoint {
-    /// Claims prepared (or being prepared) in this boot.
-    pub claims: Vec<NvidiaClaim>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NvidiaClaim {
-    pub uid: String,
-    /// `PrepareCompleted` (v1 holds only those).
-    pub completed: bool,
-    /// Recorded by NVIDIA's driver only while a prepare runs; empty otherwise.
-    pub namespace: String,
-    pub name: String,
-    groups: Vec<Group>,
-}
-
-impl NvidiaClaim {
-    /// `namespace/name (uid)`, or `claim uid` where NVIDIA's driver did not record the name.
-    pub fn label(&self) -> String {
-        if self.name.is_empty() {
-            format!("claim {}", self.uid)
-        } else {
-            format!("{}/{} ({})", self.namespace, self.name, self.uid)
-        }
-    }
-}
-
-// NVIDIA's JSON, as its `MarshalCheckpoint` writes it (cmd/gpu-kubelet-plugin/checkpointv.go,
-// prepared.go). Fields it may lack default; nothing of ours is checked against its checksum
-// (a field added by a later release must not make the node unswitchable).
-#[derive(Debug, Deserialize)]
-struct Document {
-    #[serde(default)]
-    v1: Option<V1>,
-    #[serde(default)]
-    v2: Option<V2>,
-}
-
-#[derive(Debug, Deserialize)]
-struct V1 {
-    #[serde(rename = "preparedClaims", default)]
-    prepared_claims: BTreeMap<String, Claim>,
-}
-
-#[derive(Debug, Deserialize)]
-struct V2 {
-    #[serde(rename = "preparedClaims", default)]
-    prepared_claims: BTreeMap<String, Claim>,
-    #[serde(rename = "nodeBootID", default)]
-    node_boot_id: String,
-}
-
-#[derive(Debug, Deserialize)]
-struct Claim {
-    #[serde(rename = "checkpointState", default)]
-    checkpoint_state: Option<String>,
-    #[serde(rename = "preparedDevices", default)]
-    prepared_devices: Option<Vec<Group>>,
-    #[serde(default)]
-    name: String,
-    #[serde(default)]
-    namespace: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-struct Group {
-    #[serde(default)]
-    devices: Vec<Device>,
-    #[serde(rename = "configState", default)]
-    config_state: ConfigState,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-struct ConfigState {
-    #[serde(rename = "mpsControlDaemonID", default)]
-    mps_control_daemon_id: String,
-    #[serde(rename = "timeSliceApplied", default)]
-    time_slice_applied: Option<bool>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-struct Device {
-    #[serde(default)]
-    gpu: Option<WholeGpu>,
-    #[serde(default)]
-    mig: Option<Mig>,
-    #[serde(default)]
-    vfio: Option<Vfio>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-struct WholeGpu {
-    #[serde(default)]
-    info: Option<Uuid>,
-    #[serde(default)]
-    device: Option<KubeletDevice>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-struct Uuid {
-    #[serde(default)]
-    uuid: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-struct Mig {
-    #[serde(default)]
-    concrete: Option<MigLive>,
-    #[serde(default)]
-    device: Option<KubeletDevice>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct MigLive {
-    parent_minor: u32,
-    gi_id: u32,
-    ci_id: u32,
-    #[serde(rename = "migUUID", default)]
-    mig_uuid: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-struct Vfio {
-    #[serde(default)]
-    info: Option<VfioInfo>,
-    #[serde(default)]
-    device: Option<KubeletDevice>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-struct VfioInfo {
-    #[serde(rename = "pciBusID", default)]
-    pci_bus_id: String,
-}
-
-/// `kubeletplugin.Device` as NVIDIA's `CheckpointedDevice` writes it.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-struct KubeletDevice {
-    #[serde(rename = "Requests", default)]
-    requests: Vec<String>,
-    #[serde(rename = "PoolName", default)]
-    pool_name: String,
-    #[serde(rename = "DeviceName", default)]
-    device_name: String,
-    #[serde(rename = "CDIDeviceIDs", default)]
-    cdi_device_ids: Vec<String>,
-    #[serde(rename = "ShareID", default)]
-    share_id: Option<String>,
-}
-
-impl NvidiaCheckpoint {
-    /// `document` read as NVIDIA's checkpoint (`checksum` and `v1`/`v2`, no `schemaVersion`), with
-    /// the claims of boot `boot_id` (its v1 records no boot: they count); `None` when it is not
-    /// NVIDIA's. A document of NVIDIA's shape that cannot be read is an error (the reason).
-    pub fn from_document(
-        document: &serde_json::Value,
-        boot_id: &str,
-    ) -> Option<Result<Self, String>> {
-        let object = document.as_object()?;
-        if object.contains_key("schemaVersion")
-            || !object.contains_key("checksum")
-            || !(object.contains_key("v1") || object.contains_key("v2"))
-        {
-            return None;
-        }
-        Some(Self::read(document, boot_id))
-    }
-
-    fn read(document: &serde_json::Value, boot_id: &str) -> Result<Self, String> {
-        let document: Document = serde_json::from_value(document.clone())
-            .map_err(|e| format!("NVIDIA's driver's checkpoint cannot be read: {e}"))?;
-        let (claims, boot) = match (document.v2, document.v1) {
-            (Some(v2), _) => (v2.prepared_claims, v2.node_boot_id),
-            (None, Some(v1)) => (v1.prepared_claims, String::new()),
-            (None, None) => (BTreeMap::new(), String::new()),
-        };
-        // Another boot: nothing it prepared exists any more (NVIDIA's driver drops it too).
-        if !boot.is_empty() && boot != boot_id {
-            return Ok(Self::default());
-        }
-        Ok(Self {
-            claims: claims
-                .into_iter()
-                .map(|(uid, claim)| NvidiaClaim {
-                    completed: claim
-                        .checkpoint_state
-                        .as_deref()
-                        .is_none_or(|s| s == "PrepareCompleted"),
-                    namespace: claim.namespace,
-                    name: claim.name,
-                    groups: claim.prepared_devices.unwrap_or_default(),
-                    uid,
-                })
-                .collect(),
-        })
-    }
-}
 
 /// How gpu-dra runs, as far as taking over depends on it.
 #[derive(Debug, Clone)]
