@@ -4,10 +4,12 @@
 //! change, ids recorded, undo from the record, adopt at start). Here:
 //!
 //! - prepare: plan → record the claim as `PrepareStarted` with what it will create (only when it
-//!   creates hardware state) → apply the effects in order (MIG carve, whole-GPU MIG mode, compute
-//!   mode, MPS daemons) → write the CDI spec → record `PrepareCompleted`;
+//!   creates hardware state) → apply the effects in order (device by device: MIG carve, whole-GPU
+//!   MIG mode, compute mode, vfio-pci binding; then the claim's own MPS daemon, shared GPUs' MPS
+//!   daemons, device metadata) → write the CDI spec → record `PrepareCompleted`;
 //! - unprepare: mark `PrepareStarted` → remove the CDI spec → undo the effects in reverse order
-//!   (a device another claim still shares is left to it) → drop the claim;
+//!   (the claim's device metadata, MPS daemon and left-over memory limits, then device by device;
+//!   a device another claim still shares is left to it) → drop the claim;
 //! - start: roll back every claim that is not `PrepareCompleted`, let each effect adopt what the
 //!   hardware holds, rewrite missing specs of completed claims, delete specs no claim owns.
 //!
@@ -31,15 +33,17 @@ use super::checkpoint::{
     LoadOutcome, MigRecord,
 };
 use super::effects::compute_mode::{self, ComputeMode};
+use super::effects::device_metadata::DeviceMetadata;
+use super::effects::memory_limit::MemoryLimit;
 use super::effects::mig_carve::{self, MigCarve};
 use super::effects::mig_mode::WholeGpu;
-use super::effects::mps_daemon::{self, SharedMps};
+use super::effects::mps_daemon::{self, ClaimMps, SharedMps};
 use super::effects::vfio_bind::VFIO_BIND;
-use super::effects::{ClaimDevice, DeviceEffect, Host};
+use super::effects::{ClaimDevice, ClaimEffect, DeviceEffect, Host};
 use super::error::PrepareError;
 use super::failpoint::failpoint;
 use super::memory_limits::MemoryLimits;
-use super::metadata::{MetadataDevice, MetadataStore};
+use super::metadata::MetadataStore;
 use super::mps::MpsDaemons;
 use super::plan::{PlannedDevice, Planner, Target};
 use super::sharing;
@@ -727,9 +731,7 @@ impl DeviceState {
             }
         }
         // After the carve (the daemon needs the MIG devices' UUIDs) and the compute mode.
-        if let (Some(spec), Some(mps)) = (mps_daemon::claim_daemon(&entry)?, &self.mps) {
-            mps.start(&uid, &spec)?;
-        }
+        ClaimMps(self.mps.as_ref()).apply(self, &entry)?;
         for (index, record) in entry.devices.iter().enumerate() {
             let device = ClaimDevice {
                 uid: &uid,
@@ -738,11 +740,10 @@ impl DeviceState {
             };
             SharedMps(self.mps.as_ref()).apply(self, &device)?;
         }
-        // KubeVirt finds a GPU's PCI address for its virtual machine only in the metadata.
-        let vm_devices = self.vm_metadata(&entry);
-        if !vm_devices.is_empty() {
-            self.metadata.write(&entry, &vm_devices)?;
-        }
+        // After the vfio-pci binding (the files name the bound devices), before the CDI spec
+        // that mounts them. The memory limits are set by the spec's hook, not here.
+        DeviceMetadata(&self.metadata).apply(self, &entry)?;
+        MemoryLimit(&self.memory_limits).apply(self, &entry)?;
         let (cdi_devices, claim_edits) = self.claim_spec(&self.book(), &entry);
         self.cdi.write(&uid, &cdi_devices, &claim_edits)?;
         failpoint("prepare-cdi-written");
@@ -795,31 +796,12 @@ impl DeviceState {
         let Some(entry) = self.book().checkpoint.claims.get(uid).cloned() else {
             return Ok(());
         };
-        self.metadata.remove(&entry)?;
-        // Before the devices it serves are destroyed or given back their compute mode.
-        if let Some(mps) = &self.mps {
-            mps.stop(uid)?;
-        }
-        if !self
-            .memory_limits
-            .for_claim(&entry.devices)
-            .0
-            .hooks
-            .is_empty()
-        {
-            let minors: Vec<u32> = {
-                let book = self.book();
-                entry
-                    .devices
-                    .iter()
-                    .filter_map(|d| book.inventory.gpus.iter().find(|g| g.uuid == d.uuid))
-                    .map(|g| g.minor)
-                    .collect()
-            };
-            for cgroup in self.memory_limits.clear_left_over(&*self.gpus, &minors) {
-                tracing::info!(claimUID = %uid, cgroup = %cgroup.display(), "cleared the GPU memory limit a container left");
-            }
-        }
+        // The claim's own effects, in reverse: its metadata files (no CDI spec mounts them now),
+        // its MPS daemon before the devices it serves are destroyed or given back their compute
+        // mode, and the memory limits its containers left.
+        DeviceMetadata(&self.metadata).undo(self, &entry)?;
+        ClaimMps(self.mps.as_ref()).undo(self, &entry)?;
+        MemoryLimit(&self.memory_limits).undo(self, &entry)?;
         // A shared device stays as it is (carved, its MPS daemon running, its compute mode) until
         // its last claim leaves; a carve this claim made passes to a claim still on it.
         let mut left_to_sharers = BTreeSet::new();
@@ -1077,31 +1059,6 @@ impl DeviceState {
         Ok(())
     }
 
-    /// The metadata of a claim's GPUs for virtual machines: their published attributes.
-    fn vm_metadata(&self, entry: &ClaimEntry) -> Vec<MetadataDevice> {
-        let book = self.book();
-        entry
-            .devices
-            .iter()
-            .filter_map(|d| {
-                let vfio = d.vfio.as_ref()?;
-                let function = book.inventory.pci.by_bus_id(&vfio.bus_id)?;
-                let device = crate::slices::passthrough::vfio_device(&book.inventory, function);
-                Some(MetadataDevice {
-                    request: d.request_names.first()?.clone(),
-                    pool: d.pool.clone(),
-                    device: d.device.clone(),
-                    attributes: device
-                        .attributes
-                        .unwrap_or_default()
-                        .into_iter()
-                        .map(|(name, value)| (name.to_string(), value))
-                        .collect(),
-                })
-            })
-            .collect()
-    }
-
     /// Plans claims against the book as it is now.
     fn planner<'a>(&'a self, book: &'a Book) -> Planner<'a> {
         Planner {
@@ -1227,6 +1184,10 @@ impl Host for DeviceState {
             crate::gpu::driver_tools::HostView::find()
                 .path(&root.join(path.trim_start_matches('/'))),
         )
+    }
+
+    fn inspect_inventory(&self, look: &mut dyn FnMut(&NodeInventory)) {
+        look(&self.book().inventory);
     }
 
     fn mig_mode(&self, minor: u32) -> (bool, bool) {

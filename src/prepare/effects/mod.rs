@@ -11,17 +11,22 @@
 //!    a prepared claim needs but the hardware lost is restored.
 //!
 //! [`DeviceEffect`]s act on one device of a claim: [`mig_carve::MigCarve`],
-//! [`mig_mode::WholeGpu`], [`compute_mode::ComputeMode`], [`mps_daemon::SharedMps`]. The claim's
-//! own MPS daemon is one per claim ([`mps_daemon`]). The orchestration (which effects, in which
-//! order, under which locks) is `DeviceState`'s, in `state.rs`.
+//! [`mig_mode::WholeGpu`], [`compute_mode::ComputeMode`], [`vfio_bind::VfioBind`],
+//! [`mps_daemon::SharedMps`]. [`ClaimEffect`]s act on a claim as a whole: its own MPS daemon
+//! ([`mps_daemon::ClaimMps`]), the GPU memory limits its containers leave
+//! ([`memory_limit::MemoryLimit`]) and its device metadata files
+//! ([`device_metadata::DeviceMetadata`]). The orchestration (which effects, in which order, under
+//! which locks) is `DeviceState`'s, in `state.rs`; no effect imports it.
 use std::collections::BTreeSet;
 
-use super::checkpoint::{Checkpoint, DeviceRecord};
+use super::checkpoint::{Checkpoint, ClaimEntry, DeviceRecord};
 use super::error::PrepareError;
 use crate::gpu::mig::GpuMode;
-use crate::gpu::{GpuControl, GpuError};
+use crate::gpu::{GpuControl, GpuError, NodeInventory};
 
 pub mod compute_mode;
+pub mod device_metadata;
+pub mod memory_limit;
 pub mod mig_carve;
 pub mod mig_mode;
 pub mod mps_daemon;
@@ -44,6 +49,9 @@ pub trait Host {
     /// `None` on simulated GPUs without a dev root, whose "kernel" makes no device nodes (a test
     /// node creates them in its dev root in advance, as it does `/dev/nvidia*`).
     fn host_dev_path(&self, path: &str) -> Option<std::path::PathBuf>;
+    /// Lets `look` read the inventory as last read, without copying it. The book stays locked
+    /// meanwhile: `look` must not call back into the host.
+    fn inspect_inventory(&self, look: &mut dyn FnMut(&NodeInventory));
 }
 
 /// Device `index` of claim `uid`, as the checkpoint records it now.
@@ -61,6 +69,15 @@ pub trait DeviceEffect {
     fn apply(&self, host: &dyn Host, device: &ClaimDevice) -> Result<(), PrepareError>;
     /// Puts back what [`apply`](Self::apply) changed, also when it stopped half way.
     fn undo(&self, host: &dyn Host, device: &ClaimDevice) -> Result<(), PrepareError>;
+}
+
+/// One effect on a claim as a whole, from its checkpoint entry: applied after the device effects
+/// (it may need what they made, such as MIG devices' UUIDs), undone before them.
+pub trait ClaimEffect {
+    /// Makes the change for the claim.
+    fn apply(&self, host: &dyn Host, claim: &ClaimEntry) -> Result<(), PrepareError>;
+    /// Puts back what [`apply`](Self::apply) changed, also when it stopped half way or never ran.
+    fn undo(&self, host: &dyn Host, claim: &ClaimEntry) -> Result<(), PrepareError>;
 }
 
 /// A MIG object already gone is what an undo wants.
@@ -180,6 +197,9 @@ pub(crate) mod test_host {
         }
         fn host_dev_path(&self, _path: &str) -> Option<std::path::PathBuf> {
             None
+        }
+        fn inspect_inventory(&self, look: &mut dyn FnMut(&NodeInventory)) {
+            look(&self.inventory.lock().expect("lock"));
         }
         fn mig_mode(&self, minor: u32) -> (bool, bool) {
             let inventory = self.inventory.lock().expect("lock");

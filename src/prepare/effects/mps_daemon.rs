@@ -1,5 +1,6 @@
-//! MPS control daemons ([`crate::prepare::mps`]): one per claim for its MPS devices, and one per
-//! shared GPU for every claim sharing it through MPS (a `shareID`).
+//! MPS control daemons ([`crate::prepare::mps`]): one per claim for its MPS devices
+//! ([`ClaimMps`]), and one per shared GPU for every claim sharing it through MPS (a `shareID`,
+//! [`SharedMps`]).
 //!
 //! Intent: the devices' configs in the checkpoint say which daemon each claim needs (nothing
 //! else to record: a daemon is found by its folder, named after the claim or the GPU). Apply:
@@ -7,10 +8,10 @@
 //! before the devices it serves are destroyed or given their compute mode back; a shared GPU's
 //! only when its last claim leaves. Adopt: at start, daemons no prepared claim needs are stopped
 //! and those prepared claims need but that no longer answer are started again ([`adopt`]), and
-//! [`daemons_of`] tells a running driver which to check ([`crate::prepare::state::DeviceState::repair_mps`]).
+//! [`daemons_of`] tells a running driver which to check (`DeviceState::repair_mps`).
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{ClaimDevice, DeviceEffect, Host};
+use super::{ClaimDevice, ClaimEffect, DeviceEffect, Host};
 use crate::prepare::checkpoint::{Checkpoint, ClaimEntry};
 use crate::prepare::error::PrepareError;
 use crate::prepare::mps::{DaemonSpec, MpsDaemons};
@@ -43,6 +44,29 @@ pub fn daemons_of(entry: &ClaimEntry) -> Result<Vec<(String, DaemonSpec)>, Prepa
             }),
     );
     Ok(daemons)
+}
+
+/// A claim's own daemon, for its MPS devices that no other claim shares; folder named after the
+/// claim's UID.
+pub struct ClaimMps<'a>(pub Option<&'a MpsDaemons>);
+
+impl ClaimEffect for ClaimMps<'_> {
+    fn apply(&self, _host: &dyn Host, claim: &ClaimEntry) -> Result<(), PrepareError> {
+        // Bad MPS settings fail the claim even where the node has no MPS (the planner refuses
+        // such claims before this).
+        if let (Some(spec), Some(mps)) = (claim_daemon(claim)?, self.0) {
+            mps.start(&claim.uid, &spec)?;
+        }
+        Ok(())
+    }
+
+    fn undo(&self, _host: &dyn Host, claim: &ClaimEntry) -> Result<(), PrepareError> {
+        // Whether or not the claim asked for one: a folder a crash left is removed too.
+        if let Some(mps) = self.0 {
+            mps.stop(&claim.uid)?;
+        }
+        Ok(())
+    }
 }
 
 /// A shared GPU's daemon: started by its first claim, stopped with its last (the orchestration
@@ -183,6 +207,19 @@ mod tests {
         let started: Vec<&str> = adoption.start.iter().map(|(k, _)| k.as_str()).collect();
         assert_eq!(started, vec!["own"]);
         assert_eq!(adoption.start[0].1.uuids, vec!["GPU-0".to_string()]);
+    }
+
+    #[test]
+    fn a_node_without_mps_starts_and_stops_no_claim_daemon() {
+        let host = crate::prepare::effects::test_host::TestHost::new(
+            "sim:1xH100-SXM5-80GB",
+            crate::gpu::mig::GpuMode::Whole,
+        );
+        let entry = claim("own", vec![mps_device("gpu-0", "GPU-0", false)]);
+        assert!(claim_daemon(&entry).expect("spec").is_some());
+        ClaimMps(None).apply(&host, &entry).expect("apply");
+        ClaimMps(None).undo(&host, &entry).expect("undo");
+        assert_eq!(*host.writes.lock().expect("lock"), 0);
     }
 
     #[test]
