@@ -188,3 +188,15 @@ fn the_checkpoint_does_not_import_the_takeover() {
         ),
     );
 }
+
+#[test]
+fn the_device_model_does_not_import_its_simulator() {
+    // The simulator builds its PCI view and MIG profiles with these modules; their tests that
+    // need it are in src/gpu/sim_tests.rs.
+    for file in ["src/gpu/pci.rs", "src/gpu/mig.rs"] {
+        assert_none(
+            &format!("{file} must not import gpu::sim (which imports it)"),
+            violations(file, &["gpu::sim::", "super::sim::"]),
+        );
+    }
+}

@@ -333,33 +333,6 @@ mod tests {
     }
 
     #[test]
-    fn instances_fit_together_only_under_the_mig_rules() {
-        use crate::gpu::sim::SimNode;
-        let node = SimNode::new("sim:1xH100-SXM5-80GB".parse().expect("spec"), "n", None);
-        let inventory = node.inventory().expect("inventory");
-        let profiles = &inventory.gpus[0].mig.as_ref().expect("MIG").profiles;
-        let id = |name: &str| {
-            profiles
-                .iter()
-                .find(|p| p.name == name)
-                .map(|p| p.id)
-                .expect("profile")
-        };
-        let (one, three, four, seven) =
-            (id("1g.10gb"), id("3g.40gb"), id("4g.40gb"), id("7g.80gb"));
-        assert!(fit_together(profiles, &[seven]));
-        assert!(!fit_together(profiles, &[seven, one]));
-        assert!(fit_together(profiles, &[four, three]));
-        assert!(fit_together(profiles, &[one; 7]));
-        // Seven 1g.10gb fit, an eighth does not (the instance count), nor two 4g.40gb.
-        assert!(!fit_together(profiles, &[one; 8]));
-        assert!(!fit_together(profiles, &[four, four]));
-        assert!(fit_together(profiles, &[three, three]));
-        assert!(fit_together(profiles, &[four, one, one, one]));
-        assert!(!fit_together(profiles, &[three, three, one]));
-    }
-
-    #[test]
     fn cap_minors_match_published_points() {
         assert_eq!(gi_access_cap_minor(0, 0), 3);
         assert_eq!(ci_access_cap_minor(0, 0, 0), 4);

@@ -20,6 +20,8 @@ mod nvml_raw;
 pub mod pci;
 pub mod session;
 pub mod sim;
+#[cfg(test)]
+mod sim_tests;
 pub mod usage;
 
 pub use model::*;
