@@ -4,6 +4,10 @@
 //! sync results and by kubelet's registration verdicts; [`MetricsServer`] serves it as
 //! Prometheus text on `/metrics`, with `/healthz` (the process answers) and `/readyz`
 //! (registered with kubelet and the first slice sync done).
+//!
+//! This module registers every series and holds the driver's own (requests, slices,
+//! readiness); `nvidia` has NVIDIA's driver's series, `health` the device health and fault
+//! series, `claims` the per-claim device info and use.
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -24,9 +28,18 @@ use crate::prepare::state::DeviceState;
 use crate::slices::publish::{PublishError, SyncReport};
 
 pub mod auth;
+mod claims;
+mod health;
+mod nvidia;
 mod server;
 
+pub use claims::pod_uid_of_cgroup;
+pub use nvidia::MeasuredDriver;
 pub use server::{MetricsError, MetricsServer};
+
+use claims::{ClaimPods, PreparedDeviceLabels, UsageLabels};
+use health::{DeviceStateLabel, GpuLabel, TaintLabel, XidLabel};
+use nvidia::NvidiaMetrics;
 
 #[cfg(test)]
 mod tests;
@@ -50,51 +63,9 @@ impl ResultLabel {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct DeviceStateLabel {
-    device: String,
-    state: &'static str,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct TaintLabel {
-    device: String,
-    key: String,
-    effect: String,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct XidLabel {
-    gpu: String,
-    xid: String,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ToolLabel {
     tool: String,
 }
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct GpuLabel {
-    gpu: String,
-}
-
-#[derive(Default)]
-struct ClaimPods {
-    pods: std::collections::HashMap<String, Vec<ClaimUser>>,
-    last: Option<(Checkpoint, NodeInventory)>,
-    /// The GPUs' use as last read (by minor), so a claim's use series go with its unprepare.
-    usage: std::collections::BTreeMap<u32, crate::gpu::usage::GpuUsage>,
-    /// The pod (UID) each of those processes runs in, from its cgroup.
-    process_pods: std::collections::BTreeMap<u32, String>,
-}
-
-/// Labels of the per-claim use series: the claim and its device as `prepared_device_info` names
-/// them (join on `claim_uid` and `dra_device`, or with DCGM on `UUID` and `GPU_I_ID`).
-type UsageLabels = Vec<(&'static str, String)>;
-
-/// Labels of `prepared_device_info`, in order. `UUID`, `GPU_I_ID`, `GPU_I_PROFILE` and
-/// `Hostname` are DCGM exporter's names, so PromQL joins its series with ours on them.
-type PreparedDeviceLabels = Vec<(&'static str, String)>;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OperationLabel {
@@ -142,175 +113,6 @@ impl RequestMetrics {
             self.errors.inc();
         }
         self.duration.observe(seconds);
-    }
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct NvidiaRequestLabels {
-    driver: String,
-    operation: &'static str,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct NvidiaErrorLabels {
-    driver: String,
-    error_type: &'static str,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct NvidiaDeviceLabels {
-    node: String,
-    driver: String,
-    device_type: &'static str,
-}
-
-fn nvidia_duration_histogram() -> Histogram {
-    // NVIDIA's buckets: 50 ms doubling to 12.8 s.
-    Histogram::new(exponential_buckets(0.05, 2.0, 9))
-}
-
-/// The series NVIDIA's kubelet plugin exports (`nvidia_dra_*`, its `pkg/metrics`), with its
-/// names, labels, buckets and device types, so dashboards and alerts written for NVIDIA's
-/// driver keep working: requests by driver and operation (counted and timed when they succeed,
-/// as NVIDIA counts them), in flight, errors by type, and prepared devices by type.
-struct NvidiaMetrics {
-    /// The GPU driver's name (the `driver` label of its series).
-    driver: String,
-    node: String,
-    requests: Family<NvidiaRequestLabels, Counter>,
-    duration: Family<NvidiaRequestLabels, Histogram, fn() -> Histogram>,
-    inflight: Family<NvidiaRequestLabels, Gauge>,
-    prepare_errors: Family<NvidiaErrorLabels, Counter>,
-    unprepare_errors: Family<NvidiaErrorLabels, Counter>,
-    prepared_devices: Family<NvidiaDeviceLabels, Gauge>,
-}
-
-/// NVIDIA's device types (`gpu`, `mig`, `vfio`, `unknown`).
-const NVIDIA_DEVICE_TYPES: [&str; 4] = ["gpu", "mig", "vfio", "unknown"];
-
-impl NvidiaMetrics {
-    fn register(registry: &mut Registry, driver: &str, node: &str) -> Self {
-        let metrics = Self {
-            driver: driver.to_string(),
-            node: node.to_string(),
-            requests: Family::default(),
-            duration: Family::new_with_constructor(nvidia_duration_histogram),
-            inflight: Family::default(),
-            prepare_errors: Family::default(),
-            unprepare_errors: Family::default(),
-            prepared_devices: Family::default(),
-        };
-        registry.register(
-            "requests",
-            "Total number of DRA prepare and unprepare requests",
-            metrics.requests.clone(),
-        );
-        registry.register_with_unit(
-            "request_duration",
-            "Duration of DRA prepare and unprepare requests",
-            Unit::Seconds,
-            metrics.duration.clone(),
-        );
-        registry.register(
-            "requests_inflight",
-            "Number of in-flight DRA prepare and unprepare requests",
-            metrics.inflight.clone(),
-        );
-        registry.register(
-            "prepared_devices",
-            "Current number of prepared devices by device type",
-            metrics.prepared_devices.clone(),
-        );
-        registry.register(
-            "node_prepare_errors",
-            "Total number of failures during DRA node prepare for kubelet plugins",
-            metrics.prepare_errors.clone(),
-        );
-        registry.register(
-            "node_unprepare_errors",
-            "Total number of failures during DRA node unprepare for kubelet plugins",
-            metrics.unprepare_errors.clone(),
-        );
-        metrics.add_driver(driver);
-        metrics
-    }
-
-    /// Zero-valued request series from the start, as NVIDIA's driver creates them.
-    fn add_driver(&self, driver: &str) {
-        for operation in ["prepare", "unprepare"] {
-            let labels = Self::labels(driver, operation);
-            let _ = self.requests.get_or_create(&labels);
-            let _ = self.duration.get_or_create(&labels);
-            let _ = self.inflight.get_or_create(&labels);
-        }
-    }
-
-    fn labels(driver: &str, operation: &'static str) -> NvidiaRequestLabels {
-        NvidiaRequestLabels {
-            driver: driver.to_string(),
-            operation,
-        }
-    }
-
-    fn starting(&self, driver: &str, operation: &'static str, claims: usize) {
-        self.inflight
-            .get_or_create(&Self::labels(driver, operation))
-            .inc_by(to_gauge(claims));
-    }
-
-    fn finished(&self, driver: &str, operation: &'static str, ok: bool, seconds: f64) {
-        let labels = Self::labels(driver, operation);
-        self.inflight.get_or_create(&labels).dec();
-        if ok {
-            self.requests.get_or_create(&labels).inc();
-            self.duration.get_or_create(&labels).observe(seconds);
-            return;
-        }
-        let (errors, error_type) = if operation == "prepare" {
-            (&self.prepare_errors, "prepare_devices")
-        } else {
-            (&self.unprepare_errors, "unprepare_devices")
-        };
-        errors
-            .get_or_create(&NvidiaErrorLabels {
-                driver: driver.to_string(),
-                error_type,
-            })
-            .inc();
-    }
-
-    fn set_prepared_devices(&self, driver: &str, device_type: &'static str, count: usize) {
-        self.prepared_devices
-            .get_or_create(&NvidiaDeviceLabels {
-                node: self.node.clone(),
-                driver: driver.to_string(),
-                device_type,
-            })
-            .set(to_gauge(count));
-    }
-
-    /// Devices of the completed claims by NVIDIA's device type, every type present (zero too).
-    fn observe_checkpoint(&self, checkpoint: &Checkpoint) {
-        let mut counts = [0usize; NVIDIA_DEVICE_TYPES.len()];
-        for device in checkpoint
-            .claims
-            .values()
-            .filter(|claim| claim.is_completed())
-            .flat_map(|claim| &claim.devices)
-        {
-            // No device of ours is of a type NVIDIA's would call unknown: that one stays 0.
-            let kind = if device.vfio.is_some() {
-                2
-            } else if device.mig.is_some() {
-                1
-            } else {
-                0
-            };
-            counts[kind] += 1;
-        }
-        for (device_type, count) in NVIDIA_DEVICE_TYPES.into_iter().zip(counts) {
-            self.set_prepared_devices(&self.driver, device_type, count);
-        }
     }
 }
 
@@ -550,200 +352,9 @@ impl Metrics {
         }
     }
 
-    /// Each device's health after a probe round; devices no longer reported are dropped.
-    pub fn observe_device_health(&self, health: &[crate::plugin::DeviceHealth]) {
-        use crate::plugin::DeviceHealthStatus;
-        let set: Vec<(String, bool)> = health
-            .iter()
-            .map(|d| {
-                (
-                    d.device_name.clone(),
-                    d.status == DeviceHealthStatus::Healthy,
-                )
-            })
-            .collect();
-        let mut last = self
-            .device_health_set
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        if *last == set {
-            return;
-        }
-        *last = set;
-        self.device_health.clear();
-        for device in health {
-            let healthy = device.status == DeviceHealthStatus::Healthy;
-            for (state, value) in [("healthy", healthy), ("unhealthy", !healthy)] {
-                self.device_health
-                    .get_or_create(&DeviceStateLabel {
-                        device: device.device_name.clone(),
-                        state,
-                    })
-                    .set(i64::from(value));
-            }
-        }
-    }
-
-    /// The fault taints on the published devices now; devices no longer tainted are dropped.
-    pub fn observe_device_taints(
-        &self,
-        taints: &std::collections::BTreeMap<
-            String,
-            Vec<k8s_openapi::api::resource::v1::DeviceTaint>,
-        >,
-    ) {
-        self.device_taints.clear();
-        for (device, taints) in taints {
-            for taint in taints {
-                self.device_taints
-                    .get_or_create(&TaintLabel {
-                        device: device.clone(),
-                        key: taint.key.clone(),
-                        effect: taint.effect.clone(),
-                    })
-                    .set(1);
-            }
-        }
-    }
-
-    /// The GPUs (minors) of the prepared claims' devices: what the use reader asks.
-    pub fn usage_targets(&self) -> std::collections::BTreeSet<u32> {
-        let claim_pods = self.claim_pods.lock().unwrap_or_else(|p| p.into_inner());
-        let Some((checkpoint, inventory)) = &claim_pods.last else {
-            return Default::default();
-        };
-        checkpoint
-            .claims
-            .values()
-            .filter(|c| c.is_completed())
-            .flat_map(|c| &c.devices)
-            .filter_map(|d| device_gpu(d, inventory).map(|(minor, _, _)| minor))
-            .collect()
-    }
-
-    /// Whether any use is reported now (a round with no prepared claim clears it).
-    pub fn has_usage(&self) -> bool {
-        let claim_pods = self.claim_pods.lock().unwrap_or_else(|p| p.into_inner());
-        !claim_pods.usage.is_empty() || !claim_pods.process_pods.is_empty()
-    }
-
-    /// One round of GPU use (by minor): each prepared claim's device gets its memory in use,
-    /// process count and, for a full GPU, its utilization. Devices of GPUs not read this round
-    /// have no series until the next.
-    pub fn observe_usage(
-        &self,
-        usage: &std::collections::BTreeMap<u32, crate::gpu::usage::GpuUsage>,
-        process_pods: &std::collections::BTreeMap<u32, String>,
-    ) {
-        let mut claim_pods = self.claim_pods.lock().unwrap_or_else(|p| p.into_inner());
-        claim_pods.usage = usage.clone();
-        claim_pods.process_pods = process_pods.clone();
-        self.render_usage(&claim_pods);
-    }
-
-    /// The use series of the prepared claims' devices, from the use last read.
-    fn render_usage(&self, claim_pods: &ClaimPods) {
-        self.claim_memory_used.clear();
-        self.claim_utilization.clear();
-        self.claim_processes.clear();
-        self.pod_memory_used.clear();
-        let usage = &claim_pods.usage;
-        let Some((checkpoint, inventory)) = &claim_pods.last else {
-            return;
-        };
-        for claim in checkpoint.claims.values().filter(|c| c.is_completed()) {
-            for device in &claim.devices {
-                let Some((minor, uuid, gi)) = device_gpu(device, inventory) else {
-                    continue;
-                };
-                let Some(gpu_usage) = usage.get(&minor) else {
-                    continue;
-                };
-                let labels: UsageLabels = vec![
-                    ("namespace", claim.namespace.clone()),
-                    ("claim", claim.name.clone()),
-                    ("claim_uid", claim.uid.clone()),
-                    ("dra_device", device.device.clone()),
-                    ("UUID", uuid),
-                    ("GPU_I_ID", gi.map(|g| g.to_string()).unwrap_or_default()),
-                    ("Hostname", device.pool.clone()),
-                ];
-                let on_device: Vec<&crate::gpu::usage::ProcessUsage> = gpu_usage
-                    .processes
-                    .iter()
-                    .filter(|p| gi.is_none() || p.gpu_instance_id == gi)
-                    .collect();
-                let (memory, processes) = match gi {
-                    Some(gi) => (gpu_usage.gpu_instance_memory(gi), on_device.len()),
-                    None => (gpu_usage.memory_used_bytes, on_device.len()),
-                };
-                // Per pod: the device's processes in the cgroups of the pods the claim is
-                // reserved for (another claim's pods on a shared GPU count under that claim).
-                let mut by_pod: std::collections::BTreeMap<&str, u64> = Default::default();
-                for process in &on_device {
-                    let Some(pod_uid) = claim_pods.process_pods.get(&process.pid) else {
-                        continue;
-                    };
-                    let user = claim_pods
-                        .pods
-                        .get(&claim.uid)
-                        .and_then(|users| users.iter().find(|u| &u.uid == pod_uid));
-                    if let Some(user) = user {
-                        *by_pod.entry(user.pod.as_str()).or_default() +=
-                            process.memory_used_bytes.unwrap_or(0);
-                    }
-                }
-                for (pod, bytes) in by_pod {
-                    let (namespace, name) = pod.split_once('/').unwrap_or(("", pod));
-                    let mut pod_labels = labels.clone();
-                    pod_labels[0] = ("namespace", namespace.to_string());
-                    pod_labels.insert(1, ("pod", name.to_string()));
-                    self.pod_memory_used
-                        .get_or_create(&pod_labels)
-                        .set(i64::try_from(bytes).unwrap_or(i64::MAX));
-                }
-                self.claim_memory_used
-                    .get_or_create(&labels)
-                    .set(i64::try_from(memory).unwrap_or(i64::MAX));
-                self.claim_processes
-                    .get_or_create(&labels)
-                    .set(to_gauge(processes));
-                if let (None, Some(percent)) = (gi, gpu_usage.utilization_percent) {
-                    self.claim_utilization
-                        .get_or_create(&labels)
-                        .set(f64::from(percent) / 100.0);
-                }
-            }
-        }
-    }
-
     /// MPS control daemons found dead and started again.
     pub fn observe_mps_restarts(&self, count: usize) {
         self.mps_daemon_restarts.inc_by(count as u64);
-    }
-
-    /// Counts one NVML event.
-    pub fn observe_gpu_event(&self, event: &crate::gpu::events::GpuEvent) {
-        use crate::gpu::events::GpuEventKind;
-        match event.kind {
-            GpuEventKind::Xid { code } => {
-                self.xid_errors
-                    .get_or_create(&XidLabel {
-                        gpu: event.minor.to_string(),
-                        xid: code.to_string(),
-                    })
-                    .inc();
-            }
-            GpuEventKind::DoubleBitEcc => {
-                self.ecc_errors
-                    .get_or_create(&GpuLabel {
-                        gpu: event.minor.to_string(),
-                    })
-                    .inc();
-            }
-            // Not an error; the MIG device gauges show what changed.
-            GpuEventKind::MigConfigChange => {}
-        }
     }
 
     /// The Prometheus text exposition (format 0.0.4) of every metric.
@@ -753,7 +364,6 @@ impl Metrics {
         Ok(text)
     }
 
-    /// Counts the MIG devices of an inventory (at start and after every state change).
     /// The driver refuses all node operations because its checkpoint cannot be used.
     pub fn observe_checkpoint_unusable(&self) {
         self.checkpoint_unusable.set(1);
@@ -768,6 +378,7 @@ impl Metrics {
             .set(1);
     }
 
+    /// Counts the MIG devices of an inventory (at start and after every state change).
     pub fn observe_inventory(&self, inventory: &NodeInventory) {
         let instances: usize = inventory
             .gpus
@@ -791,109 +402,6 @@ impl Metrics {
         self.prepared_claims.set(to_gauge(claims));
         self.prepared_devices.set(to_gauge(devices));
         self.nvidia.observe_checkpoint(checkpoint);
-    }
-
-    /// One `prepared_device_info` series per device of each prepared claim; series of claims
-    /// unprepared since are dropped (so the series count stays the prepared devices').
-    pub fn observe_prepared_devices(&self, checkpoint: &Checkpoint, inventory: &NodeInventory) {
-        let mut claim_pods = self.claim_pods.lock().unwrap_or_else(|p| p.into_inner());
-        claim_pods
-            .pods
-            .retain(|uid, _| checkpoint.claims.contains_key(uid));
-        self.render_prepared_devices(checkpoint, inventory, &claim_pods.pods);
-        claim_pods.last = Some((checkpoint.clone(), inventory.clone()));
-        self.render_usage(&claim_pods);
-    }
-
-    /// The pods a claim is reserved for changed: its info series say so from now on.
-    pub fn observe_claim_pods(&self, claim_uid: &str, pods: &[ClaimUser]) {
-        let mut claim_pods = self.claim_pods.lock().unwrap_or_else(|p| p.into_inner());
-        if claim_pods.pods.get(claim_uid).map(Vec::as_slice) == Some(pods) {
-            return;
-        }
-        claim_pods.pods.insert(claim_uid.to_string(), pods.to_vec());
-        if let Some((checkpoint, inventory)) = &claim_pods.last {
-            self.render_prepared_devices(checkpoint, inventory, &claim_pods.pods);
-        }
-    }
-
-    fn render_prepared_devices(
-        &self,
-        checkpoint: &Checkpoint,
-        inventory: &NodeInventory,
-        pods: &std::collections::HashMap<String, Vec<ClaimUser>>,
-    ) {
-        self.prepared_device_info.clear();
-        for claim in checkpoint.claims.values().filter(|c| c.is_completed()) {
-            for device in &claim.devices {
-                let located = device_gpu(device, inventory);
-                let gpu = located
-                    .as_ref()
-                    .and_then(|(minor, ..)| inventory.gpus.iter().find(|g| g.minor == *minor));
-                // A static MIG device (an admin's) has no carve record: its instance says.
-                let static_instance = gpu
-                    .and_then(|g| g.mig.as_ref())
-                    .and_then(|m| m.instances.iter().find(|i| i.uuid == device.uuid));
-                let (gi, ci, profile_id) = match (&device.mig, static_instance) {
-                    (Some(mig), _) => (
-                        mig.gpu_instance_id,
-                        mig.compute_instance_id,
-                        Some(mig.profile_id),
-                    ),
-                    (None, Some(i)) => (
-                        Some(i.gpu_instance_id),
-                        Some(i.compute_instance_id),
-                        Some(i.profile_id),
-                    ),
-                    (None, None) => (None, None, None),
-                };
-                let is_mig = device.mig.is_some() || static_instance.is_some();
-                let profile = profile_id.and_then(|id| {
-                    gpu.and_then(|g| g.mig.as_ref())
-                        .and_then(|m| m.profile_by_id(id))
-                        .map(|p| p.name.clone())
-                });
-                let (gi, ci) = (gi.map(|id| id.to_string()), ci.map(|id| id.to_string()));
-                let mig_uuid = is_mig.then(|| device.uuid.clone());
-                let gpu_uuid = match located {
-                    Some((_, uuid, _)) => Some(uuid),
-                    None => Some(device.uuid.clone()),
-                };
-                let consumed: Vec<String> = device
-                    .consumed
-                    .iter()
-                    .map(|(name, quantity)| format!("{name}={quantity}"))
-                    .collect();
-                let labels: PreparedDeviceLabels = vec![
-                    ("namespace", claim.namespace.clone()),
-                    ("claim", claim.name.clone()),
-                    ("claim_uid", claim.uid.clone()),
-                    ("request", device.request_names.join(",")),
-                    (
-                        "pods",
-                        pods.get(&claim.uid)
-                            .map(|p| {
-                                p.iter()
-                                    .map(|u| u.pod.as_str())
-                                    .collect::<Vec<_>>()
-                                    .join(",")
-                            })
-                            .unwrap_or_default(),
-                    ),
-                    ("dra_device", device.device.clone()),
-                    ("UUID", gpu_uuid.unwrap_or_default()),
-                    ("GPU_I_ID", gi.unwrap_or_default()),
-                    ("GPU_I_PROFILE", profile.unwrap_or_default()),
-                    ("compute_instance_id", ci.unwrap_or_default()),
-                    ("mig_uuid", mig_uuid.unwrap_or_default()),
-                    ("Hostname", device.pool.clone()),
-                    ("sharing", crate::prepare::sharing::mode(device).to_string()),
-                    ("consumed", consumed.join(",")),
-                    ("admin_access", device.admin_access.to_string()),
-                ];
-                self.prepared_device_info.get_or_create(&labels).set(1);
-            }
-        }
     }
 
     /// Records one run of the ResourceSlice publisher; `published_devices` is the device count
@@ -994,92 +502,6 @@ impl DriverObserver for Metrics {
     }
 }
 
-/// Another kubelet plugin of this process (the ComputeDomain channel plugin), whose calls and
-/// prepared devices count in NVIDIA's series under its own driver name, as NVIDIA's plugin of
-/// that name counts them.
-pub struct MeasuredDriver {
-    inner: Arc<dyn crate::prepare::NodeDriver>,
-    driver: String,
-    metrics: Arc<Metrics>,
-}
-
-impl MeasuredDriver {
-    pub fn new(
-        inner: Arc<dyn crate::prepare::NodeDriver>,
-        driver: &str,
-        metrics: Arc<Metrics>,
-    ) -> Self {
-        metrics.nvidia.add_driver(driver);
-        let measured = Self {
-            inner,
-            driver: driver.to_string(),
-            metrics,
-        };
-        // What the plugin holds from before this start counts from the start.
-        measured.observe_prepared_devices();
-        measured
-    }
-
-    fn observe_prepared_devices(&self) {
-        for (device_type, count) in self.inner.prepared_device_counts() {
-            self.metrics
-                .nvidia
-                .set_prepared_devices(&self.driver, device_type, count);
-        }
-    }
-}
-
-impl MeasuredDriver {
-    /// Counts each claim's result of a call that began at `started` with `results.len()` claims.
-    fn finished<T>(
-        &self,
-        operation: &'static str,
-        started: std::time::Instant,
-        results: &[(ClaimRef, Result<T, String>)],
-    ) {
-        let seconds = started.elapsed().as_secs_f64();
-        for (_, result) in results {
-            self.metrics
-                .nvidia
-                .finished(&self.driver, operation, result.is_ok(), seconds);
-        }
-        self.observe_prepared_devices();
-    }
-}
-
-#[tonic::async_trait]
-impl crate::prepare::NodeDriver for MeasuredDriver {
-    async fn prepare(
-        &self,
-        claims: Vec<ClaimRef>,
-    ) -> Vec<(ClaimRef, crate::prepare::PrepareResult)> {
-        let started = std::time::Instant::now();
-        self.metrics
-            .nvidia
-            .starting(&self.driver, "prepare", claims.len());
-        let results = self.inner.prepare(claims).await;
-        self.finished("prepare", started, &results);
-        results
-    }
-
-    async fn unprepare(
-        &self,
-        claims: Vec<ClaimRef>,
-    ) -> Vec<(ClaimRef, crate::prepare::UnprepareResult)> {
-        let started = std::time::Instant::now();
-        self.metrics
-            .nvidia
-            .starting(&self.driver, "unprepare", claims.len());
-        let results = self.inner.unprepare(claims).await;
-        self.finished("unprepare", started, &results);
-        results
-    }
-
-    fn prepared_device_counts(&self) -> Vec<(&'static str, usize)> {
-        self.inner.prepared_device_counts()
-    }
-}
-
 fn to_gauge(count: usize) -> i64 {
     i64::try_from(count).unwrap_or(i64::MAX)
 }
@@ -1115,57 +537,6 @@ impl DriverObserver for ObserverList {
     fn claim_users(&self, claim_uid: &str, pods: &[ClaimUser]) {
         for observer in &self.0 {
             observer.claim_users(claim_uid, pods);
-        }
-    }
-}
-
-/// The UID of the pod whose cgroup a process's `/proc/<pid>/cgroup` names: kubelet's
-/// `…/pod<uid>/…` (cgroupfs) or `…-pod<uid with _>.slice/…` (systemd).
-pub fn pod_uid_of_cgroup(cgroup: &str) -> Option<String> {
-    for line in cgroup.lines() {
-        let path = line.rsplit(':').next().unwrap_or("");
-        // `kubepods` holds "pod" too: every occurrence is tried.
-        for (at, _) in path.match_indices("pod") {
-            let uid: String = path[at + 3..]
-                .chars()
-                .take_while(|c| c.is_ascii_hexdigit() || *c == '-' || *c == '_')
-                .map(|c| if c == '_' { '-' } else { c })
-                .collect();
-            if uid.len() == 36 && uid.matches('-').count() == 4 {
-                return Some(uid);
-            }
-        }
-    }
-    None
-}
-
-/// The GPU (minor, UUID) a prepared device is on, and its GPU instance for a MIG device.
-fn device_gpu(
-    device: &crate::prepare::checkpoint::DeviceRecord,
-    inventory: &NodeInventory,
-) -> Option<(u32, String, Option<u32>)> {
-    match &device.mig {
-        Some(mig) => {
-            let gpu = inventory
-                .gpus
-                .iter()
-                .find(|g| g.minor == mig.parent_minor)?;
-            Some((gpu.minor, gpu.uuid.clone(), mig.gpu_instance_id))
-        }
-        None => {
-            if let Some(gpu) = inventory.gpus.iter().find(|g| g.uuid == device.uuid) {
-                return Some((gpu.minor, gpu.uuid.clone(), None));
-            }
-            // A static MIG device (made by an admin): found by its MIG UUID.
-            inventory.gpus.iter().find_map(|gpu| {
-                let instance = gpu
-                    .mig
-                    .as_ref()?
-                    .instances
-                    .iter()
-                    .find(|i| i.uuid == device.uuid)?;
-                Some((gpu.minor, gpu.uuid.clone(), Some(instance.gpu_instance_id)))
-            })
         }
     }
 }
