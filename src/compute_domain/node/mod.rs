@@ -3,17 +3,16 @@
 //! the clique's peers, waits until the domain is ready on `numNodes` nodes of the clique, and
 //! injects the channel device node(s). What it holds is in a book on disk, so a restart finds
 //! its claims and daemons again.
+//!
+//! This module is the plugin ([`ChannelPlugin`]: prepare, unprepare and the reconcile loop, one
+//! flow around the book); `book` holds the book on disk, `channel` what the node publishes.
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::resource::v1::{
-    Device, DeviceAttribute, ResourceClaim, ResourcePool, ResourceSlice, ResourceSliceSpec,
-};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::api::{Api, Patch, PatchParams};
-use serde::{Deserialize, Serialize};
 
 use super::api::{self, ComputeDomain, DomainNode, STATUS_NOT_READY, STATUS_READY};
 use super::credentials::{self, DomainCredentials};
@@ -23,6 +22,14 @@ use crate::kubeapi::bounded;
 use crate::prepare::cdi::{CdiStore, ContainerEdits, DeviceNode, Spec, SpecDevice};
 use crate::prepare::claims::ClaimSource;
 use crate::prepare::{ClaimRef, NodeDriver, PrepareResult, PreparedDevice, UnprepareResult};
+
+mod book;
+mod channel;
+
+pub use channel::{channel_slices, node_clique};
+
+use book::{Book, BookedClaim, NodeBook};
+use channel::{next_clique, proc_devices_major};
 
 /// The one channel device a node publishes (NVIDIA's: every claim is for channel 0).
 pub const CHANNEL_0: &str = "channel-0";
@@ -57,21 +64,6 @@ pub enum ImexMode {
     /// once it answers READY on its command socket (`IMEX_CMD_UNIX_DOMAIN_PATH`); no daemon is
     /// started and the node is not registered in the domain's status.
     HostManaged { command_socket: PathBuf },
-}
-
-/// A claim this node prepared, or began to. Its channels are not booked: prepare writes the
-/// claim's channel CDI spec anew each time and unprepare removes it by claim UID. (Books of older
-/// versions list them; the field is ignored when read.)
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-struct BookedClaim {
-    namespace: String,
-    name: String,
-    domain: String,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-struct Book {
-    claims: BTreeMap<String, BookedClaim>,
 }
 
 pub struct ChannelPlugin {
@@ -779,297 +771,5 @@ impl NodeDriver for ChannelPlugin {
             .filter(|uid| self.cdi.spec_path(uid).exists())
             .count();
         vec![("channel", channels), ("daemon", 0), ("unknown", 0)]
-    }
-}
-
-/// The book on disk (`book.json`) and the node-wide lock (`book.lock`, flock) every change of
-/// the book or of a daemon takes. During a rolling update two driver instances serve the node's
-/// channels: each change starts from the book as the other may have left it, never from a copy
-/// in memory, so neither stops the other's daemon nor writes its book over the other's.
-struct NodeBook {
-    state_dir: PathBuf,
-    /// What this instance last read or wrote.
-    cache: Mutex<Book>,
-}
-
-impl NodeBook {
-    fn open(state_dir: &Path) -> Result<Self, String> {
-        std::fs::create_dir_all(state_dir).map_err(|e| format!("{}: {e}", state_dir.display()))?;
-        let book = Self {
-            state_dir: state_dir.to_path_buf(),
-            cache: Mutex::default(),
-        };
-        book.change(|_| Ok(()))?;
-        Ok(book)
-    }
-
-    fn cached(&self) -> Book {
-        self.cache.lock().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-
-    /// Takes the node-wide lock (blocking), reads the book, runs `change` on it and writes it
-    /// back if it changed.
-    fn change<R>(&self, change: impl FnOnce(&mut Book) -> Result<R, String>) -> Result<R, String> {
-        let lock_path = self.state_dir.join("book.lock");
-        let lock = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .map_err(|e| format!("{}: {e}", lock_path.display()))?;
-        rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive)
-            .map_err(|e| format!("cannot lock {}: {e}", lock_path.display()))?;
-        let path = self.state_dir.join("book.json");
-        let before: Book = match std::fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .map_err(|e| format!("{}: cannot parse: {e}", path.display()))?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Book::default(),
-            Err(e) => return Err(format!("{}: {e}", path.display())),
-        };
-        let mut book = before.clone();
-        let result = change(&mut book);
-        if book != before {
-            let bytes = serde_json::to_vec_pretty(&book).map_err(|e| e.to_string())?;
-            crate::fsutil::write_atomically(&path, &bytes)
-                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-        }
-        *self.cache.lock().unwrap_or_else(|p| p.into_inner()) = book;
-        // The lock goes with the file.
-        result
-    }
-}
-
-/// A node's `compute-domain.nvidia.com` pool: channel 0 (`type: channel`, `id: 0`), as
-/// NVIDIA's plugin publishes it (channels other than 0 are not; NVIDIA's `daemon-0`, which its
-/// IMEX DaemonSet's pods claim, is not either: ours runs the domain's daemon itself), and, on
-/// a node with multi-node NVLink, `cliqueID` (`<cluster UUID>.<clique id>`; ours: selectors may
-/// keep a workload in one clique).
-pub fn channel_slices(node_name: &str, clique: Option<&str>) -> Vec<ResourceSlice> {
-    let options = crate::slices::SliceOptions::new(DRIVER_NAME, node_name);
-    let mut attributes = BTreeMap::from([
-        (
-            "type".to_string(),
-            DeviceAttribute {
-                string: Some("channel".into()),
-                ..DeviceAttribute::default()
-            },
-        ),
-        (
-            "id".to_string(),
-            DeviceAttribute {
-                int: Some(0),
-                ..DeviceAttribute::default()
-            },
-        ),
-    ]);
-    if let Some(clique) = clique.filter(|c| !c.is_empty()) {
-        attributes.insert(
-            "cliqueID".to_string(),
-            DeviceAttribute {
-                string: Some(clique.to_string()),
-                ..DeviceAttribute::default()
-            },
-        );
-    }
-    let device = Device {
-        name: CHANNEL_0.into(),
-        attributes: Some(attributes),
-        ..Device::default()
-    };
-    vec![ResourceSlice {
-        metadata: ObjectMeta {
-            name: Some(crate::slices::slice_name(&options, 0)),
-            ..ObjectMeta::default()
-        },
-        spec: ResourceSliceSpec {
-            driver: DRIVER_NAME.into(),
-            node_name: Some(node_name.to_string()),
-            pool: ResourcePool {
-                name: node_name.to_string(),
-                generation: 1,
-                resource_slice_count: 1,
-            },
-            devices: Some(vec![device]),
-            ..ResourceSliceSpec::default()
-        },
-    }]
-}
-
-/// The major number `/proc/devices` lists for a character device.
-fn proc_devices_major(proc_devices: &Path, name: &str) -> Option<u32> {
-    let text = std::fs::read_to_string(proc_devices).ok()?;
-    text.lines()
-        .take_while(|l| !l.starts_with("Block devices"))
-        .filter_map(|l| l.trim().split_once(' '))
-        .find(|(_, n)| n.trim() == name)
-        .and_then(|(major, _)| major.parse().ok())
-}
-
-/// The node's clique from its GPUs' fabric info: `<cluster UUID>.<clique id>`, empty where no
-/// GPU has multi-node NVLink. GPUs of one node in different cliques, or not yet registered with
-/// the fabric manager, are an error: the node cannot join a domain then.
-pub fn node_clique(gpus: &dyn crate::gpu::GpuControl) -> Result<String, String> {
-    let inventory = gpus.inventory().map_err(|e| e.to_string())?;
-    let mut cliques = BTreeSet::new();
-    for gpu in &inventory.gpus {
-        match gpus.fabric(gpu.minor).map_err(|e| e.to_string())? {
-            None => {}
-            Some(info) if info.state == crate::gpu::model::FabricState::Completed => {
-                cliques.insert(info.clique());
-            }
-            Some(info) => {
-                return Err(format!(
-                    "GPU {}: NVLink fabric registration is {:?}, not completed",
-                    gpu.minor, info.state
-                ));
-            }
-        }
-    }
-    match cliques.len() {
-        0 => Ok(String::new()),
-        1 => Ok(cliques.into_iter().next().unwrap_or_default()),
-        _ => Err(format!(
-            "the node's GPUs are in several NVLink cliques: {cliques:?}"
-        )),
-    }
-}
-
-/// The clique to keep after reading `read` where `known` was known: the first one read (even
-/// none, a node without multi-node NVLink), then only another clique; a failed read or none
-/// keeps the last.
-fn next_clique<E>(known: Option<&str>, read: Result<String, E>) -> Option<String> {
-    let read = read.ok()?;
-    match known {
-        None => Some(read),
-        Some(known) if !read.is_empty() && read != known => Some(read),
-        Some(_) => None,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_node_moved_to_another_clique_takes_it_and_a_failed_read_keeps_the_last() {
-        let ok = |c: &str| Ok::<String, String>(c.to_string());
-        assert_eq!(next_clique(None, ok("uuid.7")), Some("uuid.7".into()));
-        assert_eq!(next_clique(None, ok("")), Some(String::new()));
-        assert_eq!(next_clique(None, Err("registering")), None);
-        assert_eq!(
-            next_clique(Some("uuid.7"), ok("uuid.9")),
-            Some("uuid.9".into())
-        );
-        assert_eq!(next_clique(Some("uuid.7"), ok("uuid.7")), None);
-        assert_eq!(next_clique(Some("uuid.7"), ok("")), None);
-        assert_eq!(next_clique(Some("uuid.7"), Err("lost")), None);
-    }
-
-    fn booked(domain: &str) -> BookedClaim {
-        BookedClaim {
-            namespace: "ns".into(),
-            name: format!("claim-{domain}"),
-            domain: domain.into(),
-        }
-    }
-
-    /// Two driver instances of a rolling update on one state folder: each change starts from
-    /// what the other wrote, so neither writes its book over the other's, and a decision taken
-    /// under the lock (stop a daemon no claim holds) sees the other's claims.
-    #[test]
-    fn two_instances_change_one_book_each_from_what_the_other_wrote() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let old = NodeBook::open(dir.path()).expect("old");
-        old.change(|book| {
-            book.claims.insert("uid-old".into(), booked("d1"));
-            Ok(())
-        })
-        .expect("old books");
-        let new = NodeBook::open(dir.path()).expect("new");
-        new.change(|book| {
-            book.claims.insert("uid-new".into(), booked("d2"));
-            Ok(())
-        })
-        .expect("new books");
-        // The old instance's copy in memory still lacks the new one's claim ...
-        assert!(!old.cached().claims.contains_key("uid-new"));
-        // ... but its decisions see it, and its writes keep it.
-        let served = old
-            .change(|book| Ok(book.claims.values().any(|c| c.domain == "d2")))
-            .expect("look");
-        assert!(served, "the old instance would stop the new one's daemon");
-        old.change(|book| {
-            book.claims.remove("uid-old");
-            Ok(())
-        })
-        .expect("old unbooks");
-        let on_disk = NodeBook::open(dir.path()).expect("read").cached();
-        assert_eq!(on_disk.claims.keys().collect::<Vec<_>>(), vec!["uid-new"]);
-    }
-
-    /// The lock is held for the whole change: another change waits for it.
-    #[test]
-    fn a_change_holds_the_node_wide_lock() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let first = NodeBook::open(dir.path()).expect("first");
-        let second = NodeBook::open(dir.path()).expect("second");
-        let (inside_tx, inside_rx) = std::sync::mpsc::channel();
-        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
-        let holder = std::thread::spawn(move || {
-            first
-                .change(|book| {
-                    inside_tx.send(()).expect("inside");
-                    release_rx.recv().expect("release");
-                    book.claims.insert("uid-1".into(), booked("d1"));
-                    Ok(())
-                })
-                .expect("first change")
-        });
-        inside_rx.recv().expect("the first change runs");
-        let (done_tx, done_rx) = std::sync::mpsc::channel();
-        let waiter = std::thread::spawn(move || {
-            let seen = second
-                .change(|book| Ok(book.claims.contains_key("uid-1")))
-                .expect("second change");
-            done_tx.send(seen).expect("done");
-        });
-        assert!(
-            done_rx
-                .recv_timeout(std::time::Duration::from_millis(300))
-                .is_err(),
-            "the second change ran while the first held the lock"
-        );
-        release_tx.send(()).expect("release");
-        assert!(done_rx.recv().expect("second"), "it saw the first's write");
-        holder.join().expect("holder");
-        waiter.join().expect("waiter");
-    }
-
-    #[test]
-    fn books_of_older_versions_still_load() {
-        let old = r#"{"claims": {"uid-1": {"namespace": "ns", "name": "c", "domain": "d-uid", "channels": [0]}}}"#;
-        let book: Book = serde_json::from_str(old).expect("old book");
-        let entry = book.claims.get("uid-1").expect("claim uid-1");
-        assert_eq!(
-            (
-                entry.namespace.as_str(),
-                entry.name.as_str(),
-                entry.domain.as_str()
-            ),
-            ("ns", "c", "d-uid")
-        );
-    }
-
-    #[test]
-    fn the_channel_major_comes_from_proc_devices() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("devices");
-        std::fs::write(
-            &path,
-            "Character devices:\n  1 mem\n195 nvidia\n234 nvidia-caps-imex-channels\n\nBlock devices:\n234 other\n",
-        )
-        .expect("write");
-        assert_eq!(proc_devices_major(&path, CHANNEL_DEVICE), Some(234));
-        assert_eq!(proc_devices_major(&path, "other"), None);
     }
 }
