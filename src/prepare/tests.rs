@@ -1,4 +1,7 @@
 //! Prepare/unprepare against the simulator, in process.
+//!
+//! One file (over 900 lines): every test drives the one in-process `Fixture` through prepare,
+//! crashes and restarts of the orchestrator; kept together so those windows read side by side.
 use std::sync::Arc;
 
 use k8s_openapi::api::resource::v1::{
