@@ -399,17 +399,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode, CliError> {
             request: at_least(args.api_timeout, Duration::from_millis(100)),
             ..Default::default()
         },
-        health: crate::health::HealthConfig {
-            ignored_xids: args
-                .ignored_xids
-                .union(&args.additional_xids_to_ignore)
-                .copied()
-                .collect(),
-            effects: args.health_taint_effects,
-            recovery_after: args.health_recovery_after,
-            probe_interval: at_least(args.health_probe_interval, Duration::from_millis(100)),
-            rescan_interval: at_least(args.rescan_interval, Duration::from_millis(500)),
-        },
+        health: health_config(&args),
     };
     let runtime = crate::node::runtime()?;
     runtime.block_on(async move {
@@ -435,6 +425,21 @@ pub(crate) async fn wait_for_signal() -> Result<(), CliError> {
         _ = int.recv() => {}
     }
     Ok(())
+}
+
+/// The health monitor's settings from the flags (intervals held to a floor).
+fn health_config(args: &RunArgs) -> crate::health::HealthConfig {
+    crate::health::HealthConfig {
+        ignored_xids: args
+            .ignored_xids
+            .union(&args.additional_xids_to_ignore)
+            .copied()
+            .collect(),
+        effects: args.health_taint_effects,
+        recovery_after: args.health_recovery_after,
+        probe_interval: args.health_probe_interval.max(Duration::from_millis(100)),
+        rescan_interval: args.rescan_interval.max(Duration::from_millis(500)),
+    }
 }
 
 #[cfg(test)]
@@ -493,6 +498,14 @@ mod tests {
             message.contains("--gc-grace") && message.contains("unknown unit"),
             "{message}"
         );
+    }
+
+    #[test]
+    fn the_health_flags_default_to_what_the_monitor_defaults_to() {
+        // The clap defaults are strings; HealthConfig::default (tests, the demo) is the same
+        // settings in code: this keeps the two from drifting apart (the rescan went 10 s -> 60 s).
+        let (_, args) = parse(&[]);
+        assert_eq!(health_config(&args), crate::health::HealthConfig::default());
     }
 
     #[test]

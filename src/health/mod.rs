@@ -185,8 +185,9 @@ pub fn default_ignored_xids() -> String {
     APPLICATION_XIDS.map(|x| x.to_string()).join(",")
 }
 
-/// What the health monitor is configured with.
-#[derive(Debug, Clone)]
+/// What the health monitor is configured with. Its defaults are `gpu-dra run`'s flag defaults
+/// (a test in src/cli/run.rs holds them equal).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HealthConfig {
     pub ignored_xids: BTreeSet<u64>,
     pub effects: TaintEffects,
