@@ -194,3 +194,30 @@ impl ClaimSource for MemoryClaims {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::{ClaimSource, KubeClaims};
+    use crate::kubeapi::{TEST_TIMEOUTS, hung_api_server};
+
+    #[tokio::test]
+    async fn claim_calls_to_a_hung_api_server_fail_within_the_deadline() {
+        let (client, server) = hung_api_server().await;
+        let claims = KubeClaims::new(client, "gpu.nvidia.com").with_timeout(TEST_TIMEOUTS.request);
+        let started = std::time::Instant::now();
+        let error = claims.get("default", "c").await.expect_err("no answer");
+        assert!(error.contains("no answer"), "{error}");
+        claims
+            .set_device_status("default", "c", vec![])
+            .await
+            .expect_err("no answer");
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+        server.abort();
+    }
+}
