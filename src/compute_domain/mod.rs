@@ -18,6 +18,7 @@ pub mod credentials;
 pub mod imex;
 pub mod node;
 pub mod node_agent;
+pub mod options;
 
 /// The DRA driver name of ComputeDomain channels.
 pub const DRIVER_NAME: &str = "compute-domain.nvidia.com";

@@ -1,29 +1,42 @@
 //! The ComputeDomain half of the node agent (`gpu-dra run --compute-domains`): starts the
 //! channel plugin beside the GPU one, publishes its pool, and keeps its IMEX daemons, this node's
 //! entries in the domains and the clique label current until shutdown.
+//!
+//! The node agent (`crate::node`) calls [`start_compute_domains`] with [`NodeSettings`] and wraps
+//! [`StartError`] in its own error; nothing here names `crate::node`, so the two modules form no
+//! import circle.
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
 
+use super::options::{ComputeDomainOptions, NodeSettings};
 use crate::metrics::Metrics;
-use crate::node::{ComputeDomainOptions, NodeError, NodeOptions};
-use crate::plugin::{PluginConfig, PluginServer};
+use crate::plugin::{PluginConfig, PluginError, PluginServer};
 use crate::prepare::claims::{ClaimSource, KubeClaims};
 use crate::prepare::lock;
 use crate::slices::SliceOptions;
 use crate::slices::publish::Publisher;
+
+/// Why the ComputeDomain plugin did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("Kubernetes client: {0}")]
+    Kube(String),
+    #[error(transparent)]
+    Plugin(#[from] PluginError),
+}
 
 /// The node's address for IMEX peers: the Node's first InternalIP.
 async fn node_internal_ip(
     client: &kube::Client,
     node: &str,
     timeout: Duration,
-) -> Result<String, NodeError> {
+) -> Result<String, StartError> {
     let api: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client.clone());
     let object = crate::kubeapi::bounded(timeout, api.get(node))
         .await
-        .map_err(|e| NodeError::Kube(format!("get Node {node}: {e}")))?;
+        .map_err(|e| StartError::Kube(format!("get Node {node}: {e}")))?;
     object
         .status
         .and_then(|s| s.addresses)
@@ -32,7 +45,7 @@ async fn node_internal_ip(
         .find(|a| a.type_ == "InternalIP")
         .map(|a| a.address)
         .ok_or_else(|| {
-            NodeError::Kube(format!(
+            StartError::Kube(format!(
                 "Node {node} has no InternalIP address for IMEX peers; give --node-ip"
             ))
         })
@@ -42,18 +55,18 @@ async fn node_internal_ip(
 /// loop that keeps its IMEX daemons and this node's entries in the domains current.
 pub(crate) async fn start_compute_domains(
     cd: &ComputeDomainOptions,
-    options: &NodeOptions,
+    settings: &NodeSettings,
     metrics: Arc<Metrics>,
     client: kube::Client,
     control: Arc<dyn crate::gpu::GpuControl>,
     presence: Option<lock::PresenceView>,
     shutdown: watch::Receiver<bool>,
-) -> Result<(PluginServer, Vec<tokio::task::JoinHandle<()>>), NodeError> {
+) -> Result<(PluginServer, Vec<tokio::task::JoinHandle<()>>), StartError> {
     use crate::compute_domain::{self, imex::ImexDaemons, node::ChannelPlugin};
-    let node_name = options.discovery.node_name.clone();
+    let node_name = settings.node_name.clone();
     let node_ip = match &cd.node_ip {
         Some(ip) => ip.clone(),
-        None => node_internal_ip(&client, &node_name, options.api_timeouts.request).await?,
+        None => node_internal_ip(&client, &node_name, settings.request_timeout).await?,
     };
     let daemons = ImexDaemons::new(cd.tools.clone(), cd.state_dir.join("domains"));
     // Only nodes with multi-node NVLink run IMEX daemons; one whose fabric cannot be read yet
@@ -62,7 +75,7 @@ pub(crate) async fn start_compute_domains(
     if fabric.as_deref() != Ok("") && cd.imex == compute_domain::node::ImexMode::DriverManaged {
         daemons
             .check()
-            .map_err(|e| NodeError::Kube(format!("--compute-domains: {e}")))?;
+            .map_err(|e| StartError::Kube(format!("--compute-domains: {e}")))?;
     }
     let claims: Arc<dyn ClaimSource> = Arc::new(
         KubeClaims::on_node(
@@ -70,7 +83,7 @@ pub(crate) async fn start_compute_domains(
             compute_domain::DRIVER_NAME,
             Some(&node_name),
         )
-        .with_timeout(options.api_timeouts.request),
+        .with_timeout(settings.request_timeout),
     );
     let plugin = ChannelPlugin::new(
         client.clone(),
@@ -84,7 +97,7 @@ pub(crate) async fn start_compute_domains(
                 .unwrap_or_else(|| client.default_namespace().to_string()),
             state_dir: cd.state_dir.clone(),
             cdi_root: cd.cdi_root.clone(),
-            dev_root: options.dev_root.clone(),
+            dev_root: settings.dev_root.clone(),
             ready_timeout: cd.ready_timeout,
             simulated: control.simulated(),
             imex: cd.imex.clone(),
@@ -92,14 +105,14 @@ pub(crate) async fn start_compute_domains(
         daemons,
         control.clone(),
     )
-    .map_err(|e| NodeError::Kube(format!("--compute-domains: {e}")))?;
+    .map_err(|e| StartError::Kube(format!("--compute-domains: {e}")))?;
     let plugin = Arc::new(plugin);
     let (slices_tx, slices_rx) = watch::channel(Arc::new(plugin.slices()));
     let measured =
         crate::metrics::MeasuredDriver::new(plugin.clone(), compute_domain::DRIVER_NAME, metrics);
     let server = PluginServer::start(PluginConfig::new(
         compute_domain::DRIVER_NAME,
-        options.registrar_dir.clone(),
+        settings.registrar_dir.clone(),
         cd.plugin_dir.clone(),
         Arc::new(measured),
     ))
@@ -109,17 +122,21 @@ pub(crate) async fn start_compute_domains(
         compute_domain::clique_label::CliqueLabel::new(
             client.clone(),
             node_name.clone(),
-            options.api_timeouts.request,
+            settings.request_timeout,
         )
     });
     let publisher = Publisher::new(
         client,
         SliceOptions::new(compute_domain::DRIVER_NAME, &node_name),
-        options.api_timeouts.request,
+        settings.request_timeout,
     );
-    let publish =
-        tokio::spawn(publisher.run(slices_rx, options.resync_interval, shutdown.clone(), |_| {}));
-    let interval = options.gc_interval;
+    let publish = tokio::spawn(publisher.run(
+        slices_rx,
+        settings.resync_interval,
+        shutdown.clone(),
+        |_| {},
+    ));
+    let interval = settings.reconcile_interval;
     let mut stop = shutdown;
     let maintain = tokio::spawn(async move {
         loop {

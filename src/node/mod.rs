@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use tokio::sync::watch;
 
-use crate::compute_domain::node_agent::start_compute_domains;
+use crate::compute_domain::node_agent::{self, start_compute_domains};
 use crate::gpu::{self, GpuError};
 use crate::health::monitor::HealthMonitor;
 use crate::health::{HealthBook, HealthChange, HealthError};
@@ -44,7 +44,9 @@ mod slice_updater;
 mod usage;
 
 pub use client::kube_client;
-pub use options::{ComputeDomainOptions, MetricsAuthMode, NodeOptions};
+// Re-exported: callers configure the ComputeDomain plugin beside the node agent's own options.
+pub use crate::compute_domain::options::ComputeDomainOptions;
+pub use options::{MetricsAuthMode, NodeOptions};
 pub use runtime::runtime;
 
 use health_sink::NodeHealth;
@@ -68,6 +70,8 @@ pub enum NodeError {
     Health(#[from] HealthError),
     #[error(transparent)]
     GateOff(#[from] crate::slices::gates::GateOff),
+    #[error(transparent)]
+    ComputeDomains(#[from] node_agent::StartError),
     #[error("Kubernetes client: {0}")]
     Kube(String),
     #[error("node lock {path}: {source}")]
@@ -367,7 +371,7 @@ impl NodeAgent {
             Some(cd) => {
                 let (server, cd_tasks) = start_compute_domains(
                     cd,
-                    &options,
+                    &options.compute_domain_settings(),
                     metrics.clone(),
                     health_client.clone(),
                     monitor_control.clone(),

@@ -1,9 +1,12 @@
-//! What `gpu-dra run` is configured with: the node agent's options, the ComputeDomain plugin's,
-//! and who may read `/metrics`.
+//! What `gpu-dra run` is configured with: the node agent's options and who may read `/metrics`.
+//! The ComputeDomain plugin's options are `crate::compute_domain::options` (re-exported from
+//! `crate::node`); [`NodeOptions::compute_domain_settings`] hands that plugin what it shares with
+//! the node agent.
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::compute_domain::options::{ComputeDomainOptions, NodeSettings};
 use crate::gpu::DiscoveryConfig;
 use crate::health::HealthConfig;
 use crate::kubeapi::ApiTimeouts;
@@ -58,6 +61,21 @@ pub struct NodeOptions {
     pub compute_domains: Option<ComputeDomainOptions>,
 }
 
+impl NodeOptions {
+    /// What the ComputeDomain plugin takes from these options; its loop runs as often as
+    /// garbage collection does.
+    pub(super) fn compute_domain_settings(&self) -> NodeSettings {
+        NodeSettings {
+            node_name: self.discovery.node_name.clone(),
+            dev_root: self.dev_root.clone(),
+            registrar_dir: self.registrar_dir.clone(),
+            request_timeout: self.api_timeouts.request,
+            resync_interval: self.resync_interval,
+            reconcile_interval: self.gc_interval,
+        }
+    }
+}
+
 /// Who may read `/metrics` (`--metrics-auth`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum MetricsAuthMode {
@@ -80,27 +98,4 @@ pub(super) fn with_metrics_auth(
             crate::metrics::auth::KubernetesAuth::new(client.clone()),
         )),
     }
-}
-
-/// How the ComputeDomain plugin runs on this node.
-#[derive(Debug, Clone)]
-pub struct ComputeDomainOptions {
-    /// Its own folder under kubelet's plugins folder (its DRA socket).
-    pub plugin_dir: PathBuf,
-    /// Its book and the IMEX daemons' folders.
-    pub state_dir: PathBuf,
-    /// The address other nodes' IMEX daemons reach this node at; `None`: the Node's InternalIP.
-    pub node_ip: Option<String>,
-    /// How long one prepare waits for the domain before kubelet has to retry.
-    pub ready_timeout: Duration,
-    /// The driver root's tools (`nvidia-imex`, `nvidia-imex-ctl`).
-    pub tools: crate::gpu::driver_tools::DriverRootTools,
-    /// Who runs the IMEX daemons.
-    pub imex: crate::compute_domain::node::ImexMode,
-    pub cdi_root: PathBuf,
-    /// Keep the `nvidia.com/gpu.clique` label on this node's Node object.
-    pub clique_label: bool,
-    /// Where the controller keeps the domains' IMEX credentials; `None`: the client's own
-    /// namespace (in a pod: its ServiceAccount's).
-    pub credentials_namespace: Option<String>,
 }
