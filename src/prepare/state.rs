@@ -19,6 +19,9 @@
 //! hardware. The in-memory book (checkpoint and inventory) has its own short lock, held to change
 //! it and write it out, never across hardware calls. Each operation refreshes only the inventory of
 //! the GPUs it holds, so it never overwrites what another operation saw of its own GPU.
+//!
+//! Recovery at start ([`DeviceState::open`]) is in `recovery`; what a claim's CDI spec holds,
+//! in `spec`.
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -27,10 +30,9 @@ use k8s_openapi::api::resource::v1::{AllocatedDeviceStatus, ResourceClaim};
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 
 use super::busy::BusySet;
-use super::cdi::{CdiDevice, CdiStore, ContainerEdits};
+use super::cdi::CdiStore;
 use super::checkpoint::{
-    Checkpoint, CheckpointError, CheckpointStore, ClaimEntry, ClaimState, DeviceRecord,
-    LoadOutcome, MigRecord,
+    Checkpoint, CheckpointStore, ClaimEntry, ClaimState, DeviceRecord, LoadOutcome, MigRecord,
 };
 use super::effects::compute_mode::{self, ComputeMode};
 use super::effects::device_metadata::DeviceMetadata;
@@ -48,34 +50,20 @@ use super::mps::MpsDaemons;
 use super::plan::{PlannedDevice, Planner, Target};
 use super::sharing;
 use super::sharing::MpsAvailability;
-use super::takeover;
 use super::{ClaimRef, PreparedDevice};
-use crate::gpu::mig::{GpuMode, MigPolicy, choose_modes, parse_mig_device_name};
+use crate::gpu::mig::{GpuMode, choose_modes, parse_mig_device_name};
 use crate::gpu::{GpuControl, NodeInventory};
+
+mod recovery;
+mod spec;
+
+pub use recovery::RecoveryReport;
+#[cfg(test)]
+pub(super) use spec::vfio_cdi_device;
 
 // Re-exported: callers outside (the node binary, tests, benches) name it here, beside
 // `DeviceState`; it lives apart so the planner need not import the orchestrator.
 pub use super::config::DriverConfig;
-
-/// What recovery at start did.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RecoveryReport {
-    pub checkpoint: Option<String>,
-    pub rolled_back: Vec<String>,
-    pub specs_rewritten: Vec<String>,
-    pub specs_removed: Vec<String>,
-    /// MIG instances on dynamic GPUs that no claim owned.
-    pub instances_destroyed: Vec<String>,
-    /// Prepared claims whose MPS daemon no longer answered, started again.
-    pub mps_restarted: Vec<String>,
-    /// MPS daemons (and their folders) no prepared claim owned.
-    pub mps_stopped: Vec<String>,
-    /// Claims NVIDIA's driver prepared, now recorded as this driver's (labels).
-    pub taken_over: Vec<String>,
-    /// Claims NVIDIA's driver prepared that this driver cannot undo (or did not record), with
-    /// why: recorded and held, or left for the kubelet to prepare anew.
-    pub takeover_refused: Vec<(String, String)>,
-}
 
 /// What the driver knows and has written down: guarded by [`DeviceState::book`].
 struct Book {
@@ -135,143 +123,6 @@ pub struct DeviceState {
 }
 
 impl DeviceState {
-    /// Loads the checkpoint and recovers from whatever a previous run left unfinished.
-    pub fn open(
-        config: DriverConfig,
-        gpus: Arc<dyn GpuControl>,
-    ) -> Result<(Self, RecoveryReport), PrepareError> {
-        let store = CheckpointStore::new(&config.state_dir);
-        let boot_id = crate::gpu::boot_id()?;
-        // First of all: an unusable checkpoint stops here, before anything is swept or destroyed.
-        let (checkpoint, outcome) = store.load(&boot_id)?;
-        for leftover in store.sweep_temp_files()? {
-            tracing::info!(path = %leftover.display(), "removed a checkpoint temp file a crash left behind");
-        }
-        let mut inventory = gpus.inventory()?;
-        let vfio_names = config
-            .passthrough
-            .then(|| super::vfio_names::VfioNames::new(&config.state_dir));
-        if let Some(names) = &vfio_names {
-            names.settle(&mut inventory.pci)?;
-        }
-        // Once, for the driver version NVML reports: no claim waits for it.
-        let mut mps = None;
-        let mut mps_unusable = None;
-        let mut memory_limits = MemoryLimits::Unavailable(
-            "the driver has no driver root (--nvidia-driver-root): the hook needs its NVML".into(),
-        );
-        let driver_files = match &config.driver_root {
-            Some(root) => {
-                let files = root.discover(&inventory.driver_version)?;
-                tracing::info!(
-                    root = %root.here.display(),
-                    version = %files.version,
-                    libraries = files.libraries.len(),
-                    links = files.links.len(),
-                    binaries = files.binaries.len(),
-                    firmware = files.firmware.len(),
-                    sockets = files.sockets.len(),
-                    hook = ?files.hook,
-                    "driver files found"
-                );
-                let tools = crate::gpu::driver_tools::DriverRootTools::new(&root.here, &root.host);
-                mps = tools.find(super::mps::CONTROL_PATHS).map(|control| {
-                    MpsDaemons::new(tools.clone(), control, config.state_dir.join("mps"))
-                        .on_simulated_gpus(gpus.sim_state_file())
-                });
-                // A control binary that cannot run (a loader or library the driver root lacks,
-                // no view of the host) serves no claim: MPS claims are refused with the reason,
-                // everything else is served.
-                if let Some(Err(error)) = mps.as_ref().map(MpsDaemons::check_tools) {
-                    tracing::warn!(%error, "MPS claims are refused: its control daemon cannot run here; everything else is served");
-                    mps_unusable = Some(error.to_string());
-                    mps = None;
-                }
-                memory_limits = MemoryLimits::detect(
-                    gpus.as_ref(),
-                    files.hook.as_deref().map(|h| (h, &files.hook_commands)),
-                    &root.host,
-                    &tools.host_view().path(Path::new("/sys/fs/cgroup")),
-                );
-                match &memory_limits {
-                    MemoryLimits::Enforced(hook) => {
-                        tracing::info!(hook = %hook.hook.display(), "consumed GPU memory is enforced per container (NVML memory limits)")
-                    }
-                    MemoryLimits::Unavailable(reason) => {
-                        tracing::info!(%reason, "consumed GPU memory is not enforced per container")
-                    }
-                }
-                Some(Arc::new(files))
-            }
-            None => None,
-        };
-        let cdi = CdiStore::new(&config.cdi_root, &config.driver_name)
-            .with_boot_id(&boot_id)
-            .with_dev_root(config.dev_root.as_deref())
-            .with_driver_files(driver_files);
-        let metadata = MetadataStore::new(&config.state_dir, &config.driver_name);
-        let timeslice_unavailable = gpus.timeslice_unavailable();
-        let state = Self {
-            config,
-            gpus,
-            modes: Default::default(),
-            store,
-            cdi,
-            metadata,
-            vfio_names,
-            mps,
-            mps_unusable,
-            timeslice_unavailable,
-            book: Mutex::new(Book {
-                checkpoint,
-                inventory,
-            }),
-            busy_claims: BusySet::default(),
-            busy_gpus: BusySet::default(),
-            mps_across_namespaces: false,
-            memory_limits,
-        };
-        if matches!(
-            outcome,
-            LoadOutcome::Fresh | LoadOutcome::ReplacedNvidia { .. }
-        ) {
-            // No checkpoint, yet this driver's work of this boot is on the node: it was lost.
-            // Recovery would sweep the specs of running containers (and `--mig dynamic` destroy
-            // their MIG devices): refuse instead, exactly as for an unreadable one.
-            let found = state.prepared_without_checkpoint(&boot_id)?;
-            if !found.is_empty() {
-                return Err(CheckpointError::Unusable {
-                    path: state.store.path().to_path_buf(),
-                    reason: format!(
-                        "it is missing, but this driver prepared claims on this node since it booted ({}); restore the checkpoint, or remove these once no pod uses them",
-                        found.join("; ")
-                    ),
-                }
-                .into());
-            }
-        }
-        let mut report = RecoveryReport {
-            checkpoint: Some(describe(&outcome)),
-            ..Default::default()
-        };
-        if let LoadOutcome::NvidiaClaims { nvidia, .. } = &outcome {
-            state.take_over(nvidia, &mut report)?;
-        }
-        state.recover(&mut report)?;
-        state.refresh_all()?;
-        // MIG devices no prepared claim owns are someone else's, unless we were told to take over.
-        let owned = mig_carve::owned(&state.checkpoint());
-        let inventory = state.inventory();
-        let modes = choose_modes(&inventory.gpus, state.config.mig_policy, |minor| {
-            holds_foreign_mig(&inventory.gpus, &owned, minor)
-        });
-        let minors: Vec<u32> = modes.keys().copied().collect();
-        *state.modes_mut() = modes;
-        report.instances_destroyed = mig_carve::adopt(&state, minors, &owned)?;
-        state.refresh_all()?;
-        Ok((state, report))
-    }
-
     /// Lets claims of different namespaces share a GPU's one MPS daemon. Off by default: they
     /// would share its pipe, its shm and its control commands (any of them can stop it for all).
     pub fn with_mps_across_namespaces(mut self, allow: bool) -> Self {
@@ -402,123 +253,6 @@ impl DeviceState {
         change(&mut book.checkpoint);
         self.store.save(&book.checkpoint)?;
         Ok(())
-    }
-
-    /// Records the claims NVIDIA's driver prepared as this driver's (see [`takeover`]); what
-    /// cannot be taken over is recorded with its reason, never dropped silently.
-    fn take_over(
-        &self,
-        nvidia: &takeover::NvidiaCheckpoint,
-        report: &mut RecoveryReport,
-    ) -> Result<(), PrepareError> {
-        let settings = takeover::TakeoverSettings {
-            cdi_root: &self.config.cdi_root,
-            dynamic_mig: matches!(self.config.mig_policy, MigPolicy::Auto | MigPolicy::Dynamic),
-            passthrough: self.config.passthrough,
-        };
-        let taken = takeover::take_over(nvidia, &self.book().inventory, &settings);
-        for (entry, reason) in taken.refused() {
-            tracing::error!(
-                claimUID = %entry.uid,
-                %reason,
-                "a claim NVIDIA's driver prepared is recorded but cannot be undone by gpu-dra: its devices stay held and its unprepare fails with this reason"
-            );
-            report
-                .takeover_refused
-                .push((format!("claim {}", entry.uid), reason.to_string()));
-        }
-        for (label, reason) in &taken.not_taken {
-            tracing::warn!(claim = %label, %reason, "a claim NVIDIA's driver was preparing is not taken over");
-            report
-                .takeover_refused
-                .push((label.clone(), reason.clone()));
-        }
-        report.taken_over = taken
-            .claims
-            .iter()
-            .filter(|c| c.taken_over.as_ref().is_some_and(|t| t.refused.is_none()))
-            .map(|c| format!("claim {}", c.uid))
-            .collect();
-        self.record_change(|checkpoint| {
-            for entry in taken.claims {
-                checkpoint.claims.insert(entry.uid.clone(), entry);
-            }
-        })
-    }
-
-    fn recover(&self, report: &mut RecoveryReport) -> Result<(), PrepareError> {
-        let unfinished: Vec<String> = self
-            .book()
-            .checkpoint
-            .claims
-            .values()
-            .filter(|c| !c.is_completed())
-            .map(|c| c.uid.clone())
-            .collect();
-        for uid in unfinished {
-            self.roll_back(&uid)?;
-            report.rolled_back.push(uid);
-        }
-        let completed: BTreeSet<String> = self.book().checkpoint.claims.keys().cloned().collect();
-        if let Some(mps) = &self.mps {
-            let checkpoint = self.book().checkpoint.clone();
-            let (stopped, restarted) = mps_daemon::adopt(mps, &checkpoint)?;
-            report.mps_stopped = stopped;
-            report.mps_restarted = restarted;
-        }
-        for uid in &completed {
-            let taken_over = self.book().checkpoint.claims[uid].taken_over.clone();
-            // A refused claim keeps NVIDIA's spec: gpu-dra's would not serve its MPS daemon.
-            if taken_over.as_ref().is_some_and(|t| t.refused.is_some()) {
-                continue;
-            }
-            if !self.cdi.spec_path(uid).exists() {
-                let spec = {
-                    let book = self.book();
-                    self.claim_spec(&book, &book.checkpoint.claims[uid])
-                };
-                self.cdi.write(uid, &spec.0, &spec.1)?;
-                report.specs_rewritten.push(uid.clone());
-            }
-            // Only once ours is written: the same CDI devices, so a container started in between
-            // finds one or the other.
-            if let Some(taken_over) = &taken_over {
-                remove_nvidia_spec(&taken_over.nvidia_spec)?;
-            }
-        }
-        for uid in self.cdi.claim_uids()? {
-            if !completed.contains(&uid) {
-                self.cdi.remove(&uid)?;
-                report.specs_removed.push(uid);
-            }
-        }
-        self.record_change(|_| {})
-    }
-
-    /// What this driver leaves on the node for prepared claims, found in boot `boot_id`: its CDI
-    /// specs, MPS folders with their shm mounted, and (with `--mig dynamic`, which would destroy
-    /// them) MIG devices. One line each.
-    fn prepared_without_checkpoint(&self, boot_id: &str) -> Result<Vec<String>, PrepareError> {
-        let mut found: Vec<String> = self
-            .cdi
-            .claim_uids_of_boot(boot_id)?
-            .iter()
-            .map(|uid| format!("CDI spec {}", self.cdi.spec_path(uid).display()))
-            .collect();
-        if let Some(mps) = &self.mps {
-            found.extend(
-                mps.live_claim_uids()?
-                    .iter()
-                    .map(|uid| format!("MPS folder {}", mps.dir(uid).display())),
-            );
-        }
-        if self.config.mig_policy == MigPolicy::Dynamic {
-            found.extend(self.book().inventory.gpus.iter().filter_map(|gpu| {
-                let instances = gpu.mig.as_ref().map_or(0, |m| m.instances.len());
-                (instances > 0).then(|| format!("{instances} MIG devices on GPU {}", gpu.minor))
-            }));
-        }
-        Ok(found)
     }
 
     /// The GPUs a claim's devices are on: those its allocation names on this node, and those
@@ -1076,76 +810,6 @@ impl DeviceState {
             timeslice_unavailable: self.timeslice_unavailable.as_deref(),
         }
     }
-
-    /// A claim's spec content: its devices, and what all its containers get (the MPS daemon's
-    /// pipe and shm when it has one).
-    fn claim_spec(&self, book: &Book, entry: &ClaimEntry) -> (Vec<CdiDevice>, ContainerEdits) {
-        let has_daemon = entry
-            .devices
-            .iter()
-            .any(|d| d.share_id.is_none() && sharing::wants_mps(d.config.as_ref()));
-        let shared = entry.devices.iter().find(|d| sharing::shared_mps(d));
-        let mut edits = match (&self.mps, shared) {
-            (Some(mps), _) if has_daemon => mps.container_edits(&entry.uid),
-            (Some(mps), Some(record)) => {
-                let mut edits = mps.container_edits(&sharing::shared_daemon_key(&record.uuid));
-                let shares = match self.config.consumable {
-                    crate::slices::consumable::ConsumableShares::Shares(n) => Some(n),
-                    _ => None,
-                };
-                edits.env.extend(sharing::shared_client_env(
-                    record,
-                    device_memory(book, &record.uuid),
-                    shares,
-                ));
-                edits
-            }
-            _ => ContainerEdits::default(),
-        };
-        let (limits, _) = self.memory_limits.for_claim(&entry.devices);
-        edits.env.extend(limits.env);
-        edits.hooks.extend(limits.hooks);
-        let vm_requests: Vec<&str> = entry
-            .devices
-            .iter()
-            .filter(|d| d.vfio.is_some())
-            .flat_map(|d| d.request_names.iter().map(String::as_str))
-            .collect();
-        edits
-            .mounts
-            .extend(self.metadata.mounts(entry, &vm_requests));
-        (self.cdi_devices(book, entry), edits)
-    }
-
-    fn cdi_devices(&self, book: &Book, entry: &ClaimEntry) -> Vec<CdiDevice> {
-        entry
-            .devices
-            .iter()
-            .filter_map(|d| match &d.mig {
-                _ if d.vfio.is_some() => vfio_cdi_device(book.inventory.pci.iommufd, d),
-                Some(mig) => Some(CdiDevice::Mig {
-                    name: d.device.clone(),
-                    parent_minor: mig.parent_minor,
-                    gpu_instance_id: mig.gpu_instance_id?,
-                    compute_instance_id: mig.compute_instance_id?,
-                    uuid: d.uuid.clone(),
-                }),
-                None => {
-                    let minor = book
-                        .inventory
-                        .gpus
-                        .iter()
-                        .find(|g| g.uuid == d.uuid)
-                        .map(|g| g.minor)?;
-                    Some(CdiDevice::Gpu {
-                        name: d.device.clone(),
-                        minor,
-                        uuid: d.uuid.clone(),
-                    })
-                }
-            })
-            .collect()
-    }
 }
 
 impl Host for DeviceState {
@@ -1199,51 +863,6 @@ impl Host for DeviceState {
             gpu.is_some_and(|g| g.architecture.toggles_mig_without_reset()),
         )
     }
-}
-
-/// Memory of the GPU or MIG device with this UUID.
-fn device_memory(book: &Book, uuid: &str) -> u64 {
-    book.inventory
-        .gpus
-        .iter()
-        .find_map(|g| {
-            if g.uuid == uuid {
-                return g.memory_bytes;
-            }
-            let mig = g.mig.as_ref()?;
-            let instance = mig.instances.iter().find(|i| i.uuid == uuid)?;
-            Some(mig.profile_by_id(instance.profile_id)?.memory_bytes())
-        })
-        .unwrap_or_default()
-}
-
-/// The minor of the GPU a device name of ours is on (`gpu-<minor>` or a MIG device of it).
-/// A GPU for a virtual machine in a claim's spec: through iommufd when the config prefers it and
-/// the node has it (and the function its cdev), else through its legacy group node.
-pub(super) fn vfio_cdi_device(iommufd: bool, device: &DeviceRecord) -> Option<CdiDevice> {
-    let vfio = device.vfio.as_ref()?;
-    let config = match &device.config {
-        Some(crate::config::DeviceConfig::VfioDeviceConfig(config)) => config.clone(),
-        _ => Default::default(),
-    };
-    let cdev = vfio
-        .cdev
-        .as_ref()
-        .filter(|_| config.backend() == crate::config::IommuBackend::PreferIommuFd && iommufd);
-    Some(CdiDevice::Vfio {
-        name: device.device.clone(),
-        node: match cdev {
-            Some(cdev) => format!("/dev/vfio/devices/{cdev}"),
-            None => format!("/dev/vfio/{}", vfio.iommu_group),
-        },
-        api_device: config.api_device().then(|| {
-            if cdev.is_some() {
-                "/dev/iommu".to_string()
-            } else {
-                "/dev/vfio/vfio".to_string()
-            }
-        }),
-    })
 }
 
 /// The claim annotation that names a template's claim in its pod (`resource.kubernetes.io/pod-claim-name`).
