@@ -320,6 +320,12 @@ impl Manifests {
             self.kueue
                 .add(&kind, &value)
                 .map_err(|e| field_error(&object, &origin, e))?;
+            // Its value orders Kueue's queues only: said, so it is not taken for more.
+            if kind == "PriorityClass" {
+                self.notes.push(format!(
+                    "{object} ({origin}): read for Kueue's queue order only; kube-scheduler's priority and preemption are not predicted"
+                ));
+            }
             return Ok(());
         }
         if kind == "PodGroup" && api_version.starts_with("scheduling.k8s.io/") && only.is_none() {
